@@ -1,0 +1,82 @@
+"""The contract: frozen data types and Protocols shared by drafter models and the runtime.
+
+Leaf layer: imports only torch, pydantic and the stdlib; never triton or torch.distributed.
+"""
+
+from draftsmith.contract.capabilities import (
+    BlockConvention,
+    ContextCacheKind,
+    ContextEntrySpec,
+    DrafterCapabilities,
+    MarkovHeadKind,
+    TPFusion,
+)
+from draftsmith.contract.checks import check_tensor
+from draftsmith.contract.errors import (
+    CheckpointError,
+    ConfigError,
+    DraftsmithError,
+    PlanError,
+    PluginError,
+    ShapeError,
+)
+from draftsmith.contract.plugins import (
+    DrafterFamily,
+    LoadRequest,
+    ParallelMapping,
+    Registrar,
+    SelectorFamily,
+    TargetInfo,
+)
+from draftsmith.contract.protocols import (
+    Collectives,
+    Drafter,
+    SamplingKey,
+    SingleRank,
+    TargetModel,
+    TargetOutput,
+    TokenSelector,
+)
+from draftsmith.contract.tensors import (
+    DraftBlockInputs,
+    DraftBlockPlacement,
+    LogitsShard,
+    MarkovHeadWeights,
+    OutputHead,
+    PagedContextCache,
+)
+
+__all__ = [
+    "BlockConvention",
+    "CheckpointError",
+    "Collectives",
+    "ConfigError",
+    "ContextCacheKind",
+    "ContextEntrySpec",
+    "DraftBlockInputs",
+    "DraftBlockPlacement",
+    "Drafter",
+    "DrafterCapabilities",
+    "DrafterFamily",
+    "DraftsmithError",
+    "LoadRequest",
+    "LogitsShard",
+    "MarkovHeadKind",
+    "MarkovHeadWeights",
+    "OutputHead",
+    "PagedContextCache",
+    "ParallelMapping",
+    "PlanError",
+    "PluginError",
+    "Registrar",
+    "SamplingKey",
+    "SelectorFamily",
+    "ShapeError",
+    "SingleRank",
+    "TPFusion",
+    "TargetInfo",
+    "TargetModel",
+    "TargetOutput",
+    "TokenSelector",
+    "check_tensor",
+]

@@ -1,0 +1,162 @@
+"""What a drafter family declares once: :class:`DrafterCapabilities`.
+
+The runtime reads capabilities at bind time to decide every path (block width, Markov chain,
+cache layout, TP fusions, which target layers to capture). It never probes a drafter's attributes.
+Imports only pydantic and the stdlib.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class BlockConvention(StrEnum):
+    """How block slots map to drafts (spec section 2.1)."""
+
+    BONUS_SILENT = "bonus-silent"
+    """z-lab DFlash: block ``[bonus, mask x K]``, ``W = K + 1``, draft ``j`` comes from slot ``j+1``."""
+    SHIFT = "shift"
+    """DSpark / DeepSpec: block ``[anchor, mask x (K-1)]``, ``W = K``, draft ``j`` from slot ``j``."""
+
+
+class MarkovHeadKind(StrEnum):
+    """The DSpark sequential head (spec sections 2.3 and 2.4)."""
+
+    NONE = "none"
+    VANILLA = "vanilla"
+    GATED = "gated"
+    RNN = "rnn"
+
+
+class ContextCacheKind(StrEnum):
+    """Layout of one drafter context entry in the paged pool (spec section 4.2)."""
+
+    PAGED_GQA_KV = "paged-gqa-kv"
+    """K and V planes per layer: an entry is ``[L, 2, n_kv, hd]``."""
+    PAGED_MLA_LATENT = "paged-mla-latent"
+    """One latent row per layer: an entry is ``[L, 1, 1, D_lat]``."""
+
+
+class TPFusion(StrEnum):
+    """Drafter tensor-parallel fusions (spec section 6)."""
+
+    FC_SPLIT_HIDDEN_NORM = "fc-split-hidden-norm"
+    """``fc`` split along input features, all-reduce fused into ``hidden_norm`` (6.1)."""
+    AR_RESIDUAL_RMSNORM = "ar-residual-rmsnorm"
+    """``o_proj`` / ``down_proj`` all-reduce fused with residual add and RMSNorm (6.2)."""
+
+
+class ContextEntrySpec(BaseModel):
+    """Shape of one context entry: ``[num_layers, planes, heads, width]`` per token."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    kind: ContextCacheKind
+    """GQA K/V planes or a single MLA latent."""
+    num_layers: int = Field(ge=1)
+    """``L``: drafter layers, one entry slice per layer."""
+    planes: int = Field(ge=1, le=2)
+    """2 for K and V (GQA), 1 for the latent (MLA)."""
+    heads: int = Field(ge=1)
+    """KV heads held locally (``n_kv`` for GQA, 1 for MLA)."""
+    width: int = Field(ge=1)
+    """Head dim ``hd`` (GQA) or latent width ``D_lat = kv_lora + d_rope`` (MLA)."""
+
+    @model_validator(mode="after")
+    def _planes_match_kind(self) -> ContextEntrySpec:
+        want = 2 if self.kind is ContextCacheKind.PAGED_GQA_KV else 1
+        if self.planes != want:
+            raise ValueError(f"{self.kind.value} entries have {want} plane(s), got {self.planes}")
+        if self.kind is ContextCacheKind.PAGED_MLA_LATENT and self.heads != 1:
+            raise ValueError("paged-mla-latent entries have exactly 1 head")
+        return self
+
+
+class DrafterCapabilities(BaseModel):
+    """Everything the runtime may know about a drafter, declared once by its family."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    family: str
+    """Registered family name (``dflash``, ``dspark-gqa``, ``dspark-mla``, or a plugin's)."""
+    block_convention: BlockConvention
+    """Slot-to-draft mapping; fixes ``W`` for a given ``K``."""
+    trained_block_size: int = Field(ge=1)
+    """Block width the checkpoint was trained with; the runtime's ``W`` must not exceed it."""
+    hidden_size: int = Field(ge=1)
+    """``H``: drafter hidden size (equal to the target's in every reference drafter)."""
+    vocab_size: int = Field(ge=1)
+    """``V``: the vocabulary the drafter predicts over (shared with the target)."""
+    mask_token_id: int = Field(ge=0)
+    """Id whose embedding fills the mask slots of a block."""
+    target_layer_ids: tuple[int, ...]
+    """0-based target layers whose outputs are captured and concatenated, in order."""
+    target_hidden_size: int = Field(ge=1)
+    """``H_t``: width of each captured target layer."""
+    markov_head: MarkovHeadKind = MarkovHeadKind.NONE
+    """Kind of DSpark sequential head; the runtime runs the chain over :class:`MarkovHeadWeights`."""
+    markov_rank: int = Field(default=0, ge=0)
+    """``r``; 0 exactly when there is no Markov head."""
+    confidence_head: bool = False
+    """Whether ``confidence(hidden, prev_tokens)`` returns per-slot survival logits."""
+    context_entry: ContextEntrySpec
+    """Layout of one context entry in the paged pool."""
+    tp_fusions: frozenset[TPFusion] = frozenset()
+    """TP fusions the family implements (taken only when the plan says so)."""
+    shares_target_embedding: bool = True
+    """True when block slots are embedded with the target's input table (else its own copy)."""
+    shares_target_lm_head: bool = True
+    """True when draft logits come from the target's output head."""
+    max_position_embeddings: int = Field(default=32768, ge=1)
+    """Largest position the drafter's RoPE table covers."""
+    dtype: str = "float32"
+    """Weight dtype name (``bfloat16``, ``float32``, ...)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DrafterCapabilities:
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids must name at least one target layer")
+        if (self.markov_head is MarkovHeadKind.NONE) != (self.markov_rank == 0):
+            raise ValueError(
+                f"markov_head={self.markov_head.value} needs markov_rank "
+                f"{'0' if self.markov_head is MarkovHeadKind.NONE else '> 0'}, "
+                f"got {self.markov_rank}"
+            )
+        if self.mask_token_id >= self.vocab_size:
+            raise ValueError(
+                f"mask_token_id {self.mask_token_id} is outside the vocabulary of {self.vocab_size}"
+            )
+        return self
+
+    @property
+    def num_captured_layers(self) -> int:
+        """``n_cap``: how many target layers feed the drafter."""
+        return len(self.target_layer_ids)
+
+    @property
+    def feature_width(self) -> int:
+        """``n_cap * H_t``: width of one row of captured target features."""
+        return self.num_captured_layers * self.target_hidden_size
+
+    def block_width(self, num_draft_tokens: int) -> int:
+        """``W`` for ``K = num_draft_tokens`` drafts under this family's convention."""
+        if self.block_convention is BlockConvention.BONUS_SILENT:
+            return num_draft_tokens + 1
+        return num_draft_tokens
+
+    @property
+    def first_draft_slot(self) -> int:
+        """Block slot that predicts draft 0: 1 when the bonus slot is silent, else 0."""
+        return 1 if self.block_convention is BlockConvention.BONUS_SILENT else 0
+
+
+__all__ = [
+    "BlockConvention",
+    "ContextCacheKind",
+    "ContextEntrySpec",
+    "DrafterCapabilities",
+    "MarkovHeadKind",
+    "TPFusion",
+]

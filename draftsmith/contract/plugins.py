@@ -1,0 +1,119 @@
+"""What plugins register: drafter families and selection strategies, and the registrar they use.
+
+A family or strategy is plain data plus a factory. Plugins build these records in their
+``draftsmith_register_drafters`` / ``draftsmith_register_selectors`` hook implementations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from draftsmith.contract.protocols import Collectives, Drafter, SingleRank, TokenSelector
+
+
+class ParallelMapping(BaseModel):
+    """How this process sits in the tensor-parallel group."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    tp_size: int = Field(default=1, ge=1)
+    """``TP``: ranks sharing the drafter weights and the vocabulary."""
+    tp_rank: int = Field(default=0, ge=0)
+    """``rho``: this rank's index, ``0 <= tp_rank < tp_size``."""
+    attention_dp: bool = False
+    """Attention data parallelism: ranks own different requests (disables vocab-parallel exchange)."""
+
+
+@dataclass(frozen=True, eq=False)
+class TargetInfo:
+    """What a drafter loader may know about the target it will serve."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    dtype: torch.dtype = torch.float32
+
+
+@dataclass(frozen=True, eq=False)
+class LoadRequest:
+    """Arguments of a family's loader.
+
+    ``checkpoint`` is a directory (``config.json`` + ``*.safetensors``), or ``None`` to build
+    random weights from ``options`` (tests and benchmarks).
+    """
+
+    options: BaseModel
+    checkpoint: Path | None = None
+    target: TargetInfo | None = None
+    collectives: Collectives = field(default_factory=SingleRank)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    dtype: torch.dtype | None = None
+    seed: int = 0
+
+
+class _NoOptions(BaseModel):
+    """A family with no options of its own."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+@dataclass(frozen=True, eq=False)
+class DrafterFamily:
+    """A registered drafter family.
+
+    ``load`` is ``None`` for a family that is declared but whose model does not exist yet; bind
+    then fails with a :class:`PlanError` that says so.
+    """
+
+    name: str
+    summary: str
+    load: Callable[[LoadRequest], Drafter] | None
+    options_model: type[BaseModel] = _NoOptions
+    features: Mapping[str, str] = field(default_factory=dict)
+    """Static capability summary shown by ``draftsmith plugins`` (convention, heads, cache...)."""
+    distribution: str = "draftsmith"
+    """Distribution that registered the family (filled in by the registry)."""
+
+
+@dataclass(frozen=True, eq=False)
+class SelectorFamily:
+    """A registered token-selection strategy.
+
+    ``config_model`` must have a ``kind: Literal[name]`` field; ``build`` turns a validated config
+    into a :class:`TokenSelector`.
+    """
+
+    name: str
+    summary: str
+    config_model: type[BaseModel]
+    build: Callable[[BaseModel], TokenSelector]
+    features: Mapping[str, str] = field(default_factory=dict)
+    distribution: str = "draftsmith"
+
+
+class Registrar(Protocol):
+    """Passed to the registration hooks; collects what plugins add."""
+
+    def add_family(self, family: DrafterFamily) -> None:
+        """Register a drafter family; a duplicate name raises :class:`PluginError`."""
+        ...
+
+    def add_selector(self, selector: SelectorFamily) -> None:
+        """Register a selection strategy; a duplicate name raises :class:`PluginError`."""
+        ...
+
+
+__all__ = [
+    "DrafterFamily",
+    "LoadRequest",
+    "ParallelMapping",
+    "Registrar",
+    "SelectorFamily",
+    "TargetInfo",
+]

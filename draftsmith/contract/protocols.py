@@ -1,0 +1,246 @@
+"""The only methods the runtime and models may call on each other.
+
+``Drafter`` is what a drafter family hands the runtime; ``TargetModel`` is what a verifier adapter
+hands it; ``Collectives`` is what the runtime injects so that drafters and selection never import
+``torch.distributed``; ``TokenSelector`` is what a selection strategy builds from its config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from draftsmith.contract.capabilities import DrafterCapabilities
+from draftsmith.contract.checks import check_tensor
+from draftsmith.contract.tensors import (
+    DraftBlockInputs,
+    DraftBlockPlacement,
+    LogitsShard,
+    MarkovHeadWeights,
+    OutputHead,
+    PagedContextCache,
+)
+
+
+@runtime_checkable
+class Collectives(Protocol):
+    """A tensor-parallel group as seen by drafters and selection."""
+
+    @property
+    def rank(self) -> int:
+        """This rank's index ``rho`` in the group."""
+        ...
+
+    @property
+    def world_size(self) -> int:
+        """``TP``: number of ranks in the group."""
+        ...
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over the group in place and return it."""
+        ...
+
+    def all_gather(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        """Concatenate every rank's ``tensor`` along ``dim`` in rank order."""
+        ...
+
+
+class SingleRank:
+    """The trivial group of one rank: every collective is the identity."""
+
+    rank = 0
+    world_size = 1
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Return ``tensor`` unchanged (the sum over one rank)."""
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        """Return ``tensor`` unchanged (the concatenation of one rank)."""
+        return tensor
+
+
+@dataclass(frozen=True, eq=False)
+class SamplingKey:
+    """Counter-based randomness, as tensors so a CUDA graph replays fresh draws.
+
+    ``seeds: [rows] int64`` per-request seeds; ``offsets: [rows] int64`` the absolute position of
+    the token each row samples. Streams (0 target/bonus, 1 draft, 2 acceptance) are chosen by the
+    caller of the selector, never stored in the key.
+    """
+
+    seeds: torch.Tensor
+    offsets: torch.Tensor
+
+    def __post_init__(self) -> None:
+        s: dict[str, int] = {}
+        check_tensor("SamplingKey.seeds", self.seeds, ("rows",), torch.int64, s)
+        check_tensor("SamplingKey.offsets", self.offsets, ("rows",), torch.int64, s)
+
+
+@runtime_checkable
+class TokenSelector(Protocol):
+    """A token-selection strategy bound to its validated config."""
+
+    @property
+    def is_greedy(self) -> bool:
+        """True when the strategy is deterministic argmax (strict acceptance applies)."""
+        ...
+
+    def select(
+        self,
+        logits: LogitsShard,
+        key: SamplingKey | None,
+        stream: int,
+        collectives: Collectives,
+    ) -> torch.Tensor:
+        """Pick one global token id per row: ``[rows] int64``, identical on every rank."""
+        ...
+
+    def probs(self, logits: LogitsShard, collectives: Collectives) -> torch.Tensor:
+        """The distribution ``select`` samples from, over the full vocabulary: ``[rows, V] fp32``."""
+        ...
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """A drafter network: weights and forward math on the tensors it is given.
+
+    It never runs the Markov chain, never picks tokens and never reads a page table except
+    through the :class:`DraftBlockPlacement` handed to it.
+    """
+
+    @property
+    def capabilities(self) -> DrafterCapabilities:
+        """What this drafter declares (fixed for its lifetime)."""
+        ...
+
+    def project_context(self, features: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Context entries for newly committed target positions.
+
+        ``features: [T, n_cap * H_t]``, ``positions: [T] int64`` ->
+        ``[T, L, planes, heads, width]`` in the pool dtype (GQA K/V or MLA latents).
+        """
+        ...
+
+    def embed_block(
+        self, token_ids: torch.Tensor, target_embedding: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Embed block tokens ``[G, W] int64`` -> ``[G, W, H]``.
+
+        ``target_embedding: [V, H]`` is the target's input table; families that ship their own
+        table (``shares_target_embedding = False``) ignore it.
+        """
+        ...
+
+    def forward_block(
+        self,
+        inputs: DraftBlockInputs,
+        placement: DraftBlockPlacement,
+        cache: PagedContextCache,
+    ) -> torch.Tensor:
+        """Run the block over the paged context: final-normed hidden ``[G, W, H]``.
+
+        Reads context columns ``0 .. num_ctx - 1`` of each request's pages; never writes the pool.
+        """
+        ...
+
+    def block_logits(self, hidden: torch.Tensor, head: OutputHead) -> LogitsShard:
+        """Draft logits ``[rows, S] fp32`` from hidden ``[rows, H]``, with the output multiplier
+        and soft-capping applied."""
+        ...
+
+    def markov_head(self) -> MarkovHeadWeights | None:
+        """The Markov head as data (this rank's ``w2`` shard), or ``None``."""
+        ...
+
+    def confidence(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
+        """Raw survival logits ``[G, K] fp32`` from draft-slot hidden ``[G, K, H]`` and the
+        previous token of each slot ``[G, K] int64`` (anchor, then the proposed drafts)."""
+        ...
+
+    def save(self, directory: Path) -> None:
+        """Write a checkpoint (config.json + model.safetensors) that the family loads back."""
+        ...
+
+
+@dataclass(frozen=True, eq=False)
+class TargetOutput:
+    """One target forward.
+
+    ``logits: [rows, S]`` as a :class:`LogitsShard` (fp32); ``features: [rows, n_cap * H_t]`` the
+    captured hidden states of the requested layers, concatenated in layer-id order.
+    """
+
+    logits: LogitsShard
+    features: torch.Tensor
+
+
+@runtime_checkable
+class TargetModel(Protocol):
+    """A verifier that owns its KV cache, addressed by request slots."""
+
+    @property
+    def vocab_size(self) -> int:
+        """``V``."""
+        ...
+
+    @property
+    def hidden_size(self) -> int:
+        """``H_t``."""
+        ...
+
+    @property
+    def num_layers(self) -> int:
+        """``L_t``."""
+        ...
+
+    def input_embedding(self) -> torch.Tensor:
+        """The raw input embedding table ``[V, H_t]`` (no internal scaling applied)."""
+        ...
+
+    def output_head(self) -> OutputHead:
+        """This rank's output head (full vocabulary at TP = 1)."""
+        ...
+
+    def set_capture_layers(self, layer_ids: Sequence[int]) -> None:
+        """Capture the residual stream after each of ``layer_ids`` from now on."""
+        ...
+
+    def prefill(self, slots: Sequence[int], prompts: Sequence[torch.Tensor]) -> TargetOutput:
+        """Run each prompt ``[P_b] int64`` from position 0 in its slot (resetting the slot).
+
+        Rows are the prompts' tokens in order, concatenated: ``sum(P_b)`` rows.
+        """
+        ...
+
+    def verify(self, slots: Sequence[int], tokens: torch.Tensor) -> TargetOutput:
+        """Forward ``tokens: [G, K+1] int64`` after each slot's cached length.
+
+        Rows are ``G * (K + 1)`` in request-major order; row ``j`` of request ``b`` predicts the
+        token after ``tokens[b, j]``.
+        """
+        ...
+
+    def commit(self, slots: Sequence[int], lengths: Sequence[int]) -> None:
+        """Crop each slot's cache to ``lengths[b]`` tokens (dropping rejected drafts)."""
+        ...
+
+    def release(self, slots: Sequence[int]) -> None:
+        """Free the slots' caches."""
+        ...
+
+
+__all__ = [
+    "Collectives",
+    "Drafter",
+    "SamplingKey",
+    "SingleRank",
+    "TargetModel",
+    "TargetOutput",
+    "TokenSelector",
+]

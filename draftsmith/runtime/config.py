@@ -1,0 +1,258 @@
+"""The root configuration :class:`SpecConfig`, loaded from TOML, JSON or CLI flags.
+
+Plugin-defined parts (a drafter family's options, a selection strategy's parameters) are validated
+by the model that the family or strategy registered, looked up in a :class:`Registry`. Components
+receive their own sub-config, never the root.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from draftsmith.contract import ConfigError, ParallelMapping
+from draftsmith.runtime.registry import Registry, load_registry
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+def _registry(info: ValidationInfo) -> Registry:
+    context = info.context or {}
+    registry = context.get("registry")
+    if registry is None:
+        registry = load_registry()
+        if isinstance(info.context, dict):
+            info.context["registry"] = registry
+    return registry
+
+
+class _Strict(BaseModel):
+    """Rejects unknown keys with a message that lists the valid ones."""
+
+    model_config = _FROZEN
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(cls.model_fields))
+            if unknown:
+                raise ValueError(
+                    f"unknown key {unknown[0]!r}; valid keys: {', '.join(cls.model_fields)}"
+                )
+        return data
+
+
+class DrafterConfig(_Strict):
+    """Which drafter family to use and how to build it."""
+
+    family: str = "dspark-gqa"
+    """Registered family name (see ``draftsmith plugins``)."""
+    checkpoint: Path | None = None
+    """Checkpoint directory (``config.json`` + ``*.safetensors``); ``None`` builds random weights
+    from ``options`` (tests and benchmarks)."""
+    options: SerializeAsAny[BaseModel] = Field(default_factory=dict, validate_default=True)
+    """Family-specific options, validated by the family's own options model."""
+    seed: int = Field(default=0, ge=0)
+    """Seed for random initialisation when no checkpoint is given."""
+
+    @field_validator("family")
+    @classmethod
+    def _known_family(cls, name: str, info: ValidationInfo) -> str:
+        _registry(info).family(name)
+        return name
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _validate_options(cls, value: Any, info: ValidationInfo) -> BaseModel:
+        family_name = info.data.get("family")
+        if family_name is None:  # the family itself failed validation; reported there
+            raise ValueError("options cannot be checked without a valid family")
+        family = _registry(info).family(family_name)
+        if isinstance(value, family.options_model):
+            return value
+        raw = value.model_dump() if isinstance(value, BaseModel) else value
+        if not isinstance(raw, dict):
+            raise ValueError("options must be a table")
+        return _validate_part(family.options_model, raw)
+
+
+class TargetConfig(_Strict):
+    """The verifying target model."""
+
+    model: str = "smollm2-135m"
+    """``smollm2-135m`` (the embedded default) or a local Hugging Face model directory."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weight and activation dtype."""
+    device: str = "auto"
+    """``auto`` (CUDA when available), ``cpu`` or ``cuda[:N]``."""
+
+
+class RuntimeOptions(_Strict):
+    """Knobs of the runtime components (paging, kernels, graphs)."""
+
+    max_batch: int = Field(default=8, ge=1)
+    """Requests decoded at once; one more slot is the dummy."""
+    max_context: int = Field(default=4096, ge=1)
+    """Largest sequence length (also capped by the drafter's RoPE table)."""
+    page_size: int = Field(default=16, ge=1)
+    """``P_sz``: tokens per drafter context page."""
+    kernels: Literal["auto", "fused", "eager"] = "auto"
+    """``auto`` picks fused Triton kernels where eligible; ``eager`` forces the references."""
+    cuda_graphs: bool = False
+    """Capture the drafting step in a CUDA graph (GPU only)."""
+    force_accepted: float = Field(default=0.0, ge=0.0)
+    """Benchmarks only: override the accepted count (section 3.5); 0 disables."""
+
+
+class SpecConfig(_Strict):
+    """The root configuration of a speculative decoder."""
+
+    drafter: DrafterConfig = Field(default_factory=DrafterConfig)
+    """Drafter family, checkpoint and options."""
+    num_draft_tokens: int = Field(default=7, ge=0, le=64)
+    """``K``: drafts proposed per request per step (0 disables drafting)."""
+    selection: SerializeAsAny[BaseModel] = Field(
+        default_factory=lambda: {"kind": "greedy"}, validate_default=True
+    )
+    """Token-selection strategy: a table with ``kind`` naming a registered strategy plus that
+    strategy's parameters."""
+    parallel: ParallelMapping = Field(default_factory=ParallelMapping)
+    """Tensor-parallel mapping of this process."""
+    target: TargetConfig = Field(default_factory=TargetConfig)
+    """The verifying target model."""
+    runtime: RuntimeOptions = Field(default_factory=RuntimeOptions)
+    """Runtime component options."""
+
+    @field_validator("selection", mode="before")
+    @classmethod
+    def _validate_selection(cls, value: Any, info: ValidationInfo) -> BaseModel:
+        if isinstance(value, BaseModel):
+            value = value.model_dump()
+        if not isinstance(value, dict):
+            raise ValueError("selection must be a table with a 'kind' key")
+        registry = _registry(info)
+        kind = value.get("kind", "greedy")
+        if kind not in registry.selectors:
+            raise ValueError(
+                f"unknown strategy {kind!r}; valid kinds: {', '.join(sorted(registry.selectors))}"
+            )
+        return _validate_part(registry.selector(kind).config_model, value)
+
+    @model_validator(mode="after")
+    def _rank_in_range(self) -> SpecConfig:
+        if self.parallel.tp_rank >= self.parallel.tp_size:
+            raise ValueError(
+                f"parallel.tp_rank {self.parallel.tp_rank} must be < tp_size {self.parallel.tp_size}"
+            )
+        return self
+
+    # ---- constructors -------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], registry: Registry | None = None) -> SpecConfig:
+        """Validate ``data``; raise :class:`ConfigError` with one line per problem."""
+        context = {"registry": registry} if registry is not None else {}
+        try:
+            return cls.model_validate(data, context=context)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc)) from None
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        overrides: dict[str, Any] | None = None,
+        registry: Registry | None = None,
+    ) -> SpecConfig:
+        """Read a ``.toml`` or ``.json`` file, apply dotted ``overrides``, validate."""
+        return cls.from_dict(apply_overrides(read_config_file(path), overrides or {}), registry)
+
+
+def _validate_part(model: type[BaseModel], raw: dict[str, Any], prefix: str = "") -> BaseModel:
+    """Validate a plugin-defined part; errors read ``<prefix><field>: message``."""
+    unknown = sorted(set(raw) - set(model.model_fields))
+    if unknown:
+        valid = ", ".join(model.model_fields) or "none (this part takes no keys)"
+        raise ValueError(f"{_SUBFIELD}{prefix}{unknown[0]}: unknown key; valid keys: {valid}")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"{_SUBFIELD}{prefix}{loc}: {first['msg']}") from None
+
+
+_SUBFIELD = "\x1f"
+"""Marks a message whose first word is a path below the error's location."""
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """Parse a TOML or JSON config file into a dict; :class:`ConfigError` if unreadable."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            data = tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot parse: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a table/object")
+    return data
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Return ``data`` with dotted keys (``selection.temperature``) set from ``overrides``."""
+    out = json.loads(json.dumps(data, default=str))
+    for dotted, value in overrides.items():
+        node = out
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"cannot set {dotted!r}: {part!r} is not a table")
+            node = child
+        node[leaf] = value
+    return out
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One line per error: ``dotted.field: message``."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        msg = err["msg"].removeprefix("Value error, ")
+        if msg.startswith(_SUBFIELD):
+            msg = msg.removeprefix(_SUBFIELD)
+            lines.append(f"{loc}.{msg}" if loc else msg)
+        else:
+            lines.append(f"{loc}: {msg}" if loc else msg)
+    return "\n".join(lines)
+
+
+__all__ = [
+    "DrafterConfig",
+    "RuntimeOptions",
+    "SpecConfig",
+    "TargetConfig",
+    "apply_overrides",
+    "format_validation_error",
+    "read_config_file",
+]
