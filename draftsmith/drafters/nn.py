@@ -1,0 +1,123 @@
+"""nn building blocks shared by every built-in drafter family: RMSNorm, RoPE variants, SwiGLU MLP,
+and the gather of paged context entries. One implementation each; families compose them.
+
+RMSNorm follows the Hugging Face Qwen3 form (spec 0.2): upcast to fp32, scale by
+``rsqrt(mean(x^2) + eps)``, cast back, multiply by the weight in the input dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftsmith.contract import DraftBlockPlacement, PagedContextCache
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x: [..., D]`` normalised over the last dim and scaled by ``weight: [D]``."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+class RMSNorm(nn.Module):
+    """Qwen3-style RMSNorm with a learned ``weight: [D]``."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x: [..., D]`` -> ``[..., D]``."""
+        return rms_norm(x, self.weight, self.eps)
+
+
+class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` without biases: ``[..., H] -> [..., H]``."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x: [..., H]`` -> ``[..., H]``."""
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rope_inv_freq(dim: int, theta: float) -> torch.Tensor:
+    """Default RoPE inverse frequencies ``[dim // 2] fp32``."""
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scale: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos, sin: [*positions.shape, 2 * len(inv_freq)]`` in ``dtype`` (HF layout: halves repeated).
+
+    ``scale`` multiplies cos and sin (YaRN's attention factor; 1 otherwise).
+    """
+    freqs = positions.float()[..., None] * inv_freq.to(positions.device)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """HF ``rotate_half``: ``[x1, x2] -> [-x2, x1]`` over the last dim."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE. ``x: [..., n, d]``, ``cos, sin: [..., d]`` (broadcast over heads)."""
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    return x * cos + rotate_half(x) * sin
+
+
+def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Adjacent-pair RoPE (MLA, spec 2.10). ``x: [..., n, d]``; ``cos, sin: [..., d]`` in the HF
+    halves layout (only the first ``d/2`` columns are read)."""
+    half = x.shape[-1] // 2
+    c = cos[..., :half].unsqueeze(-2)
+    s = sin[..., :half].unsqueeze(-2)
+    x_even, x_odd = x[..., 0::2], x[..., 1::2]
+    out = torch.stack((x_even * c - x_odd * s, x_even * s + x_odd * c), dim=-1)
+    return out.flatten(-2)
+
+
+def gather_context(
+    cache: PagedContextCache, placement: DraftBlockPlacement, layer: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read each request's advertised context of one layer out of the paged pool.
+
+    Returns ``entries: [G, C, planes, heads, width]`` (``C = max(num_ctx)``, at least 1) and
+    ``valid: [G, C] bool`` (column ``c < num_ctx[b]``). Invalid columns hold whatever the page
+    holds and must be masked by the caller.
+    """
+    num_ctx = placement.num_ctx
+    width = max(int(num_ctx.max().item()) if num_ctx.numel() else 0, 1)
+    cols = torch.arange(width, device=num_ctx.device)
+    page_idx = (cols // cache.page_size).clamp(max=placement.block_tables.shape[1] - 1)
+    pages = placement.block_tables[:, page_idx]  # [G, C]
+    offsets = (cols % cache.page_size).expand_as(pages)
+    pool = cache.pool[layer]  # [pages, planes, heads, P_sz, width]
+    entries = pool[pages, :, :, offsets]  # [G, C, planes, heads, width]
+    valid = cols[None, :] < num_ctx[:, None]
+    return entries, valid
+
+
+__all__ = [
+    "RMSNorm",
+    "SwiGLU",
+    "apply_rope_interleaved",
+    "apply_rope_neox",
+    "gather_context",
+    "rms_norm",
+    "rope_cos_sin",
+    "rope_inv_freq",
+    "rotate_half",
+]
