@@ -75,12 +75,12 @@ class DrafterConfig(_Strict):
         _registry(info).family(name)
         return name
 
-    @field_validator("options", mode="before")
+    @field_validator("options", mode="plain")
     @classmethod
-    def _validate_options(cls, value: Any, info: ValidationInfo) -> BaseModel:
+    def _validate_options(cls, value: Any, info: ValidationInfo) -> Any:
         family_name = info.data.get("family")
-        if family_name is None:  # the family itself failed validation; reported there
-            raise ValueError("options cannot be checked without a valid family")
+        if family_name is None:  # the family itself failed validation and is reported there
+            return value
         family = _registry(info).family(family_name)
         if isinstance(value, family.options_model):
             return value
