@@ -22,6 +22,8 @@ ALLOWED: dict[str, set[str]] = {
             "<root>"},
     "testing": {"contract", "kernels", "selection", "drafters", "parallel", "runtime", "cli",
                 "testing", "<root>"},
+    "training": {"contract", "kernels", "selection", "drafters", "parallel", "runtime", "cli",
+                 "testing", "training", "<root>"},
     "<root>": {"<root>"},
 }
 """Which draftsmith layers each layer may import."""
