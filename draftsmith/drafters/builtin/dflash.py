@@ -1,14 +1,64 @@
-"""Built-in drafter family ``dflash``: the z-lab DFlash block drafter (KV injection from target layers)."""
+"""Built-in drafter family ``dflash``: the z-lab DFlash block drafter (KV injection from target
+layers, spec section 1).
+
+Loads z-lab ``DFlashDraftModel`` checkpoints and DeepSpec "DFlash" checkpoints (a
+``Qwen3DSparkModel`` with ``markov_rank = 0``). The block convention is bonus-silent unless the
+checkpoint says shift (``shift_label``, ``projector_type = "dspark"`` or a DeepSpec architecture);
+the decision is logged. ``DFlash2DraftModel`` is rejected.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+from pydantic import ConfigDict
+
 from draftsmith import hookimpl
-from draftsmith.contract import DrafterFamily, Registrar
+from draftsmith.contract import DrafterFamily, LoadRequest, Registrar, TargetInfo
+from draftsmith.drafters.gqa import GQAArchitectureOptions, GQADrafter, load_gqa_drafter
+
+NAME = "dflash"
+
+
+class DFlashOptions(GQAArchitectureOptions):
+    """Architecture of a random ``dflash`` drafter (used only when no checkpoint is given)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    is_causal: bool | None = None
+    """Global override of the per-layer causal flag; ``None`` makes sliding layers causal."""
+    shift_label: bool = False
+    """Use the shift convention (``W = K``) instead of the bonus-silent block (``W = K + 1``)."""
+
+    def to_config(self, target: TargetInfo, family: str) -> dict[str, Any]:
+        """A z-lab style config for these options."""
+        config = super().to_config(target, family)
+        if self.is_causal is not None:
+            config["is_causal"] = self.is_causal
+        config["dflash_config"]["shift_label"] = self.shift_label
+        return config
+
+
+def load(request: LoadRequest) -> GQADrafter:
+    """Load a ``dflash`` drafter from ``request.checkpoint``, or build a random one."""
+    return load_gqa_drafter(request, NAME)
+
 
 FAMILY = DrafterFamily(
-    name="dflash",
+    name=NAME,
     summary="z-lab DFlash block drafter (bonus-silent block, KV injection from target layers)",
-    load=None,
+    load=load,
+    options_model=DFlashOptions,
+    features={
+        "block convention": "bonus-silent (shift when the checkpoint says so)",
+        "markov head": "none",
+        "confidence head": "no",
+        "context cache": "paged GQA K/V, entry [L, 2, n_kv, hd]",
+        "attention": "full non-causal; sliding layers causal unless is_causal",
+        "embedding / head": "target's input table x input_embedding_scale; target's LM head",
+        "checkpoints": "z-lab DFlashDraftModel; DeepSpec Qwen3DSparkModel with markov_rank 0",
+        "tp fusions": "none",
+    },
 )
 
 

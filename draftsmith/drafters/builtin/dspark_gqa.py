@@ -1,14 +1,89 @@
-"""Built-in drafter family ``dspark-gqa``: DSpark with GQA attention: shift convention, Markov head, confidence head."""
+"""Built-in drafter family ``dspark-gqa``: DSpark with GQA attention (spec 2.9): the DFlash
+backbone under the shift convention, a Markov head exposed as data, and a scored confidence head.
+
+Loads DeepSpec native checkpoints (``Qwen3DSparkModel``: ``markov_head.markov_w1.weight``,
+``confidence_head.proj.*``, own ``embed_tokens``) and DFlash-style exports (``markov_w1.weight``,
+``confidence_proj.*``, head fields in ``dspark_config`` / ``dflash_config``). Sliding layers are
+non-causal with a symmetric window; a config with ``causal = true`` is rejected.
+"""
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
 from draftsmith import hookimpl
-from draftsmith.contract import DrafterFamily, Registrar
+from draftsmith.contract import DrafterFamily, LoadRequest, Registrar
+from draftsmith.drafters.gqa import GQAArchitectureOptions, GQADrafter, load_gqa_drafter
+
+NAME = "dspark-gqa"
+
+
+class DSparkGQAOptions(GQAArchitectureOptions):
+    """Architecture of a random ``dspark-gqa`` drafter (used only when no checkpoint is given)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    block_size: int = Field(default=7, ge=1)
+    """Trained block width ``K`` (7 in every shipped DeepSpec config); ``W = K``."""
+    markov_rank: int = Field(default=16, ge=0)
+    """``r``: rank of the Markov head; 0 means no head."""
+    markov_head_type: Literal["vanilla", "gated", "rnn"] = "vanilla"
+    """Kind of sequential head when ``markov_rank > 0``."""
+    confidence_head: bool = True
+    """Whether the drafter has a confidence head ``Linear(H [+ r], 1)``."""
+    confidence_head_with_markov: bool = True
+    """Feed ``w1[prev]`` to the confidence head next to the slot's hidden state."""
+
+    @model_validator(mode="after")
+    def _heads_consistent(self) -> DSparkGQAOptions:
+        if self.confidence_head and self.confidence_head_with_markov and self.markov_rank == 0:
+            raise ValueError(
+                "confidence_head_with_markov needs markov_rank > 0; set markov_rank or "
+                "confidence_head_with_markov = false"
+            )
+        return self
+
+    def draft_fields(self) -> dict[str, Any]:
+        """DSpark keys of the ``dspark_config`` section."""
+        fields: dict[str, Any] = {
+            "projector_type": "dspark",
+            "shift_label": True,
+            "markov_rank": self.markov_rank,
+            "use_confidence_head": self.confidence_head,
+            "confidence_head_with_markov": self.confidence_head and self.confidence_head_with_markov,
+        }
+        if self.markov_rank > 0:
+            fields["markov_head_type"] = self.markov_head_type
+        sliding = self.layer_types is not None and "sliding_attention" in self.layer_types
+        fields["use_swa"] = sliding
+        if sliding:
+            fields["swa_window_size"] = self.sliding_window
+        return fields
+
+
+def load(request: LoadRequest) -> GQADrafter:
+    """Load a ``dspark-gqa`` drafter from ``request.checkpoint``, or build a random one."""
+    return load_gqa_drafter(request, NAME)
+
 
 FAMILY = DrafterFamily(
-    name="dspark-gqa",
+    name=NAME,
     summary="DSpark with GQA attention: shift convention, Markov head, confidence head",
-    load=None,
+    load=load,
+    options_model=DSparkGQAOptions,
+    features={
+        "block convention": "shift (W = K)",
+        "markov head": "vanilla / gated / rnn as data (checkpoint's markov_rank)",
+        "confidence head": "raw logits, computed in fp32 (optional w1[prev] feature)",
+        "context cache": "paged GQA K/V, entry [L, 2, n_kv, hd]",
+        "attention": "full non-causal; sliding layers non-causal symmetric window",
+        "embedding / head": "own embed_tokens when shipped (DeepSpec), else the target's; "
+                            "target's LM head",
+        "checkpoints": "DeepSpec Qwen3DSparkModel; DFlash-style DSpark export",
+        "tp fusions": "none",
+    },
 )
 
 
