@@ -1,0 +1,149 @@
+"""Distillation data: the target's own greedy responses to the training prompt recipe.
+
+A dataset directory holds ``shard-XXXXX.safetensors`` files, each with ``tokens: [N] int32`` (all
+sequences concatenated), ``offsets: [n + 1] int64`` and ``prompt_lens: [n] int64``, plus
+``meta.json`` (target, recipe seed, prompt count, generation settings). Sequences are
+``prompt (chat template) + response``; the response ends at the first EOS or at the budget.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from draftsmith.contract import ConfigError
+
+META_FILE = "meta.json"
+
+
+def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """Token ids of one user turn under the tokenizer's chat template (no thinking where the
+    template supports the switch), ending with the assistant's generation prompt."""
+    messages = [{"role": "user", "content": prompt}]
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            ids = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, enable_thinking=False, tokenize=True
+            )
+        except TypeError:
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+    return [int(t) for t in tokenizer(prompt)["input_ids"]]
+
+
+@torch.no_grad()
+def generate_dataset(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    out_dir: Path,
+    max_new_tokens: int = 256,
+    batch_size: int = 64,
+    shard_size: int = 4096,
+    meta: dict[str, Any] | None = None,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Greedy-decode every prompt with ``model`` (a transformers causal LM) and write shards.
+
+    Batches are left-padded; each response is cut after its first EOS.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = next(model.parameters()).device
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # similar lengths batch
+    encoded = {i: encode_prompt(tokenizer, prompts[i]) for i in order}
+    sequences: dict[int, tuple[list[int], int]] = {}
+    start = time.perf_counter()
+    for first in range(0, len(order), batch_size):
+        idx = order[first:first + batch_size]
+        rows = [encoded[i] for i in idx]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, row in enumerate(rows):
+            ids[r, width - len(row):] = torch.tensor(row)
+            mask[r, width - len(row):] = 1
+        out = model.generate(
+            input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
+            max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos,
+        )
+        for r, i in enumerate(idx):
+            response = out[r, width:].tolist()
+            if eos in response:
+                response = response[: response.index(eos) + 1]
+            sequences[i] = (rows[r] + response, len(rows[r]))
+        done = min(first + batch_size, len(order))
+        log(f"generated {done}/{len(order)} responses ({time.perf_counter() - start:.0f} s)")
+    items = [sequences[i] for i in range(len(prompts))]
+    for shard, first in enumerate(range(0, len(items), shard_size)):
+        _write_shard(out_dir / f"shard-{shard:05d}.safetensors", items[first:first + shard_size])
+    info = dict(meta or {}, count=len(items), max_new_tokens=max_new_tokens)
+    (out_dir / META_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    return out_dir
+
+
+def _write_shard(path: Path, items: Sequence[tuple[list[int], int]]) -> None:
+    lengths = torch.tensor([len(seq) for seq, _ in items], dtype=torch.int64)
+    offsets = torch.zeros(len(items) + 1, dtype=torch.int64)
+    offsets[1:] = lengths.cumsum(0)
+    tokens = torch.tensor([t for seq, _ in items for t in seq], dtype=torch.int32)
+    prompt_lens = torch.tensor([p for _, p in items], dtype=torch.int64)
+    save_file({"tokens": tokens, "offsets": offsets, "prompt_lens": prompt_lens}, str(path))
+
+
+@dataclass(frozen=True)
+class TrainingSequence:
+    """One training sequence: ``tokens: [T] int64`` and the prompt length."""
+
+    tokens: torch.Tensor
+    prompt_len: int
+
+
+def read_dataset(directory: Path) -> list[TrainingSequence]:
+    """All sequences of a dataset directory, in shard order."""
+    shards = sorted(Path(directory).glob("shard-*.safetensors"))
+    if not shards:
+        raise ConfigError(f"{directory} holds no shard-*.safetensors; run `draftsmith train-data`")
+    out: list[TrainingSequence] = []
+    for shard in shards:
+        data = load_file(str(shard))
+        tokens, offsets, prompt_lens = data["tokens"].long(), data["offsets"], data["prompt_lens"]
+        for i in range(len(prompt_lens)):
+            out.append(TrainingSequence(tokens[offsets[i]:offsets[i + 1]], int(prompt_lens[i])))
+    return out
+
+
+def batch_at(
+    sequences: Sequence[TrainingSequence], step: int, batch_size: int, max_len: int, seed: int,
+    pad_id: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Batch number ``step`` of a shuffled pass: a pure function of ``(step, seed)``, so a resumed
+    run sees exactly the batches an uninterrupted one would.
+
+    Returns ``tokens [B, T]`` (right padded with ``pad_id``, truncated to ``max_len``),
+    ``lengths [B]`` and ``prompt_lens [B]``.
+    """
+    per_epoch = max(len(sequences) // batch_size, 1)
+    epoch, index = divmod(step, per_epoch)
+    perm = torch.randperm(len(sequences), generator=torch.Generator().manual_seed(seed + epoch))
+    chosen = [sequences[i] for i in perm[index * batch_size:(index + 1) * batch_size].tolist()]
+    lengths = torch.tensor([min(len(s.tokens), max_len) for s in chosen])
+    width = int(lengths.max())
+    tokens = torch.full((len(chosen), width), pad_id, dtype=torch.long)
+    for r, s in enumerate(chosen):
+        tokens[r, : lengths[r]] = s.tokens[: lengths[r]]
+    prompt_lens = torch.tensor([min(s.prompt_len, max_len) for s in chosen])
+    return tokens, lengths, prompt_lens
+
+
+__all__ = ["TrainingSequence", "batch_at", "encode_prompt", "generate_dataset", "read_dataset"]

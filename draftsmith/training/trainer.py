@@ -1,0 +1,265 @@
+"""``draftsmith train``: distil a ``dspark-gqa`` or ``dflash`` drafter from a target's own responses.
+
+The target is frozen and runs once per batch to give the captured features and its own logits.
+The drafter is built by its family from options (random init), trained with AdamW under a cosine
+schedule, validated on held-out sequences (greedy accepted length per block), and saved as a
+family checkpoint (``config.json`` + ``model.safetensors``) with the optimizer state beside it, so
+a run resumes exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from safetensors.torch import load_file, save_file
+
+from draftsmith.contract import ConfigError, LoadRequest, TargetInfo
+from draftsmith.drafters.gqa import GQADrafter
+from draftsmith.runtime.registry import load_registry
+from draftsmith.training.data import TrainingSequence, batch_at, read_dataset
+from draftsmith.training.objective import block_loss, drafter_hidden, sample_blocks
+
+STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+
+
+class TrainConfig(BaseModel):
+    """Everything a training run depends on (saved beside the checkpoint for reproduction)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    family: Literal["dspark-gqa", "dflash"] = "dspark-gqa"
+    """Drafter family to train (``dflash`` is trained under the shift convention, no heads)."""
+    num_layers: int = Field(default=2, ge=1)
+    """Drafter decoder layers ``L``."""
+    num_heads: int = Field(default=9, ge=1)
+    """Query heads."""
+    num_kv_heads: int = Field(default=3, ge=1)
+    """Key/value heads."""
+    head_dim: int = Field(default=64, ge=2)
+    """Per-head width."""
+    intermediate_size: int = Field(default=1536, ge=1)
+    """SwiGLU width."""
+    block_size: int = Field(default=7, ge=1)
+    """Trained block width ``K``."""
+    markov_rank: int = Field(default=64, ge=0)
+    """Markov head rank (``dspark-gqa`` only)."""
+    steps: int = Field(default=2000, ge=1)
+    """Optimizer steps in total (a resumed run continues to this count)."""
+    batch_size: int = Field(default=16, ge=1)
+    """Sequences per step."""
+    max_len: int = Field(default=640, ge=16)
+    """Sequences are truncated to this many tokens."""
+    num_anchors: int = Field(default=48, ge=1)
+    """Blocks sampled per sequence."""
+    lr: float = Field(default=6e-4, gt=0)
+    """Peak learning rate."""
+    warmup: int = Field(default=100, ge=0)
+    """Linear warm-up steps."""
+    weight_decay: float = Field(default=0.01, ge=0)
+    """AdamW weight decay."""
+    val_fraction: float = Field(default=0.02, gt=0, lt=0.5)
+    """Share of sequences held out for validation (and STS calibration)."""
+    eval_every: int = Field(default=250, ge=1)
+    """Validate every this many steps."""
+    save_every: int = Field(default=500, ge=1)
+    """Checkpoint every this many steps."""
+    seed: int = Field(default=0, ge=0)
+    """Seed of initialisation, data order and anchors."""
+
+
+def _cosine(step: int, config: TrainConfig) -> float:
+    if step < config.warmup:
+        return (step + 1) / max(config.warmup, 1)
+    progress = (step - config.warmup) / max(config.steps - config.warmup, 1)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+class TargetRunner:
+    """The frozen target: captured features and its own next-token logits for a batch."""
+
+    def __init__(self, model: torch.nn.Module, layer_ids: tuple[int, ...]) -> None:
+        self.model = model.eval()
+        self.layer_ids = layer_ids
+        self.head_weight = model.get_output_embeddings().weight.detach()
+        self.embed_table = model.get_input_embeddings().weight.detach()
+
+    @torch.no_grad()
+    def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``tokens: [B, T]`` -> features ``[B, T, n_cap * H_t]``, final hidden ``[B, T, H_t]``."""
+        mask = (torch.arange(tokens.shape[1], device=tokens.device)[None] < lengths[:, None])
+        out = self.model(input_ids=tokens, attention_mask=mask.long(), output_hidden_states=True)
+        hs = out.hidden_states
+        feats = torch.cat([hs[i + 1] for i in self.layer_ids], dim=-1)
+        return feats, hs[-1]
+
+
+def build_drafter(config: TrainConfig, target: TargetInfo, device: torch.device) -> GQADrafter:
+    """A randomly initialised drafter of ``config.family`` for ``target`` (fp32 master weights)."""
+    family = load_registry().family(config.family)
+    opts: dict[str, Any] = dict(
+        num_layers=config.num_layers, num_heads=config.num_heads,
+        num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
+        intermediate_size=config.intermediate_size, block_size=config.block_size,
+        max_position_embeddings=8192,
+    )
+    if config.family == "dspark-gqa":
+        opts.update(markov_rank=config.markov_rank, confidence_head=True,
+                    confidence_head_with_markov=config.markov_rank > 0)
+    else:
+        opts.update(shift_label=True)
+    options = family.options_model.model_validate(opts)
+    assert family.load is not None
+    model = family.load(LoadRequest(options=options, target=target, device=device,
+                                    dtype=torch.float32, seed=config.seed))
+    if not isinstance(model, GQADrafter):
+        raise ConfigError(f"training supports GQA drafters; {config.family} built {type(model)}")
+    return model
+
+
+def train(
+    config: TrainConfig,
+    target_model: torch.nn.Module,
+    data_dir: Path,
+    out_dir: Path,
+    resume: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Train (or resume) and return the final metrics. Checkpoints go to ``out_dir/last`` and the
+    best validation accepted length to ``out_dir/best``."""
+    device = next(target_model.parameters()).device
+    cfg = target_model.config
+    info = TargetInfo(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+                      num_layers=cfg.num_hidden_layers, dtype=torch.float32)
+    drafter = build_drafter(config, info, device)
+    spec = drafter.spec
+    runner = TargetRunner(target_model, spec.target_layer_ids)
+    sequences = read_dataset(data_dir)
+    split = torch.Generator().manual_seed(config.seed)
+    perm = torch.randperm(len(sequences), generator=split).tolist()
+    n_val = max(1, int(len(sequences) * config.val_fraction))
+    val = [sequences[i] for i in perm[:n_val]]
+    train_set = [sequences[i] for i in perm[n_val:]]
+    params = [p for p in drafter.parameters()]
+    for p in params:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay,
+                            betas=(0.9, 0.95))
+    state = {"step": 0, "best_accept_len": 0.0, "history": []}
+    last = out_dir / "last"
+    if resume and (last / STATE_FILE).is_file():
+        state = _load(last, drafter, opt)
+        log(f"resumed from {last} at step {state['step']}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "train_config.json").write_text(config.model_dump_json(indent=2) + "\n")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    drafter.train()
+    start = time.perf_counter()
+    while state["step"] < config.steps:
+        step = state["step"]
+        for group in opt.param_groups:
+            group["lr"] = config.lr * _cosine(step, config)
+        tokens, lengths, prompt_lens = batch_at(train_set, step, config.batch_size,
+                                                config.max_len, config.seed, pad_id=0)
+        gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+        blocks = sample_blocks(tokens, lengths, prompt_lens, config.block_size,
+                               config.num_anchors, gen)
+        loss = _step_loss(drafter, runner, tokens, lengths, blocks, device, autocast)
+        opt.zero_grad(set_to_none=True)
+        loss.total.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        state["step"] = step + 1
+        if state["step"] % 25 == 0 or state["step"] == 1:
+            rate = state["step"] / max(time.perf_counter() - start, 1e-9)
+            log(f"step {state['step']}/{config.steps} loss {float(loss.total.detach()):.4f} "
+                f"ce {loss.ce:.3f} l1 {loss.l1:.3f} conf {loss.conf:.3f} "
+                f"train-accept {loss.accept_len:.2f} ({rate:.1f} step/s)")
+        if state["step"] % config.eval_every == 0 or state["step"] == config.steps:
+            metric = evaluate(drafter, runner, val, config, device)
+            state["history"].append({"step": state["step"], **metric})
+            log(f"validation at step {state['step']}: accept_len {metric['accept_len']:.3f}")
+            if metric["accept_len"] > state["best_accept_len"]:
+                state["best_accept_len"] = metric["accept_len"]
+                _save(out_dir / "best", drafter, opt, state, config)
+        if state["step"] % config.save_every == 0 or state["step"] == config.steps:
+            _save(last, drafter, opt, state, config)
+    return {"step": state["step"], "best_accept_len": state["best_accept_len"],
+            "history": state["history"]}
+
+
+def _step_loss(drafter, runner, tokens, lengths, blocks, device, autocast):
+    tokens, lengths = tokens.to(device), lengths.to(device)
+    blocks = type(blocks)(**{k: v.to(device) for k, v in vars(blocks).items()})
+    feats, final = runner(tokens, lengths)
+    with autocast:
+        hidden = drafter_hidden(drafter, feats, runner.embed_table, blocks,
+                                drafter.spec.mask_token_id)
+        k = blocks.labels.shape[-1]
+        pos = (blocks.anchors[:, :, None] + torch.arange(k, device=device)).clamp(
+            max=tokens.shape[1] - 1)
+        tgt_hidden = torch.gather(final, 1, pos.flatten(1)[..., None].expand(-1, -1, final.shape[-1]))
+        tgt_logits = torch.nn.functional.linear(
+            tgt_hidden.view(*pos.shape, -1), runner.head_weight).float()
+        return block_loss(drafter, hidden, runner.head_weight, tgt_logits, blocks)
+
+
+@torch.no_grad()
+def evaluate(drafter: GQADrafter, runner: TargetRunner, val: list[TrainingSequence],
+             config: TrainConfig, device: torch.device) -> dict[str, float]:
+    """Greedy accepted length (bonus included) and losses over the held-out sequences, with a
+    fixed anchor draw so successive evaluations are comparable."""
+    drafter.eval()
+    gen = torch.Generator().manual_seed(12345)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    totals = {"accept_len": 0.0, "ce": 0.0, "l1": 0.0}
+    count = 0
+    size = min(config.batch_size, len(val))
+    for index in range(max(1, len(val) // size)):
+        tokens, lengths, prompt_lens = batch_at(val, index, size, config.max_len, 0, pad_id=0)
+        blocks = sample_blocks(tokens, lengths, prompt_lens, config.block_size,
+                               config.num_anchors, gen)
+        loss = _step_loss(drafter, runner, tokens, lengths, blocks, device, autocast)
+        if not math.isnan(loss.accept_len):
+            totals["accept_len"] += loss.accept_len
+            totals["ce"] += loss.ce
+            totals["l1"] += loss.l1
+            count += 1
+    drafter.train()
+    return {k: v / max(count, 1) for k, v in totals.items()}
+
+
+def _save(directory: Path, drafter: GQADrafter, opt: torch.optim.Optimizer, state: dict,
+          config: TrainConfig) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    drafter.save(directory)
+    flat: dict[str, torch.Tensor] = {}
+    for i, pstate in opt.state_dict()["state"].items():
+        for key, value in pstate.items():
+            if isinstance(value, torch.Tensor):
+                flat[f"{i}.{key}"] = value.detach().cpu().contiguous().reshape(value.shape)
+    save_file(flat, str(directory / OPTIMIZER_FILE))
+    (directory / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+
+
+def _load(directory: Path, drafter: GQADrafter, opt: torch.optim.Optimizer) -> dict:
+    weights = load_file(str(directory / "model.safetensors"))
+    drafter.load_state_dict({k: v.to(drafter.fc.weight.device) for k, v in weights.items()})
+    flat = load_file(str(directory / OPTIMIZER_FILE))
+    sd = opt.state_dict()
+    for key, value in flat.items():
+        idx, name = key.split(".", 1)
+        sd["state"].setdefault(int(idx), {})[name] = value
+    opt.load_state_dict(sd)
+    return json.loads((directory / STATE_FILE).read_text())
+
+
+__all__ = ["TargetRunner", "TrainConfig", "build_drafter", "evaluate", "train"]
