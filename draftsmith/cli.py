@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_plan)
 
     _add_optional_commands(sub)
+    _add_training_commands(sub)
     return parser
 
 
@@ -101,6 +102,17 @@ def _add_optional_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=commands.eval_command)
     p = sub.add_parser("demo", help="run the embedded default model with the default drafter")
     p.set_defaults(func=_lazy("draftsmith.runtime.demo", "demo_command"))
+
+
+def _add_training_commands(sub: argparse._SubParsersAction) -> None:
+    from draftsmith.training import commands as train_commands
+
+    p = sub.add_parser("train-data", help="generate distillation data from the target")
+    train_commands.add_train_data_arguments(p)
+    p.set_defaults(func=train_commands.train_data_command)
+    p = sub.add_parser("train", help="train a dspark-gqa or dflash drafter (resumable)")
+    train_commands.add_train_arguments(p)
+    p.set_defaults(func=train_commands.train_command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
