@@ -155,7 +155,7 @@ def train(
                             betas=(0.9, 0.95))
     state = {"step": 0, "best_accept_len": 0.0, "history": []}
     last = out_dir / "last"
-    if resume and (last / STATE_FILE).is_file():
+    if resume and (_state_dir(last) / STATE_FILE).is_file():
         state = _load(last, drafter, opt)
         log(f"resumed from {last} at step {state['step']}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -237,10 +237,18 @@ def evaluate(drafter: GQADrafter, runner: TargetRunner, val: list[TrainingSequen
     return {k: v / max(count, 1) for k, v in totals.items()}
 
 
+def _state_dir(directory: Path) -> Path:
+    """Optimizer and trainer state live beside the checkpoint, never inside it (a loader reads
+    every ``*.safetensors`` of a checkpoint directory)."""
+    return directory.parent / f"{directory.name}.state"
+
+
 def _save(directory: Path, drafter: GQADrafter, opt: torch.optim.Optimizer, state: dict,
           config: TrainConfig) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     drafter.save(directory)
+    directory = _state_dir(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     flat: dict[str, torch.Tensor] = {}
     for i, pstate in opt.state_dict()["state"].items():
         for key, value in pstate.items():
@@ -253,6 +261,7 @@ def _save(directory: Path, drafter: GQADrafter, opt: torch.optim.Optimizer, stat
 def _load(directory: Path, drafter: GQADrafter, opt: torch.optim.Optimizer) -> dict:
     weights = load_file(str(directory / "model.safetensors"))
     drafter.load_state_dict({k: v.to(drafter.fc.weight.device) for k, v in weights.items()})
+    directory = _state_dir(directory)
     flat = load_file(str(directory / OPTIMIZER_FILE))
     sd = opt.state_dict()
     for key, value in flat.items():
