@@ -1,0 +1,348 @@
+"""Spec-tail and Markov-chain kernels: eager vs fused, plain and in a CUDA graph, against a floor.
+
+For each op and shape it prints: eager time, eager in a CUDA graph, fused time, fused in a CUDA
+graph, the floor (bytes the op must move / measured device copy bandwidth), and the ratios
+``eager_graph / fused_graph`` (speed-up) and ``fused_graph / floor`` (distance to the floor).
+
+    python benchmarks/kernels.py                 # the full GPU table (one process, one GPU)
+    python benchmarks/kernels.py --ops markov --sweep   # also sweep Markov tile configurations
+    python benchmarks/kernels.py --smoke         # tiny shapes on the CPU (TRITON_INTERPRET=1)
+    python benchmarks/kernels.py --out benchmarks/results   # also write the raw output there
+
+Targets (H200, V = 163840, r = 256, bf16 w2, fp32 logits, K = 6): at B = 4 the fused chain in a
+graph within 1.3x of the floor; at B = 128 at least 3x faster than the eager chain in a graph and
+within 1.6x of the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+if "--smoke" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+from draftsmith.kernels import block_table as bt  # noqa: E402
+from draftsmith.kernels import context_store as cs  # noqa: E402
+from draftsmith.kernels import forced_accept as fa  # noqa: E402
+from draftsmith.kernels import markov_chain as mc  # noqa: E402
+from draftsmith.kernels import paging as pg  # noqa: E402
+from draftsmith.kernels import strict_accept as sa  # noqa: E402
+
+LINES: list[str] = []
+
+
+def emit(line: str = "") -> None:
+    print(line, flush=True)
+    LINES.append(line)
+
+
+# ------------------------------------------------------------------------------------- timing
+
+
+class Timer:
+    """CUDA-event timing of eager calls and of CUDA-graph replays (or wall clock on the CPU)."""
+
+    def __init__(self, device: str, iters: int, warmup: int) -> None:
+        self.device, self.iters, self.warmup = device, iters, warmup
+        self.cuda = device == "cuda"
+
+    def eager(self, fn: Callable[[], object]) -> float:
+        """Mean microseconds per call."""
+        for _ in range(self.warmup):
+            fn()
+        if not self.cuda:
+            t0 = time.perf_counter()
+            for _ in range(self.iters):
+                fn()
+            return (time.perf_counter() - t0) / self.iters * 1e6
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(self.iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / self.iters * 1e3
+
+    def graph(self, fn: Callable[[], object], replays_per_graph: int = 1) -> float | None:
+        """Mean microseconds per call inside a captured graph; ``None`` when not capturable
+        (e.g. a reference with data-dependent shapes) or on the CPU."""
+        if not self.cuda:
+            return None
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(3):
+                    fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(replays_per_graph):
+                    fn()
+        except Exception as exc:  # noqa: BLE001 - a reference may not be capturable
+            torch.cuda.synchronize()
+            emit(f"    (graph capture failed: {type(exc).__name__}: {str(exc).splitlines()[0]})")
+            return None
+        for _ in range(self.warmup):
+            graph.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(self.iters):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / self.iters / replays_per_graph * 1e3
+
+    def copy_bandwidth(self) -> float:
+        """Device copy bandwidth in bytes/s: (read + write bytes) / time of a large copy."""
+        if not self.cuda:
+            n = 1 << 24
+            a, b = torch.empty(n, dtype=torch.uint8), torch.empty(n, dtype=torch.uint8)
+            us = self.eager(lambda: b.copy_(a))
+            return 2 * n / (us * 1e-6)
+        n = 1 << 30
+        a = torch.empty(n, dtype=torch.uint8, device="cuda")
+        b = torch.empty_like(a)
+        us = self.eager(lambda: b.copy_(a))
+        return 2 * n / (us * 1e-6)
+
+
+@dataclass
+class Row:
+    op: str
+    shape: str
+    eager: float
+    eager_graph: float | None
+    fused: float
+    fused_graph: float | None
+    floor: float
+
+    def line(self) -> str:
+        def f(x):
+            return "     n/a" if x is None else f"{x:8.1f}"
+
+        best_eager = self.eager_graph if self.eager_graph is not None else self.eager
+        best_fused = self.fused_graph if self.fused_graph is not None else self.fused
+        return (
+            f"{self.op:<18} {self.shape:<34} {f(self.eager)} {f(self.eager_graph)} "
+            f"{f(self.fused)} {f(self.fused_graph)} {self.floor:8.1f} "
+            f"{best_eager / best_fused:7.2f}x {best_fused / max(self.floor, 1e-9):7.2f}x"
+        )
+
+
+HEADER = (
+    f"{'op':<18} {'shape':<34} {'eager':>8} {'eager_g':>8} {'fused':>8} {'fused_g':>8} "
+    f"{'floor':>8} {'speedup':>8} {'vs_floor':>8}   (microseconds)"
+)
+
+
+def measure(timer: Timer, op: str, shape: str, eager, fused, nbytes: float, bw: float,
+            eager_capturable: bool = True) -> Row:
+    """Time one op; ``eager_capturable=False`` skips capturing a reference that syncs with the
+    host (boolean-mask indexing), which would only invalidate the capture."""
+    eager_graph = timer.graph(eager) if eager_capturable else None
+    row = Row(op, shape, timer.eager(eager), eager_graph, timer.eager(fused),
+              timer.graph(fused), nbytes / bw * 1e6)
+    emit(row.line())
+    return row
+
+
+# ---------------------------------------------------------------------------------------- ops
+
+
+def bench_markov(timer: Timer, bw: float, dev: str, smoke: bool, sweep: bool) -> None:
+    vocab = 1024 if smoke else 163840
+    k = 2 if smoke else 6
+    ranks = [16] if smoke else [64, 128, 256]
+    batches = [4] if smoke else [1, 4, 32, 128]
+    wdtype = torch.float32 if smoke else torch.bfloat16
+    g = torch.Generator().manual_seed(0)
+    for rank in ranks:
+        w1 = (torch.randn(vocab, rank, generator=g) * 0.1).to(dev, wdtype)
+        w2 = (torch.randn(vocab, rank, generator=g) * 0.1).to(dev, wdtype)
+        for rows in batches:
+            base = torch.randn(rows, k, vocab, generator=g).to(dev)
+            anchor = torch.randint(0, vocab, (rows,), generator=g).to(dev)
+            esize = w2.element_size()
+            nbytes = k * (vocab * rank * esize + 2 * rows * vocab * 4)  # w2, base, corrected
+            shape = f"B={rows} K={k} V={vocab} r={rank} {str(wdtype)[6:]}"
+            measure(timer, "markov_chain", shape,
+                    lambda b=base, a=anchor, x=w1, y=w2: mc.markov_chain_reference(b, a, x, y),
+                    lambda b=base, a=anchor, x=w1, y=w2: mc.markov_chain(b, a, x, y),
+                    nbytes, bw)
+            if sweep and not smoke:
+                sweep_markov(timer, base, anchor, w1, w2, nbytes, bw)
+
+
+SWEEP_CONFIGS = [
+    # (BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages); the default is chosen by
+    # draftsmith.kernels.markov_chain._markov_launch_sizes
+    (16, 64, 64, 4, 3), (16, 128, 32, 4, 3), (16, 128, 64, 4, 3), (16, 256, 64, 8, 3),
+    (32, 128, 32, 4, 3), (32, 128, 64, 4, 3), (32, 256, 32, 8, 3),
+    (64, 64, 32, 4, 3), (64, 128, 32, 8, 3), (64, 128, 64, 8, 3),
+    (128, 64, 32, 8, 3), (128, 128, 32, 8, 3),
+]
+
+
+def sweep_markov(timer: Timer, base, anchor, w1, w2, nbytes: float, bw: float) -> None:
+    rows = base.shape[0]
+    default = mc._markov_launch_sizes
+    try:
+        for cfg in SWEEP_CONFIGS:
+            if cfg[0] > max(16, 2 * triton_next_pow2(rows)):
+                continue
+            mc._markov_launch_sizes = lambda *a, c=cfg: c
+            try:
+                us = timer.graph(lambda: mc.markov_chain(base, anchor, w1, w2))
+            except Exception as exc:  # noqa: BLE001 - a config may not fit the device
+                emit(f"    sweep {cfg}: failed ({type(exc).__name__})")
+                continue
+            if us is not None:
+                emit(f"    sweep {cfg}: fused_g {us:8.1f} us  vs_floor {us / (nbytes / bw * 1e6):5.2f}x")
+    finally:
+        mc._markov_launch_sizes = default
+
+
+def triton_next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def bench_strict_accept(timer: Timer, bw: float, dev: str, smoke: bool) -> None:
+    vocab = 111 if smoke else 151936
+    g = torch.Generator().manual_seed(1)
+    for rows in ([3] if smoke else [4, 32, 128]):
+        logits = torch.randn(rows, 8, vocab, generator=g).to(dev)
+        drafts = torch.argmax(logits[:, :7], dim=-1)
+        verify_len = torch.full((rows,), 7, dtype=torch.int64, device=dev)
+        measure(timer, "strict_accept", f"B={rows} K+1=8 V={vocab} fp32",
+                partial(sa.strict_accept_reference, logits, drafts, verify_len),
+                partial(sa.strict_accept, logits, drafts, verify_len),
+                logits.numel() * 4, bw)
+
+
+def bench_paging(timer: Timer, bw: float, dev: str, smoke: bool) -> None:
+    rows = 5 if smoke else 128
+    k1, width, page, max_ctx = 8, 7, 32, 8192
+    table = pg.private_page_table(rows + 1, max_ctx, width, page, dev)
+    g = torch.Generator().manual_seed(2)
+    ctx = torch.randint(0, max_ctx // 2, (rows + 1,), generator=g).to(dev)
+    slots = torch.arange(rows, device=dev)
+    accepted = torch.randint(0, 1000, (rows, k1), generator=g).to(dev)
+    n = torch.randint(1, k1 + 1, (rows,), generator=g).to(dev)
+    args = (slots, accepted, n, table, slots, None, max_ctx, width, page, rows, None)
+    saved = ctx.clone()
+
+    def eager():
+        ctx.copy_(saved)
+        return pg.prepare_placement_reference(ctx, *args)
+
+    def fused():
+        ctx.copy_(saved)
+        return pg.prepare_placement(ctx, *args)
+
+    nbytes = rows * (k1 * 8 * 8 + table.shape[1] * 16)
+    measure(timer, "prepare_placement", f"G={rows} K+1={k1} W={width}", eager, fused, nbytes, bw,
+            eager_capturable=False)
+
+    offsets = torch.randint(-1, 1 << 20, (rows, 2, 512), generator=g, dtype=torch.int32).to(dev)
+    plane = offsets[:, 0]
+    measure(timer, "decode_block_table", f"B={rows} max_blocks=512 int32",
+            lambda: bt.decode_block_table_reference(plane, 2),
+            lambda: bt.decode_block_table(plane, 2), rows * 512 * (4 + 8), bw)
+
+    pool = fa.forced_accept_pool(dev)
+    counter = torch.zeros(1, dtype=torch.int64, device=dev)
+    out = torch.empty(rows, dtype=torch.int64, device=dev)
+    measure(timer, "forced_accept", f"G={rows} f=3.5 K=7",
+            lambda: fa.forced_accept_reference(out, None, pool, counter, 3.5, 7),
+            lambda: fa.forced_accept(out, None, pool, counter, 3.5, 7), rows * 16, bw)
+
+
+def bench_store(timer: Timer, bw: float, dev: str, smoke: bool) -> None:
+    rows, k1 = (3, 4) if smoke else (128, 8)
+    shapes = [(2, 2, 2, 8)] if smoke else [(5, 2, 8, 128), (5, 1, 1, 576)]
+    dtype = torch.float32 if smoke else torch.bfloat16
+    g = torch.Generator().manual_seed(3)
+    for layers, planes, heads, width in shapes:
+        page, max_ctx = 32, 2048
+        table = pg.private_page_table(rows + 1, max_ctx, k1, page, dev)
+        pool = torch.zeros(layers, table.numel(), planes, heads, page, width, dtype=dtype,
+                           device=dev)
+        ctx = torch.randint(0, max_ctx - k1, (rows + 1,), generator=g).to(dev)
+        slots = torch.arange(rows, device=dev)
+        n = torch.randint(1, k1 + 1, (rows,), generator=g).to(dev)
+        p = pg.prepare_placement_reference(
+            ctx, slots, torch.zeros(rows, k1, dtype=torch.int64, device=dev), n, table, slots,
+            None, max_ctx, k1, page, rows, None)
+        entries = torch.randn(rows * k1, layers, planes, heads, width, generator=g).to(dev, dtype)
+        nbytes = 2 * entries.numel() * entries.element_size()
+        measure(timer, "store_context",
+                f"G={rows} K+1={k1} L={layers} {planes}x{heads}x{width} {str(dtype)[6:]}",
+                partial(cs.store_context_reference, pool, entries, p.dest_pages,
+                        p.dest_offsets, p.write_mask),
+                partial(cs.store_context, pool, entries, p.dest_pages, p.dest_offsets,
+                        p.write_mask),
+                nbytes, bw, eager_capturable=False)
+
+
+OPS = {
+    "markov": bench_markov,
+    "strict": bench_strict_accept,
+    "paging": bench_paging,
+    "store": bench_store,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
+    parser.add_argument("--out", default=None, help="directory for the raw output file")
+    parser.add_argument("--ops", default=",".join(OPS), help=f"comma list of {sorted(OPS)}")
+    parser.add_argument("--sweep", action="store_true", help="sweep Markov tile configurations")
+    parser.add_argument("--iters", type=int, default=None)
+    args = parser.parse_args(argv)
+
+    dev = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
+    if dev == "cpu" and not args.smoke:
+        parser.error("no CUDA device; use --smoke for the CPU run")
+    iters = args.iters or (2 if args.smoke else 50)
+    timer = Timer(dev, iters=iters, warmup=1 if args.smoke else 5)
+    machine = torch.cuda.get_device_name() if dev == "cuda" else platform.processor() or "cpu"
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H%M%SZ")
+    bw = timer.copy_bandwidth()
+    emit(f"# draftsmith kernels benchmark on {machine} ({platform.node()}), {stamp}")
+    emit(f"# torch {torch.__version__}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write)")
+    emit(HEADER)
+    for name in args.ops.split(","):
+        if name not in OPS:
+            parser.error(f"unknown op {name!r}; choose from {sorted(OPS)}")
+        with torch.no_grad():
+            if name == "markov":
+                bench_markov(timer, bw, dev, args.smoke, args.sweep)
+            else:
+                OPS[name](timer, bw, dev, args.smoke)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        slug = "".join(c if c.isalnum() else "-" for c in machine).strip("-").lower()
+        path = os.path.join(args.out, f"kernels_{slug}_{stamp}.txt")
+        with open(path, "w") as fh:
+            fh.write("\n".join(LINES) + "\n")
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,79 @@
+"""Block-table decode for a host-bound context pool (spec 4.5).
+
+Owns ``decode_block_table``: turns a host KV manager's encoded per-request block offsets
+(``pool_block * divisor + field``, negative for unallocated pages) into physical page ids and
+per-row allocated-page counts. Imports ``draftsmith.contract`` only.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from draftsmith.contract import ShapeError, check_tensor
+
+
+def decode_block_table_reference(
+    offsets: torch.Tensor, divisor: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode ``offsets: [B, max_blocks] int32/int64`` (the field-0 plane, any strides).
+
+    ``divisor`` is ``kv_factor`` when one layer's view advances by one layer-block, or
+    ``num_pool_layers * kv_factor`` when the view spans all layers::
+
+        counts = (offsets >= 0).sum(1)                 [B] int64, counted before clamping
+        table  = offsets.clamp(min=0) // divisor       [B, max_blocks] int64
+
+    A negative entry (unallocated) decodes to page 0, which belongs to another request; callers
+    bound every write with ``counts`` (spec 4.6).
+    """
+    enc = offsets.to(torch.int64)
+    counts = (enc >= 0).sum(dim=1, dtype=torch.int64)
+    return torch.div(enc.clamp(min=0), divisor, rounding_mode="floor"), counts
+
+
+@triton.jit
+def _decode_block_table_kernel(
+    offsets_ptr, table_ptr, counts_ptr, M, stride_b, stride_m, divisor, BLOCK: tl.constexpr
+):
+    """One program per row."""
+    b = tl.program_id(0).to(tl.int64)
+    total = tl.zeros((BLOCK,), tl.int64)
+    for start in range(0, M, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        ok = cols < M
+        enc = tl.load(offsets_ptr + b * stride_b + cols.to(tl.int64) * stride_m, mask=ok,
+                      other=-1).to(tl.int64)
+        total += (enc >= 0).to(tl.int64)
+        tl.store(table_ptr + b * M + cols, tl.maximum(enc, 0) // divisor, mask=ok)
+    tl.store(counts_ptr + b, tl.sum(total, axis=0))
+
+
+def _decode_launch_sizes(max_blocks: int) -> int:
+    """``BLOCK`` columns per loop step."""
+    return max(16, min(triton.next_power_of_2(max(max_blocks, 1)), 1024))
+
+
+def decode_block_table(offsets: torch.Tensor, divisor: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel form of :func:`decode_block_table_reference`; identical output.
+
+    ``offsets: [B, max_blocks] int32/int64`` (strided views allowed), ``divisor >= 1``.
+    Returns ``(table [B, max_blocks] int64, counts [B] int64)``.
+    """
+    check_tensor("offsets", offsets, ("B", "max_blocks"), (torch.int32, torch.int64))
+    if not isinstance(divisor, int) or isinstance(divisor, bool) or divisor < 1:
+        raise ShapeError(f"divisor must be an int >= 1 (kv_factor or layers * kv_factor), "
+                         f"got {divisor!r}")
+    b, m = offsets.shape
+    table = torch.empty((b, m), dtype=torch.int64, device=offsets.device)
+    counts = torch.empty((b,), dtype=torch.int64, device=offsets.device)
+    if b:
+        _decode_block_table_kernel[(b,)](
+            offsets, table, counts, m, offsets.stride(0), offsets.stride(1), divisor,
+            BLOCK=_decode_launch_sizes(m),
+        )
+    return table, counts
+
+
+__all__ = ["decode_block_table", "decode_block_table_reference"]

@@ -1,0 +1,337 @@
+"""The DSpark vanilla Markov chain (spec 2.3, 5.6; choices 9.1, 9.5, 9.6, 9.20).
+
+Owns ``markov_bias_reference`` (the low-rank bias ``w1[prev] @ w2^T``), ``markov_step`` (one block
+position on one vocabulary shard: bias, fp32 sum with the base logits, and the order-T argmax
+pair) and ``markov_chain`` (the greedy full-vocabulary chain over ``K`` positions). The sampled
+and the sharded chains are composed by the runtime from ``markov_step`` and the selection layer.
+Imports ``draftsmith.contract`` only.
+
+Precision (TensorRT-LLM form): base logits fp32 (bf16 is widened exactly), the bias rounded to
+the weight dtype then widened, the sum in fp32. The fused step computes the bias with its own
+dot-product order, so it matches the torch chain at tolerance level, not bitwise (spec 9.20).
+
+The fused step streams ``w2`` once for all ``G`` rows: program ``(g_tile, s_tile)`` multiplies the
+gathered ``w1`` rows of its request tile with one ``[BLOCK_S, r]`` tile of ``w2`` on tensor cores,
+adds the base logits, optionally stores the corrected row, and reduces an order-T pair per
+(row, tile); a second tiny kernel reduces the tile pairs of each row.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from draftsmith.contract import ShapeError, check_tensor
+from draftsmith.kernels._order_t import merge_argmax_t, tile_argmax_t
+
+_I64 = torch.int64
+_WEIGHTS = (torch.float32, torch.bfloat16, torch.float16)
+_BASES = (torch.float32, torch.bfloat16)
+
+
+# ----------------------------------------------------------------------------------------------
+# Eager references
+# ----------------------------------------------------------------------------------------------
+
+
+def markov_bias_reference(w1: torch.Tensor, w2: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    """The Markov bias of the previous tokens: ``[G, S] fp32``.
+
+    ``w1: [V, r]``, ``w2: [S, r]`` (rows of one vocabulary shard, or all ``V``), same dtype;
+    ``prev: [G] int64`` global ids::
+
+        bias = float( (w1[prev] @ w2^T) rounded to the weight dtype )
+
+    A ``prev`` outside ``0 .. V-1`` (e.g. ``-1`` padding) selects a zero ``w1`` row, hence a zero
+    bias (spec 9.6).
+    """
+    vocab = w1.shape[0]
+    valid = (prev >= 0) & (prev < vocab)
+    rows = w1[prev.clamp(0, vocab - 1)]
+    rows = torch.where(valid[:, None], rows, torch.zeros((), dtype=w1.dtype, device=w1.device))
+    return F.linear(rows, w2).float()
+
+
+def markov_step_reference(
+    base: torch.Tensor,
+    prev: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    vocab_start: int,
+    out_corrected: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One block position of the chain on one shard.
+
+    ``base: [G, S]`` fp32 (or bf16, widened exactly) base logits of global ids
+    ``vocab_start .. vocab_start + S - 1``; ``prev: [G] int64``; ``w1: [V, r]``; ``w2: [S, r]``
+    (the same shard's rows); ``out_corrected: [G, S] fp32 | None`` receives
+    ``z = base + markov_bias(prev)``. Returns the order-T pair of each row of ``z``:
+    ``(pair_val [G] fp32, pair_idx [G] int64)`` with ``pair_idx`` global
+    (``vocab_start + argmax_T(z)``), ready for a cross-shard pair reduction.
+    """
+    z = base.float() + markov_bias_reference(w1, w2, prev)
+    if out_corrected is not None:
+        out_corrected.copy_(z)
+    local = torch.argmax(z, dim=-1)
+    return z.gather(1, local[:, None])[:, 0], local + vocab_start
+
+
+def markov_chain_reference(
+    base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The greedy Markov chain over one block (DeepSpec ``VanillaMarkov``, TensorRT-LLM precision).
+
+    ``base: [G, K, V]`` fp32 block logits, ``anchor: [G] int64`` (the bonus), ``w1, w2: [V, r]``::
+
+        prev = anchor
+        for j in 0 .. K-1:
+            z[:, j] = base[:, j] + markov_bias(prev)       fp32
+            x[:, j] = argmax_T(z[:, j]);  prev = x[:, j]
+
+    Returns ``(drafts [G, K] int64, corrected [G, K, V] fp32)``. ``K == 0`` returns an empty
+    ``[G, 0]`` draft tensor and the ``base`` object itself.
+    """
+    g, k, _ = base.shape
+    drafts = torch.empty((g, k), dtype=_I64, device=base.device)
+    if k == 0:
+        return drafts, base
+    corrected = torch.empty(base.shape, dtype=torch.float32, device=base.device)
+    prev = anchor
+    for j in range(k):
+        z = base[:, j].float() + markov_bias_reference(w1, w2, prev)
+        corrected[:, j] = z
+        prev = torch.argmax(z, dim=-1)
+        drafts[:, j] = prev
+    return drafts, corrected
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _markov_step_kernel(
+    base_ptr, prev_ptr, w1_ptr, w2_ptr, out_ptr, part_val_ptr, part_idx_ptr,
+    G, S, R, V, stride_base, stride_prev, stride_out, num_tiles,
+    STORE: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    """Stage 1: program ``(g_tile, s_tile)`` writes one order-T pair per row of its tile.
+
+    Tile addresses are int32 offsets from per-program 64-bit bases (a tile spans far less than
+    2**31 elements), which keeps the address arithmetic out of the register budget.
+    """
+    pid_g = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    s0 = pid_s * BLOCK_S
+    rows = pid_g * BLOCK_G + tl.arange(0, BLOCK_G)
+    row_ok = rows < G
+    prev = tl.load(prev_ptr + rows.to(tl.int64) * stride_prev, mask=row_ok, other=-1)
+    in_vocab = row_ok & (prev >= 0) & (prev < V)
+    w1_rows = w1_ptr + tl.where(in_vocab, prev, 0).to(tl.int64) * R
+    cols = tl.arange(0, BLOCK_S)
+    col_ok = s0 + cols < S
+    w2_tile = w2_ptr + s0.to(tl.int64) * R
+
+    acc = tl.zeros((BLOCK_G, BLOCK_S), tl.float32)
+    for r0 in range(0, R, BLOCK_R):
+        rr = r0 + tl.arange(0, BLOCK_R)
+        r_ok = rr < R
+        a = tl.load(w1_rows[:, None] + rr[None, :], mask=in_vocab[:, None] & r_ok[None, :],
+                    other=0.0)
+        b = tl.load(w2_tile + (cols[None, :] * R + rr[:, None]),
+                    mask=r_ok[:, None] & col_ok[None, :], other=0.0)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    bias = acc.to(w2_ptr.dtype.element_ty).to(tl.float32)
+
+    tile_ok = row_ok[:, None] & col_ok[None, :]
+    row_base = rows.to(tl.int64)[:, None]
+    x = tl.load(base_ptr + row_base * stride_base + (s0 + cols)[None, :], mask=tile_ok,
+                other=float("-inf")).to(tl.float32)
+    z = x + bias
+    if STORE:
+        tl.store(out_ptr + row_base * stride_out + (s0 + cols)[None, :], z, mask=tile_ok)
+    val, idx = tile_argmax_t(z, (s0 + cols)[None, :], tile_ok)
+    part = rows.to(tl.int64) * num_tiles + pid_s
+    tl.store(part_val_ptr + part, val, mask=row_ok)
+    tl.store(part_idx_ptr + part, idx, mask=row_ok)
+
+
+@triton.jit
+def _markov_reduce_kernel(
+    part_val_ptr, part_idx_ptr, val_ptr, idx_ptr, num_tiles, vocab_start, stride_idx,
+    BLOCK_T: tl.constexpr,
+):
+    """Stage 2: one program per row reduces its tile pairs in increasing tile order."""
+    g = tl.program_id(0).to(tl.int64)
+    best_val = tl.full((1,), float("-inf"), tl.float32)
+    best_tile = tl.full((1,), 2**62, tl.int64)
+    for t0 in range(0, num_tiles, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        ok = t < num_tiles
+        v = tl.load(part_val_ptr + g * num_tiles + t, mask=ok, other=float("-inf"))
+        val, tile = tile_argmax_t(v[None, :], t[None, :], ok[None, :])
+        best_val, best_tile = merge_argmax_t(best_val, best_tile, val, tile)
+    idx = tl.load(part_idx_ptr + g * num_tiles + best_tile)
+    one = tl.arange(0, 1)
+    tl.store(val_ptr + g + one, best_val)
+    tl.store(idx_ptr + g * stride_idx + one, idx + vocab_start)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+
+
+def _markov_launch_sizes(
+    rows: int, shard: int, rank: int, dtype: torch.dtype
+) -> tuple[int, int, int, int, int]:
+    """``(BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages)`` of the stage-1 kernel.
+
+    Up to 16 rows share one ``w2`` tile (``BLOCK_G = 16`` is the tensor-core minimum); larger
+    batches use 32- or 64-row tiles whose programs for one ``w2`` tile run back to back (grid axis
+    0), so ``w2`` comes from HBM once and from L2 after that. Tile sizes keep the sm_90 build at
+    <= ~170 registers per thread (3 programs per SM) so enough ``w2`` loads stay in flight;
+    ``benchmarks/kernels.py --sweep`` times the alternatives.
+    """
+    if rows <= 16:
+        block_g, block_s, block_r = 16, 128, 64
+    elif rows <= 32:
+        block_g, block_s, block_r = 32, 128, 32
+    else:
+        block_g, block_s, block_r = 64, 64, 32
+    if dtype == torch.float32:
+        block_s, block_r = min(block_s, 64), 32
+    block_s = min(block_s, max(16, triton.next_power_of_2(max(shard, 1))))
+    block_r = min(block_r, max(16, triton.next_power_of_2(max(rank, 1))))
+    return block_g, block_s, block_r, 4, 3
+
+
+def _reduce_launch_sizes(num_tiles: int) -> int:
+    """``BLOCK_T`` tile pairs per loop step of the stage-2 kernel."""
+    return max(16, min(triton.next_power_of_2(max(num_tiles, 1)), 2048))
+
+
+class _StepScratch:
+    """Tile-pair buffers of one ``(G, S)`` step, reused across the positions of a chain."""
+
+    def __init__(self, rows: int, shard: int, rank: int, dtype: torch.dtype, device) -> None:
+        self.sizes = _markov_launch_sizes(rows, shard, rank, dtype)
+        self.num_tiles = triton.cdiv(shard, self.sizes[1])
+        self.part_val = torch.empty((rows, self.num_tiles), dtype=torch.float32, device=device)
+        self.part_idx = torch.empty((rows, self.num_tiles), dtype=_I64, device=device)
+
+
+def _run_step(base, prev, w1, w2, vocab_start, out_corrected, pair_val, pair_idx, scratch):
+    """Launch both stages; ``pair_idx`` may be a strided column (the chain's draft column)."""
+    rows, shard = base.shape
+    block_g, block_s, block_r, num_warps, num_stages = scratch.sizes
+    grid = (triton.cdiv(rows, block_g), scratch.num_tiles)
+    _markov_step_kernel[grid](
+        base, prev, w1, w2, out_corrected if out_corrected is not None else base,
+        scratch.part_val, scratch.part_idx,
+        rows, shard, w1.shape[1], w1.shape[0], base.stride(0), prev.stride(0),
+        out_corrected.stride(0) if out_corrected is not None else 0, scratch.num_tiles,
+        STORE=out_corrected is not None, IEEE=w2.dtype == torch.float32,
+        BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_R=block_r,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    _markov_reduce_kernel[(rows,)](
+        scratch.part_val, scratch.part_idx, pair_val, pair_idx, scratch.num_tiles, vocab_start,
+        pair_idx.stride(0), BLOCK_T=_reduce_launch_sizes(scratch.num_tiles),
+    )
+
+
+def _check_rows(name: str, t: torch.Tensor) -> None:
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ShapeError(f"{name} must have unit stride along the vocabulary; call .contiguous()")
+
+
+def _check_weights(w1: torch.Tensor, w2: torch.Tensor, s: dict[str, int], device) -> None:
+    check_tensor("w1", w1, ("V", "r"), _WEIGHTS, s, device, contiguous=True)
+    check_tensor("w2", w2, ("S", "r"), w1.dtype, s, device, contiguous=True)
+
+
+def markov_step(
+    base: torch.Tensor,
+    prev: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    vocab_start: int,
+    out_corrected: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused :func:`markov_step_reference` (tiled bias GEMM + add + pair, then a pair reduce).
+
+    ``base: [G, S]`` fp32/bf16 and ``out_corrected: [G, S] fp32 | None`` may be row-strided
+    views (unit stride along ``S``); ``prev: [G] int64`` any stride; ``w1: [V, r]`` and
+    ``w2: [S, r]`` contiguous, same dtype. Pairs match the reference at tolerance level: values
+    ``assert_close``, indices equal away from near-ties (spec 9.20).
+    """
+    s: dict[str, int] = {}
+    check_tensor("base", base, ("G", "S"), _BASES, s)
+    dev = base.device
+    check_tensor("prev", prev, ("G",), _I64, s, dev)
+    _check_weights(w1, w2, s, dev)
+    _check_rows("base", base)
+    if out_corrected is not None:
+        check_tensor("out_corrected", out_corrected, ("G", "S"), torch.float32, s, dev)
+        _check_rows("out_corrected", out_corrected)
+    if not isinstance(vocab_start, int) or not 0 <= vocab_start <= s["V"] - s["S"]:
+        raise ShapeError(
+            f"vocab_start must be an int in 0..V-S = {s['V'] - s['S']} so the shard of {s['S']} "
+            f"ids fits in the vocabulary of {s['V']}, got {vocab_start!r}"
+        )
+    rows = s["G"]
+    pair_val = torch.empty((rows,), dtype=torch.float32, device=dev)
+    pair_idx = torch.empty((rows,), dtype=_I64, device=dev)
+    if rows:
+        scratch = _StepScratch(rows, s["S"], s["r"], w2.dtype, dev)
+        _run_step(base, prev, w1, w2, vocab_start, out_corrected, pair_val, pair_idx, scratch)
+    return pair_val, pair_idx
+
+
+def markov_chain(
+    base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused :func:`markov_chain_reference`: two launches per position, no host sync (graph-safe).
+
+    ``base: [G, K, V]`` fp32 (bf16 widened), ``anchor: [G] int64``, ``w1, w2: [V, r]``
+    contiguous, same dtype. Returns ``(drafts [G, K] int64, corrected [G, K, V] fp32)``;
+    ``K == 0`` returns ``base`` itself.
+    """
+    s: dict[str, int] = {}
+    check_tensor("base", base, ("G", "K", "V"), _BASES, s)
+    dev = base.device
+    check_tensor("anchor", anchor, ("G",), _I64, s, dev)
+    check_tensor("w1", w1, ("V", "r"), _WEIGHTS, s, dev, contiguous=True)
+    check_tensor("w2", w2, ("V", "r"), w1.dtype, s, dev, contiguous=True)
+    _check_rows("base", base)
+    rows, k, vocab = base.shape
+    drafts = torch.empty((rows, k), dtype=_I64, device=dev)
+    if k == 0:
+        return drafts, base
+    corrected = torch.empty((rows, k, vocab), dtype=torch.float32, device=dev)
+    if rows == 0:
+        return drafts, corrected
+    scratch = _StepScratch(rows, vocab, s["r"], w2.dtype, dev)
+    pair_val = torch.empty((rows,), dtype=torch.float32, device=dev)
+    prev = anchor
+    for j in range(k):
+        _run_step(base[:, j], prev, w1, w2, 0, corrected[:, j], pair_val, drafts[:, j], scratch)
+        prev = drafts[:, j]
+    return drafts, corrected
+
+
+__all__ = [
+    "markov_bias_reference",
+    "markov_chain",
+    "markov_chain_reference",
+    "markov_step",
+    "markov_step_reference",
+]

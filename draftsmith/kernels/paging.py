@@ -1,0 +1,298 @@
+"""Per-step placement of a drafter block in the paged context cache (spec 4.2-4.4, 4.6).
+
+Owns ``prepare_placement``: from the accepted tokens and counts of a step it advances every
+generation request's context length and computes the fixed-shape
+:class:`~draftsmith.contract.DraftBlockPlacement` (bonus, query and context positions, write mask,
+clamped destination columns, pages and offsets, advertised context length), in one kernel. Also
+``private_page_table``, the static page table of the private pool (spec 4.2). Imports
+``draftsmith.contract`` only.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from draftsmith.contract import DraftBlockPlacement, ShapeError, check_tensor
+from draftsmith.contract.checks import check_positive
+
+_I64 = torch.int64
+
+
+def private_page_table(
+    num_slots: int, max_ctx: int, width: int, page_size: int,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """The static page table of the private pool: ``[num_slots, pages_per_slot] int64``.
+
+    ``pages_per_slot = ceil((max_ctx + width) / page_size)`` (the ``+ width`` leaves room for the
+    block's transient writes) and the table is ``arange(num_slots * pages_per_slot)`` row-major.
+    ``num_slots`` counts the dummy slot (``max_batch + 1``).
+    """
+    check_positive("num_slots", num_slots)
+    check_positive("max_ctx", max_ctx)
+    check_positive("width", width)
+    check_positive("page_size", page_size)
+    pages_per_slot = -(-(max_ctx + width) // page_size)
+    return torch.arange(num_slots * pages_per_slot, dtype=_I64, device=device).view(
+        num_slots, pages_per_slot
+    )
+
+
+def draft_slot_ids(
+    num_requests: int, width: int, num_draft_tokens: int, shift: bool,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Flat block-output rows of the drafts: ``[G * K] int64``, row of draft ``j`` of request ``b``
+    is ``b * W + first + j`` with ``first = 0`` under the shift convention (``W == K``) and ``1``
+    otherwise (``W == K + 1``, bonus slot silent) (spec 2.1)."""
+    check_positive("width", width)
+    check_positive("num_draft_tokens", num_draft_tokens, minimum=0)
+    first = 0 if shift else 1
+    if first + num_draft_tokens > width:
+        raise ShapeError(
+            f"{num_draft_tokens} drafts do not fit a block of width {width} "
+            f"({'shift' if shift else 'bonus-silent'} convention needs W >= K + {first})"
+        )
+    b = torch.arange(num_requests, dtype=_I64, device=device)[:, None]
+    j = torch.arange(num_draft_tokens, dtype=_I64, device=device)
+    return (b * width + first + j).reshape(-1)
+
+
+def prepare_placement_reference(
+    ctx_len: torch.Tensor,
+    batch_to_slot: torch.Tensor,
+    accepted: torch.Tensor,
+    num_accepted: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_rows: torch.Tensor,
+    alloc_counts: torch.Tensor | None,
+    max_ctx: int,
+    width: int,
+    page_size: int,
+    dummy_slot: int,
+    rows_start: int | None,
+) -> DraftBlockPlacement:
+    """Advance the context of ``G`` generation requests and place their block (spec 4.3-4.6).
+
+    Inputs: ``ctx_len: [num_slots] int64`` (updated in place), ``batch_to_slot: [G] int64``
+    (generation rows only; padding rows hold ``dummy_slot``; each real slot at most once),
+    ``accepted: [G, K+1] int64``, ``num_accepted: [G] int64`` (``n``, ``1..K+1``),
+    ``page_table: [rows, P] int64``, ``cache_rows: [G] int64`` (page-table rows: ``slots`` for the
+    private pool, batch rows when host-bound), ``alloc_counts: [G] int64 | None`` (pages allocated
+    per row when host-bound; ``None`` = private pool). With ``j`` in ``0..K`` and ``i`` in
+    ``0..W-1``::
+
+        c         = 0 if slot == dummy_slot else ctx_len[slot]          (before the step)
+        bonus     = accepted[b, clamp(n - 1, 0, K)]
+        new_len   = min(c + n, max_ctx)
+        ctx_pos   = c + j;   write_mask = j < n
+        limit     = max_ctx - 1                 (private)  |  counts * P_sz - 1      (host-bound)
+        dest_col  = max(min(c + j, limit), 0)
+        dest_page = page_table[cache_row, dest_col // P_sz];  dest_offset = dest_col % P_sz
+        num_ctx   = new_len                     (private)  |  min(new_len, max(counts*P_sz - W, 0))
+        query_pos = new_len + i
+        ctx_len[slot] = new_len for real slots;  ctx_len[dummy_slot] = 0
+
+    A host-bound row with no allocated page (``counts == 0``) has nowhere to write: its
+    ``write_mask`` is all False and its ``dest_pages`` are ``-1`` (the store skips negative pages),
+    so a clamped ``-1`` entry can never redirect a write into page 0 of another request.
+    ``block_tables = page_table[cache_rows]``.
+    """
+    g, k1 = accepted.shape
+    dev = accepted.device
+    slots = batch_to_slot.clone()
+    is_dummy = slots == dummy_slot
+    c = torch.where(is_dummy, 0, ctx_len[slots])
+    n = num_accepted
+    j = torch.arange(k1, device=dev, dtype=_I64)
+    bonus = accepted.gather(1, (n - 1).clamp(0, k1 - 1)[:, None])[:, 0].clone()
+    new_len = torch.clamp(c + n, max=max_ctx)
+    ctx_positions = c[:, None] + j
+    write_mask = j < n[:, None]
+    if alloc_counts is None:
+        limit = torch.full_like(c, max_ctx - 1)
+        num_ctx = new_len.clone()
+        no_pages = torch.zeros_like(is_dummy)
+    else:
+        limit = alloc_counts * page_size - 1
+        num_ctx = torch.minimum(new_len, torch.clamp(alloc_counts * page_size - width, min=0))
+        no_pages = alloc_counts <= 0
+    dest_cols = torch.clamp(torch.minimum(ctx_positions, limit[:, None]), min=0)
+    dest_pages = page_table[cache_rows[:, None], dest_cols // page_size]
+    dest_pages = torch.where(no_pages[:, None], -1, dest_pages)
+    write_mask &= ~no_pages[:, None]
+    dest_offsets = dest_cols % page_size
+    query_positions = new_len[:, None] + torch.arange(width, device=dev, dtype=_I64)
+    real = ~is_dummy
+    ctx_len[slots[real]] = new_len[real]
+    ctx_len[dummy_slot] = 0
+    return DraftBlockPlacement(
+        slots=slots,
+        cache_rows=cache_rows.clone(),
+        rows_start=rows_start,
+        bonus=bonus,
+        query_positions=query_positions,
+        ctx_positions=ctx_positions,
+        write_mask=write_mask,
+        dest_cols=dest_cols,
+        dest_pages=dest_pages,
+        dest_offsets=dest_offsets,
+        num_ctx=num_ctx,
+        new_ctx_len=new_len,
+        block_tables=page_table[cache_rows],
+        page_size=page_size,
+    )
+
+
+@triton.jit
+def _prepare_placement_kernel(
+    ctx_len_ptr, slot_ptr, accepted_ptr, num_ptr, table_ptr, rows_ptr, counts_ptr,
+    bonus_ptr, qpos_ptr, cpos_ptr, mask_ptr, cols_ptr, pages_ptr, offs_ptr, num_ctx_ptr,
+    new_len_ptr, tables_out_ptr,
+    K1, W, P, max_ctx, page_size, dummy_slot,
+    HOST_BOUND: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_W: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+):
+    """One program per generation request. Each real slot belongs to one request, so the read of
+    ``ctx_len[slot]`` and its update never race; dummy rows never read ``ctx_len`` and only ever
+    store 0 to the dummy's entry."""
+    b = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + b)
+    is_dummy = slot == dummy_slot
+    c = tl.load(ctx_len_ptr + slot, mask=~is_dummy, other=0)
+    n = tl.load(num_ptr + b)
+    row = tl.load(rows_ptr + b)
+
+    j = tl.arange(0, BLOCK_K1)
+    j_ok = j < K1
+    bonus_col = tl.minimum(tl.maximum(n - 1, 0), K1 - 1)
+    tl.store(bonus_ptr + b, tl.load(accepted_ptr + b * K1 + bonus_col))
+    new_len = tl.minimum(c + n, max_ctx)
+    ctx_pos = c + j
+    write = j < n
+    if HOST_BOUND:
+        counts = tl.load(counts_ptr + b)
+        limit = counts * page_size - 1
+        num_ctx = tl.minimum(new_len, tl.maximum(counts * page_size - W, 0))
+        has_pages = (tl.zeros((BLOCK_K1,), tl.int64) + counts) > 0
+    else:
+        limit = max_ctx - 1
+        num_ctx = new_len
+        has_pages = j >= 0
+    dest_col = tl.maximum(tl.minimum(ctx_pos, limit), 0)
+    page = tl.load(table_ptr + row * P + dest_col // page_size, mask=j_ok & has_pages, other=-1)
+    out = b * K1 + j
+    tl.store(cpos_ptr + out, ctx_pos, mask=j_ok)
+    tl.store(mask_ptr + out, (write & has_pages).to(tl.int8), mask=j_ok)
+    tl.store(cols_ptr + out, dest_col, mask=j_ok)
+    tl.store(pages_ptr + out, tl.where(has_pages, page, -1), mask=j_ok)
+    tl.store(offs_ptr + out, dest_col % page_size, mask=j_ok)
+
+    i = tl.arange(0, BLOCK_W)
+    tl.store(qpos_ptr + b * W + i, new_len + i, mask=i < W)
+    tl.store(num_ctx_ptr + b, num_ctx)
+    tl.store(new_len_ptr + b, new_len)
+    for start in range(0, P, BLOCK_P):
+        p = start + tl.arange(0, BLOCK_P)
+        entries = tl.load(table_ptr + row * P + p, mask=p < P)
+        tl.store(tables_out_ptr + b * P + p, entries, mask=p < P)
+    # Real rows store their new length; every dummy row stores the same 0.
+    tl.store(ctx_len_ptr + slot, tl.where(is_dummy, 0, new_len))
+    if b == 0:
+        tl.store(ctx_len_ptr + dummy_slot, 0)
+
+
+def _placement_launch_sizes(k1: int, width: int, pages: int) -> tuple[int, int, int]:
+    """``(BLOCK_K1, BLOCK_W, BLOCK_P)`` of the one-program-per-request kernel."""
+    return (
+        triton.next_power_of_2(max(k1, 1)),
+        triton.next_power_of_2(max(width, 1)),
+        max(16, min(triton.next_power_of_2(max(pages, 1)), 256)),
+    )
+
+
+def prepare_placement(
+    ctx_len: torch.Tensor,
+    batch_to_slot: torch.Tensor,
+    accepted: torch.Tensor,
+    num_accepted: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_rows: torch.Tensor,
+    alloc_counts: torch.Tensor | None,
+    max_ctx: int,
+    width: int,
+    page_size: int,
+    dummy_slot: int,
+    rows_start: int | None,
+) -> DraftBlockPlacement:
+    """Fused :func:`prepare_placement_reference` (one kernel); bit-identical results and the
+    same in-place update of ``ctx_len``."""
+    s: dict[str, int] = {}
+    dev = ctx_len.device
+    check_tensor("ctx_len", ctx_len, ("num_slots",), _I64, s, contiguous=True)
+    check_tensor("batch_to_slot", batch_to_slot, ("G",), _I64, s, dev, contiguous=True)
+    check_tensor("accepted", accepted, ("G", "K1"), _I64, s, dev, contiguous=True)
+    check_tensor("num_accepted", num_accepted, ("G",), _I64, s, dev, contiguous=True)
+    check_tensor("page_table", page_table, ("rows", "P"), _I64, s, dev, contiguous=True)
+    check_tensor("cache_rows", cache_rows, ("G",), _I64, s, dev, contiguous=True)
+    if alloc_counts is not None:
+        check_tensor("alloc_counts", alloc_counts, ("G",), _I64, s, dev, contiguous=True)
+    for name, value in (("max_ctx", max_ctx), ("width", width), ("page_size", page_size)):
+        check_positive(name, value)
+    if not 0 <= dummy_slot < s["num_slots"]:
+        raise ShapeError(f"dummy_slot {dummy_slot} must index ctx_len of {s['num_slots']} slots")
+    if alloc_counts is None and s["P"] * page_size < max_ctx + width:
+        raise ShapeError(
+            f"private page table rows hold {s['P']} pages of {page_size} = "
+            f"{s['P'] * page_size} columns, fewer than max_ctx + width = {max_ctx + width}; "
+            "build it with private_page_table"
+        )
+    g, k1 = accepted.shape
+    p = s["P"]
+
+    def new(*shape, dtype=_I64):
+        return torch.empty(shape, dtype=dtype, device=dev)
+
+    bonus, num_ctx, new_len = new(g), new(g), new(g)
+    qpos = new(g, width)
+    cpos, cols, pages, offs = new(g, k1), new(g, k1), new(g, k1), new(g, k1)
+    mask = new(g, k1, dtype=torch.bool)
+    tables = new(g, p)
+    if g == 0:
+        ctx_len[dummy_slot] = 0
+    else:
+        block_k1, block_w, block_p = _placement_launch_sizes(k1, width, p)
+        _prepare_placement_kernel[(g,)](
+            ctx_len, batch_to_slot, accepted, num_accepted, page_table, cache_rows,
+            alloc_counts if alloc_counts is not None else num_accepted,
+            bonus, qpos, cpos, mask.view(torch.int8), cols, pages, offs, num_ctx, new_len,
+            tables, k1, width, p, max_ctx, page_size, dummy_slot,
+            HOST_BOUND=alloc_counts is not None,
+            BLOCK_K1=block_k1, BLOCK_W=block_w, BLOCK_P=block_p,
+        )
+    return DraftBlockPlacement(
+        slots=batch_to_slot.clone(),
+        cache_rows=cache_rows.clone(),
+        rows_start=rows_start,
+        bonus=bonus,
+        query_positions=qpos,
+        ctx_positions=cpos,
+        write_mask=mask,
+        dest_cols=cols,
+        dest_pages=pages,
+        dest_offsets=offs,
+        num_ctx=num_ctx,
+        new_ctx_len=new_len,
+        block_tables=tables,
+        page_size=page_size,
+    )
+
+
+__all__ = [
+    "draft_slot_ids",
+    "prepare_placement",
+    "prepare_placement_reference",
+    "private_page_table",
+]

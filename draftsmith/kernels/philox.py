@@ -1,0 +1,206 @@
+"""Counter-based uniforms: Philox4x32-10 keyed by a 64-bit seed (spec 5.5, 9 item 15).
+
+Owns ``philox_uniform`` (one uniform per ``(row, id)``), its pure-torch reference, the raw block
+function ``philox4x32_10_reference`` and the ``@triton.jit`` helpers that other kernels call
+(``philox_word0``, ``centred_uniform``). Imports ``draftsmith.contract`` only.
+
+Keying (fixed by the spec, identical on every tensor-parallel rank)::
+
+    key     = (seed & 0xFFFFFFFF, seed >> 32)                          the request seed
+    counter = (global_id, offset & 0xFFFFFFFF, offset >> 32, stream)    offset = sequence position
+    k       = philox4x32_10(counter, key)[0] >> 9                       top 23 bits of word 0
+    u       = (k + 0.5) * 2**-23                                        in [2**-24, 1 - 2**-24]
+
+Streams: 0 target sample / residual / bonus, 1 draft sample, 2 acceptance uniform (id 0).
+Every ``u`` is exact in fp32 and never 0 or 1, so ``-ln(-ln(u))`` is finite.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from draftsmith.contract import ShapeError, check_tensor
+
+PHILOX_M0 = 0xD2511F53
+"""Philox4x32 round multiplier applied to counter word 0."""
+PHILOX_M1 = 0xCD9E8D57
+"""Philox4x32 round multiplier applied to counter word 2."""
+PHILOX_W0 = 0x9E3779B9
+"""Key schedule increment of key word 0 (golden ratio)."""
+PHILOX_W1 = 0xBB67AE85
+"""Key schedule increment of key word 1 (sqrt(3) - 1)."""
+PHILOX_ROUNDS = 10
+
+STREAM_TARGET = 0
+"""Target sample, residual and bonus draws."""
+STREAM_DRAFT = 1
+"""Draft-token sampling."""
+STREAM_ACCEPT = 2
+"""Acceptance uniforms of rejection sampling (token id 0, ``u`` used directly)."""
+
+_MASK32 = 0xFFFFFFFF
+_U_SCALE = 2.0**-23
+
+
+def _mulhilo32(a: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(hi, lo)`` words of the 64-bit product of uint32 values held in int64.
+
+    The product can exceed ``2**63``; torch's int64 multiply wraps modulo ``2**64`` (two's
+    complement), which keeps all 64 product bits, so masking recovers both words exactly. The
+    known-answer tests pin this down.
+    """
+    prod = a * b
+    return (prod >> 32) & _MASK32, prod & _MASK32
+
+
+def philox4x32_10_reference(
+    counter: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    key: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The Philox4x32-10 block function (Salmon et al., SC'11; Random123 ``philox4x32``).
+
+    ``counter``: four broadcastable int64 tensors holding uint32 values; ``key``: two. Returns the
+    four output words as int64 tensors in ``[0, 2**32)``. Each round::
+
+        hi0, lo0 = mulhilo(M0, c0);  hi1, lo1 = mulhilo(M1, c2)
+        c = (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0);  k += (W0, W1) mod 2**32
+    """
+    c0, c1, c2, c3 = (torch.as_tensor(c, dtype=torch.int64) & _MASK32 for c in counter)
+    k0, k1 = (torch.as_tensor(k, dtype=torch.int64) & _MASK32 for k in key)
+    for _ in range(PHILOX_ROUNDS):
+        hi0, lo0 = _mulhilo32(c0, PHILOX_M0)
+        hi1, lo1 = _mulhilo32(c2, PHILOX_M1)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = (k0 + PHILOX_W0) & _MASK32
+        k1 = (k1 + PHILOX_W1) & _MASK32
+    return c0, c1, c2, c3
+
+
+def centred_uniform_reference(word: torch.Tensor) -> torch.Tensor:
+    """``u = ((word >> 9) + 0.5) * 2**-23`` as fp32 (exact) for ``word`` uint32 held in int64."""
+    return ((word >> 9).to(torch.float32) + 0.5) * _U_SCALE
+
+
+def philox_uniform_reference(
+    seeds: torch.Tensor, offsets: torch.Tensor, ids: torch.Tensor, stream: int
+) -> torch.Tensor:
+    """Keyed uniforms ``u[row, i]`` for counter ``(ids[row, i], offsets[row], stream)``.
+
+    ``seeds: [rows] int64``, ``offsets: [rows] int64``, ``ids: [rows, n] int64`` (or ``[n]``,
+    shared by every row) global token ids; ``stream`` 0, 1 or 2. Returns ``[rows, n] float32`` in
+    ``[2**-24, 1 - 2**-24]`` (see the module docstring for the exact map).
+    """
+    _check_stream(stream)
+    seeds, offsets = seeds.to(torch.int64), offsets.to(torch.int64)
+    ids = ids.to(torch.int64)
+    if ids.dim() == 1:
+        ids = ids.expand(seeds.shape[0], -1)
+    col = (slice(None), None)
+    word0 = philox4x32_10_reference(
+        (ids, (offsets & _MASK32)[col], ((offsets >> 32) & _MASK32)[col],
+         torch.full_like(ids, stream)),
+        ((seeds & _MASK32)[col], ((seeds >> 32) & _MASK32)[col]),
+    )[0]
+    return centred_uniform_reference(word0)
+
+
+@triton.jit
+def philox_word0(k0, k1, c0, c1, c2, c3):
+    """Word 0 of Philox4x32-10 for uint32 key ``(k0, k1)`` and counter ``(c0..c3)`` (uint32)."""
+    for _ in tl.static_range(10):
+        hi0 = tl.umulhi(c0, 0xD2511F53)
+        lo0 = c0 * 0xD2511F53
+        hi1 = tl.umulhi(c2, 0xCD9E8D57)
+        lo1 = c2 * 0xCD9E8D57
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0 = k0 + 0x9E3779B9
+        k1 = k1 + 0xBB67AE85
+    return c0
+
+
+@triton.jit
+def centred_uniform(word):
+    """``((word >> 9) + 0.5) * 2**-23`` in fp32 for a uint32 ``word``; exact, never 0 or 1."""
+    return ((word >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
+
+
+@triton.jit
+def split_u64(x):
+    """``(x & 0xFFFFFFFF, x >> 32)`` of an int64 value as two uint32 values."""
+    lo = (x & 0xFFFFFFFF).to(tl.uint32)
+    hi = ((x >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    return lo, hi
+
+
+@triton.jit
+def _philox_uniform_kernel(
+    seeds_ptr, offsets_ptr, ids_ptr, out_ptr,
+    n, ids_row_stride,
+    STREAM: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    k0, k1 = split_u64(tl.load(seeds_ptr + row))
+    off_lo, off_hi = split_u64(tl.load(offsets_ptr + row))
+    ids = tl.load(ids_ptr + row * ids_row_stride + cols, mask=mask, other=0)
+    c0 = ids.to(tl.uint32)
+    zero = tl.zeros_like(c0)
+    word = philox_word0(k0, k1, c0, zero + off_lo, zero + off_hi, zero + STREAM)
+    tl.store(out_ptr + row * n + cols, centred_uniform(word), mask=mask)
+
+
+def _uniform_launch(n: int) -> int:
+    """Columns per program of :func:`philox_uniform`."""
+    return max(16, min(1024, triton.next_power_of_2(max(n, 1))))
+
+
+def philox_uniform(
+    seeds: torch.Tensor, offsets: torch.Tensor, ids: torch.Tensor, stream: int
+) -> torch.Tensor:
+    """Triton form of :func:`philox_uniform_reference` (same arguments, identical bits)."""
+    _check_stream(stream)
+    sizes: dict[str, int] = {}
+    check_tensor("seeds", seeds, ("rows",), torch.int64, sizes, contiguous=True)
+    check_tensor("offsets", offsets, ("rows",), torch.int64, sizes, device=seeds.device,
+                 contiguous=True)
+    if ids.dim() == 1:
+        check_tensor("ids", ids, ("n",), torch.int64, sizes, device=seeds.device,
+                     contiguous=True)
+        row_stride = 0
+    else:
+        check_tensor("ids", ids, ("rows", "n"), torch.int64, sizes, device=seeds.device)
+        if ids.stride(1) != 1:
+            raise ShapeError("ids must have unit stride along the last dim; call .contiguous()")
+        row_stride = ids.stride(0)
+    rows, n = seeds.shape[0], ids.shape[-1]
+    out = torch.empty(rows, n, dtype=torch.float32, device=seeds.device)
+    if rows == 0 or n == 0:
+        return out
+    block = _uniform_launch(n)
+    _philox_uniform_kernel[(rows, triton.cdiv(n, block))](
+        seeds, offsets, ids, out, n, row_stride, STREAM=stream, BLOCK=block
+    )
+    return out
+
+
+def _check_stream(stream: int) -> None:
+    if not isinstance(stream, int) or not 0 <= stream < 2**32:
+        raise ShapeError(f"stream must be an int in [0, 2**32) (0 target, 1 draft, 2 accept), "
+                         f"got {stream!r}")
+
+
+__all__ = [
+    "STREAM_ACCEPT",
+    "STREAM_DRAFT",
+    "STREAM_TARGET",
+    "centred_uniform",
+    "centred_uniform_reference",
+    "philox4x32_10_reference",
+    "philox_uniform",
+    "philox_uniform_reference",
+    "philox_word0",
+    "split_u64",
+]

@@ -1,0 +1,165 @@
+"""The built-in :class:`~draftsmith.contract.TokenSelector` strategies: greedy and sampling.
+
+Each strategy is bound to its validated config; its route (local, pair exchange, top-k
+candidates or gather) is a pure function of that config and the TP size, so every rank takes the
+same path (see :mod:`draftsmith.selection.eligibility`). Imports ``draftsmith.contract`` and
+``draftsmith.kernels`` (through the selection modules); never torch.distributed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.contract import (
+    Collectives,
+    DraftsmithError,
+    LogitsShard,
+    SamplingKey,
+    SingleRank,
+)
+from draftsmith.selection.configs import GreedyConfig, SampleConfig
+from draftsmith.selection.eligibility import SelectionRoute, selection_route
+from draftsmith.selection.sampling import (
+    apply_top_p,
+    filtered_candidates,
+    filtered_probs,
+    one_hot_argmax,
+    sample_candidates,
+)
+from draftsmith.selection.vocab_parallel import (
+    ExchangeWorkspace,
+    gather_logits,
+    sharded_argmax,
+    sharded_gumbel_sample,
+    sharded_top_k_candidates,
+)
+
+
+def local_group(logits: LogitsShard, collectives: Collectives) -> Collectives:
+    """``collectives``, or a single rank when every rank already holds the full vocabulary (then
+    each rank computes the same answer alone, with no exchange)."""
+    return SingleRank() if logits.is_full else collectives
+
+
+class _Selector:
+    """Shared plumbing: kernel choice, the exchange workspace and route lookup."""
+
+    config: GreedyConfig | SampleConfig
+
+    def __init__(self, use_kernels: bool | None = None,
+                 workspace: ExchangeWorkspace | None = None) -> None:
+        self.use_kernels = use_kernels
+        """Use the Triton pair kernels (``None``: when the logits are on a CUDA device)."""
+        self.workspace = workspace
+        """Exchange staging buffer, allocated once by the runtime before capture (optional)."""
+
+    def bind_workspace(self, workspace: ExchangeWorkspace) -> None:
+        """Use ``workspace`` for every later exchange (call before CUDA-graph capture)."""
+        self.workspace = workspace
+
+    def route(self, tp_size: int, vocab_size: int) -> SelectionRoute:
+        """The path :meth:`select` takes at this TP size, and why."""
+        return selection_route(self.config, tp_size, vocab_size)
+
+    def _argmax(self, logits: LogitsShard, collectives: Collectives) -> torch.Tensor:
+        collectives = local_group(logits, collectives)
+        route = self.route(collectives.world_size, logits.vocab_size)
+        if route.kind == "gather":
+            return torch.argmax(gather_logits(logits, collectives), dim=1)
+        if route.kind == "local" and not self._kernel(logits.logits):
+            full = gather_logits(logits, collectives)  # checks the shard is the full vocabulary
+            return torch.argmax(full, dim=1)
+        return sharded_argmax(logits, collectives, self.workspace, self.use_kernels)
+
+    def _kernel(self, logits: torch.Tensor) -> bool:
+        return logits.is_cuda if self.use_kernels is None else self.use_kernels
+
+
+class GreedySelector(_Selector):
+    """Order-T argmax (``torch.argmax``); vocab-parallel through one pair exchange."""
+
+    def __init__(self, config: GreedyConfig | None = None, use_kernels: bool | None = None,
+                 workspace: ExchangeWorkspace | None = None) -> None:
+        super().__init__(use_kernels, workspace)
+        self.config = config or GreedyConfig()
+
+    @property
+    def is_greedy(self) -> bool:
+        """Always true: strict acceptance applies."""
+        return True
+
+    def select(self, logits: LogitsShard, key: SamplingKey | None, stream: int,
+               collectives: Collectives) -> torch.Tensor:
+        """``[rows] int64`` global argmax ids, identical on every rank (``key`` is ignored)."""
+        return self._argmax(logits, collectives)
+
+    def probs(self, logits: LogitsShard, collectives: Collectives) -> torch.Tensor:
+        """One-hot of the argmax: ``[rows, V] float32``."""
+        token = self._argmax(logits, collectives)
+        out = torch.zeros(logits.logits.shape[0], logits.vocab_size, dtype=torch.float32,
+                          device=logits.logits.device)
+        return out.scatter_(1, token[:, None], 1.0)
+
+
+class SampleSelector(_Selector):
+    """Temperature / top-k / top-p sampling from keyed Gumbel noise (spec 5.5).
+
+    ``T == 0`` is greedy. Temperature-only sampling runs on shards through Gumbel-max pairs;
+    top-k through ``k`` candidates per rank; top-p alone gathers the logits.
+    """
+
+    def __init__(self, config: SampleConfig, use_kernels: bool | None = None,
+                 workspace: ExchangeWorkspace | None = None) -> None:
+        super().__init__(use_kernels, workspace)
+        self.config = config
+
+    @property
+    def is_greedy(self) -> bool:
+        """True only at temperature 0."""
+        return self.config.temperature == 0.0
+
+    def select(self, logits: LogitsShard, key: SamplingKey | None, stream: int,
+               collectives: Collectives) -> torch.Tensor:
+        """``[rows] int64`` sampled global ids, identical on every rank and for every TP split.
+
+        ``key`` (seeds and offsets per row) is required unless ``T == 0``; ``stream`` 0 target,
+        1 draft (spec 5.5).
+        """
+        cfg = self.config
+        if self.is_greedy:
+            return self._argmax(logits, collectives)
+        rows = logits.logits.shape[0]
+        if key is None:
+            raise DraftsmithError(
+                "SampleSelector.select needs a SamplingKey (seeds and offsets per row) when "
+                "temperature > 0; build one from the request seeds and positions"
+            )
+        if key.seeds.shape[0] != rows:
+            raise DraftsmithError(f"SamplingKey has {key.seeds.shape[0]} rows, logits {rows}")
+        collectives = local_group(logits, collectives)
+        route = self.route(collectives.world_size, logits.vocab_size)
+        filtered = (0 < cfg.top_k < logits.vocab_size) or cfg.top_p < 1.0
+        if route.kind == "gumbel_pairs" or (route.kind == "local" and not filtered):
+            temps = torch.full((rows,), cfg.temperature, dtype=torch.float32,
+                               device=logits.logits.device)
+            return sharded_gumbel_sample(logits, temps, key, stream, collectives,
+                                         self.workspace, self.use_kernels)
+        if route.kind == "topk_candidates":
+            scores = logits.logits.to(torch.float32) / cfg.temperature
+            cand, ids = sharded_top_k_candidates(scores, logits.vocab_start, cfg.top_k,
+                                                 collectives)
+            return sample_candidates(apply_top_p(cand, cfg.top_p), ids, key, stream)
+        scores = gather_logits(logits, collectives) / cfg.temperature
+        cand, ids = filtered_candidates(scores, cfg.top_k, cfg.top_p)
+        return sample_candidates(cand, ids, key, stream)
+
+    def probs(self, logits: LogitsShard, collectives: Collectives) -> torch.Tensor:
+        """The filtered, temperature-scaled distribution ``[rows, V] float32`` (gathers)."""
+        cfg = self.config
+        full = gather_logits(logits, local_group(logits, collectives))
+        if self.is_greedy:
+            return one_hot_argmax(full)
+        return filtered_probs(full, cfg.temperature, cfg.top_k, cfg.top_p)
+
+
+__all__ = ["GreedySelector", "SampleSelector", "local_group"]

@@ -1,0 +1,253 @@
+"""DSpark vanilla Markov chain: eager reference vs a DeepSpec-style loop, fused step and chain vs
+the reference, shards (spec 2.3, 5.6; spec 8 rows 13-17, 20 of section 9)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from draftsmith.contract import ShapeError
+from draftsmith.kernels.markov_chain import (
+    markov_bias_reference,
+    markov_chain,
+    markov_chain_reference,
+    markov_step,
+    markov_step_reference,
+)
+
+
+class VanillaMarkovLoop(nn.Module):
+    """The greedy chain as DeepSpec's ``VanillaMarkov`` runs it: an embedding for the previous
+    token, a bias-free ``Linear(r -> V)``, ``argmax`` fed forward (fp32 here)."""
+
+    def __init__(self, w1: torch.Tensor, w2: torch.Tensor) -> None:
+        super().__init__()
+        self.markov_w1 = nn.Embedding(w1.shape[0], w1.shape[1])
+        self.markov_w2 = nn.Linear(w2.shape[1], w2.shape[0], bias=False)
+        with torch.no_grad():
+            self.markov_w1.weight.copy_(w1)
+            self.markov_w2.weight.copy_(w2)
+
+    @torch.no_grad()
+    def sample_block_tokens(self, base: torch.Tensor, anchor: torch.Tensor):
+        prev, tokens, logits = anchor, [], []
+        for j in range(base.shape[1]):
+            z = base[:, j] + self.markov_w2(self.markov_w1(prev))
+            prev = torch.argmax(z, dim=-1)
+            tokens.append(prev)
+            logits.append(z)
+        return torch.stack(tokens, dim=1), torch.stack(logits, dim=1)
+
+
+def _head(vocab: int, rank: int, seed: int, dtype=torch.float32, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    w1 = torch.randn(vocab, rank, generator=g) * 0.5
+    w2 = torch.randn(vocab, rank, generator=g) * 0.5
+    return w1.to(device, dtype), w2.to(device, dtype)
+
+
+def _base(rows: int, k: int, vocab: int, seed: int, device="cpu"):
+    return torch.randn(rows, k, vocab, generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def test_reference_equals_deepspec_loop() -> None:
+    vocab, rank, rows, k = 512, 16, 3, 7
+    w1, w2 = _head(vocab, rank, 0)
+    base = _base(rows, k, vocab, 1)
+    anchor = torch.tensor([5, 511, 0])
+    want_tokens, want_logits = VanillaMarkovLoop(w1, w2).sample_block_tokens(base, anchor)
+    drafts, corrected = markov_chain_reference(base, anchor, w1, w2)
+    assert drafts.dtype == torch.int64 and corrected.dtype == torch.float32
+    assert torch.equal(corrected, want_logits)
+    assert torch.equal(drafts, want_tokens)
+
+
+def test_step_bias_is_the_low_rank_product() -> None:
+    w1, w2 = _head(111, 19, 2)
+    prev = torch.tensor([0, 110, 37, 37, 5])
+    torch.testing.assert_close(markov_bias_reference(w1, w2, prev), w1[prev] @ w2.T)
+
+
+def test_out_of_vocab_anchors_give_zero_bias() -> None:
+    vocab = 111
+    w1, w2 = _head(vocab, 19, 3)
+    w1[0] = 7.0  # a clamp-to-0 bug would show up as a non-zero bias
+    prev = torch.tensor([-1, vocab, -5, vocab + 9])
+    bias = markov_bias_reference(w1, w2, prev)
+    assert torch.equal(bias, torch.zeros_like(bias))
+    base = _base(4, 1, vocab, 4)
+    for chain in (markov_chain_reference, markov_chain):
+        _, corrected = chain(base, prev, w1, w2)
+        torch.testing.assert_close(corrected, base, rtol=0, atol=1e-5)
+    out = torch.empty(4, vocab)
+    markov_step(base[:, 0], prev, w1, w2, 0, out)
+    assert torch.equal(out, base[:, 0])
+
+
+def test_k_zero_returns_the_base_object() -> None:
+    w1, w2 = _head(111, 8, 5)
+    base = _base(9, 0, 111, 6)
+    for chain in (markov_chain_reference, markov_chain):
+        drafts, corrected = chain(base, torch.zeros(9, dtype=torch.int64), w1, w2)
+        assert corrected is base
+        assert drafts.shape == (9, 0) and drafts.dtype == torch.int64
+
+
+def test_fused_chain_matches_reference_cpu() -> None:
+    vocab, rank, rows, k = 111, 19, 9, 5
+    w1, w2 = _head(vocab, rank, 7)
+    base = _base(rows, k, vocab, 8)
+    anchor = torch.tensor([3, -1, 110, 111, 0, 50, 50, 7, 9])
+    inputs = [t.clone() for t in (base, anchor, w1, w2)]
+    want_drafts, want_corrected = markov_chain_reference(base, anchor, w1, w2)
+    drafts, corrected = markov_chain(base, anchor, w1, w2)
+    torch.testing.assert_close(corrected, want_corrected)
+    assert torch.equal(drafts, want_drafts)
+    again = markov_chain(base, anchor, w1, w2)
+    assert torch.equal(again[0], drafts) and torch.equal(again[1], corrected)
+    for before, after in zip(inputs, (base, anchor, w1, w2), strict=True):
+        assert torch.equal(before, after)
+
+
+@pytest.mark.parametrize("rows", [20, 70])
+def test_fused_chain_row_tiles_cpu(rows: int) -> None:
+    """Batches above 16 rows take the 32/64-row tiles (several row tiles at 70)."""
+    vocab, rank, k = 111, 19, 3
+    w1, w2 = _head(vocab, rank, 15)
+    base = _base(rows, k, vocab, 16)
+    anchor = torch.randint(-1, vocab + 1, (rows,), generator=torch.Generator().manual_seed(17))
+    want_drafts, want_corrected = markov_chain_reference(base, anchor, w1, w2)
+    drafts, corrected = markov_chain(base, anchor, w1, w2)
+    torch.testing.assert_close(corrected, want_corrected)
+    assert torch.equal(drafts, want_drafts)
+
+
+def test_fused_step_pair_is_order_t_argmax_of_its_row() -> None:
+    """NaN first, NaN over +inf, +inf ties, all -inf: the pair is ``torch.max`` of the corrected
+    row the kernel itself stored (bitwise index, NaN-equal value)."""
+    vocab = 111
+    w1, w2 = _head(vocab, 19, 9)
+    base = _base(6, 1, vocab, 10)[:, 0].contiguous()
+    nan, inf = float("nan"), float("inf")
+    base[0, 80], base[0, 90] = nan, nan
+    base[1, 3], base[1, 100] = inf, nan
+    base[2, 7], base[2, 70] = inf, inf
+    base[3] = -inf
+    base[4, 0] = nan
+    prev = torch.tensor([1, 2, 3, 4, 5, -1])
+    out = torch.empty(6, vocab)
+    val, idx = markov_step(base, prev, w1, w2, 0, out)
+    want_val, want_idx = torch.max(out, dim=-1)
+    assert torch.equal(idx, want_idx)
+    assert idx.tolist()[:5] == [80, 100, 7, 0, 0]
+    torch.testing.assert_close(val, want_val, rtol=0, atol=0, equal_nan=True)
+    ref_val, ref_idx = markov_step_reference(base, prev, w1, w2, 0)
+    assert torch.equal(idx, ref_idx)
+    torch.testing.assert_close(val, ref_val, equal_nan=True)
+
+
+def _reduce_pairs(vals: list[torch.Tensor], idxs: list[torch.Tensor]) -> torch.Tensor:
+    """Order-T reduction over shards in rank order (the 5.4 decode)."""
+    stacked = torch.stack(vals, dim=1)
+    winner = torch.argmax(stacked, dim=1)
+    return torch.stack(idxs, dim=1).gather(1, winner[:, None])[:, 0]
+
+
+@pytest.mark.parametrize("step", [markov_step_reference, markov_step])
+def test_sharded_emulation_reassembles_the_full_chain(step) -> None:
+    """TP = 4: each shard runs the step on its columns, pairs are reduced per position."""
+    vocab, rank, rows, k, tp = 112, 16, 5, 4, 4
+    shard = vocab // tp
+    w1, w2 = _head(vocab, rank, 11)
+    base = _base(rows, k, vocab, 12)
+    base[1, 2, 30] = base[1, 2].max() + 5.0  # a clear winner inside shard 1
+    anchor = torch.tensor([0, 111, -1, 56, 28])
+    want_drafts, want_corrected = markov_chain_reference(base, anchor, w1, w2)
+    corrected = torch.empty_like(base)
+    drafts = torch.empty(rows, k, dtype=torch.int64)
+    prev = anchor
+    for j in range(k):
+        vals, idxs = [], []
+        for rho in range(tp):
+            cols = slice(rho * shard, (rho + 1) * shard)
+            out = torch.empty(rows, shard)
+            v, i = step(base[:, j, cols], prev, w1, w2[cols].contiguous(), rho * shard, out)
+            corrected[:, j, cols] = out
+            vals.append(v)
+            idxs.append(i)
+        prev = _reduce_pairs(vals, idxs)
+        drafts[:, j] = prev
+    torch.testing.assert_close(corrected, want_corrected)
+    assert torch.equal(drafts, want_drafts)
+
+
+def test_bad_inputs_raise() -> None:
+    w1, w2 = _head(111, 8, 13)
+    base = _base(3, 2, 111, 14)
+    anchor = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(ShapeError, match="w2"):
+        markov_chain(base, anchor, w1, w2[:100].contiguous())
+    with pytest.raises(ShapeError, match="dtype"):
+        markov_chain(base, anchor.int(), w1, w2)
+    with pytest.raises(ShapeError, match="dtype"):
+        markov_chain(base, anchor, w1, w2.double())
+    with pytest.raises(ShapeError, match="vocab_start"):
+        markov_step(base[:, 0, :50], anchor, w1, w2[:50].contiguous(), 70)
+    with pytest.raises(ShapeError, match="unit stride"):
+        markov_step(base[:, 0].T.contiguous().T, anchor, w1, w2, 0)
+
+
+# ------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_chain_matches_reference() -> None:
+    vocab, rank, rows, k = 32768, 64, 33, 6
+    w1, w2 = _head(vocab, rank, 20, device="cuda")
+    base = _base(rows, k, vocab, 21, device="cuda")
+    anchor = torch.randint(-1, vocab + 1, (rows,), device="cuda")
+    want = markov_chain_reference(base, anchor, w1, w2)
+    got = markov_chain(base, anchor, w1, w2)
+    torch.testing.assert_close(got[1], want[1])
+    assert torch.equal(got[0], want[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 4, 37, 128])
+def test_gpu_bf16_steps_match_reference_away_from_ties(rows: int) -> None:
+    """bf16 weights: the fused bias rounds at the same point as cuBLAS but accumulates in another
+    order, so a value may differ by one bf16 step; tokens agree wherever the top-2 gap is wider."""
+    vocab, rank = 163840, 256
+    w1, w2 = _head(vocab, rank, 22, torch.bfloat16, "cuda")
+    base = _base(rows, 1, vocab, 23, device="cuda")[:, 0] * 4
+    prev = torch.randint(0, vocab, (rows,), device="cuda")
+    out = torch.empty_like(base)
+    ref_out = torch.empty_like(base)
+    val, idx = markov_step(base, prev, w1, w2, 0, out)
+    ref_val, ref_idx = markov_step_reference(base, prev, w1, w2, 0, ref_out)
+    bias_ulp = markov_bias_reference(w1, w2, prev).abs().amax(dim=1) * 2**-7
+    torch.testing.assert_close(out, ref_out, rtol=0, atol=float(bias_ulp.max()))
+    top2 = ref_out.topk(2, dim=1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 2 * bias_ulp
+    assert torch.equal(idx[clear], ref_idx[clear])
+    assert torch.equal(idx, torch.argmax(out, dim=1))  # the pair is exact for its own row
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replay_equals_eager() -> None:
+    vocab, rank, rows, k = 163840, 256, 4, 6
+    w1, w2 = _head(vocab, rank, 24, torch.bfloat16, "cuda")
+    base = _base(rows, k, vocab, 25, device="cuda")
+    anchor = torch.randint(0, vocab, (rows,), device="cuda")
+    eager = markov_chain(base, anchor, w1, w2)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = markov_chain(base, anchor, w1, w2)
+    graph.replay()
+    assert torch.equal(captured[0], eager[0]) and torch.equal(captured[1], eager[1])
+    base.copy_(_base(rows, k, vocab, 26, device="cuda"))
+    graph.replay()
+    fresh = markov_chain(base, anchor, w1, w2)
+    assert torch.equal(captured[0], fresh[0]) and torch.equal(captured[1], fresh[1])

@@ -1,0 +1,129 @@
+"""Philox4x32-10: known-answer vectors, keyed uniforms, kernel == reference bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from draftsmith.contract import ShapeError
+from draftsmith.kernels.philox import (
+    philox4x32_10_reference,
+    philox_uniform,
+    philox_uniform_reference,
+)
+
+M = 0xFFFFFFFF
+
+# Random123 kat_vectors for philox4x32_10: (counter, key) -> output
+KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((M, M, M, M), (M, M), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+]
+
+
+@pytest.mark.parametrize("counter,key,expected", KAT)
+def test_known_answer_vectors(counter, key, expected) -> None:
+    out = philox4x32_10_reference(
+        tuple(torch.tensor(c) for c in counter), tuple(torch.tensor(k) for k in key)
+    )
+    assert tuple(int(w) for w in out) == expected
+
+
+def test_wide_products_are_exact() -> None:
+    # the reference relies on int64 multiply wrapping modulo 2**64 for 32x32-bit products
+    from draftsmith.kernels.philox import _mulhilo32
+
+    a = torch.randint(0, 2**32, (4096,), generator=torch.Generator().manual_seed(0))
+    a[:2] = torch.tensor([M, 2**31])
+    for b in (0xD2511F53, 0xCD9E8D57):
+        hi, lo = _mulhilo32(a, b)
+        want = [int(x) * b for x in a.tolist()]
+        assert hi.tolist() == [w >> 32 for w in want]
+        assert lo.tolist() == [w & M for w in want]
+
+
+@triton.jit
+def _triton_randint_kernel(out_ptr, seed, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(out_ptr + offs, tl.randint(seed, offs).to(tl.int32, bitcast=True))
+
+
+def test_matches_triton_randint_word0() -> None:
+    # tl.randint(seed, i) is word 0 of Philox4x32-10 with counter (i, 0, 0, 0), key = seed
+    seed, n = 0x1234_5678_9ABC, 64
+    out = torch.empty(n, dtype=torch.int32)
+    _triton_randint_kernel[(1,)](out, seed, N=n)
+    ids = torch.arange(n)
+    zero = torch.zeros_like(ids)
+    ref = philox4x32_10_reference((ids, zero, zero, zero),
+                                  (torch.tensor(seed & M), torch.tensor(seed >> 32)))[0]
+    assert torch.equal(out.to(torch.int64) & M, ref)
+
+
+def _keys(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(rows)
+    seeds = torch.randint(-(2**62), 2**62, (rows,), generator=g)
+    seeds[0] = 0
+    offsets = torch.randint(0, 2**40, (rows,), generator=g)
+    offsets[-1] = 2**33 + 7  # offset hi word in use
+    return seeds, offsets
+
+
+@pytest.mark.parametrize("stream", [0, 1, 2])
+@pytest.mark.parametrize("shared_ids", [True, False])
+def test_kernel_equals_reference(stream: int, shared_ids: bool) -> None:
+    seeds, offsets = _keys(5)
+    ids = torch.arange(3000) if shared_ids else torch.randint(0, 2**24, (5, 777))
+    ref = philox_uniform_reference(seeds, offsets, ids, stream)
+    out = philox_uniform(seeds, offsets, ids, stream)
+    assert torch.equal(out.view(torch.int32), ref.view(torch.int32))
+
+
+def test_uniform_grid_and_range() -> None:
+    seeds, offsets = _keys(4)
+    u = philox_uniform_reference(seeds, offsets, torch.arange(50_000), 0)
+    assert u.dtype == torch.float32
+    assert float(u.min()) >= 2.0**-24 and float(u.max()) <= 1 - 2.0**-24
+    k = u * 2**23 - 0.5  # exact: integers in [0, 2**23)
+    assert torch.equal(k, k.round())
+    # roughly uniform: 16 equal bins within 5 sigma
+    counts = torch.histc(u, bins=16, min=0, max=1)
+    expected = u.numel() / 16
+    assert float((counts - expected).abs().max()) < 5 * expected**0.5
+
+
+def test_streams_offsets_and_seeds_decorrelate() -> None:
+    seeds, offsets = _keys(2)
+    ids = torch.arange(256)
+    base = philox_uniform_reference(seeds, offsets, ids, 0)
+    assert torch.equal(base, philox_uniform_reference(seeds, offsets, ids, 0))
+    for other in (
+        philox_uniform_reference(seeds, offsets, ids, 1),
+        philox_uniform_reference(seeds, offsets + 1, ids, 0),
+        philox_uniform_reference(seeds + 1, offsets, ids, 0),
+        philox_uniform_reference(seeds, offsets + 2**32, ids, 0),
+    ):
+        assert float((other == base).float().mean()) < 0.05
+
+
+def test_launcher_validates() -> None:
+    seeds, offsets = _keys(3)
+    with pytest.raises(ShapeError, match="seeds"):
+        philox_uniform(seeds.to(torch.int32), offsets, torch.arange(4), 0)
+    with pytest.raises(ShapeError, match="offsets"):
+        philox_uniform(seeds, offsets[:2], torch.arange(4), 0)
+    with pytest.raises(ShapeError, match="stream"):
+        philox_uniform(seeds, offsets, torch.arange(4), -1)
+
+
+@pytest.mark.gpu
+def test_kernel_equals_reference_gpu() -> None:
+    seeds, offsets = _keys(7)
+    ids = torch.randint(0, 2**24, (7, 100_003))
+    ref = philox_uniform_reference(seeds, offsets, ids, 1)
+    out = philox_uniform(seeds.cuda(), offsets.cuda(), ids.cuda(), 1).cpu()
+    assert torch.equal(out.view(torch.int32), ref.view(torch.int32))
