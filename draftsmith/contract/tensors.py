@@ -93,6 +93,9 @@ class DraftBlockPlacement(_Record):
     * ``new_ctx_len: [G] int64``: ``min(c_b + n_b, max_ctx)``.
     * ``block_tables: [G, P] int64``: the page-table rows of ``cache_rows``.
     * ``page_size``: ``P_sz``.
+    * ``context_width``: static upper bound of ``num_ctx`` (``1 <= context_width <= P * P_sz``),
+      set by the runtime when capturing a CUDA graph so that no kernel reads ``num_ctx`` back to
+      the host; ``None`` = computed from ``num_ctx`` (one device-to-host sync).
     """
 
     slots: torch.Tensor
@@ -109,6 +112,7 @@ class DraftBlockPlacement(_Record):
     new_ctx_len: torch.Tensor
     block_tables: torch.Tensor
     page_size: int
+    context_width: int | None = None
 
     def __post_init__(self) -> None:
         s: dict[str, int] = {}
@@ -131,6 +135,15 @@ class DraftBlockPlacement(_Record):
             not isinstance(self.rows_start, int) or self.rows_start < 0
         ):
             raise ShapeError(f"rows_start must be None or an int >= 0, got {self.rows_start!r}")
+        if self.context_width is not None:
+            check_positive("DraftBlockPlacement.context_width", self.context_width)
+            span = int(self.block_tables.shape[1]) * self.page_size
+            if self.context_width > span:
+                raise ShapeError(
+                    f"DraftBlockPlacement.context_width {self.context_width} exceeds the "
+                    f"{span} columns the page table rows can address (P * page_size); pass a "
+                    "bound <= that or None"
+                )
 
     @property
     def num_requests(self) -> int:

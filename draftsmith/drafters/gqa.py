@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -46,6 +47,7 @@ from draftsmith.contract import (
     TargetInfo,
     check_tensor,
 )
+from draftsmith.drafters.calibration import check_temperatures
 from draftsmith.drafters.checkpoint import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -63,6 +65,7 @@ from draftsmith.drafters.nn import (
     RMSNorm,
     SwiGLU,
     apply_rope_neox,
+    context_columns,
     gather_context,
     rope_cos_sin,
     rope_inv_freq,
@@ -152,6 +155,8 @@ class GQADrafterSpec:
     confidence_head: bool = False
     confidence_head_with_markov: bool = False
     own_embedding: bool = False
+    sts_temperatures: tuple[float, ...] | None = None
+    """Sequential Temperature Scaling table (spec 2.6): one ``tau > 0`` per block position."""
 
     @property
     def feature_width(self) -> int:
@@ -359,6 +364,8 @@ def spec_from_config(
             f"{confidence}); load it with family 'dspark-gqa'"
         )
     vocab = int(require(config, "vocab_size"))
+    block_size = int(draft_value(config, "block_size", 16))
+    sts = _sts_from_config(draft_value(config, "sts_temperatures"), block_size, confidence)
     return GQADrafterSpec(
         hidden_size=hidden,
         num_layers=num_layers,
@@ -370,7 +377,7 @@ def spec_from_config(
         target_hidden_size=int(target.hidden_size) if target is not None else hidden,
         target_layer_ids=tuple(int(i) for i in ids),
         num_target_layers=None if num_target_layers is None else int(num_target_layers),
-        block_size=int(draft_value(config, "block_size", 16)),
+        block_size=block_size,
         mask_token_id=int(mask_token_id),
         visibility=resolve_visibility(config, num_layers, flavour,
                                       native=arch.endswith(DEEPSPEC_SUFFIX)),
@@ -388,7 +395,37 @@ def spec_from_config(
         confidence_head=confidence,
         confidence_head_with_markov=with_markov,
         own_embedding=own_embedding,
+        sts_temperatures=sts,
     )
+
+
+def _sts_from_config(
+    value: Any, block_size: int, confidence: bool
+) -> tuple[float, ...] | None:
+    """The optional ``sts_temperatures`` key: ``block_size`` finite floats, each ``> 0``."""
+    if value is None:
+        return None
+    if not confidence:
+        raise CheckpointError(
+            "config sets sts_temperatures but the drafter has no confidence head; remove the "
+            "table or enable use_confidence_head"
+        )
+    if not isinstance(value, (list, tuple)) or not all(
+        isinstance(t, (int, float)) and not isinstance(t, bool) for t in value
+    ):
+        raise CheckpointError(f"sts_temperatures must be a list of floats, got {value!r}")
+    if len(value) != block_size:
+        raise CheckpointError(
+            f"sts_temperatures has {len(value)} entries; it needs one per block position "
+            f"(block_size {block_size})"
+        )
+    for index, tau in enumerate(value):
+        if not math.isfinite(tau) or tau <= 0:
+            raise CheckpointError(
+                f"sts_temperatures[{index}] is {tau!r}; every temperature must be a finite "
+                "float > 0"
+            )
+    return tuple(float(t) for t in value)
 
 
 def _layer_types_for(
@@ -484,6 +521,8 @@ def spec_to_config(spec: GQADrafterSpec, family: str) -> dict[str, Any]:
         )
         if spec.markov_rank > 0:
             draft["markov_head_type"] = spec.markov_head.value
+        if spec.sts_temperatures is not None:
+            draft["sts_temperatures"] = list(spec.sts_temperatures)
         config["dspark_config"] = draft
     return config
 
@@ -605,6 +644,17 @@ class GQADrafter(nn.Module):
         """RoPE inverse frequencies ``[hd / 2] fp32`` (kept fp32 whatever the weight dtype)."""
         return rope_inv_freq(self.spec.head_dim, self.spec.rope_theta).to(self.fc.weight.device)
 
+    def _inv_freq_on(self, device: torch.device) -> torch.Tensor:
+        """:attr:`inv_freq` cached per device, so a captured forward copies nothing from the host.
+
+        Not a registered buffer: ``Module.to(dtype)`` would round it."""
+        cache: dict[torch.device, torch.Tensor] = self.__dict__.setdefault("_inv_freq_cache", {})
+        freq = cache.get(device)
+        if freq is None:
+            freq = rope_inv_freq(self.spec.head_dim, self.spec.rope_theta).to(device)
+            cache[device] = freq
+        return freq
+
     @property
     def dtype(self) -> torch.dtype:
         """Weight dtype."""
@@ -619,7 +669,7 @@ class GQADrafter(nn.Module):
         s = self.spec
         with torch.no_grad():
             ctx = self.hidden_norm(self.fc(features.to(self.dtype)))
-            cos, sin = rope_cos_sin(positions, self.inv_freq, ctx.dtype)
+            cos, sin = rope_cos_sin(positions, self._inv_freq_on(positions.device), ctx.dtype)
             per_layer = []
             for layer in self.layers:
                 attn = layer.self_attn
@@ -661,7 +711,10 @@ class GQADrafter(nn.Module):
         """Block forward over the paged context (spec 1.6): final-normed hidden ``[G, W, H]``.
 
         Context column ``c`` of a request sits at RoPE position ``c``; columns ``>= num_ctx`` are
-        never attended. Block RoPE positions are ``inputs.positions``.
+        never attended. Block RoPE positions are ``inputs.positions``. With
+        ``placement.context_width`` set the forward reads nothing back to the host and allocates
+        only fixed-shape tensors, so it can be captured in a CUDA graph (spec 7); without it one
+        ``max(num_ctx)`` read-back sizes the gather.
         """
         s = self.spec
         if inputs.embeddings is None:
@@ -676,12 +729,13 @@ class GQADrafter(nn.Module):
         cache.check_entry(self.capabilities.context_entry)
         g, w = inputs.token_ids.shape
         pos_q = inputs.positions
+        columns = context_columns(placement)
         with torch.no_grad():
             x = x.to(self.dtype)
-            cos, sin = rope_cos_sin(pos_q, self.inv_freq, x.dtype)
+            cos, sin = rope_cos_sin(pos_q, self._inv_freq_on(pos_q.device), x.dtype)
             masks: dict[LayerVisibility, torch.Tensor] = {}
             for index, layer in enumerate(self.layers):
-                entries, valid = gather_context(cache, placement, index)
+                entries, valid = gather_context(cache, placement, index, columns)
                 entries = torch.where(valid[:, :, None, None, None], entries.to(x.dtype), 0)
                 vis = s.visibility[index]
                 if vis not in masks:
@@ -781,6 +835,55 @@ class GQADrafter(nn.Module):
             weight = self.confidence_proj.weight.float()
             bias = self.confidence_proj.bias.float()
             return F.linear(feat, weight, bias).squeeze(-1)
+
+    def survival(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
+        """Calibrated prefix survival ``a: [G, K] fp32`` (spec 2.5, 2.6).
+
+        ``c_j = sigmoid(raw_j / tau_j)`` with the drafter's STS table (plain ``sigmoid(raw_j)``
+        when it has none), ``a_j = prod_{i <= j} c_i``; ``hidden`` and ``prev_tokens`` as in
+        :meth:`confidence`, ``K <= block_size`` (the table's first ``K`` entries are used). The
+        table was validated when it was loaded or set, so this reads nothing back to the host.
+        """
+        raw = self.confidence(hidden, prev_tokens)
+        k = raw.shape[1]
+        table = self._sts_on(raw.device)
+        if table is not None:
+            if k > table.shape[0]:
+                raise ShapeError(
+                    f"{k} draft positions but the STS table covers block_size {table.shape[0]}"
+                )
+            raw = raw / table[:k]
+        return torch.cumprod(torch.sigmoid(raw), dim=1)
+
+    @property
+    def sts_temperatures(self) -> torch.Tensor | None:
+        """The STS table ``[block_size] fp32`` (CPU), or ``None`` when the drafter has none."""
+        table = self.spec.sts_temperatures
+        return None if table is None else torch.tensor(table, dtype=torch.float32)
+
+    def set_sts(self, tau: torch.Tensor | None) -> None:
+        """Install an STS table ``tau: [block_size]`` (each finite and ``> 0``, else
+        ``ConfigError``; e.g. from :func:`draftsmith.drafters.calibration.fit_sts`), or remove it
+        with ``None``. :meth:`save` writes it to ``config.json``."""
+        if tau is not None:
+            if self.confidence_proj is None:
+                raise PlanError(f"{self.family} drafter has no confidence head to calibrate")
+            table = check_temperatures(torch.as_tensor(tau).detach().cpu(),
+                                       self.spec.block_size)
+            tau = tuple(float(t) for t in table.tolist())
+        self.spec = replace(self.spec, sts_temperatures=tau)
+        self.__dict__.pop("_sts_cache", None)
+
+    def _sts_on(self, device: torch.device) -> torch.Tensor | None:
+        """The STS table on ``device`` (cached, so a captured step copies nothing)."""
+        if self.spec.sts_temperatures is None:
+            return None
+        cache: dict[torch.device, torch.Tensor] = self.__dict__.setdefault("_sts_cache", {})
+        table = cache.get(device)
+        if table is None:
+            table = torch.tensor(self.spec.sts_temperatures, dtype=torch.float32, device=device)
+            cache[device] = table
+        return table
 
     def _w1_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """``w1[ids]`` with zero rows for ids outside the vocabulary (spec 2.3)."""

@@ -89,17 +89,30 @@ def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     return out.flatten(-2)
 
 
+def context_columns(placement: DraftBlockPlacement) -> int:
+    """Context columns ``C`` that :func:`gather_context` returns: ``placement.context_width`` when
+    set (static), else ``max(num_ctx)`` read back to the host (at least 1)."""
+    if placement.context_width is not None:
+        return placement.context_width
+    num_ctx = placement.num_ctx
+    return max(int(num_ctx.max().item()) if num_ctx.numel() else 0, 1)
+
+
 def gather_context(
-    cache: PagedContextCache, placement: DraftBlockPlacement, layer: int
+    cache: PagedContextCache, placement: DraftBlockPlacement, layer: int,
+    columns: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Read each request's advertised context of one layer out of the paged pool.
 
-    Returns ``entries: [G, C, planes, heads, width]`` (``C = max(num_ctx)``, at least 1) and
-    ``valid: [G, C] bool`` (column ``c < num_ctx[b]``). Invalid columns hold whatever the page
-    holds and must be masked by the caller.
+    Returns ``entries: [G, C, planes, heads, width]`` and ``valid: [G, C] bool`` (column
+    ``c < num_ctx[b]``). ``C = placement.context_width`` when the runtime set that static bound
+    (no host sync, CUDA-graph capturable), else ``max(num_ctx)`` (at least 1; one device-to-host
+    read). ``columns``, when given, is the ``C`` to use (a caller that gathers every layer computes
+    :func:`context_columns` once and passes it, so the read-back happens once per forward).
+    Invalid columns hold whatever the page holds and must be masked by the caller.
     """
     num_ctx = placement.num_ctx
-    width = max(int(num_ctx.max().item()) if num_ctx.numel() else 0, 1)
+    width = context_columns(placement) if columns is None else columns
     cols = torch.arange(width, device=num_ctx.device)
     page_idx = (cols // cache.page_size).clamp(max=placement.block_tables.shape[1] - 1)
     pages = placement.block_tables[:, page_idx]  # [G, C]
@@ -115,6 +128,7 @@ __all__ = [
     "SwiGLU",
     "apply_rope_interleaved",
     "apply_rope_neox",
+    "context_columns",
     "gather_context",
     "rms_norm",
     "rope_cos_sin",

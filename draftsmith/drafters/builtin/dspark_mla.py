@@ -1,14 +1,97 @@
-"""Built-in drafter family ``dspark-mla``: DSpark with MLA attention: single-latent paged context, TP fusions."""
+"""Built-in drafter family ``dspark-mla``: DSpark with MLA attention: single-latent paged context,
+TP fusions.
+
+The model lives in :mod:`draftsmith.drafters.mla`; this module registers the family, its
+options model and its loader. With ``LoadRequest.checkpoint`` set the loader reads the checkpoint
+(format: ``docs/checkpoint-mla.md``); with ``None`` it builds random weights of the shape given by
+the options, taking the hidden size and vocabulary from ``LoadRequest.target``.
+"""
 
 from __future__ import annotations
 
+from pydantic import ConfigDict
+
 from draftsmith import hookimpl
-from draftsmith.contract import DrafterFamily, Registrar
+from draftsmith.contract import ConfigError, DrafterFamily, LoadRequest, Registrar, TPFusion
+from draftsmith.drafters.mla import (
+    FAMILY_NAME,
+    DSparkMLADrafter,
+    MLAArchitecture,
+    MLAConfig,
+    random_mla_tensors,
+)
+
+
+class DSparkMLAOptions(MLAArchitecture):
+    """Options of ``dspark-mla``.
+
+    ``tp_fusions`` always applies. Every other field describes the architecture of randomly
+    initialised weights and is used only when no checkpoint is given (a checkpoint's own
+    ``config.json`` describes it otherwise).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    tp_fusions: frozenset[TPFusion] | None = None
+    """TP fusions to take when the group has more than one rank (spec 6): ``fc-split-hidden-norm``
+    and/or ``ar-residual-rmsnorm``. ``None`` follows the runtime plan's rule (both for bf16
+    weights, none otherwise); a set forces exactly those (any dtype). An ``fc`` whose input width
+    does not divide by TP stays replicated whatever is asked."""
+
+
+def load_dspark_mla(request: LoadRequest) -> DSparkMLADrafter:
+    """Build a ``dspark-mla`` drafter from a checkpoint or, without one, from random weights."""
+    options = request.options
+    if not isinstance(options, DSparkMLAOptions):
+        raise ConfigError(
+            f"dspark-mla needs DSparkMLAOptions, got {type(options).__name__}; validate the "
+            "options with the family's options_model"
+        )
+    if request.checkpoint is not None:
+        return DSparkMLADrafter.load(
+            request.checkpoint,
+            target=request.target,
+            collectives=request.collectives,
+            tp_fusions=options.tp_fusions,
+            dtype=request.dtype,
+            device=request.device,
+        )
+    if request.target is None:
+        raise ConfigError(
+            "dspark-mla random initialisation takes its hidden size and vocabulary from the "
+            "target: pass LoadRequest.target (or a checkpoint)"
+        )
+    arch = MLAArchitecture(**options.model_dump(exclude={"tp_fusions"}))
+    try:
+        cfg = MLAConfig.from_architecture(arch, request.target)
+    except ValueError as exc:
+        raise ConfigError(f"dspark-mla options do not fit the target: {exc}") from None
+    return DSparkMLADrafter.from_tensors(
+        cfg,
+        random_mla_tensors(cfg, request.seed),
+        collectives=request.collectives,
+        tp_fusions=options.tp_fusions,
+        dtype=request.dtype or request.target.dtype,
+        device=request.device,
+    )
+
 
 FAMILY = DrafterFamily(
-    name="dspark-mla",
+    name=FAMILY_NAME,
     summary="DSpark with MLA attention: single-latent paged context, TP fusions",
-    load=None,
+    load=load_dspark_mla,
+    options_model=DSparkMLAOptions,
+    features={
+        "block convention": "shift (W = K; slot j predicts draft j)",
+        "attention": "absorbed MLA, non-causal block, no window, no sink",
+        "rope": "YaRN, interleaved (adjacent-pair) on the rope slice",
+        "context cache": "paged-mla-latent: [L, 1, 1, kv_lora + d_rope] per token, replicated",
+        "markov head": "vanilla (when markov_rank > 0)",
+        "confidence head": "optional, fp32 raw logits",
+        "tp fusions": "fc-split-hidden-norm, ar-residual-rmsnorm",
+        "embedding": "own table",
+        "lm head": "target's",
+    },
 )
 
 

@@ -1,0 +1,1109 @@
+"""The MLA backbone of the ``dspark-mla`` drafter family (spec section 2.10) and its checkpoint.
+
+A DSpark drafter whose attention is DeepSeek-style multi-head latent attention, modelled on the
+Kimi-K3 MLA drafter of TensorRT-LLM:
+
+* per layer ``q_a_proj -> q_a_layernorm -> q_b_proj`` (``n_h * (d_nope + d_rope)``),
+  ``kv_a_proj_with_mqa`` (``kv_lora + d_rope``) whose ``kv_a_layernorm`` covers only the first
+  ``kv_lora`` dims, ``kv_b_proj`` (``n_h * (d_nope + d_v)``) and ``o_proj``;
+* the context cache holds one latent row ``D_lat = kv_lora + d_rope`` per token per layer
+  (``[L, pages, 1, 1, P_sz, D_lat]``), replicated under TP;
+* block attention is *absorbed*: ``q_abs = q_nope @ W_kb``, scores ``[q_abs; q_rope] . latent``
+  over the context columns ``< num_ctx`` plus the whole block (non-causal, no window, no sink),
+  output ``probs @ latent[:, :kv_lora]`` mapped by ``W_vb`` and ``o_proj``;
+* RoPE is YaRN only, adjacent-pair (interleaved) on the rope slice, with the YaRN attention
+  factor folded into cos/sin; the softmax scale is ``mscale^2 / sqrt(d_nope + d_rope)``;
+* the drafter ships its **own** embedding table; only the target's output head is shared.
+
+Tensor parallelism (spec 6): ``q_b_proj``/``kv_b_proj`` (by heads) and ``gate``/``up`` (by
+intermediate size) are column-parallel, ``o_proj``/``down_proj`` row-parallel; the low-rank
+``*_a`` projections, norms, embedding and latent are replicated. The fusions of
+:mod:`draftsmith.drafters.tp` are taken when requested and eligible, and reported by
+:attr:`DSparkMLADrafter.active_tp_fusions`.
+
+The checkpoint format (``config.json`` keys and tensor names) is documented in
+``docs/checkpoint-mla.md``. May import ``contract`` and ``drafters`` only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from safetensors.torch import save_file
+from torch import nn
+
+from draftsmith.contract import (
+    BlockConvention,
+    CheckpointError,
+    Collectives,
+    ContextCacheKind,
+    ContextEntrySpec,
+    DraftBlockInputs,
+    DraftBlockPlacement,
+    DrafterCapabilities,
+    LogitsShard,
+    MarkovHeadKind,
+    MarkovHeadWeights,
+    OutputHead,
+    PagedContextCache,
+    PlanError,
+    ShapeError,
+    SingleRank,
+    TargetInfo,
+    TPFusion,
+    check_tensor,
+)
+from draftsmith.drafters.checkpoint import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    TensorSource,
+    build_target_layer_ids,
+    draft_value,
+    draft_value_any,
+    load_tensors,
+    read_config,
+    validate_target_layer_ids,
+)
+from draftsmith.drafters.nn import (
+    RMSNorm,
+    apply_rope_interleaved,
+    context_columns,
+    gather_context,
+    rms_norm,
+    rope_cos_sin,
+)
+from draftsmith.drafters.tp import (
+    column_parallel_shard,
+    context_projection,
+    fc_split_columns,
+    reduce_residual_rmsnorm,
+    row_parallel_shard,
+    shard_range,
+)
+
+logger = logging.getLogger(__name__)
+
+FAMILY_NAME = "dspark-mla"
+"""Registered family name of this drafter."""
+ARCHITECTURE = "DSparkMLADraftModel"
+"""``architectures[0]`` written to ``config.json`` by :meth:`DSparkMLADrafter.save`."""
+
+_ALIASES: dict[str, tuple[str, ...]] = {
+    "fc.weight": ("context_proj.weight",),
+    "hidden_norm.weight": ("context_norm.weight",),
+    "norm.weight": ("final_norm.weight",),
+    "markov_head.markov_w1.weight": ("markov_w1.weight",),
+    "markov_head.markov_w2.weight": ("markov_w2.weight",),
+    "confidence_head.proj.weight": ("confidence_proj.weight",),
+    "confidence_head.proj.bias": ("confidence_proj.bias",),
+}
+"""Other spellings accepted on load (TorchSpec exports, DFlash-style head names)."""
+
+_IGNORED = ("lm_head.weight",)
+"""Tensors a checkpoint may carry that this drafter never uses (it shares the target's head)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------------
+
+
+class YarnRope(BaseModel):
+    """YaRN RoPE parameters of the rope slice (DeepSeek / Hugging Face ``rope_scaling``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    theta: float = Field(default=10000.0, gt=1.0)
+    """``rope_theta``: base wavelength."""
+    factor: float = Field(default=4.0, gt=0.0)
+    """Context extension factor; ``<= 1`` leaves the frequencies and scales unchanged."""
+    original_max_position_embeddings: int = Field(default=4096, ge=1)
+    """Pre-training context length, which sets the YaRN correction range."""
+    beta_fast: float = Field(default=32.0, gt=0.0)
+    """Rotation count bounding pure extrapolation (high-frequency dims)."""
+    beta_slow: float = Field(default=1.0, gt=0.0)
+    """Rotation count bounding pure interpolation (low-frequency dims)."""
+    mscale: float = 1.0
+    """Numerator coefficient of the cos/sin attention factor."""
+    mscale_all_dim: float = 1.0
+    """Denominator coefficient of the cos/sin factor; also sets the softmax ``mscale``."""
+    truncate: bool = True
+    """Round the correction range outward to whole dims (Hugging Face default)."""
+
+
+def yarn_get_mscale(factor: float, mscale: float = 1.0) -> float:
+    """``0.1 * mscale * ln(factor) + 1``, or 1 when ``factor <= 1``."""
+    if factor <= 1.0:
+        return 1.0
+    return 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_inv_freq(dim: int, rope: YarnRope) -> torch.Tensor:
+    """YaRN inverse frequencies ``[dim // 2] fp32`` of a rope slice of width ``dim``.
+
+    ``inv = inter * (1 - m) + extra * m`` with ``extra = theta^(-2i/dim)``,
+    ``inter = extra / factor`` and ``m = 1 - clamp((i - low) / (high - low), 0, 1)``, where
+    ``low, high`` are the dims at which ``beta_fast`` and ``beta_slow`` rotations fit in the
+    original context.
+    """
+
+    def correction_dim(rotations: float) -> float:
+        length = rope.original_max_position_embeddings
+        return dim * math.log(length / (rotations * 2 * math.pi)) / (2 * math.log(rope.theta))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolate = 1.0 - ramp
+    pos_freqs = rope.theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    extra = 1.0 / pos_freqs
+    inter = 1.0 / (rope.factor * pos_freqs)
+    return inter * (1.0 - extrapolate) + extra * extrapolate
+
+
+def yarn_attention_factor(rope: YarnRope) -> float:
+    """Scale folded into cos and sin: ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)``."""
+    return yarn_get_mscale(rope.factor, rope.mscale) / yarn_get_mscale(
+        rope.factor, rope.mscale_all_dim
+    )
+
+
+def mla_softmax_scale(qk_nope_head_dim: int, qk_rope_head_dim: int, rope: YarnRope) -> float:
+    """``mscale^2 / sqrt(d_nope + d_rope)`` with ``mscale = yarn_get_mscale(factor,
+    mscale_all_dim)``; not ``1 / sqrt(D_lat)`` (the absorbed score reproduces the un-absorbed
+    ``d_nope + d_rope`` dot product)."""
+    m = yarn_get_mscale(rope.factor, rope.mscale_all_dim)
+    return m * m / math.sqrt(qk_nope_head_dim + qk_rope_head_dim)
+
+
+class MLAArchitecture(BaseModel):
+    """Shape of a ``dspark-mla`` drafter apart from the sizes it takes from its target."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    num_layers: int = Field(default=2, ge=1)
+    """``L``: drafter decoder layers."""
+    num_heads: int = Field(default=4, ge=1)
+    """``n_h``: attention heads (split over TP ranks)."""
+    q_lora_rank: int = Field(default=32, ge=1)
+    """Width of the query low-rank bottleneck (``q_a_proj`` output)."""
+    kv_lora_rank: int = Field(default=32, ge=1)
+    """Width of the normalised KV latent; the cached row is ``kv_lora_rank + qk_rope_head_dim``."""
+    qk_nope_head_dim: int = Field(default=16, ge=1)
+    """``d_nope``: per-head query/key dims without RoPE."""
+    qk_rope_head_dim: int = Field(default=8, ge=2)
+    """``d_rope``: per-head query dims and shared key dims with RoPE (even)."""
+    v_head_dim: int = Field(default=16, ge=1)
+    """``d_v``: per-head value dims."""
+    intermediate_size: int = Field(default=64, ge=1)
+    """``I``: SwiGLU intermediate size (split over TP ranks)."""
+    rms_norm_eps: float = Field(default=1e-6, gt=0.0)
+    """Epsilon of every RMSNorm."""
+    rope: YarnRope = Field(default_factory=YarnRope)
+    """YaRN RoPE of the rope slice (the only scaling this family accepts)."""
+    max_position_embeddings: int = Field(default=16384, ge=1)
+    """Largest position the drafter is meant to serve."""
+    block_size: int = Field(default=7, ge=1)
+    """Trained block width (``K`` under the shift convention)."""
+    mask_token_id: int = Field(default=0, ge=0)
+    """Token id whose embedding fills the mask slots of a block."""
+    target_layer_ids: tuple[int, ...] | None = None
+    """Target layers to capture; ``None`` spreads ``num_layers`` over the target (spec 1.2)."""
+    markov_rank: int = Field(default=0, ge=0)
+    """``r`` of the vanilla Markov head; 0 for none."""
+    confidence_head: bool = False
+    """Whether a confidence head ``Linear(H [+ r], 1)`` is present."""
+    confidence_head_with_markov: bool = False
+    """Whether the confidence head also reads ``w1[prev]`` (needs ``markov_rank > 0``)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> MLAArchitecture:
+        if self.qk_rope_head_dim % 2:
+            raise ValueError(f"qk_rope_head_dim must be even, got {self.qk_rope_head_dim}")
+        if self.confidence_head_with_markov and not (self.confidence_head and self.markov_rank):
+            raise ValueError(
+                "confidence_head_with_markov needs confidence_head = true and markov_rank > 0"
+            )
+        return self
+
+
+class MLAConfig(MLAArchitecture):
+    """A fully resolved ``dspark-mla`` drafter: architecture plus the sizes shared with the target."""
+
+    hidden_size: int = Field(ge=1)
+    """``H``: drafter hidden size."""
+    vocab_size: int = Field(ge=1)
+    """``V``: vocabulary shared with the target."""
+    target_hidden_size: int = Field(ge=1)
+    """``H_t``: width of each captured target layer."""
+    target_layer_ids: tuple[int, ...]
+    """Target layers captured, in order; ``n_cap = len(target_layer_ids)``."""
+
+    @model_validator(mode="after")
+    def _check_vocab(self) -> MLAConfig:
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids must name at least one target layer")
+        if self.mask_token_id >= self.vocab_size:
+            raise ValueError(
+                f"mask_token_id {self.mask_token_id} is outside the vocabulary of {self.vocab_size}"
+            )
+        return self
+
+    @property
+    def latent_width(self) -> int:
+        """``D_lat = kv_lora_rank + qk_rope_head_dim``."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def feature_width(self) -> int:
+        """``F = n_cap * H_t``: input width of ``fc``."""
+        return len(self.target_layer_ids) * self.target_hidden_size
+
+    @staticmethod
+    def from_architecture(
+        arch: MLAArchitecture, target: TargetInfo, num_target_layers: int | None = None
+    ) -> MLAConfig:
+        """Complete ``arch`` with the target's hidden size and vocabulary (random init)."""
+        fields = arch.model_dump(exclude={"target_layer_ids"})
+        ids = arch.target_layer_ids
+        if ids is None:
+            ids = tuple(build_target_layer_ids(num_target_layers or target.num_layers,
+                                               arch.num_layers))
+        return MLAConfig(
+            **fields,
+            hidden_size=target.hidden_size,
+            vocab_size=target.vocab_size,
+            target_hidden_size=target.hidden_size,
+            target_layer_ids=tuple(ids),
+        )
+
+
+def mla_tensor_shapes(cfg: MLAConfig) -> dict[str, tuple[int, ...]]:
+    """Canonical tensor names of a full (unsharded) checkpoint and their shapes, in save order."""
+    h, v = cfg.hidden_size, cfg.vocab_size
+    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "embed_tokens.weight": (v, h),
+        "fc.weight": (h, cfg.feature_width),
+        "hidden_norm.weight": (h,),
+    }
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (h,),
+            p + "self_attn.q_a_proj.weight": (cfg.q_lora_rank, h),
+            p + "self_attn.q_a_layernorm.weight": (cfg.q_lora_rank,),
+            p + "self_attn.q_b_proj.weight": (cfg.num_heads * qk, cfg.q_lora_rank),
+            p + "self_attn.kv_a_proj_with_mqa.weight": (cfg.latent_width, h),
+            p + "self_attn.kv_a_layernorm.weight": (cfg.kv_lora_rank,),
+            p + "self_attn.kv_b_proj.weight": (
+                cfg.num_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg.kv_lora_rank),
+            p + "self_attn.o_proj.weight": (h, cfg.num_heads * cfg.v_head_dim),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "mlp.gate_proj.weight": (cfg.intermediate_size, h),
+            p + "mlp.up_proj.weight": (cfg.intermediate_size, h),
+            p + "mlp.down_proj.weight": (h, cfg.intermediate_size),
+        })
+    shapes["norm.weight"] = (h,)
+    if cfg.markov_rank:
+        shapes["markov_head.markov_w1.weight"] = (v, cfg.markov_rank)
+        shapes["markov_head.markov_w2.weight"] = (v, cfg.markov_rank)
+    if cfg.confidence_head:
+        width = h + (cfg.markov_rank if cfg.confidence_head_with_markov else 0)
+        shapes["confidence_head.proj.weight"] = (1, width)
+        shapes["confidence_head.proj.bias"] = (1,)
+    return shapes
+
+
+_COLUMN_PARALLEL = ("self_attn.q_b_proj.weight", "self_attn.kv_b_proj.weight",
+                    "mlp.gate_proj.weight", "mlp.up_proj.weight")
+_ROW_PARALLEL = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
+
+
+def random_mla_tensors(cfg: MLAConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A full fp32 CPU state of random weights, identical for a given ``(cfg, seed)`` whatever
+    the TP size (every rank then takes its shard of the same model).
+
+    Linear weights are ``N(0, 1/fan_in)``, norm weights ``1 + N(0, 0.1^2)`` (so a misplaced norm
+    shows), the embedding ``N(0, 1)``, Markov tables ``N(0, 0.1^2)``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for name, shape in mla_tensor_shapes(cfg).items():
+        noise = torch.randn(shape, generator=gen, dtype=torch.float32)
+        if name.endswith("norm.weight"):
+            out[name] = 1.0 + 0.1 * noise
+        elif name == "embed_tokens.weight":
+            out[name] = noise
+        elif name.startswith("markov_head.") or name.endswith(".bias"):
+            out[name] = 0.1 * noise
+        else:
+            out[name] = noise / math.sqrt(shape[-1])
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# config.json
+# --------------------------------------------------------------------------------------------
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def mla_config_to_json(cfg: MLAConfig, dtype: torch.dtype) -> dict[str, Any]:
+    """The ``config.json`` that :func:`mla_config_from_json` reads back (docs/checkpoint-mla.md)."""
+    rope = cfg.rope
+    return {
+        "architectures": [ARCHITECTURE],
+        "model_type": "dspark_mla",
+        "torch_dtype": _dtype_name(dtype),
+        "hidden_size": cfg.hidden_size,
+        "vocab_size": cfg.vocab_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "q_lora_rank": cfg.q_lora_rank,
+        "kv_lora_rank": cfg.kv_lora_rank,
+        "qk_nope_head_dim": cfg.qk_nope_head_dim,
+        "qk_rope_head_dim": cfg.qk_rope_head_dim,
+        "v_head_dim": cfg.v_head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_theta": rope.theta,
+        "rope_scaling": {
+            "type": "yarn",
+            "rope_type": "yarn",
+            "factor": rope.factor,
+            "original_max_position_embeddings": rope.original_max_position_embeddings,
+            "beta_fast": rope.beta_fast,
+            "beta_slow": rope.beta_slow,
+            "mscale": rope.mscale,
+            "mscale_all_dim": rope.mscale_all_dim,
+            "truncate": rope.truncate,
+        },
+        "target_hidden_size": cfg.target_hidden_size,
+        "dspark_config": {
+            "block_size": cfg.block_size,
+            "mask_token_id": cfg.mask_token_id,
+            "target_layer_ids": list(cfg.target_layer_ids),
+            "shift_label": True,
+            "markov_rank": cfg.markov_rank,
+            "markov_head_type": "vanilla",
+            "use_confidence_head": cfg.confidence_head,
+            "confidence_head_with_markov": cfg.confidence_head_with_markov,
+        },
+    }
+
+
+def _required(raw: Mapping[str, Any], key: str, origin: str) -> Any:
+    if raw.get(key) is None:
+        raise CheckpointError(f"{origin} lacks {key!r}; a dspark-mla drafter needs it")
+    return raw[key]
+
+
+def _rope_from_json(raw: Mapping[str, Any], origin: str) -> YarnRope:
+    scaling = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind != "yarn":
+        raise CheckpointError(
+            f"{origin} declares rope type {kind!r}; the dspark-mla drafter accepts only 'yarn' "
+            "(rope_scaling or rope_parameters with rope_type = 'yarn')"
+        )
+    for key in ("factor", "original_max_position_embeddings"):
+        _required(scaling, key, f"{origin} rope_scaling")
+    values = {
+        "theta": scaling.get("rope_theta") or raw.get("rope_theta") or 10000.0,
+        "factor": scaling["factor"],
+        "original_max_position_embeddings": scaling["original_max_position_embeddings"],
+        "beta_fast": scaling.get("beta_fast") or 32.0,
+        "beta_slow": scaling.get("beta_slow") or 1.0,
+        "mscale": scaling.get("mscale", 1.0),
+        "mscale_all_dim": scaling.get("mscale_all_dim", 0.0),
+        "truncate": scaling.get("truncate", True),
+    }
+    try:
+        return YarnRope(**values)
+    except ValidationError as exc:
+        raise CheckpointError(f"{origin}: invalid YaRN parameters: {exc}") from None
+
+
+def mla_config_from_json(
+    raw: Mapping[str, Any], target: TargetInfo | None = None, origin: str = CONFIG_FILE
+) -> MLAConfig:
+    """Resolve a ``config.json`` (drafter keys: ``dspark_config``, then ``dflash_config``, then
+    the top level) into an :class:`MLAConfig`; :class:`CheckpointError` on anything unusable."""
+    if raw.get("q_lora_rank") is None:
+        raise CheckpointError(
+            f"{origin}: q_lora_rank is missing or null; the dspark-mla drafter needs the "
+            "q_a_proj/q_b_proj low-rank query path"
+        )
+    if draft_value(raw, "shift_label", True) is False:
+        raise CheckpointError(f"{origin}: shift_label = false; dspark-mla uses the shift convention")
+    if draft_value(raw, "causal", False):
+        raise CheckpointError(f"{origin}: causal = true; DSpark block attention is non-causal")
+    markov_rank = int(draft_value(raw, "markov_rank", 0) or 0)
+    head_type = str(draft_value(raw, "markov_head_type", "vanilla") or "vanilla").lower()
+    if markov_rank and head_type != "vanilla":
+        raise CheckpointError(
+            f"{origin}: markov_head_type {head_type!r} is not supported by dspark-mla "
+            "(only 'vanilla')"
+        )
+    confidence = bool(draft_value_any(raw, ("use_confidence_head", "enable_confidence_head"), False))
+    with_markov = confidence and bool(draft_value(raw, "confidence_head_with_markov", False))
+    num_layers = int(_required(raw, "num_hidden_layers", origin))
+    num_target_layers = raw.get("num_target_layers") or (target.num_layers if target else None)
+    ids = draft_value(raw, "target_layer_ids")
+    if ids is None:
+        if num_target_layers is None:
+            raise CheckpointError(
+                f"{origin} has neither target_layer_ids nor num_target_layers, and no target "
+                "was given to derive them from"
+            )
+        ids = build_target_layer_ids(int(num_target_layers), num_layers)
+    if num_target_layers is not None:
+        ids = validate_target_layer_ids(ids, int(num_target_layers))
+    mask = draft_value(raw, "mask_token_id")
+    if mask is None:
+        raise CheckpointError(f"{origin} lacks mask_token_id (in dspark_config or top level)")
+    hidden = int(_required(raw, "hidden_size", origin))
+    vocab = int(_required(raw, "vocab_size", origin))
+    if target is not None and vocab != target.vocab_size:
+        raise CheckpointError(
+            f"{origin}: vocab_size {vocab} (tensor 'embed_tokens.weight' of shape ({vocab}, "
+            f"{hidden})) does not match the target's vocabulary: expected shape "
+            f"({target.vocab_size}, {hidden})"
+        )
+    target_hidden = draft_value(raw, "target_hidden_size") or (
+        target.hidden_size if target is not None else hidden
+    )
+    try:
+        return MLAConfig(
+            num_layers=num_layers,
+            num_heads=int(_required(raw, "num_attention_heads", origin)),
+            q_lora_rank=int(raw["q_lora_rank"]),
+            kv_lora_rank=int(_required(raw, "kv_lora_rank", origin)),
+            qk_nope_head_dim=int(_required(raw, "qk_nope_head_dim", origin)),
+            qk_rope_head_dim=int(_required(raw, "qk_rope_head_dim", origin)),
+            v_head_dim=int(_required(raw, "v_head_dim", origin)),
+            intermediate_size=int(_required(raw, "intermediate_size", origin)),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope=_rope_from_json(raw, origin),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 16384)),
+            block_size=int(draft_value(raw, "block_size", 16)),
+            mask_token_id=int(mask),
+            target_layer_ids=tuple(int(i) for i in ids),
+            markov_rank=markov_rank,
+            confidence_head=confidence,
+            confidence_head_with_markov=with_markov,
+            hidden_size=hidden,
+            vocab_size=vocab,
+            target_hidden_size=int(target_hidden),
+        )
+    except ValidationError as exc:
+        raise CheckpointError(f"{origin} describes an invalid dspark-mla drafter: {exc}") from None
+
+
+def read_mla_checkpoint(
+    directory: Path, target: TargetInfo | None = None
+) -> tuple[MLAConfig, dict[str, torch.Tensor], torch.dtype]:
+    """Read and check a checkpoint: ``(config, full tensors under canonical names, dtype)``.
+
+    Accepts the aliases of ``_ALIASES`` (TorchSpec's ``context_proj``/``context_norm``/
+    ``final_norm``, bare ``markov_w1``/``confidence_proj`` names) and a ``model.`` prefix.
+    Raises :class:`CheckpointError` naming the tensor and both shapes on a missing tensor, a wrong
+    shape or a vocabulary that differs from ``target``; also when Markov or confidence tensors
+    are present but the config disables those heads, or when tensors are left unused.
+    """
+    directory = Path(directory)
+    raw = read_config(directory)
+    origin = str(directory / CONFIG_FILE)
+    cfg = mla_config_from_json(raw, target, origin)
+    dtype_name = raw.get("torch_dtype") or raw.get("dtype") or "float32"
+    if dtype_name not in _DTYPES:
+        raise CheckpointError(f"{origin}: torch_dtype {dtype_name!r} is not one of {list(_DTYPES)}")
+    tensors = {k.removeprefix("model."): t for k, t in load_tensors(directory).items()}
+    source = TensorSource(tensors, str(directory))
+    if source.has(*_IGNORED):
+        logger.info("%s: ignoring %s (the target's output head is used)", directory, _IGNORED)
+    source.ignore(*_IGNORED)
+    if not cfg.markov_rank and source.has("markov_head.markov_w1.weight", "markov_w1.weight"):
+        shape = source.shape_of("markov_head.markov_w1.weight", "markov_w1.weight")
+        raise CheckpointError(
+            f"{directory}: tensor 'markov_head.markov_w1.weight' is present with shape {shape} "
+            "but markov_rank resolves to 0; set markov_rank in dspark_config (loading would drop "
+            "the Markov head silently)"
+        )
+    if not cfg.confidence_head and source.has("confidence_head.proj.weight",
+                                              "confidence_proj.weight"):
+        raise CheckpointError(
+            f"{directory}: confidence head tensors are present but use_confidence_head is "
+            "false; set use_confidence_head (or enable_confidence_head) in dspark_config"
+        )
+    full: dict[str, torch.Tensor] = {}
+    for name, shape in mla_tensor_shapes(cfg).items():
+        why = ""
+        if name in ("embed_tokens.weight", "markov_head.markov_w1.weight",
+                    "markov_head.markov_w2.weight"):
+            why = f"vocabulary {cfg.vocab_size}"
+        elif name == "fc.weight":
+            why = f"{len(cfg.target_layer_ids)} captured layers of width {cfg.target_hidden_size}"
+        full[name] = source.take((name, *_ALIASES.get(name, ())), shape, why)
+    unused = source.unused()
+    if unused:
+        raise CheckpointError(
+            f"{directory}: tensors not used by a dspark-mla drafter: {unused[:8]}"
+            f"{' ...' if len(unused) > 8 else ''}; remove them or fix the config"
+        )
+    return cfg, full, _DTYPES[dtype_name]
+
+
+# --------------------------------------------------------------------------------------------
+# Modules
+# --------------------------------------------------------------------------------------------
+
+
+def default_tp_fusions(dtype: torch.dtype) -> frozenset[TPFusion]:
+    """The fusions taken when none are asked for: both for bf16 weights (the condition of spec
+    6.1 and 6.2, which the runtime's plan applies too), none otherwise."""
+    return frozenset(TPFusion) if dtype == torch.bfloat16 else frozenset()
+
+
+def latent_norm_rope(
+    latent: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    kv_lora_rank: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> torch.Tensor:
+    """Normalise and rotate latent rows: ``latent: [..., n, D_lat] -> [..., n, D_lat]``.
+
+    RMSNorm (``norm_weight: [kv_lora]`` or ``[n, kv_lora]``) over the first ``kv_lora`` dims
+    only; interleaved RoPE (``cos, sin: [..., d_rope]``, broadcast over ``n``) on the last
+    ``d_rope`` dims.
+    """
+    compressed = rms_norm(latent[..., :kv_lora_rank], norm_weight, eps)
+    rotated = apply_rope_interleaved(latent[..., kv_lora_rank:], cos, sin)
+    return torch.cat((compressed, rotated), dim=-1)
+
+
+class _Linear(nn.Module):
+    """A linear layer whose weights arrive through ``load_state_dict(assign=True)``.
+
+    Built with meta placeholders and no initialisation (``nn.Linear`` would run its random
+    init, which costs seconds on a real drafter and is overwritten anyway).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device="meta"),
+                                   requires_grad=False)
+        self.bias = (nn.Parameter(torch.empty(out_features, device="meta"), requires_grad=False)
+                     if bias else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x: [..., in] -> [..., out]``."""
+        return F.linear(x, self.weight, self.bias)
+
+
+class _Table(nn.Module):
+    """An embedding table ``weight: [rows, width]`` filled on load."""
+
+    def __init__(self, rows: int, width: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(rows, width, device="meta"), requires_grad=False)
+
+
+class _SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` with this rank's intermediate columns (a row-parallel
+    partial when the MLP is split)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_proj = _Linear(hidden_size, intermediate_size)
+        self.up_proj = _Linear(hidden_size, intermediate_size)
+        self.down_proj = _Linear(intermediate_size, hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x: [..., H] -> [..., H]``."""
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MLAAttention(nn.Module):
+    """Absorbed MLA over a single-latent context, this rank's heads only."""
+
+    def __init__(self, cfg: MLAConfig, num_local_heads: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.num_local_heads = num_local_heads
+        qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        h = cfg.hidden_size
+        self.q_a_proj = _Linear(h, cfg.q_lora_rank)
+        self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+        self.q_b_proj = _Linear(cfg.q_lora_rank, num_local_heads * qk)
+        self.kv_a_proj_with_mqa = _Linear(h, cfg.latent_width)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_norm_eps)
+        self.kv_b_proj = _Linear(
+            cfg.kv_lora_rank, num_local_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim))
+        self.o_proj = _Linear(num_local_heads * cfg.v_head_dim, h)
+        self.softmax_scale = mla_softmax_scale(cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.rope)
+
+    def block_latent(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Latents of the block's own tokens: ``a: [G, W, H] -> [G, W, D_lat]``."""
+        raw = self.kv_a_proj_with_mqa(a)[..., None, :]
+        cfg = self.cfg
+        out = latent_norm_rope(raw, self.kv_a_layernorm.weight, cfg.rms_norm_eps,
+                               cfg.kv_lora_rank, cos, sin)
+        return out[..., 0, :]
+
+    def forward(
+        self,
+        a: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        ctx_latent: torch.Tensor,
+        ctx_valid: torch.Tensor,
+    ) -> torch.Tensor:
+        """Row-parallel partial of the attention output.
+
+        ``a: [G, W, H]`` normed block input; ``cos, sin: [G, W, d_rope]`` at the block
+        positions; ``ctx_latent: [G, C, D_lat]`` and ``ctx_valid: [G, C] bool`` the gathered
+        context. Returns ``o_proj`` of this rank's heads: ``[G, W, H]`` (sum over ranks = output).
+        """
+        cfg = self.cfg
+        g, w, _ = a.shape
+        n, d_nope, kv_lora = self.num_local_heads, cfg.qk_nope_head_dim, cfg.kv_lora_rank
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(a)))
+        q = q.view(g, w, n, d_nope + cfg.qk_rope_head_dim)
+        q_nope, q_rope = q.split((d_nope, cfg.qk_rope_head_dim), dim=-1)
+        q_rope = apply_rope_interleaved(q_rope, cos, sin)
+        kv_b = self.kv_b_proj.weight.view(n, d_nope + cfg.v_head_dim, kv_lora)
+        w_kb, w_vb = kv_b[:, :d_nope], kv_b[:, d_nope:]
+        query = torch.cat((torch.einsum("gwhd,hdc->gwhc", q_nope, w_kb), q_rope), dim=-1)
+
+        # Columns past num_ctx hold whatever the page holds (maybe NaN): zero them, then mask.
+        ctx_latent = ctx_latent.masked_fill(~ctx_valid[..., None], 0)
+        keys = torch.cat((ctx_latent, self.block_latent(a, cos, sin)), dim=1)  # [G, C+W, D_lat]
+        visible = torch.cat(
+            (ctx_valid, torch.ones(g, w, dtype=torch.bool, device=a.device)), dim=1
+        )
+        scores = torch.einsum("gwhc,gtc->gwht", query.float(), keys.float()) * self.softmax_scale
+        scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out_latent = torch.einsum("gwht,gtc->gwhc", probs, keys[..., :kv_lora].float())
+        values = torch.einsum("gwhc,hvc->gwhv", out_latent.to(a.dtype), w_vb)
+        return self.o_proj(values.reshape(g, w, n * cfg.v_head_dim))
+
+
+class MLADecoderLayer(nn.Module):
+    """One drafter layer: MLA attention, SwiGLU MLP and their two RMSNorms (local shards)."""
+
+    def __init__(self, cfg: MLAConfig, num_local_heads: int, local_intermediate: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = MLAAttention(cfg, num_local_heads)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = _SwiGLU(cfg.hidden_size, local_intermediate)
+
+
+class _MarkovTables(nn.Module):
+    def __init__(self, vocab_size: int, local_rows: int, rank: int) -> None:
+        super().__init__()
+        self.markov_w1 = _Table(vocab_size, rank)
+        self.markov_w2 = _Linear(rank, local_rows)
+
+
+class _ConfidenceHead(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.proj = _Linear(width, 1, bias=True)
+
+
+class DSparkMLADrafter(nn.Module):
+    """The ``dspark-mla`` drafter: implements :class:`~draftsmith.contract.Drafter`.
+
+    Build with :meth:`from_tensors` (full weights, sharded here) or :meth:`load` (a checkpoint
+    directory). ``tp_fusions`` is the set of TP fusions asked for (by default those the
+    runtime's plan takes: both for bf16 weights); a fusion is taken only when also eligible
+    (more than one rank; for the ``fc`` split, ``F % TP == 0``), and
+    :attr:`active_tp_fusions` reports what was taken.
+    """
+
+    def __init__(
+        self,
+        cfg: MLAConfig,
+        collectives: Collectives | None,
+        tp_fusions: frozenset[TPFusion],
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.collectives: Collectives = collectives if collectives is not None else SingleRank()
+        tp, rank = self.collectives.world_size, self.collectives.rank
+        self.requested_tp_fusions = frozenset(TPFusion(f) for f in tp_fusions)
+        heads = shard_range(cfg.num_heads, tp, rank, "num_attention_heads")
+        inter = shard_range(cfg.intermediate_size, tp, rank, "intermediate_size")
+        self.fc_columns = None
+        if tp > 1 and TPFusion.FC_SPLIT_HIDDEN_NORM in self.requested_tp_fusions:
+            self.fc_columns = fc_split_columns(cfg.feature_width, tp, rank)
+        if tp > 1 and TPFusion.FC_SPLIT_HIDDEN_NORM in self.requested_tp_fusions and (
+                self.fc_columns is None):
+            logger.info("dspark-mla: fc input width %d does not split over TP %d; fc stays "
+                        "replicated", cfg.feature_width, tp)
+        active = set()
+        if self.fc_columns is not None:
+            active.add(TPFusion.FC_SPLIT_HIDDEN_NORM)
+        if tp > 1 and TPFusion.AR_RESIDUAL_RMSNORM in self.requested_tp_fusions:
+            active.add(TPFusion.AR_RESIDUAL_RMSNORM)
+        self.active_tp_fusions = frozenset(active)
+        self.w2_rows = (0, cfg.vocab_size)
+        if cfg.markov_rank and tp > 1 and cfg.vocab_size % tp == 0:
+            self.w2_rows = shard_range(cfg.vocab_size, tp, rank, "vocab_size")
+
+        # Weights are meta placeholders until from_tensors assigns the real ones.
+        self.embed_tokens = _Table(cfg.vocab_size, cfg.hidden_size)
+        fc_in = cfg.feature_width if self.fc_columns is None else (
+            self.fc_columns[1] - self.fc_columns[0])
+        self.fc = _Linear(fc_in, cfg.hidden_size)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            MLADecoderLayer(cfg, heads[1] - heads[0], inter[1] - inter[0])
+            for _ in range(cfg.num_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.markov_rank:
+            # Registered as a submodule only (the name matches the checkpoint); attribute
+            # access resolves to the ``markov_head()`` method, so read it through ``self._modules``.
+            self.markov_head = _MarkovTables(
+                cfg.vocab_size, self.w2_rows[1] - self.w2_rows[0], cfg.markov_rank)
+        if cfg.confidence_head:
+            self.confidence_head = _ConfidenceHead(
+                cfg.hidden_size + (cfg.markov_rank if cfg.confidence_head_with_markov else 0))
+        self._capabilities = DrafterCapabilities(
+            family=FAMILY_NAME,
+            block_convention=BlockConvention.SHIFT,
+            trained_block_size=cfg.block_size,
+            hidden_size=cfg.hidden_size,
+            vocab_size=cfg.vocab_size,
+            mask_token_id=cfg.mask_token_id,
+            target_layer_ids=cfg.target_layer_ids,
+            target_hidden_size=cfg.target_hidden_size,
+            markov_head=MarkovHeadKind.VANILLA if cfg.markov_rank else MarkovHeadKind.NONE,
+            markov_rank=cfg.markov_rank,
+            confidence_head=cfg.confidence_head,
+            context_entry=ContextEntrySpec(
+                kind=ContextCacheKind.PAGED_MLA_LATENT,
+                num_layers=cfg.num_layers,
+                planes=1,
+                heads=1,
+                width=cfg.latent_width,
+            ),
+            tp_fusions=frozenset(TPFusion),
+            shares_target_embedding=False,
+            shares_target_lm_head=True,
+            max_position_embeddings=cfg.max_position_embeddings,
+            dtype="float32",
+        )
+        self._kv_a_stacked: torch.Tensor | None = None
+        self._kv_a_norm_stacked: torch.Tensor | None = None
+        self._inv_freq = yarn_inv_freq(cfg.qk_rope_head_dim, cfg.rope)
+        self._rope_scale = yarn_attention_factor(cfg.rope)
+
+    # -- construction -----------------------------------------------------------------------
+
+    def shard_dims(self) -> dict[str, int | None]:
+        """For every state-dict name, the dim along which it is split over ranks (``None``:
+        replicated)."""
+        dims: dict[str, int | None] = {}
+        for name in mla_tensor_shapes(self.cfg):
+            dim: int | None = None
+            if name.endswith(_COLUMN_PARALLEL):
+                dim = 0
+            elif name.endswith(_ROW_PARALLEL):
+                dim = 1
+            elif name == "fc.weight" and self.fc_columns is not None:
+                dim = 1
+            elif name == "markov_head.markov_w2.weight" and self.w2_rows != (0, self.cfg.vocab_size):
+                dim = 0
+            dims[name] = dim if self.collectives.world_size > 1 else None
+        return dims
+
+    def _local_shard(self, name: str, full: torch.Tensor, dim: int | None) -> torch.Tensor:
+        tp, rank = self.collectives.world_size, self.collectives.rank
+        if dim is None:
+            return full
+        if name == "fc.weight":
+            lo, hi = self.fc_columns  # type: ignore[misc]
+            return full[:, lo:hi].contiguous()
+        if dim == 0:
+            return column_parallel_shard(full, tp, rank, name)
+        return row_parallel_shard(full, tp, rank, name)
+
+    @classmethod
+    def from_tensors(
+        cls,
+        cfg: MLAConfig,
+        tensors: Mapping[str, torch.Tensor],
+        collectives: Collectives | None = None,
+        tp_fusions: frozenset[TPFusion] | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> DSparkMLADrafter:
+        """Build from full (unsharded) tensors under canonical names; this rank keeps its shard.
+
+        ``tensors`` must hold exactly the names of :func:`mla_tensor_shapes` with those shapes.
+        ``tp_fusions=None`` takes :func:`default_tp_fusions` of ``dtype``.
+        """
+        fusions = default_tp_fusions(dtype) if tp_fusions is None else tp_fusions
+        model = cls(cfg, collectives, fusions)
+        shapes = mla_tensor_shapes(cfg)
+        missing = sorted(set(shapes) - set(tensors))
+        extra = sorted(set(tensors) - set(shapes))
+        if missing or extra:
+            raise CheckpointError(f"dspark-mla weights: missing {missing[:8]}, unexpected {extra[:8]}")
+        local: dict[str, torch.Tensor] = {}
+        for name, dim in model.shard_dims().items():
+            full = tensors[name]
+            if tuple(full.shape) != shapes[name]:
+                raise CheckpointError(
+                    f"tensor {name!r} has shape {tuple(full.shape)}, expected {shapes[name]}"
+                )
+            local[name] = model._local_shard(name, full, dim).to(device=device, dtype=dtype)
+        model.load_state_dict(local, strict=True, assign=True)
+        model.requires_grad_(False)
+        model.eval()
+        model._after_load(dtype)
+        return model
+
+    @classmethod
+    def load(
+        cls,
+        directory: Path,
+        target: TargetInfo | None = None,
+        collectives: Collectives | None = None,
+        tp_fusions: frozenset[TPFusion] | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str = "cpu",
+    ) -> DSparkMLADrafter:
+        """Load a checkpoint directory written by :meth:`save` (or a compatible export)."""
+        cfg, tensors, ckpt_dtype = read_mla_checkpoint(directory, target)
+        return cls.from_tensors(cfg, tensors, collectives, tp_fusions, dtype or ckpt_dtype, device)
+
+    def _after_load(self, dtype: torch.dtype) -> None:
+        """Derived weights; re-run after any weight reload (spec 6.1: re-apply the split)."""
+        attns = [layer.self_attn for layer in self.layers]
+        self._kv_a_stacked = torch.cat([a.kv_a_proj_with_mqa.weight for a in attns]).contiguous()
+        self._kv_a_norm_stacked = torch.stack([a.kv_a_layernorm.weight for a in attns])
+        device = self.embed_tokens.weight.device
+        self._inv_freq = self._inv_freq.to(device)
+        self._capabilities = self._capabilities.model_copy(update={"dtype": _dtype_name(dtype)})
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Weight and activation dtype."""
+        return self.embed_tokens.weight.dtype
+
+    # -- Drafter protocol -------------------------------------------------------------------
+
+    @property
+    def capabilities(self) -> DrafterCapabilities:
+        """Shift convention, paged MLA latent entries, both TP fusions, own embedding."""
+        return self._capabilities
+
+    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rope_cos_sin(positions, self._inv_freq, self.dtype, scale=self._rope_scale)
+
+    @torch.no_grad()
+    def project_context(self, features: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Context latents of every layer: ``features: [T, F]``, ``positions: [T] int64`` ->
+        ``[T, L, 1, 1, D_lat]`` in the model dtype, identical on every rank.
+
+        ``ctx = hidden_norm(fc(features))`` (split or replicated ``fc``), then one GEMM with the
+        stacked ``kv_a_proj_with_mqa`` weights of all layers; per layer, RMSNorm over the first
+        ``kv_lora`` dims and interleaved RoPE on the last ``d_rope`` dims at ``positions``.
+        """
+        cfg = self.cfg
+        sizes: dict[str, int] = {}
+        check_tensor("features", features, ("T", cfg.feature_width), None, sizes)
+        check_tensor("positions", positions, ("T",), torch.int64, sizes)
+        ctx = context_projection(features, self.fc.weight, self.hidden_norm.weight,
+                                 cfg.rms_norm_eps, self.fc_columns, self.collectives)
+        t = ctx.shape[0]
+        latent = F.linear(ctx, self._kv_a_stacked).view(t, cfg.num_layers, cfg.latent_width)
+        cos, sin = self._cos_sin(positions)
+        latent = latent_norm_rope(latent, self._kv_a_norm_stacked, cfg.rms_norm_eps,
+                                  cfg.kv_lora_rank, cos, sin)
+        return latent.view(t, cfg.num_layers, 1, 1, cfg.latent_width)
+
+    @torch.no_grad()
+    def embed_block(
+        self, token_ids: torch.Tensor, target_embedding: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``token_ids: [G, W] int64 -> [G, W, H]`` from the drafter's own table
+        (``target_embedding`` is ignored: ``shares_target_embedding`` is False)."""
+        check_tensor("token_ids", token_ids, (None, None), torch.int64)
+        if token_ids.numel() and (token_ids.min() < 0 or token_ids.max() >= self.cfg.vocab_size):
+            raise ShapeError(f"token_ids must lie in 0 .. {self.cfg.vocab_size - 1}")
+        return F.embedding(token_ids, self.embed_tokens.weight)
+
+    @torch.no_grad()
+    def forward_block(
+        self,
+        inputs: DraftBlockInputs,
+        placement: DraftBlockPlacement,
+        cache: PagedContextCache,
+    ) -> torch.Tensor:
+        """Final-normed block hidden ``[G, W, H]`` over the paged latent context.
+
+        Block queries at ``inputs.positions`` see context columns ``0 .. num_ctx - 1`` of their
+        pages and every block position (non-causal). Reads the pool, never writes it.
+        """
+        cfg = self.cfg
+        g, w = inputs.num_requests, inputs.width
+        if placement.num_requests != g or placement.width != w:
+            raise ShapeError(
+                f"placement is for [G, W] = [{placement.num_requests}, {placement.width}], "
+                f"inputs are [{g}, {w}]"
+            )
+        cache.check_entry(self._capabilities.context_entry)
+        if cache.page_size != placement.page_size:
+            raise ShapeError(
+                f"cache page_size {cache.page_size} differs from placement page_size "
+                f"{placement.page_size}"
+            )
+        x = inputs.embeddings if inputs.embeddings is not None else self.embed_block(
+            inputs.token_ids)
+        check_tensor("inputs.embeddings", x, (g, w, cfg.hidden_size))
+        x = x.to(self.dtype)
+        cos, sin = self._cos_sin(inputs.positions)
+        fused = TPFusion.AR_RESIDUAL_RMSNORM in self.active_tp_fusions
+        eps = cfg.rms_norm_eps
+        layers = list(self.layers)
+        residual = x
+        a = rms_norm(x, layers[0].input_layernorm.weight, eps)
+        columns = context_columns(placement)  # one host read (none when the width is static)
+        for index, layer in enumerate(layers):
+            entries, valid = gather_context(cache, placement, index, columns)
+            ctx = entries.reshape(g, entries.shape[1], cfg.latent_width).to(self.dtype)
+            partial = layer.self_attn(a, cos, sin, ctx, valid)
+            a, residual = reduce_residual_rmsnorm(
+                partial, residual, layer.post_attention_layernorm.weight, eps,
+                self.collectives, fused)
+            partial = layer.mlp(a)
+            next_norm = layers[index + 1].input_layernorm if index + 1 < len(layers) else self.norm
+            a, residual = reduce_residual_rmsnorm(
+                partial, residual, next_norm.weight, eps, self.collectives, fused)
+        return a
+
+    @torch.no_grad()
+    def block_logits(self, hidden: torch.Tensor, head: OutputHead) -> LogitsShard:
+        """Draft logits ``[rows, S] fp32`` of the head's shard from ``hidden: [rows, H]``
+        (no output multiplier or soft-capping in this family)."""
+        check_tensor("hidden", hidden, ("rows", self.cfg.hidden_size))
+        if head.vocab_size != self.cfg.vocab_size or head.weight.shape[1] != self.cfg.hidden_size:
+            raise ShapeError(
+                f"output head covers vocab {head.vocab_size} x hidden {head.weight.shape[1]}, "
+                f"the drafter has {self.cfg.vocab_size} x {self.cfg.hidden_size}"
+            )
+        logits = F.linear(hidden.to(head.weight.dtype), head.weight).float()
+        return LogitsShard(logits=logits, vocab_start=head.vocab_start, vocab_size=head.vocab_size)
+
+    def markov_head(self) -> MarkovHeadWeights | None:
+        """The vanilla Markov head with this rank's ``w2`` rows, or ``None`` when ``r = 0``."""
+        if not self.cfg.markov_rank:
+            return None
+        tables = self._modules["markov_head"]
+        return MarkovHeadWeights(
+            kind=MarkovHeadKind.VANILLA,
+            w1=tables.markov_w1.weight,
+            w2=tables.markov_w2.weight,
+            vocab_start=self.w2_rows[0],
+        )
+
+    @torch.no_grad()
+    def confidence(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
+        """Raw survival logits ``[G, K] fp32`` (spec 2.5), computed in fp32.
+
+        ``hidden: [G, K, H]`` draft-slot hidden; ``prev_tokens: [G, K] int64`` (anchor, then the
+        proposed drafts). With ``confidence_head_with_markov`` the feature is
+        ``[h ; w1[prev]]``, where an id outside ``0 .. V-1`` reads a zero row.
+        """
+        if not self.cfg.confidence_head:
+            raise PlanError(
+                "this dspark-mla drafter has no confidence head (capabilities.confidence_head is "
+                "False); do not ask it for confidence scores"
+            )
+        sizes: dict[str, int] = {}
+        check_tensor("hidden", hidden, ("G", "K", self.cfg.hidden_size), None, sizes)
+        check_tensor("prev_tokens", prev_tokens, ("G", "K"), torch.int64, sizes)
+        feature = hidden.float()
+        if self.cfg.confidence_head_with_markov:
+            w1 = self._modules["markov_head"].markov_w1.weight
+            inside = (prev_tokens >= 0) & (prev_tokens < self.cfg.vocab_size)
+            rows = w1[prev_tokens.clamp(0, self.cfg.vocab_size - 1)].float()
+            feature = torch.cat((feature, rows * inside[..., None]), dim=-1)
+        proj = self._modules["confidence_head"].proj
+        return F.linear(feature, proj.weight.float(), proj.bias.float())[..., 0]
+
+    # -- saving ---------------------------------------------------------------------------
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every tensor at full size under its canonical name (all ranks must call it: sharded
+        tensors are all-gathered through the collectives)."""
+        state = self.state_dict()
+        out: dict[str, torch.Tensor] = {}
+        for name, dim in self.shard_dims().items():
+            local = state[name].contiguous()
+            out[name] = local if dim is None else self.collectives.all_gather(local, dim=dim)
+        return out
+
+    def save(self, directory: Path) -> None:
+        """Write ``config.json`` + ``model.safetensors`` (full tensors; rank 0 writes, every rank
+        must call it)."""
+        tensors = self.full_state_dict()
+        if self.collectives.rank != 0:
+            return
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        config = mla_config_to_json(self.cfg, self.dtype)
+        (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
+                  str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+
+
+__all__ = [
+    "ARCHITECTURE",
+    "DSparkMLADrafter",
+    "FAMILY_NAME",
+    "MLAArchitecture",
+    "MLAAttention",
+    "MLAConfig",
+    "MLADecoderLayer",
+    "YarnRope",
+    "default_tp_fusions",
+    "latent_norm_rope",
+    "mla_config_from_json",
+    "mla_config_to_json",
+    "mla_softmax_scale",
+    "mla_tensor_shapes",
+    "random_mla_tensors",
+    "read_mla_checkpoint",
+    "yarn_attention_factor",
+    "yarn_get_mscale",
+    "yarn_inv_freq",
+]
