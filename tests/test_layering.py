@@ -19,7 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "parallel": {"contract", "parallel"},
     "runtime": {"contract", "kernels", "selection", "drafters", "parallel", "runtime", "<root>"},
     "cli": {"contract", "kernels", "selection", "drafters", "parallel", "runtime", "cli", "testing",
-            "<root>"},
+            "training", "<root>"},
     "testing": {"contract", "kernels", "selection", "drafters", "parallel", "runtime", "cli",
                 "testing", "<root>"},
     "training": {"contract", "kernels", "selection", "drafters", "parallel", "runtime", "cli",

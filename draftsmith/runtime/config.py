@@ -116,6 +116,9 @@ class RuntimeOptions(_Strict):
     """Capture the drafting step in a CUDA graph (GPU only)."""
     force_accepted: float = Field(default=0.0, ge=0.0)
     """Benchmarks only: override the accepted count (section 3.5); 0 disables."""
+    allow_gather: bool = True
+    """Allow all-gathering full-vocabulary logits where a path needs them (rejection sampling,
+    top-k/top-p under TP, section 5.7); false makes such configurations fail at bind."""
 
 
 class SpecConfig(_Strict):

@@ -1,0 +1,407 @@
+"""The text-in, text-out entry point: :func:`load_decoder` and :class:`Decoder`.
+
+``load_decoder(config)`` loads the target (the embedded SmolLM2-135M-Instruct or a local Hugging
+Face directory) and its tokenizer, loads the configured drafter, checks that the two fit, and
+binds them. ``Decoder.generate(prompts)`` applies the chat template, decodes with speculation,
+optionally re-decodes the same prompts with plain target greedy decoding, and reports text,
+the accepted length of every round, timings, tokens per second for both, and exactness against
+plain greedy when selection is greedy.
+
+Example::
+
+    from draftsmith.runtime.api import load_decoder
+
+    decoder = load_decoder("spec.toml")          # or a SpecConfig, or None for the defaults
+    report = decoder.generate(["What is 2 + 3?"], max_new_tokens=64)
+    print(report.results[0].text, report.mean_accepted_length, report.exact)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.contract import CheckpointError, ConfigError, SingleRank, TargetInfo
+from draftsmith.runtime.bind import bind, load_drafter
+from draftsmith.runtime.config import SpecConfig
+from draftsmith.runtime.decoder import GenerationResult, SpecDecoder
+from draftsmith.runtime.registry import load_registry
+from draftsmith.runtime.targets.hf import HFTarget
+
+ProgressFn = Callable[[list[list[int]]], None]
+"""Called after every decoding step with the tokens generated so far, one list per prompt."""
+
+
+@dataclass(frozen=True)
+class TextResult:
+    """One prompt's speculative output."""
+
+    prompt: str
+    prompt_ids: tuple[int, ...]
+    tokens: tuple[int, ...]
+    """Generated ids (stop token included when one ended the request)."""
+    text: str
+    """``tokens`` decoded, special tokens skipped."""
+    accepted_lengths: tuple[int, ...]
+    """Committed tokens of every verify round, bonus included (spec 2.8)."""
+    finish_reason: str
+    prefill_s: float
+    decode_s: float
+    plain_tokens: tuple[int, ...] | None = None
+    """Plain target greedy decoding of the same prompt (when it was run)."""
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """``tau`` of this prompt: mean committed tokens per round (bonus included)."""
+        return sum(self.accepted_lengths) / max(len(self.accepted_lengths), 1)
+
+    @property
+    def exact(self) -> bool | None:
+        """Token-for-token equal to plain greedy (``None`` when plain greedy was not run)."""
+        return None if self.plain_tokens is None else self.tokens == self.plain_tokens
+
+
+@dataclass(frozen=True)
+class GenerateReport:
+    """Everything one :meth:`Decoder.generate` call measured."""
+
+    results: list[TextResult]
+    spec_seconds: float
+    """Wall time of the speculative run (prefill included)."""
+    plain_seconds: float | None
+    """Wall time of plain target greedy decoding of the same prompts, or ``None``."""
+    greedy: bool
+    """Whether selection was greedy (exactness is only defined then)."""
+    num_draft_tokens: int
+    family: str
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens generated over all prompts."""
+        return sum(len(r.tokens) for r in self.results)
+
+    @property
+    def accepted_lengths(self) -> list[int]:
+        """Every round's accepted length, all prompts."""
+        return [n for r in self.results for n in r.accepted_lengths]
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """``tau`` over all rounds of all prompts."""
+        lengths = self.accepted_lengths
+        return sum(lengths) / max(len(lengths), 1)
+
+    @property
+    def histogram(self) -> dict[int, int]:
+        """Rounds per accepted length ``1 .. K + 1``."""
+        hist = {n: 0 for n in range(1, self.num_draft_tokens + 2)}
+        for n in self.accepted_lengths:
+            hist[n] = hist.get(n, 0) + 1
+        return hist
+
+    @property
+    def spec_tokens_per_s(self) -> float:
+        """Generated tokens per second with speculation."""
+        return self.num_tokens / self.spec_seconds if self.spec_seconds > 0 else 0.0
+
+    @property
+    def plain_tokens_per_s(self) -> float | None:
+        """Generated tokens per second of plain greedy decoding, or ``None``."""
+        if self.plain_seconds is None:
+            return None
+        plain = sum(len(r.plain_tokens or ()) for r in self.results)
+        return plain / self.plain_seconds if self.plain_seconds > 0 else 0.0
+
+    @property
+    def exact(self) -> bool | None:
+        """All prompts equal plain greedy (``None`` unless greedy and plain greedy was run)."""
+        if not self.greedy or self.plain_seconds is None:
+            return None
+        return all(r.exact for r in self.results)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary (used by ``draftsmith generate --json``)."""
+        return {
+            "family": self.family,
+            "num_draft_tokens": self.num_draft_tokens,
+            "greedy": self.greedy,
+            "num_tokens": self.num_tokens,
+            "mean_accepted_length": self.mean_accepted_length,
+            "accepted_length_histogram": {str(k): v for k, v in self.histogram.items()},
+            "spec_seconds": self.spec_seconds,
+            "spec_tokens_per_s": self.spec_tokens_per_s,
+            "plain_seconds": self.plain_seconds,
+            "plain_tokens_per_s": self.plain_tokens_per_s,
+            "exact": self.exact,
+            "results": [
+                {
+                    "prompt": r.prompt,
+                    "text": r.text,
+                    "tokens": list(r.tokens),
+                    "accepted_lengths": list(r.accepted_lengths),
+                    "mean_accepted_length": r.mean_accepted_length,
+                    "finish_reason": r.finish_reason,
+                    "prefill_s": r.prefill_s,
+                    "decode_s": r.decode_s,
+                    "exact": r.exact,
+                }
+                for r in self.results
+            ],
+        }
+
+
+@dataclass
+class Decoder:
+    """A bound speculative decoder plus the tokenizer: text in, :class:`GenerateReport` out."""
+
+    spec: SpecDecoder
+    target: HFTarget
+    tokenizer: Any
+    config: SpecConfig
+    stop_token_ids: tuple[int, ...] = field(default=())
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the configured selection is greedy."""
+        return bool(self.spec.selector.is_greedy)
+
+    def encode(self, prompt: str, chat: bool = True) -> list[int]:
+        """Token ids of ``prompt``: the chat template (first turn, generation prompt,
+        ``enable_thinking=False`` where the template knows it) when the tokenizer has one."""
+        if chat and getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}],
+                add_generation_prompt=True,
+                tokenize=True,
+                enable_thinking=False,
+            )
+            if hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+            return [int(i) for i in ids]
+        return [int(i) for i in self.tokenizer.encode(prompt)]
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """Text of ``tokens`` with special tokens skipped."""
+        return str(self.tokenizer.decode(list(tokens), skip_special_tokens=True))
+
+    def generate(
+        self,
+        prompts: Sequence[str],
+        max_new_tokens: int = 128,
+        *,
+        chat: bool = True,
+        compare_plain: bool = True,
+        seeds: Sequence[int] | None = None,
+        progress: ProgressFn | None = None,
+    ) -> GenerateReport:
+        """Decode ``prompts`` with speculation; with ``compare_plain`` also with plain greedy.
+
+        Generation stops at the tokenizer's end-of-sequence ids or after ``max_new_tokens``.
+        """
+        if not prompts:
+            raise ConfigError("no prompts given; pass at least one prompt")
+        ids = [self.encode(p, chat) for p in prompts]
+        for i, p in enumerate(ids):
+            if not p:
+                raise ConfigError(f"prompt {i} encodes to no tokens; give it some text")
+        return self.generate_ids(ids, max_new_tokens, prompts=prompts,
+                                 compare_plain=compare_plain, seeds=seeds, progress=progress)
+
+    def generate_ids(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        max_new_tokens: int = 128,
+        *,
+        prompts: Sequence[str] | None = None,
+        compare_plain: bool = True,
+        seeds: Sequence[int] | None = None,
+        progress: ProgressFn | None = None,
+    ) -> GenerateReport:
+        """:meth:`generate` on token ids (no chat template)."""
+        ids = [list(map(int, p)) for p in prompt_ids]
+        stops = list(self.stop_token_ids)
+        start = time.perf_counter()
+        with _step_observer(self.spec, len(ids), progress):
+            raw: list[GenerationResult] = self.spec.generate(ids, max_new_tokens, stops, seeds)
+        spec_seconds = time.perf_counter() - start
+        plain: list[list[int]] | None = None
+        plain_seconds = None
+        if compare_plain:
+            start = time.perf_counter()
+            plain = plain_greedy(self.target, ids, max_new_tokens, stops,
+                                 batch=self.config.runtime.max_batch)
+            plain_seconds = time.perf_counter() - start
+        texts = prompts if prompts is not None else [self.decode(p) for p in ids]
+        results = [
+            TextResult(
+                prompt=texts[i], prompt_ids=tuple(ids[i]), tokens=r.tokens,
+                text=self.decode(r.tokens), accepted_lengths=r.accepted_lengths,
+                finish_reason=r.finish_reason, prefill_s=r.prefill_s, decode_s=r.decode_s,
+                plain_tokens=tuple(plain[i]) if plain is not None else None,
+            )
+            for i, r in enumerate(raw)
+        ]
+        return GenerateReport(
+            results=results, spec_seconds=spec_seconds, plain_seconds=plain_seconds,
+            greedy=self.greedy, num_draft_tokens=self.config.num_draft_tokens,
+            family=self.config.drafter.family,
+        )
+
+
+class _step_observer:
+    """Wraps ``SpecDecoder.step`` for the duration of one call to report progress."""
+
+    def __init__(self, spec: SpecDecoder, n: int, progress: ProgressFn | None) -> None:
+        self.spec, self.n, self.progress = spec, n, progress
+
+    def __enter__(self) -> None:
+        if self.progress is None:
+            return
+        original = self.spec.step
+        tokens: list[list[int]] = [[] for _ in range(self.n)]
+        progress = self.progress
+
+        def observed(active: list[Any]) -> None:
+            original(active)
+            for r in active:
+                tokens[r.rid] = list(r.tokens)
+            progress(tokens)
+
+        self.spec.step = observed  # type: ignore[method-assign]
+
+    def __exit__(self, *exc: object) -> None:
+        self.spec.__dict__.pop("step", None)
+
+
+@torch.inference_mode()
+def plain_greedy(
+    target: HFTarget,
+    prompt_ids: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    stop_token_ids: Sequence[int] = (),
+    batch: int = 8,
+) -> list[list[int]]:
+    """Plain target greedy decoding (one token per forward), ``batch`` prompts at a time.
+
+    Stops a prompt at the first stop token (kept) or after ``max_new_tokens``. Uses slots
+    ``0 .. batch - 1`` of ``target`` and releases them.
+    """
+    stops = set(int(s) for s in stop_token_ids)
+    out: list[list[int]] = []
+    for lo in range(0, len(prompt_ids), batch):
+        chunk = [torch.tensor(list(p), dtype=torch.int64) for p in prompt_ids[lo:lo + batch]]
+        slots = list(range(len(chunk)))
+        first = target.prefill(slots, chunk).logits.logits
+        ends = torch.tensor([len(p) for p in chunk]).cumsum(0) - 1
+        nxt = first[ends.to(first.device)].argmax(-1).tolist()
+        gen: list[list[int]] = [[t] for t in nxt]
+        live = [b for b in slots if not _done(gen[b], stops, max_new_tokens)]
+        lengths = [len(p) for p in chunk]
+        while live:
+            tokens = torch.tensor([[gen[b][-1]] for b in live], dtype=torch.int64)
+            logits = target.verify(live, tokens).logits.logits
+            for b in live:
+                lengths[b] += 1
+            picks = logits.argmax(-1).tolist()
+            for b, tok in zip(live, picks, strict=True):
+                gen[b].append(int(tok))
+            live = [b for b in live if not _done(gen[b], stops, max_new_tokens)]
+        target.release(slots)
+        out.extend(gen)
+    return out
+
+
+def _done(tokens: list[int], stops: set[int], budget: int) -> bool:
+    return len(tokens) >= budget or tokens[-1] in stops
+
+
+def _stop_ids(tokenizer: Any, target: HFTarget) -> tuple[int, ...]:
+    ids: set[int] = set()
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is not None:
+        ids.add(int(eos))
+    gen = getattr(target.model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif extra:
+        ids.update(int(i) for i in extra)
+    return tuple(sorted(ids))
+
+
+def check_drafter_fits(capabilities: Any, target: HFTarget, checkpoint: Path | None) -> None:
+    """:class:`CheckpointError` unless the drafter was made for this target's sizes."""
+    where = f"checkpoint {checkpoint}" if checkpoint is not None else "the drafter"
+    if capabilities.vocab_size != target.vocab_size:
+        raise CheckpointError(
+            f"{where} predicts a vocabulary of {capabilities.vocab_size} tokens but the target "
+            f"has {target.vocab_size}; use a drafter trained for this target"
+        )
+    if capabilities.target_hidden_size != target.hidden_size:
+        raise CheckpointError(
+            f"{where} reads target hidden states of width {capabilities.target_hidden_size} but "
+            f"the target's hidden size is {target.hidden_size}; use a drafter trained for this "
+            "target"
+        )
+
+
+def load_decoder(
+    config: SpecConfig | str | Path | None = None,
+    *,
+    target: HFTarget | None = None,
+    tokenizer: Any = None,
+    log: Callable[[str], None] | None = None,
+) -> Decoder:
+    """Load target, tokenizer and drafter for ``config`` and bind them.
+
+    :param config: a :class:`SpecConfig`, a TOML/JSON config path, or ``None`` for the defaults
+        (SmolLM2-135M-Instruct target, random-weight ``dspark-gqa`` drafter, greedy).
+    :param target: an already built target (with ``tokenizer``) instead of ``config.target``.
+    :param log: called with one line per loading stage.
+    :raises DraftsmithError: for a missing model directory, a checkpoint made for another target,
+        or an impossible plan; the message says what to change.
+    """
+    if config is None:
+        config = SpecConfig()
+    elif not isinstance(config, SpecConfig):
+        config = SpecConfig.load(config)
+    say = log or (lambda _m: None)
+    if target is None:
+        from draftsmith.runtime.targets.smollm2 import load_target
+
+        say(f"loading target {config.target.model}")
+        target, tokenizer = load_target(
+            config.target, max_slots=max(64, config.runtime.max_batch + 2), log=log
+        )
+    elif tokenizer is None:
+        raise ConfigError("load_decoder got a target without its tokenizer")
+    registry = load_registry()
+    info = TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
+                      num_layers=target.num_layers, dtype=target.dtype)
+    source = config.drafter.checkpoint or f"random weights (seed {config.drafter.seed})"
+    say(f"loading drafter {config.drafter.family} from {source}")
+    if config.drafter.checkpoint is not None and not Path(config.drafter.checkpoint).is_dir():
+        raise CheckpointError(
+            f"drafter checkpoint {str(config.drafter.checkpoint)!r} is not a directory; pass a "
+            "directory with config.json and *.safetensors"
+        )
+    drafter = load_drafter(config, info, registry, SingleRank(), target.device)
+    check_drafter_fits(drafter.capabilities, target, config.drafter.checkpoint)
+    spec = bind(target, drafter, config, registry=registry)
+    return Decoder(spec=spec, target=target, tokenizer=tokenizer, config=config,
+                   stop_token_ids=_stop_ids(tokenizer, target))
+
+
+__all__ = [
+    "Decoder",
+    "GenerateReport",
+    "TextResult",
+    "check_drafter_fits",
+    "load_decoder",
+    "plain_greedy",
+]

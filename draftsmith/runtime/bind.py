@@ -1,0 +1,221 @@
+"""``bind``: turn a target, a drafter and a config into a :class:`SpecDecoder` with a frozen plan.
+
+Owns :func:`bind`, :func:`plan_only` (the plan without a target, for ``draftsmith plan``) and
+:func:`target_info_from_config`. Plugins (the registry) are consulted here and only here; the
+decoder built at the end never calls a hook.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from draftsmith.contract import (
+    Collectives,
+    ConfigError,
+    Drafter,
+    DrafterCapabilities,
+    LoadRequest,
+    MarkovHeadKind,
+    ParallelMapping,
+    PlanError,
+    SingleRank,
+    TargetInfo,
+    TargetModel,
+)
+from draftsmith.runtime.acceptance import Acceptance
+from draftsmith.runtime.buffers import DecoderBuffers
+from draftsmith.runtime.config import SpecConfig, TargetConfig
+from draftsmith.runtime.decoder import SpecDecoder
+from draftsmith.runtime.markov import DraftChain
+from draftsmith.runtime.paging import ContextPager, SlotManager
+from draftsmith.runtime.plan import DraftPlan, PlanInputs, make_plan
+from draftsmith.runtime.registry import Registry, load_registry
+
+_KNOWN_TARGETS = {
+    "smollm2-135m": TargetInfo(vocab_size=49152, hidden_size=576, num_layers=30),
+    "toy": TargetInfo(vocab_size=64, hidden_size=32, num_layers=4),
+}
+"""Sizes of the named targets, so ``draftsmith plan`` needs no weights."""
+
+
+def target_info_from_config(config: TargetConfig) -> TargetInfo:
+    """Sizes of the configured target: a known name or a Hugging Face directory's config.json."""
+    if config.model in _KNOWN_TARGETS:
+        return _KNOWN_TARGETS[config.model]
+    path = Path(config.model) / "config.json"
+    if not path.is_file():
+        raise ConfigError(
+            f"target.model {config.model!r} is neither a known name "
+            f"({', '.join(sorted(_KNOWN_TARGETS))}) nor a directory with a config.json"
+        )
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data = data.get("text_config", data)
+    try:
+        return TargetInfo(vocab_size=int(data["vocab_size"]), hidden_size=int(data["hidden_size"]),
+                          num_layers=int(data["num_hidden_layers"]))
+    except KeyError as exc:
+        raise ConfigError(f"{path}: missing {exc.args[0]!r}") from None
+
+
+def _device_of(target: TargetModel) -> torch.device:
+    return target.input_embedding().device
+
+
+def _resolve_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str) -> PlanInputs:
+    rt = config.runtime
+    return PlanInputs(
+        num_draft_tokens=config.num_draft_tokens,
+        selection=config.selection,
+        mapping=mapping,
+        max_batch=rt.max_batch,
+        max_context=rt.max_context,
+        page_size=rt.page_size,
+        kernels=rt.kernels,
+        cuda_graphs=rt.cuda_graphs,
+        force_accepted=rt.force_accepted,
+        allow_gather=rt.allow_gather,
+        device=device,
+    )
+
+
+def _precheck(config: SpecConfig, mapping: ParallelMapping) -> None:
+    """Checks that need no weights: run before a drafter is loaded."""
+    sel = config.selection
+    sampled = getattr(sel, "kind", "greedy") != "greedy" and float(
+        getattr(sel, "temperature", 0.0)) > 0
+    if (mapping.tp_size > 1 and sampled and getattr(sel, "acceptance", "strict") == "rejection"
+            and not config.runtime.allow_gather):
+        raise PlanError(
+            "rejection sampling with a TP-sharded vocabulary needs full-vocabulary draft_probs "
+            "(gather), but runtime.allow_gather is false; the sharded residual (5.7) is not "
+            "implemented"
+        )
+
+
+def load_drafter(
+    config: SpecConfig, target: TargetInfo, registry: Registry, collectives: Collectives,
+    device: torch.device | str = "cpu",
+) -> Drafter:
+    """Build the configured drafter through its family; :class:`PlanError` if it has no model."""
+    family = registry.family(config.drafter.family)
+    if family.load is None:
+        raise PlanError(
+            f"drafter family {family.name!r} is declared but its model is not built yet "
+            "(load=None); choose another family or pass a Drafter to bind"
+        )
+    return family.load(LoadRequest(
+        options=config.drafter.options, checkpoint=config.drafter.checkpoint, target=target,
+        collectives=collectives, device=torch.device(device), seed=config.drafter.seed,
+    ))
+
+
+def plan_only(
+    config: SpecConfig, target_info: TargetInfo, *, registry: Registry | None = None,
+    capabilities: DrafterCapabilities | None = None,
+) -> DraftPlan:
+    """The plan ``bind`` would make, without a target (for ``draftsmith plan``)."""
+    mapping = config.parallel
+    _precheck(config, mapping)
+    if capabilities is None:
+        registry = registry if registry is not None else load_registry()
+        capabilities = load_drafter(config, target_info, registry, SingleRank()).capabilities
+    device = _resolve_device(config.target.device)
+    return make_plan(_plan_inputs(config, mapping, device), capabilities, target_info)
+
+
+def _check_markov(drafter: Drafter, plan: DraftPlan) -> None:
+    caps = drafter.capabilities
+    weights = drafter.markov_head()
+    if caps.markov_head is MarkovHeadKind.NONE:
+        if weights is not None:
+            raise PlanError("the drafter returns Markov weights but declares markov_head = none")
+        return
+    if weights is None:
+        raise PlanError(f"the drafter declares a {caps.markov_head.value} Markov head but "
+                        "markov_head() returned None")
+    if weights.vocab_size != plan.vocab_size:
+        raise PlanError(
+            f"the Markov head's w1 covers {weights.vocab_size} ids but the vocabulary has "
+            f"{plan.vocab_size}: a Markov head cannot run over a reduced draft vocabulary (d2t)"
+        )
+    if weights.shard_width != plan.shard_width or weights.vocab_start != plan.vocab_start:
+        raise PlanError(
+            f"the Markov head's w2 holds rows {weights.vocab_start}.."
+            f"{weights.vocab_start + weights.shard_width}, this rank's shard is "
+            f"{plan.vocab_start}..{plan.vocab_start + plan.shard_width} (V = S * TP needed)"
+        )
+    if weights.kind is not caps.markov_head:
+        raise PlanError(f"the drafter declares a {caps.markov_head.value} head but returns "
+                        f"{weights.kind.value} weights")
+
+
+def bind(
+    target: TargetModel,
+    drafter: Drafter | None,
+    config: SpecConfig,
+    mapping: ParallelMapping | None = None,
+    *,
+    registry: Registry | None = None,
+    collectives: Collectives | None = None,
+) -> SpecDecoder:
+    """Validate the combination, decide the plan, allocate buffers, return the decoder.
+
+    ``drafter=None`` loads ``config.drafter`` through the registry. Raises :class:`PlanError`
+    naming the missing capability for an impossible combination.
+    """
+    mapping = mapping if mapping is not None else config.parallel
+    collectives = collectives if collectives is not None else SingleRank()
+    if collectives.world_size != mapping.tp_size:
+        raise PlanError(f"the collectives group has {collectives.world_size} ranks but "
+                        f"parallel.tp_size is {mapping.tp_size}")
+    registry = registry if registry is not None else load_registry()
+    _precheck(config, mapping)
+    selector_family = registry.selector(getattr(config.selection, "kind", "greedy"))
+    device = _device_of(target)
+    info = TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
+                      num_layers=target.num_layers)
+    if drafter is None:
+        drafter = load_drafter(config, info, registry, collectives, device)
+    caps = drafter.capabilities
+    plan = make_plan(_plan_inputs(config, mapping, device.type if device.type != "cuda"
+                                  else str(device)), caps, info)
+    _check_markov(drafter, plan)
+    target.set_capture_layers(caps.target_layer_ids)
+    selector = selector_family.build(config.selection)
+
+    pool_dtype = getattr(torch, caps.dtype, torch.float32)
+    buffers = DecoderBuffers.allocate(
+        slot_capacity=plan.slot_capacity, num_draft_tokens=plan.num_draft_tokens,
+        block_width=plan.block_width, vocab_size=plan.vocab_size, max_ctx=plan.max_ctx,
+        page_size=plan.page_size, entry=caps.context_entry, pool_dtype=pool_dtype,
+        with_draft_probs=plan.acceptance == "rejection" or plan.forced_base == "rejection",
+        device=device,
+    )
+    slots = SlotManager(plan.slot_capacity, buffers.ctx_len)
+    pager = ContextPager(buffers, max_ctx=plan.max_ctx, block_width=max(plan.block_width, 1),
+                         mode=plan.paging)
+    chain = DraftChain(drafter.markov_head() if plan.markov != "none" else None, selector,
+                       collectives, mode=plan.markov, vocab_size=plan.vocab_size)
+    acceptance = Acceptance(
+        rule=plan.forced_base, force_accepted=plan.force_accepted,
+        num_draft_tokens=plan.num_draft_tokens, selector=selector, collectives=collectives,
+        fused=plan.kernels == "fused", device=device,
+    )
+    default_seed = int(getattr(config.selection, "seed", 0))
+    return SpecDecoder(
+        plan=plan, target=target, drafter=drafter, selector=selector, collectives=collectives,
+        buffers=buffers, slots=slots, pager=pager, chain=chain, acceptance=acceptance,
+        mask_token_id=caps.mask_token_id, default_seed=default_seed,
+    )
+
+
+__all__ = ["bind", "load_drafter", "plan_only", "target_info_from_config"]

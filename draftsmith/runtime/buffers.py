@@ -1,0 +1,148 @@
+"""Every persistent buffer of the decoding step, allocated once at bind (spec section 7).
+
+Sizes come from the slot capacity and ``K``, never from a graph bucket. Indices such as
+``dummy_slot_row = slot_capacity`` are recorded when the buffer is allocated. A bucket of ``g``
+generation rows gets :class:`BucketView` slices that share storage with these buffers (a test
+asserts ``data_ptr`` identity); nothing is allocated inside a capture. Imports ``contract`` only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from draftsmith.contract import ContextEntrySpec, PagedContextCache, ShapeError
+
+_I64 = torch.int64
+
+
+@dataclass(frozen=True, eq=False)
+class BucketView:
+    """Slices of :class:`DecoderBuffers` for a batch of ``g`` generation rows.
+
+    Slot-indexed tensors (``ctx_len``, ``page_table``, ``draft_probs``) are the base tensors
+    themselves: they are indexed by slot, not by batch row, so a bucket never shrinks them.
+    """
+
+    g: int
+    ctx_len: torch.Tensor
+    page_table: torch.Tensor
+    batch_to_slot: torch.Tensor
+    accepted: torch.Tensor
+    num_accepted: torch.Tensor
+    block_ids: torch.Tensor
+    draft_probs: torch.Tensor | None
+    dummy_slot_row: int
+
+
+@dataclass(eq=False)
+class DecoderBuffers:
+    """The bind-time buffers. ``C = slot_capacity``, ``num_slots = C + 1`` (the last is the dummy).
+
+    * ``ctx_len: [C+1] int64``, ``page_table: [C+1, pages_per_slot] int64``, ``pool``: the paged
+      context cache ``[L, (C+1) * pages_per_slot, planes, heads, P_sz, width]``;
+    * per batch row (``[C, ...]``): ``batch_to_slot``, ``accepted [C, K+1]``, ``num_accepted``,
+      ``block_ids [C, W]`` (the block's token ids, written by the drafting step);
+    * ``draft_probs: [C+1, K, V] fp32`` (rejection sampling only), indexed by slot;
+      ``dummy_slot_row = C``, fixed here.
+    """
+
+    slot_capacity: int
+    num_draft_tokens: int
+    block_width: int
+    vocab_size: int
+    ctx_len: torch.Tensor
+    page_table: torch.Tensor
+    cache: PagedContextCache
+    batch_to_slot: torch.Tensor
+    accepted: torch.Tensor
+    num_accepted: torch.Tensor
+    block_ids: torch.Tensor
+    draft_probs: torch.Tensor | None
+    dummy_slot_row: int
+
+    @property
+    def num_slots(self) -> int:
+        """``slot_capacity + 1``."""
+        return self.slot_capacity + 1
+
+    @property
+    def dummy_slot(self) -> int:
+        """The scratch slot (``slot_capacity``)."""
+        return self.slot_capacity
+
+    @classmethod
+    def allocate(
+        cls,
+        *,
+        slot_capacity: int,
+        num_draft_tokens: int,
+        block_width: int,
+        vocab_size: int,
+        max_ctx: int,
+        page_size: int,
+        entry: ContextEntrySpec,
+        pool_dtype: torch.dtype,
+        with_draft_probs: bool,
+        device: torch.device | str = "cpu",
+    ) -> DecoderBuffers:
+        """Allocate every buffer once for ``slot_capacity`` requests."""
+        if slot_capacity < 1:
+            raise ShapeError(f"slot_capacity must be >= 1, got {slot_capacity}")
+        dev = torch.device(device)
+        c, k, w = slot_capacity, num_draft_tokens, max(block_width, 1)
+        pages_per_slot = -(-(max_ctx + w) // page_size)
+        num_slots = c + 1
+        pool_shape = (entry.num_layers, num_slots * pages_per_slot, entry.planes, entry.heads,
+                      page_size, entry.width)
+        zeros = lambda *shape: torch.zeros(shape, dtype=_I64, device=dev)  # noqa: E731
+        return cls(
+            slot_capacity=c,
+            num_draft_tokens=k,
+            block_width=block_width,
+            vocab_size=vocab_size,
+            ctx_len=zeros(num_slots),
+            page_table=torch.arange(num_slots * pages_per_slot, dtype=_I64, device=dev).view(
+                num_slots, pages_per_slot),
+            cache=PagedContextCache(
+                pool=torch.zeros(pool_shape, dtype=pool_dtype, device=dev), page_size=page_size),
+            batch_to_slot=torch.full((c,), c, dtype=_I64, device=dev),
+            accepted=zeros(c, k + 1),
+            num_accepted=torch.ones(c, dtype=_I64, device=dev),
+            block_ids=zeros(c, w),
+            draft_probs=(torch.zeros((num_slots, k, vocab_size), dtype=torch.float32, device=dev)
+                         if with_draft_probs else None),
+            dummy_slot_row=c,
+        )
+
+    def view(self, g: int) -> BucketView:
+        """Slices for ``g <= slot_capacity`` rows; shares storage with these buffers."""
+        if not 0 <= g <= self.slot_capacity:
+            raise ShapeError(f"a bucket of {g} rows does not fit slot_capacity {self.slot_capacity}")
+        return BucketView(
+            g=g,
+            ctx_len=self.ctx_len,
+            page_table=self.page_table,
+            batch_to_slot=self.batch_to_slot[:g],
+            accepted=self.accepted[:g],
+            num_accepted=self.num_accepted[:g],
+            block_ids=self.block_ids[:g],
+            draft_probs=self.draft_probs,
+            dummy_slot_row=self.dummy_slot_row,
+        )
+
+    def permute_pages(self, permutation: torch.Tensor) -> None:
+        """Relabel physical pages: table entry ``p`` becomes ``permutation[p]`` (in place).
+
+        Used by tests to show that which pages hold a request's context changes no output.
+        """
+        n = self.page_table.numel()
+        if permutation.shape != (n,) or not torch.equal(
+            permutation.sort().values.cpu(), torch.arange(n)
+        ):
+            raise ShapeError(f"permutation must be a permutation of 0..{n - 1}")
+        self.page_table.copy_(permutation.to(self.page_table.device)[self.page_table])
+
+
+__all__ = ["BucketView", "DecoderBuffers"]

@@ -1,0 +1,190 @@
+"""``draftsmith eval``: accepted length, acceptance by draft position and throughput per prompt set.
+
+Prompt sets are JSON-lines files of ``{"turns": [...]}`` objects (the DeepSpec packaging, see
+``/work/shared/data``); only the first turn is used, through the chat template with
+``enable_thinking=False`` (spec 2.8). Metrics follow DeepSpec's evaluator:
+
+* ``accept_len = sum(round lengths) / rounds`` (bonus included; the DSpark paper's tau, Table 1);
+* ``accept_rate@j = #(rounds with more than j accepted drafts) / #(rounds that proposed more
+  than j)``; every round proposes ``K`` drafts here, and a round of length ``n`` accepted
+  ``n - 1`` drafts (a round cut by a stop token or the budget counts what it committed);
+* tokens per second with speculation, and for plain target greedy decoding when asked.
+
+Writes ``eval.json`` and ``acceptance.png`` (matplotlib, Agg backend).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from draftsmith.contract import ConfigError
+from draftsmith.runtime.api import Decoder
+
+
+def read_prompt_file(path: str | Path, limit: int | None = None) -> list[str]:
+    """First user turn of every line of a JSON-lines prompt file.
+
+    A line is ``{"turns": [first, ...]}``, ``{"prompt": text}`` or a JSON string; blank lines
+    are skipped. Raises :class:`ConfigError` naming the line of a malformed entry, or when the
+    file holds no prompt.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"prompt file {str(path)!r} does not exist")
+    prompts: list[str] = []
+    with path.open(encoding="utf-8") as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            prompts.append(_first_turn(entry, path, lineno))
+            if limit is not None and len(prompts) >= limit:
+                break
+    if not prompts:
+        raise ConfigError(f"prompt file {path} holds no prompts")
+    return prompts
+
+
+def _first_turn(entry: object, path: Path, lineno: int) -> str:
+    if isinstance(entry, str):
+        text = entry
+    elif isinstance(entry, dict) and "turns" in entry:
+        turns = entry["turns"]
+        if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
+            raise ConfigError(f"{path}:{lineno}: 'turns' must be a non-empty list of strings")
+        text = turns[0]
+    elif isinstance(entry, dict) and isinstance(entry.get("prompt"), str):
+        text = entry["prompt"]
+    else:
+        raise ConfigError(
+            f"{path}:{lineno}: expected an object with 'turns' (a list of strings) or 'prompt'"
+        )
+    if not text.strip():
+        raise ConfigError(f"{path}:{lineno}: the prompt is empty")
+    return text
+
+
+def acceptance_by_position(lengths: Sequence[int], num_draft_tokens: int) -> list[float]:
+    """``accept_rate@j`` for ``j = 0 .. K-1``: the share of rounds that accepted draft ``j``."""
+    rounds = len(lengths)
+    if rounds == 0:
+        return [0.0] * num_draft_tokens
+    return [sum(1 for n in lengths if n - 1 > j) / rounds for j in range(num_draft_tokens)]
+
+
+@dataclass(frozen=True)
+class DatasetEval:
+    """Metrics of one prompt file."""
+
+    name: str
+    prompts: int
+    rounds: int
+    tokens: int
+    accept_len: float
+    """Mean committed tokens per round, bonus included (tau)."""
+    accept_rate_by_position: list[float]
+    """``accept_rate@j``, ``j = 0 .. K-1``."""
+    verify_rate: float
+    """``sum(round lengths) / (K * rounds + rounds)``."""
+    spec_tokens_per_s: float
+    plain_tokens_per_s: float | None
+    exact: bool | None
+    """Greedy output equal to plain greedy for every prompt (``None`` when not compared)."""
+
+
+def evaluate(
+    decoder: Decoder,
+    files: Sequence[str | Path],
+    limit: int | None = 20,
+    max_new_tokens: int = 128,
+    compare_plain: bool = False,
+) -> list[DatasetEval]:
+    """Run every prompt file through ``decoder`` and measure it."""
+    k = decoder.config.num_draft_tokens
+    out = []
+    for path in files:
+        prompts = read_prompt_file(path, limit)
+        report = decoder.generate(prompts, max_new_tokens, compare_plain=compare_plain)
+        lengths = report.accepted_lengths
+        rounds = len(lengths)
+        out.append(DatasetEval(
+            name=Path(path).stem,
+            prompts=len(prompts),
+            rounds=rounds,
+            tokens=report.num_tokens,
+            accept_len=report.mean_accepted_length,
+            accept_rate_by_position=acceptance_by_position(lengths, k),
+            verify_rate=sum(lengths) / max((k + 1) * rounds, 1),
+            spec_tokens_per_s=report.spec_tokens_per_s,
+            plain_tokens_per_s=report.plain_tokens_per_s,
+            exact=report.exact,
+        ))
+    return out
+
+
+def write_report(
+    results: Sequence[DatasetEval], out_dir: str | Path, meta: dict[str, object]
+) -> tuple[Path, Path]:
+    """Write ``eval.json`` and ``acceptance.png`` into ``out_dir``; return both paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / "eval.json"
+    json_path.write_text(json.dumps(
+        {"meta": meta, "datasets": [asdict(r) for r in results]}, indent=2
+    ) + "\n", encoding="utf-8")
+    png_path = out_dir / "acceptance.png"
+    plot_acceptance(results, png_path, title=str(meta.get("title", "")))
+    return json_path, png_path
+
+
+def plot_acceptance(results: Sequence[DatasetEval], path: Path, title: str = "") -> None:
+    """Acceptance rate by draft position, one line per prompt set (PNG, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    for r in results:
+        xs = list(range(1, len(r.accept_rate_by_position) + 1))
+        ax.plot(xs, r.accept_rate_by_position, marker="o",
+                label=f"{r.name} (tau = {r.accept_len:.2f})")
+    ax.set_xlabel("draft position j + 1")
+    ax.set_ylabel("acceptance rate (rounds that accepted draft j)")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.set_title(title or "acceptance by draft position")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def format_table(results: Sequence[DatasetEval]) -> str:
+    """A plain-text table of the per-dataset metrics."""
+    lines = [f"{'dataset':<14}{'prompts':>8}{'rounds':>8}{'tau':>7}{'tok/s':>9}{'plain':>9}"
+             f"{'exact':>7}  accept@1..K"]
+    for r in results:
+        plain = f"{r.plain_tokens_per_s:9.1f}" if r.plain_tokens_per_s is not None else f"{'-':>9}"
+        exact = {True: "yes", False: "NO", None: "-"}[r.exact]
+        rates = " ".join(f"{x:.2f}" for x in r.accept_rate_by_position)
+        lines.append(f"{r.name:<14}{r.prompts:>8}{r.rounds:>8}{r.accept_len:>7.2f}"
+                     f"{r.spec_tokens_per_s:>9.1f}{plain}{exact:>7}  {rates}")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "DatasetEval",
+    "acceptance_by_position",
+    "evaluate",
+    "format_table",
+    "plot_acceptance",
+    "read_prompt_file",
+    "write_report",
+]

@@ -1,0 +1,157 @@
+"""The draft-selection chain: block logits -> drafts (+ the distributions they came from).
+
+Owns :class:`DraftChain`. With a DSpark Markov head it runs the chain of spec 2.3 / 2.4 / 5.6 over
+:class:`MarkovHeadWeights` (fp32 base, bias rounded to the weight dtype, fp32 sum), feeding the
+**selected** token forward (greedy argmax, or the sampled token, section 9 item 4) through the
+configured selector, on the full vocabulary or this rank's shard (the selector exchanges pairs).
+Without a head every slot is selected independently. ``q_j`` (``selector.probs`` of the corrected
+logits) is written for rejection sampling when asked. Hot path: must not import pluggy.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from draftsmith.contract import (
+    Collectives,
+    LogitsShard,
+    MarkovHeadKind,
+    MarkovHeadWeights,
+    SamplingKey,
+    ShapeError,
+    TokenSelector,
+)
+from draftsmith.kernels.markov_chain import markov_bias_reference, markov_step
+
+DRAFT_STREAM = 1
+"""Counter stream of draft samples (spec 5.5)."""
+
+
+def _prev_rows(w1: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    """``w1[prev]`` with zero rows for out-of-vocabulary ids: ``[G, r]``."""
+    ok = (prev >= 0) & (prev < w1.shape[0])
+    rows = w1[prev.clamp(0, w1.shape[0] - 1)]
+    return rows * ok[:, None].to(rows.dtype)
+
+
+def markov_bias(
+    weights: MarkovHeadWeights, prev: torch.Tensor, hidden: torch.Tensor | None,
+    state: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Bias of one slot ``[G, S]`` in the weight dtype, and the next RNN state.
+
+    ``prev: [G] int64``; ``hidden: [G, H]`` (gated / RNN heads); ``state: [G, r]`` (RNN).
+    """
+    if weights.kind is MarkovHeadKind.VANILLA:
+        return markov_bias_reference(weights.w1, weights.w2, prev), None
+    if hidden is None:
+        raise ShapeError(f"a {weights.kind.value} Markov head needs the slot hidden states")
+    e = _prev_rows(weights.w1, prev)
+    h = hidden.to(e.dtype)
+    if weights.kind is MarkovHeadKind.GATED:
+        assert weights.gate_weight is not None and weights.gate_bias is not None
+        g = torch.sigmoid(torch.cat([h, e], -1) @ weights.gate_weight.T + weights.gate_bias)
+        return (g * e) @ weights.w2.T, None
+    assert weights.joint_weight is not None and weights.joint_bias is not None
+    s = state if state is not None else e.new_zeros(e.shape)
+    gr, cr, orr = (torch.cat([s, e, h], -1) @ weights.joint_weight.T + weights.joint_bias).chunk(3, -1)
+    gate = torch.sigmoid(gr)
+    new_state = gate * s + (1 - gate) * torch.tanh(cr)
+    return torch.tanh(orr) @ weights.w2.T, new_state
+
+
+class DraftChain:
+    """Selects ``K`` drafts per request from the block logits ``U: [G, K, S]``.
+
+    ``mode`` is the plan's ``markov`` decision: ``none`` (no head: independent slots),
+    ``eager`` (torch bias + selector) or ``fused`` (greedy vanilla chain through ``markov_step``).
+    """
+
+    def __init__(
+        self,
+        weights: MarkovHeadWeights | None,
+        selector: TokenSelector,
+        collectives: Collectives,
+        *,
+        mode: Literal["none", "eager", "fused"],
+        vocab_size: int,
+    ) -> None:
+        if (weights is None) != (mode == "none"):
+            raise ShapeError(f"markov mode {mode!r} does not match weights {weights is not None}")
+        if weights is not None and weights.vocab_size != vocab_size:
+            raise ShapeError(
+                f"Markov w1 covers {weights.vocab_size} ids, the vocabulary has {vocab_size}"
+            )
+        self.weights = weights
+        self.selector = selector
+        self.collectives = collectives
+        self.mode = mode
+        self.vocab_size = vocab_size
+
+    def _key(self, key: SamplingKey | None, j: int) -> SamplingKey | None:
+        if key is None:
+            return None
+        return SamplingKey(seeds=key.seeds, offsets=key.offsets + j)
+
+    def run(
+        self,
+        base: torch.Tensor,
+        vocab_start: int,
+        anchor: torch.Tensor,
+        key: SamplingKey | None,
+        *,
+        hidden: torch.Tensor | None = None,
+        probs_out: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drafts ``[G, K] int64`` and the logits they were selected from ``[G, K, S]``.
+
+        ``base: [G, K, S]`` block logits of this rank's shard starting at ``vocab_start``;
+        ``anchor: [G] int64`` (the bonus, Markov ``prev`` of slot 0); ``key``: seeds and the
+        position of draft 0 (draft ``j`` samples at offset ``+ j``, stream 1); ``hidden: [G, K, H]``
+        for gated / RNN heads; ``probs_out: [G, K, V] fp32`` receives ``q_j`` when given.
+        ``K == 0`` returns ``base`` itself and an empty ``[G, 0]`` draft tensor.
+        """
+        g, k, s = base.shape
+        drafts = torch.empty(g, k, dtype=torch.int64, device=base.device)
+        if k == 0:
+            return drafts, base
+        if self.weights is None:
+            flat = LogitsShard(base.reshape(g * k, s), vocab_start, self.vocab_size)
+            rows_key = None
+            if key is not None:
+                j = torch.arange(k, device=base.device)
+                rows_key = SamplingKey(
+                    seeds=key.seeds.repeat_interleave(k),
+                    offsets=(key.offsets[:, None] + j).reshape(-1),
+                )
+            drafts = self.selector.select(flat, rows_key, DRAFT_STREAM, self.collectives).view(g, k)
+            if probs_out is not None:
+                probs_out.copy_(self.selector.probs(flat, self.collectives).view(g, k, -1))
+            return drafts, base
+        corrected = torch.empty(g, k, s, dtype=torch.float32, device=base.device)
+        prev, state = anchor, None
+        for j in range(k):
+            z = corrected[:, j]
+            if self.mode == "fused" and self.collectives.world_size == 1:
+                _, idx = markov_step(base[:, j].contiguous(), prev, self.weights.w1,
+                                     self.weights.w2, vocab_start, z)
+                token = idx.to(torch.int64)
+            else:
+                h = hidden[:, j] if hidden is not None else None
+                bias, state = markov_bias(self.weights, prev, h, state)
+                torch.add(base[:, j].float(), bias.float(), out=z)
+                token = self.selector.select(
+                    LogitsShard(z, vocab_start, self.vocab_size), self._key(key, j),
+                    DRAFT_STREAM, self.collectives,
+                )
+            if probs_out is not None:
+                probs_out[:, j] = self.selector.probs(
+                    LogitsShard(z, vocab_start, self.vocab_size), self.collectives)
+            drafts[:, j] = token
+            prev = token
+        return drafts, corrected
+
+
+__all__ = ["DRAFT_STREAM", "DraftChain", "markov_bias"]

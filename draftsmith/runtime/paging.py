@@ -1,0 +1,159 @@
+"""Drafter context paging: slots, the per-step placement and the context store (spec 4.1-4.7).
+
+Owns :class:`SlotManager` (slot assignment, the dummy slot, ``prepare()`` every step) and
+:class:`ContextPager` (prefill context store, per-step ``place`` + ``store``). The fused Triton
+kernels and their eager references sit behind one method each, chosen by the plan. Hot path: must
+not import pluggy, the registry or bind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+
+from draftsmith.contract import DraftBlockPlacement, DraftsmithError, ShapeError
+from draftsmith.kernels.context_store import (
+    store_context,
+    store_context_reference,
+    store_context_rows,
+    store_context_rows_reference,
+)
+from draftsmith.kernels.paging import prepare_placement, prepare_placement_reference
+from draftsmith.runtime.buffers import DecoderBuffers
+
+_I64 = torch.int64
+
+
+class SlotManager:
+    """Hands out slots ``0 .. C-1``; slot ``C`` is the dummy and is never handed out (4.1).
+
+    Freed slots are zeroed by the next :meth:`prepare`, which runs every step (eager or replay).
+    """
+
+    def __init__(self, slot_capacity: int, ctx_len: torch.Tensor) -> None:
+        if ctx_len.shape != (slot_capacity + 1,):
+            raise ShapeError(f"ctx_len must be [{slot_capacity + 1}], got {tuple(ctx_len.shape)}")
+        self.slot_capacity = slot_capacity
+        self.dummy_slot = slot_capacity
+        self.ctx_len = ctx_len
+        self._free = list(range(slot_capacity - 1, -1, -1))  # pop() hands out slot 0 first
+        self._slots: dict[int, int] = {}
+        self._to_zero: list[int] = []
+
+    @property
+    def num_free(self) -> int:
+        """Slots available for new requests."""
+        return len(self._free)
+
+    def assign(self, request_id: int) -> int:
+        """Give ``request_id`` a slot (its context starts empty)."""
+        if request_id in self._slots:
+            raise DraftsmithError(f"request {request_id} already holds slot {self._slots[request_id]}")
+        if not self._free:
+            raise DraftsmithError(
+                f"all {self.slot_capacity} slots are taken; raise runtime.max_batch or wait for a "
+                "request to finish"
+            )
+        slot = self._free.pop()
+        self._slots[request_id] = slot
+        # zero now: the caller stores the prefill context before the next prepare
+        self._to_zero = [s for s in self._to_zero if s != slot]
+        self.ctx_len[slot] = 0
+        return slot
+
+    def release(self, request_id: int) -> int:
+        """Return ``request_id``'s slot to the pool; its length is zeroed at the next prepare."""
+        slot = self._slots.pop(request_id)
+        self._free.append(slot)
+        self._to_zero.append(slot)
+        return slot
+
+    def slot(self, request_id: int | None) -> int:
+        """The slot of ``request_id``; the dummy for padding (``None``) or unknown ids."""
+        if request_id is None:
+            return self.dummy_slot
+        return self._slots.get(request_id, self.dummy_slot)
+
+    def prepare(self, request_ids: Sequence[int | None], batch_to_slot: torch.Tensor) -> torch.Tensor:
+        """Zero freed/new slots and the dummy, and fill ``batch_to_slot: [g] int64`` in place."""
+        if batch_to_slot.shape != (len(request_ids),):
+            raise ShapeError(
+                f"batch_to_slot must be [{len(request_ids)}], got {tuple(batch_to_slot.shape)}"
+            )
+        if self._to_zero:
+            self.ctx_len[torch.tensor(self._to_zero, dtype=_I64, device=self.ctx_len.device)] = 0
+            self._to_zero.clear()
+        self.ctx_len[self.dummy_slot] = 0
+        host = torch.tensor([self.slot(r) for r in request_ids], dtype=_I64)
+        batch_to_slot.copy_(host, non_blocking=True)
+        return batch_to_slot
+
+
+class ContextPager:
+    """The private paged pool of one decoder: placement of each step and the context stores."""
+
+    def __init__(
+        self,
+        buffers: DecoderBuffers,
+        *,
+        max_ctx: int,
+        block_width: int,
+        mode: Literal["eager", "fused"],
+    ) -> None:
+        self.buffers = buffers
+        self.max_ctx = max_ctx
+        self.block_width = block_width
+        self.mode = mode
+        self.page_size = buffers.cache.page_size
+
+    @property
+    def ctx_len(self) -> torch.Tensor:
+        """``[num_slots] int64``: stored context positions per slot."""
+        return self.buffers.ctx_len
+
+    def store_prefill(self, slot: int, entries: torch.Tensor, start: int = 0) -> None:
+        """Write a prefill chunk's entries ``[T, L, planes, heads, width]`` at positions
+        ``start .. start + T - 1`` of ``slot``, then set ``ctx_len[slot] = start + T`` (4.7).
+
+        A first chunk (``start == 0``) resets the slot.
+        """
+        t = int(entries.shape[0])
+        if start + t > self.max_ctx:
+            raise DraftsmithError(
+                f"a prefill of {start + t} positions exceeds the drafter context limit "
+                f"{self.max_ctx}; shorten the prompt or raise runtime.max_context"
+            )
+        if t:
+            dev = self.ctx_len.device
+            cols = torch.arange(start, start + t, dtype=_I64, device=dev)
+            pages = self.buffers.page_table[slot, cols // self.page_size].contiguous()
+            offsets = (cols % self.page_size).contiguous()
+            mask = torch.ones(t, dtype=torch.bool, device=dev)
+            store = store_context_rows if self.mode == "fused" else store_context_rows_reference
+            store(self.buffers.cache.pool, entries.contiguous(), pages, offsets, mask)
+        self.ctx_len[slot] = start + t
+
+    def place(
+        self, batch_to_slot: torch.Tensor, accepted: torch.Tensor, num_accepted: torch.Tensor
+    ) -> DraftBlockPlacement:
+        """Advance ``ctx_len`` by each row's ``n`` and place the next block (4.3, 4.4).
+
+        ``batch_to_slot: [g] int64``, ``accepted: [g, K+1] int64``, ``num_accepted: [g] int64``.
+        """
+        fn = prepare_placement if self.mode == "fused" else prepare_placement_reference
+        return fn(
+            self.ctx_len, batch_to_slot.contiguous(), accepted.contiguous(),
+            num_accepted.contiguous(), self.buffers.page_table, batch_to_slot.contiguous(), None,
+            self.max_ctx, self.block_width, self.page_size, self.buffers.dummy_slot, None,
+        )
+
+    def store(self, placement: DraftBlockPlacement, entries: torch.Tensor) -> None:
+        """Write the step's new context entries ``[g*(K+1), L, planes, heads, width]`` (masked)."""
+        fn = store_context if self.mode == "fused" else store_context_reference
+        fn(self.buffers.cache.pool, entries.contiguous(), placement.dest_pages,
+           placement.dest_offsets, placement.write_mask)
+
+
+__all__ = ["ContextPager", "SlotManager"]

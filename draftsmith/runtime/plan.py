@@ -1,0 +1,473 @@
+"""The frozen, hashable :class:`DraftPlan` that ``bind`` produces, and its text form.
+
+Every "is this path eligible?" question is answered once, at bind time, and recorded here as a
+:class:`Decision` ``(name, value, reason)``. The decoding step reads the plan and never probes.
+This module also holds :func:`make_plan` (the pure decision function, no weights, no plugins) and
+the ``draftsmith plan`` entry point :func:`plan_command`. It must not import pluggy at module level
+(the registry is imported inside :func:`plan_command`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from draftsmith.contract import (
+    BlockConvention,
+    DrafterCapabilities,
+    DraftsmithError,
+    MarkovHeadKind,
+    ParallelMapping,
+    PlanError,
+    TargetInfo,
+    TPFusion,
+)
+from draftsmith.selection.eligibility import vocab_parallel_eligibility
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+DecisionValue = str | int | float | bool | tuple[str, ...]
+
+
+class Decision(BaseModel):
+    """One recorded decision of the plan."""
+
+    model_config = _FROZEN
+
+    name: str
+    """Stable identifier (``acceptance``, ``markov``, ``block_width``...)."""
+    value: DecisionValue
+    """What was chosen."""
+    reason: str
+    """Why, in words a user can act on."""
+
+
+class DraftPlan(BaseModel):
+    """Everything the decoding loop needs to know, decided once at bind.
+
+    Frozen (assigning raises) and hashable, so graph captures and caches can key on it.
+    """
+
+    model_config = _FROZEN
+
+    family: str
+    """Drafter family name."""
+    num_draft_tokens: int = Field(ge=0)
+    """``K``: drafts per request per step (0: drafting is off)."""
+    block_width: int = Field(ge=0)
+    """``W``: ``K + 1`` (bonus-silent) or ``K`` (shift)."""
+    block_convention: BlockConvention
+    """How block slots map to drafts."""
+    first_draft_slot: int = Field(ge=0)
+    """Block slot that predicts draft 0."""
+    vocab_size: int = Field(ge=1)
+    """``V``."""
+    shard_width: int = Field(ge=1)
+    """``S = V / TP``: logit columns held by this rank."""
+    vocab_start: int = Field(ge=0)
+    """First global id of this rank's shard."""
+    tp_size: int = Field(ge=1)
+    """``TP``."""
+    tp_rank: int = Field(ge=0)
+    """``rho``."""
+    selection_kind: str
+    """Registered selection strategy."""
+    greedy: bool
+    """True when token selection is deterministic argmax."""
+    temperature: float = Field(ge=0.0)
+    """Sampling temperature (0 for greedy)."""
+    acceptance: Literal["strict", "rejection", "forced"]
+    """Verification rule (3.2, 3.6, 3.5)."""
+    forced_base: Literal["strict", "rejection"]
+    """Rule that runs under forced acceptance (counts are then overridden)."""
+    force_accepted: float = Field(ge=0.0)
+    """Forced mean accepted length (benchmarks; 0 off)."""
+    vocab_parallel: bool
+    """Select tokens from per-rank (value, index) pairs without gathering logits (5.1)."""
+    gather_fallbacks: tuple[str, ...]
+    """Why full logits are gathered (5.7); empty when they never are."""
+    markov: Literal["none", "eager", "fused"]
+    """Where the Markov chain runs."""
+    markov_kind: MarkovHeadKind
+    """Head kind of the drafter."""
+    markov_vocab: Literal["none", "full", "sharded"]
+    """Whether the chain sees the full vocabulary or this rank's shard (5.6)."""
+    paging: Literal["eager", "fused"]
+    """Paging preparation and context store: eager references or fused kernels."""
+    kernels: Literal["eager", "fused"]
+    """Acceptance kernels dispatch."""
+    tp_fusions: frozenset[TPFusion]
+    """Drafter TP fusions taken (section 6)."""
+    cuda_graphs: bool
+    """Capture the drafting step in a CUDA graph."""
+    capture_layers: tuple[int, ...]
+    """Target layers captured for the drafter."""
+    confidence: Literal["none", "score-only"]
+    """Confidence head use (section 9, item 3)."""
+    slot_capacity: int = Field(ge=1)
+    """Requests decoded at once; slot ``slot_capacity`` is the dummy."""
+    max_ctx: int = Field(ge=1)
+    """Largest drafter context length (4.1)."""
+    page_size: int = Field(ge=1)
+    """``P_sz``."""
+    pages_per_slot: int = Field(ge=1)
+    """``ceil((max_ctx + W) / P_sz)``."""
+    device: str
+    """Device the decoder runs on."""
+    decisions: tuple[Decision, ...]
+    """Every decision, in the order it was made."""
+
+    def decision(self, name: str) -> Decision:
+        """The decision called ``name``; :class:`KeyError` listing the names otherwise."""
+        for d in self.decisions:
+            if d.name == name:
+                return d
+        raise KeyError(f"no decision {name!r}; recorded: {', '.join(d.name for d in self.decisions)}")
+
+    @property
+    def dummy_slot(self) -> int:
+        """The scratch slot index (never handed out)."""
+        return self.slot_capacity
+
+    @property
+    def drafting(self) -> bool:
+        """False when ``K == 0``."""
+        return self.num_draft_tokens > 0
+
+
+class PlanInputs(BaseModel):
+    """The sub-configs :func:`make_plan` reads (never the root config)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    num_draft_tokens: int
+    selection: BaseModel
+    mapping: ParallelMapping
+    max_batch: int
+    max_context: int
+    page_size: int
+    kernels: Literal["auto", "fused", "eager"]
+    cuda_graphs: bool
+    force_accepted: float
+    allow_gather: bool = True
+    device: str = "cpu"
+
+
+def _selection_facts(selection: BaseModel) -> tuple[str, bool, float, bool, str]:
+    """``(kind, greedy, temperature, filtered, acceptance)`` of a selection config."""
+    kind = str(getattr(selection, "kind", "greedy"))
+    temperature = float(getattr(selection, "temperature", 0.0) or 0.0)
+    greedy = kind == "greedy" or temperature == 0.0
+    top_k = int(getattr(selection, "top_k", 0) or 0)
+    top_p = float(getattr(selection, "top_p", 1.0) or 1.0)
+    filtered = (top_k > 0 or top_p < 1.0) and not greedy
+    acceptance = str(getattr(selection, "acceptance", "strict"))
+    if greedy:
+        acceptance = "strict"
+    return kind, greedy, temperature, filtered, acceptance
+
+
+def check_capabilities(
+    caps: DrafterCapabilities, target: TargetInfo, num_draft_tokens: int, tp_size: int
+) -> None:
+    """Raise :class:`PlanError` naming the missing capability when drafter and target disagree."""
+    if num_draft_tokens > 0:
+        w = caps.block_width(num_draft_tokens)
+        if w > caps.trained_block_size:
+            raise PlanError(
+                f"block width W = {w} (K = {num_draft_tokens}, {caps.block_convention.value}) "
+                f"exceeds the drafter's trained_block_size {caps.trained_block_size}; lower "
+                f"num_draft_tokens to at most {caps.trained_block_size - caps.first_draft_slot}"
+            )
+    if caps.vocab_size != target.vocab_size:
+        raise PlanError(
+            f"vocabulary mismatch: the drafter predicts over {caps.vocab_size} ids, the target "
+            f"over {target.vocab_size}; the drafter must share the target vocabulary "
+            "(a reduced draft vocabulary / d2t is not supported)"
+        )
+    if caps.target_hidden_size != target.hidden_size:
+        raise PlanError(
+            f"hidden size mismatch: the drafter expects target layers of width "
+            f"{caps.target_hidden_size}, the target has hidden_size {target.hidden_size}"
+        )
+    if (caps.shares_target_embedding or caps.shares_target_lm_head) and (
+        caps.hidden_size != target.hidden_size
+    ):
+        raise PlanError(
+            f"the drafter shares the target's embedding/head but its hidden size {caps.hidden_size}"
+            f" differs from the target's {target.hidden_size}"
+        )
+    for lid in caps.target_layer_ids:
+        if not -1 <= lid < target.num_layers - 1:
+            raise PlanError(
+                f"target layer id {lid} cannot be captured: ids must lie in -1..{target.num_layers - 2}"
+                f" (L_t = {target.num_layers}; the last layer's output is final-normed)"
+            )
+    if list(caps.target_layer_ids) != sorted(set(caps.target_layer_ids)):
+        raise PlanError(f"target_layer_ids {caps.target_layer_ids} must be strictly increasing")
+    if target.vocab_size % tp_size:
+        raise PlanError(
+            f"the column-parallel head needs V = S * TP, but V = {target.vocab_size} does not "
+            f"split into {tp_size} even shards"
+        )
+
+
+def make_plan(
+    inputs: PlanInputs, caps: DrafterCapabilities, target: TargetInfo, *,
+    fused_kernels_available: bool = True,
+) -> DraftPlan:
+    """Decide every path; raise :class:`PlanError` for an impossible combination."""
+    k = inputs.num_draft_tokens
+    tp, rho = inputs.mapping.tp_size, inputs.mapping.tp_rank
+    check_capabilities(caps, target, k, tp)
+    decisions: list[Decision] = []
+
+    def decide(name: str, value: DecisionValue, reason: str) -> DecisionValue:
+        decisions.append(Decision(name=name, value=value, reason=reason))
+        return value
+
+    # ---- block width ----
+    w = caps.block_width(k) if k > 0 else 0
+    decide(
+        "drafting", k > 0,
+        f"K = {k} drafts per step" if k > 0
+        else "num_draft_tokens = 0: every step commits one target token, the drafter is idle",
+    )
+    decide(
+        "block_width", w,
+        f"{caps.block_convention.value} convention: W = K + 1 (slot 0 is the silent bonus)"
+        if caps.block_convention is BlockConvention.BONUS_SILENT
+        else f"{caps.block_convention.value} convention: W = K (the anchor predicts draft 0)",
+    )
+
+    # ---- selection and acceptance ----
+    kind, greedy, temperature, filtered, acc = _selection_facts(inputs.selection)
+    if greedy:
+        base = decide("acceptance_rule", "strict",
+                      "greedy selection: a draft is accepted iff it equals the target argmax")
+    elif acc == "rejection":
+        base = decide("acceptance_rule", "rejection",
+                      f"sampling at T = {temperature} with acceptance = 'rejection': lossless "
+                      "rejection sampling u * q < p (3.6)")
+    else:
+        base = decide("acceptance_rule", "strict",
+                      "sampling with acceptance = 'strict': one target sample per row, matched")
+    if inputs.force_accepted > 0:
+        acceptance = decide("acceptance", "forced",
+                            f"force_accepted = {inputs.force_accepted}: counts overridden for "
+                            "benchmarks (3.5), ragged cap applied last; output text meaningless")
+    else:
+        acceptance = decide("acceptance", base, "no forced acceptance configured")
+
+    # ---- vocab parallel (the selection layer's eligibility rule, 5.1) ----
+    if tp == 1:
+        vp = decide("vocab_parallel", False, "TP = 1: one rank holds the whole vocabulary")
+    else:
+        elig = vocab_parallel_eligibility(tp_size=tp, vocab_size=target.vocab_size,
+                                          selection=inputs.selection,
+                                          attention_dp=inputs.mapping.attention_dp)
+        vp = decide("vocab_parallel", elig.ok,
+                    f"{elig.reason}: one [rows, 128] SUM exchange per selection" if elig.ok
+                    else elig.reason)
+
+    gathers: list[str] = []
+    if tp > 1:
+        if acc == "rejection" and not greedy:
+            gathers.append("rejection sampling builds draft_probs over the full vocabulary")
+        if filtered:
+            gathers.append("top-k/top-p filtering needs the full row")
+        if inputs.mapping.attention_dp:
+            gathers.append("attention-DP")
+        if not vp and not gathers:
+            gathers.append("vocab-parallel selection is ineligible")
+    if gathers and not inputs.allow_gather:
+        raise PlanError(
+            f"this configuration must gather full logits ({'; '.join(gathers)}) but "
+            "runtime.allow_gather is false; the sharded rejection residual (5.7) is not "
+            "implemented: use greedy selection or allow gathering"
+        )
+    decide("gather_fallbacks", tuple(gathers),
+           "; ".join(gathers) if gathers else "logits never leave their shard"
+           if tp > 1 else "TP = 1: logits are already whole")
+
+    # ---- kernels ----
+    on_cuda = inputs.device.startswith("cuda")
+    if inputs.kernels == "eager":
+        fused = False
+        kreason = "runtime.kernels = 'eager' forces the torch references"
+    elif inputs.kernels == "fused":
+        if not fused_kernels_available:
+            raise PlanError("runtime.kernels = 'fused' but Triton kernels are unavailable here")
+        fused = True
+        kreason = "runtime.kernels = 'fused'"
+    elif on_cuda and fused_kernels_available:
+        fused, kreason = True, "kernels = 'auto' on CUDA: fused Triton kernels"
+    else:
+        fused = False
+        kreason = f"kernels = 'auto' on {inputs.device}: eager references (Triton would be interpreted)"
+    kern = decide("kernels", "fused" if fused else "eager", kreason)
+    paging = decide("paging", kern, f"placement and context store: {kreason}")
+
+    # ---- Markov chain ----
+    mk = caps.markov_head
+    if mk is MarkovHeadKind.NONE:
+        markov = decide("markov", "none", f"family {caps.family} declares no Markov head")
+        mvocab = decide("markov_vocab", "none", "no Markov head")
+    elif k == 0:
+        markov = decide("markov", "none", "K = 0: no block, no chain")
+        mvocab = decide("markov_vocab", "none", "no chain")
+    else:
+        if mk is not MarkovHeadKind.VANILLA:
+            markov = decide("markov", "eager",
+                            f"{mk.value} head needs per-slot hidden states: torch path only")
+        elif fused and greedy and tp == 1:
+            markov = decide("markov", "fused",
+                            "vanilla head, greedy: fused bias + argmax kernel per slot")
+        elif fused and greedy:
+            markov = decide("markov", "eager",
+                            f"TP = {tp}: torch bias on this rank's shard, then the selector's "
+                            "pair exchange per slot")
+        elif fused:
+            markov = decide("markov", "eager",
+                            "sampled chain feeds the sampled token forward (9.4): torch bias + "
+                            "keyed selection")
+        else:
+            markov = decide("markov", "eager", kreason)
+        mvocab = decide("markov_vocab", "sharded" if vp else "full",
+                        "corrected logits stay on their shard; one pair exchange per slot (5.6)"
+                        if vp else "the chain sees full-vocabulary logits")
+
+    # ---- TP fusions ----
+    if tp == 1:
+        fusions: frozenset[TPFusion] = frozenset()
+        decide("tp_fusions", (), "TP = 1: fusions degenerate to the stock path (6.3)")
+    elif caps.dtype != "bfloat16":
+        fusions = frozenset()
+        decide("tp_fusions", (), f"drafter dtype {caps.dtype}: the fused all-reduce + RMSNorm "
+                                 "needs bf16 weights (6.1, 6.2)")
+    else:
+        fusions = frozenset(caps.tp_fusions)
+        decide("tp_fusions", tuple(sorted(f.value for f in fusions)),
+               "declared by the family and eligible: bf16, TP > 1" if fusions
+               else f"family {caps.family} declares no TP fusion")
+
+    # ---- confidence ----
+    decide("confidence", "score-only" if caps.confidence_head else "none",
+           "the confidence head is scored only; no scheduler is configured (9.3)"
+           if caps.confidence_head else "no confidence head")
+
+    # ---- CUDA graphs ----
+    if inputs.cuda_graphs and not on_cuda:
+        graphs = decide("cuda_graphs", False,
+                        f"runtime.cuda_graphs requested but the device is {inputs.device}: eager")
+    elif inputs.cuda_graphs and k == 0:
+        graphs = decide("cuda_graphs", False, "K = 0: there is no drafting step to capture")
+    elif inputs.cuda_graphs:
+        graphs = decide("cuda_graphs", True,
+                        "drafting step captured per batch bucket; buffers owned by the plan (7)")
+    else:
+        graphs = decide("cuda_graphs", False, "runtime.cuda_graphs is off")
+
+    # ---- paging geometry ----
+    span = max(w, k + 1)
+    max_ctx = min(inputs.max_context, caps.max_position_embeddings - span)
+    if max_ctx < 2:
+        raise PlanError(
+            f"the drafter's RoPE table ({caps.max_position_embeddings} positions) leaves no "
+            f"room for a context next to a block of {span}"
+        )
+    pages = -(-(max_ctx + max(w, 1)) // inputs.page_size)
+    decide("max_ctx", max_ctx,
+           f"min(runtime.max_context {inputs.max_context}, drafter RoPE "
+           f"{caps.max_position_embeddings} - {span})")
+    decide("slot_capacity", inputs.max_batch,
+           f"runtime.max_batch = {inputs.max_batch}; slot {inputs.max_batch} is the dummy")
+    decide("capture_layers", tuple(str(x) for x in caps.target_layer_ids),
+           f"the drafter reads {caps.num_captured_layers} target layer(s)")
+
+    return DraftPlan(
+        family=caps.family,
+        num_draft_tokens=k,
+        block_width=w,
+        block_convention=caps.block_convention,
+        first_draft_slot=caps.first_draft_slot,
+        vocab_size=target.vocab_size,
+        shard_width=target.vocab_size // tp,
+        vocab_start=rho * (target.vocab_size // tp),
+        tp_size=tp,
+        tp_rank=rho,
+        selection_kind=kind,
+        greedy=greedy,
+        temperature=0.0 if greedy else temperature,
+        acceptance=acceptance,  # type: ignore[arg-type]
+        forced_base=base,  # type: ignore[arg-type]
+        force_accepted=inputs.force_accepted,
+        vocab_parallel=bool(vp),
+        gather_fallbacks=tuple(gathers),
+        markov=markov,  # type: ignore[arg-type]
+        markov_kind=mk,
+        markov_vocab=mvocab,  # type: ignore[arg-type]
+        paging=paging,  # type: ignore[arg-type]
+        kernels=kern,  # type: ignore[arg-type]
+        tp_fusions=fusions,
+        cuda_graphs=bool(graphs),
+        capture_layers=tuple(caps.target_layer_ids),
+        confidence="score-only" if caps.confidence_head else "none",
+        slot_capacity=inputs.max_batch,
+        max_ctx=max_ctx,
+        page_size=inputs.page_size,
+        pages_per_slot=pages,
+        device=inputs.device,
+        decisions=tuple(decisions),
+    )
+
+
+def format_plan(plan: DraftPlan) -> str:
+    """The plan as text: a header, then one ``name = value  # reason`` line per decision."""
+    lines = [
+        f"DraftPlan for family {plan.family!r}: K = {plan.num_draft_tokens}, W = {plan.block_width}"
+        f", V = {plan.vocab_size}, TP = {plan.tp_size} (rank {plan.tp_rank}), device {plan.device}",
+    ]
+    width = max(len(d.name) for d in plan.decisions)
+    for d in plan.decisions:
+        value = ", ".join(d.value) if isinstance(d.value, tuple) else d.value
+        value = value if value != "" else "-"
+        lines.append(f"  {d.name:<{width}} = {value}  # {d.reason}")
+    return "\n".join(lines)
+
+
+def plan_command(config_path: str | Path, *, json_output: bool = False) -> int:
+    """``draftsmith plan --config FILE``: print the plan; return the exit status.
+
+    Loads the drafter through the registry (random weights when no checkpoint is configured) to
+    read its capabilities; reads the target's sizes from the config without loading its weights.
+    """
+    from draftsmith.runtime.bind import plan_only, target_info_from_config
+    from draftsmith.runtime.config import SpecConfig
+
+    try:
+        config = SpecConfig.load(config_path)
+        plan = plan_only(config, target_info_from_config(config.target))
+    except DraftsmithError as exc:
+        print(f"draftsmith plan: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    if json_output:
+        print(json.dumps(plan.model_dump(mode="json"), indent=2))
+    else:
+        print(format_plan(plan))
+    return 0
+
+
+__all__ = [
+    "Decision",
+    "DraftPlan",
+    "PlanInputs",
+    "check_capabilities",
+    "format_plan",
+    "make_plan",
+    "plan_command",
+]

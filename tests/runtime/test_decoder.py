@@ -1,0 +1,208 @@
+"""The batched decoder with the toy target and the real built-in drafters (random weights):
+lossless greedy decoding, equality with the golden reference loop, rejection-sampling
+distribution, page permutation, K == 0, stop/budget rules, rollback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from draftsmith.runtime.bind import bind
+from draftsmith.runtime.config import SpecConfig
+from draftsmith.runtime.reference_loop import reference_generate
+from draftsmith.runtime.targets import ToyTarget
+
+FAMILIES = ("dflash", "dspark-gqa", "dspark-mla")
+PROMPTS = [[(i * 7 + j * 3 + 1) % 60 for j in range(2 + 3 * i)] for i in range(8)]  # 2..23 tokens
+BUDGETS = [9 + i for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def target() -> ToyTarget:
+    return ToyTarget(max_slots=12, max_len=128, mixing=0.3)
+
+
+@pytest.fixture(scope="module")
+def greedy_oracle(target) -> list[list[int]]:
+    return [target.greedy_generate(p, n, slot=11) for p, n in zip(PROMPTS, BUDGETS, strict=True)]
+
+
+def _config(family: str, k: int, selection: dict | None = None, **runtime) -> SpecConfig:
+    rt = {"max_batch": 8, "max_context": 96, "page_size": 8, **runtime}
+    return SpecConfig.from_dict({
+        "drafter": {"family": family, "options": {"target_layer_ids": [0, 2]}, "seed": 3},
+        "num_draft_tokens": k, "selection": selection or {"kind": "greedy"}, "runtime": rt,
+    })
+
+
+def _reference(dec, target, prompt, budget, k, *, seed=0, stops=(), rejection=False):
+    return reference_generate(target, dec.drafter if k else None, dec.selector, prompt, budget,
+                              num_draft_tokens=k, rejection=rejection, stop_token_ids=stops,
+                              seed=seed, slot=11)
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_speculative_equals_target_greedy(target, greedy_oracle, family, k):
+    dec = bind(target, None, _config(family, k))
+    results = dec.generate(PROMPTS, BUDGETS)
+    for res, want, budget in zip(results, greedy_oracle, BUDGETS, strict=True):
+        assert list(res.tokens) == want
+        assert res.finish_reason == "length" and len(res.tokens) == budget
+        assert sum(res.accepted_lengths) == budget - 1  # first token comes from the prefill
+        assert all(1 <= n <= k + 1 for n in res.accepted_lengths)
+    # the composed decoder proposes exactly what the golden loop proposes (same accepted lengths)
+    for i in (0, 5):
+        ref = _reference(dec, target, PROMPTS[i], BUDGETS[i], k)
+        assert ref.tokens == list(results[i].tokens)
+        assert ref.accepted_lengths == list(results[i].accepted_lengths)
+
+
+@pytest.mark.parametrize(
+    ("family", "acceptance"),
+    [("dspark-gqa", "rejection"), ("dspark-gqa", "strict"), ("dflash", "rejection"),
+     ("dspark-mla", "rejection")],
+)
+def test_sampled_decoder_equals_reference_loop(target, family, acceptance):
+    k = 3
+    sel = {"kind": "sample", "temperature": 0.9, "acceptance": acceptance}
+    dec = bind(target, None, _config(family, k, sel))
+    seeds = [100 + i for i in range(8)]
+    stops = [[5, 17]] * 8
+    results = dec.generate(PROMPTS, BUDGETS, stop_token_ids=stops, seeds=seeds)
+    for i, res in enumerate(results):
+        ref = _reference(dec, target, PROMPTS[i], BUDGETS[i], k, seed=seeds[i], stops=stops[i],
+                         rejection=acceptance == "rejection")
+        assert list(res.tokens) == ref.tokens, i
+        assert list(res.accepted_lengths) == ref.accepted_lengths, i
+    # the stochastic path really ran: different seeds give different texts
+    again = dec.generate(PROMPTS[:2], BUDGETS[:2], stop_token_ids=stops[:2], seeds=[7, 8])
+    assert [r.tokens for r in again] != [r.tokens for r in results[:2]]
+
+
+def test_page_permutation_changes_no_output(target):
+    sel = {"kind": "sample", "temperature": 1.0}
+    first = bind(target, None, _config("dspark-gqa", 3, sel))
+    second = bind(target, first.drafter, _config("dspark-gqa", 3, sel))
+    n = second.buffers.page_table.numel()
+    second.buffers.permute_pages(torch.randperm(n, generator=torch.Generator().manual_seed(1)))
+    assert not torch.equal(first.buffers.page_table, second.buffers.page_table)
+    seeds = list(range(8))
+    a = first.generate(PROMPTS, BUDGETS, seeds=seeds)
+    b = second.generate(PROMPTS, BUDGETS, seeds=seeds)
+    assert [r.tokens for r in a] == [r.tokens for r in b]
+    assert [r.accepted_lengths for r in a] == [r.accepted_lengths for r in b]
+
+
+def test_k0_decodes_with_the_target_alone(target, greedy_oracle):
+    dec = bind(target, None, _config("dspark-gqa", 0))
+    assert not dec.plan.drafting
+    results = dec.generate(PROMPTS, BUDGETS)
+    assert [list(r.tokens) for r in results] == greedy_oracle
+    assert all(set(r.accepted_lengths) == {1} for r in results)
+    sel = {"kind": "sample", "temperature": 1.0}
+    sampled = bind(target, None, _config("dspark-gqa", 0, sel))
+    res = sampled.generate(PROMPTS[:3], 6, seeds=[1, 2, 3])
+    for i, r in enumerate(res):
+        ref = _reference(sampled, target, PROMPTS[i], 6, 0, seed=i + 1)
+        assert list(r.tokens) == ref.tokens
+
+
+def test_more_requests_than_slots_and_stop_rule(target, greedy_oracle):
+    dec = bind(target, None, _config("dspark-gqa", 3, max_batch=3))
+    stop = greedy_oracle[4][5]
+    seen: list[list[list[int]]] = []
+    results = dec.generate(PROMPTS, BUDGETS, stop_token_ids=[[], [], [], [], [stop], [], [], []],
+                           progress=seen.append)
+    assert seen and [list(r.tokens) for r in results] == seen[-1]
+    for i, (res, want) in enumerate(zip(results, greedy_oracle, strict=True)):
+        if i == 4:
+            cut = want.index(stop) + 1
+            assert list(res.tokens) == want[:cut] and res.finish_reason == "stop"
+            assert sum(res.accepted_lengths) == cut - 1
+        else:
+            assert list(res.tokens) == want and res.finish_reason == "length"
+    assert dec.slots.num_free == 3  # every slot came back
+    # a stop token as the very first token ends the request with no round
+    first = greedy_oracle[0][0]
+    (res,) = dec.generate(PROMPTS[:1], 5, stop_token_ids=[first])
+    assert res.tokens == (first,) and res.accepted_lengths == () and res.finish_reason == "stop"
+
+
+def test_failed_step_rolls_ctx_len_back(target, monkeypatch):
+    dec = bind(target, None, _config("dspark-gqa", 3))
+    calls = {"n": 0}
+    real = target.verify
+
+    def flaky(slots, tokens):
+        out = real(slots, tokens)  # the target cache grew by K + 1 before the failure
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected failure after verify")
+        return out
+
+    seen = {}
+    real_step = dec.step
+
+    def step(active):
+        seen["before"] = dec.buffers.ctx_len.clone()
+        seen["target"] = {r.slot: target.lengths[r.slot] for r in active}
+        return real_step(active)
+
+    monkeypatch.setattr(target, "verify", flaky)
+    monkeypatch.setattr(dec, "step", step)
+    with pytest.raises(RuntimeError, match="injected"):
+        dec.generate(PROMPTS[:4], 20)
+    assert torch.equal(dec.buffers.ctx_len, seen["before"])
+    assert {slot: target.lengths[slot] for slot in seen["target"]} == seen["target"]
+    assert int(seen["before"][:4].max()) > 0  # a real carried context was restored
+
+
+def test_prompt_too_long_is_refused(target):
+    dec = bind(target, None, _config("dspark-gqa", 3, max_context=32))
+    with pytest.raises(Exception, match="max_ctx 32"):
+        dec.generate([[1] * 20], 10)
+
+
+def test_rejection_sampling_is_lossless_chi_square():
+    """The emitted tokens after the prompt follow the target's own distribution (V = 8)."""
+    small = ToyTarget(vocab_size=8, hidden_size=16, num_layers=3, num_heads=2,
+                      intermediate_size=32, max_slots=80, max_len=32, seed=3)
+    cfg = SpecConfig.from_dict({
+        "drafter": {"family": "dspark-gqa", "options": {"target_layer_ids": [0, 1],
+                                                        "num_layers": 1, "markov_rank": 4}},
+        "num_draft_tokens": 3, "selection": {"kind": "sample", "temperature": 1.0},
+        "runtime": {"max_batch": 64, "max_context": 32, "page_size": 8},
+    })
+    dec = bind(small, None, cfg)
+    prompt, n = [1, 2, 3], 2000
+    results = dec.generate([prompt] * n, 3, seeds=list(range(n)))
+    rounds = [r.accepted_lengths[0] for r in results]
+    assert min(rounds) == 1 and max(rounds) >= 2  # rejections and acceptances both happened
+    # exact marginals of tokens 2 and 3 from the target itself
+    p1 = small.next_token_probs(prompt)
+    p2 = torch.stack([small.next_token_probs(prompt + [a]) for a in range(8)])  # [x1, x2]
+    p3 = torch.stack([torch.stack([small.next_token_probs(prompt + [a, b]) for b in range(8)])
+                      for a in range(8)])  # [x1, x2, x3]
+    marg2 = (p1[:, None] * p2).sum(0)
+    marg3 = (p1[:, None, None] * p2[:, :, None] * p3).sum((0, 1))
+    def pvalue(pos: int, marg: torch.Tensor) -> float:
+        counts = torch.bincount(torch.tensor([r.tokens[pos] for r in results]), minlength=8)
+        expected = marg.double() / marg.double().sum() * counts.sum()
+        return float(chisquare(counts.double().numpy(), expected.numpy()).pvalue)
+
+    assert pvalue(1, marg2) > 1e-3
+    assert pvalue(2, marg3) > 1e-3
+    # negative control: the same counts are clearly not distributed like the other position
+    assert pvalue(2, marg2) < 1e-6
+
+
+def test_forced_acceptance_through_the_decoder(target):
+    dec = bind(target, None, _config("dspark-gqa", 4, force_accepted=2.5))
+    assert dec.plan.acceptance == "forced"
+    results = dec.generate(PROMPTS[:3], 30)
+    for r in results:
+        assert len(r.tokens) == 30
+        assert set(r.accepted_lengths[:-1]) <= {3, 4}  # base 3, +1 with probability 0.5
+        assert 3 <= sum(r.accepted_lengths[:-1]) / len(r.accepted_lengths[:-1]) <= 4

@@ -1,0 +1,251 @@
+"""The DraftPlan: decisions with reasons, immutability, hashing, PlanErrors at bind, the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pydantic
+import pytest
+import torch
+from _runtime_doubles import TinyDrafter
+
+from draftsmith.contract import (
+    BlockConvention,
+    DrafterFamily,
+    MarkovHeadKind,
+    MarkovHeadWeights,
+    ParallelMapping,
+    PlanError,
+    TargetInfo,
+    TPFusion,
+)
+from draftsmith.runtime.bind import bind, plan_only
+from draftsmith.runtime.config import SpecConfig
+from draftsmith.runtime.plan import PlanInputs, format_plan, make_plan, plan_command
+from draftsmith.runtime.registry import Registry, load_registry
+from draftsmith.runtime.targets import ToyTarget
+
+TOY = TargetInfo(vocab_size=64, hidden_size=32, num_layers=4)
+
+
+def _inputs(**kw) -> PlanInputs:
+    from draftsmith.selection.configs import GreedyConfig
+
+    base = dict(num_draft_tokens=3, selection=GreedyConfig(), mapping=ParallelMapping(),
+                max_batch=4, max_context=128, page_size=8, kernels="auto", cuda_graphs=False,
+                force_accepted=0.0)
+    base.update(kw)
+    return PlanInputs(**base)
+
+
+def _caps(**kw):
+    return TinyDrafter(64, 32, (0, 2), **kw).capabilities
+
+
+def _sample(**kw):
+    from draftsmith.selection.configs import SampleConfig
+
+    return SampleConfig(**kw)
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return make_plan(_inputs(), _caps(markov_rank=4), TOY)
+
+
+def test_plan_is_frozen_and_hashable(plan):
+    with pytest.raises(pydantic.ValidationError):
+        plan.acceptance = "rejection"
+    with pytest.raises(pydantic.ValidationError):
+        plan.decisions = ()
+    twin = make_plan(_inputs(), _caps(markov_rank=4), TOY)
+    assert hash(plan) == hash(twin) and plan == twin
+    assert {plan: 1}[twin] == 1
+    other = make_plan(_inputs(num_draft_tokens=2), _caps(markov_rank=4), TOY)
+    assert other != plan
+
+
+def test_block_width_decision_follows_convention():
+    shift = make_plan(_inputs(num_draft_tokens=5), _caps(), TOY)
+    silent = make_plan(_inputs(num_draft_tokens=5),
+                       _caps(convention=BlockConvention.BONUS_SILENT), TOY)
+    assert shift.block_width == 5 and shift.first_draft_slot == 0
+    assert "W = K (the anchor predicts draft 0)" in shift.decision("block_width").reason
+    assert silent.block_width == 6 and silent.first_draft_slot == 1
+    assert "W = K + 1" in silent.decision("block_width").reason
+
+
+def test_acceptance_decisions():
+    greedy = make_plan(_inputs(), _caps(), TOY)
+    assert greedy.acceptance == "strict"
+    assert "equals the target argmax" in greedy.decision("acceptance_rule").reason
+    rej = make_plan(_inputs(selection=_sample(temperature=0.7)), _caps(), TOY)
+    assert rej.acceptance == "rejection" and "u * q < p" in rej.decision("acceptance_rule").reason
+    strict = make_plan(_inputs(selection=_sample(temperature=0.7, acceptance="strict")), _caps(), TOY)
+    assert strict.acceptance == "strict"
+    assert "one target sample per row" in strict.decision("acceptance_rule").reason
+    t0 = make_plan(_inputs(selection=_sample(temperature=0.0)), _caps(), TOY)
+    assert t0.greedy and t0.acceptance == "strict"
+    forced = make_plan(_inputs(force_accepted=2.5), _caps(), TOY)
+    assert forced.acceptance == "forced" and forced.forced_base == "strict"
+    assert "force_accepted = 2.5" in forced.decision("acceptance").reason
+
+
+def test_vocab_parallel_and_gather_decisions():
+    one = make_plan(_inputs(), _caps(), TOY)
+    assert not one.vocab_parallel
+    assert one.decision("vocab_parallel").reason == "TP = 1: one rank holds the whole vocabulary"
+    tp2 = ParallelMapping(tp_size=2, tp_rank=1)
+    vp = make_plan(_inputs(mapping=tp2), _caps(markov_rank=4), TOY)
+    assert vp.vocab_parallel and vp.shard_width == 32 and vp.vocab_start == 32
+    assert "SUM exchange" in vp.decision("vocab_parallel").reason
+    assert vp.markov_vocab == "sharded" and "pair exchange per slot" in vp.decision(
+        "markov_vocab").reason
+    assert vp.gather_fallbacks == ()
+    topk = make_plan(_inputs(mapping=tp2, selection=_sample(top_k=5)), _caps(), TOY)
+    assert not topk.vocab_parallel and "top-k = 5 is enabled" in topk.decision("vocab_parallel").reason
+    rej = make_plan(_inputs(mapping=tp2, selection=_sample()), _caps(), TOY)
+    assert rej.vocab_parallel
+    assert "draft_probs over the full vocabulary" in rej.decision("gather_fallbacks").reason
+    dp = make_plan(_inputs(mapping=ParallelMapping(tp_size=2, attention_dp=True)), _caps(), TOY)
+    assert not dp.vocab_parallel and "attention-DP" in dp.decision("vocab_parallel").reason
+
+
+def test_markov_and_kernel_decisions():
+    none = make_plan(_inputs(), _caps(), TOY)
+    assert none.markov == "none" and "declares no Markov head" in none.decision("markov").reason
+    eager = make_plan(_inputs(kernels="eager"), _caps(markov_rank=4), TOY)
+    assert eager.markov == "eager" and eager.paging == "eager" and eager.kernels == "eager"
+    assert "forces the torch references" in eager.decision("kernels").reason
+    fused = make_plan(_inputs(kernels="fused"), _caps(markov_rank=4), TOY)
+    assert fused.markov == "fused" and fused.paging == "fused"
+    assert "fused bias + argmax" in fused.decision("markov").reason
+    sampled = make_plan(_inputs(kernels="fused", selection=_sample()), _caps(markov_rank=4), TOY)
+    assert sampled.markov == "eager" and "feeds the sampled token" in sampled.decision(
+        "markov").reason
+    sharded = make_plan(_inputs(kernels="fused", mapping=ParallelMapping(tp_size=2)),
+                        _caps(markov_rank=4), TOY)
+    assert sharded.markov == "eager" and "pair exchange per slot" in sharded.decision(
+        "markov").reason
+    auto_cpu = make_plan(_inputs(), _caps(), TOY)
+    assert auto_cpu.kernels == "eager" and "on cpu" in auto_cpu.decision("kernels").reason
+    auto_gpu = make_plan(_inputs(device="cuda:0"), _caps(), TOY)
+    assert auto_gpu.kernels == "fused" and "on CUDA" in auto_gpu.decision("kernels").reason
+
+
+def test_graphs_fusions_and_k0_decisions():
+    cpu = make_plan(_inputs(cuda_graphs=True), _caps(), TOY)
+    assert not cpu.cuda_graphs and "the device is cpu" in cpu.decision("cuda_graphs").reason
+    gpu = make_plan(_inputs(cuda_graphs=True, device="cuda"), _caps(), TOY)
+    assert gpu.cuda_graphs and "buffers owned by the plan" in gpu.decision("cuda_graphs").reason
+    k0 = make_plan(_inputs(num_draft_tokens=0), _caps(markov_rank=4), TOY)
+    assert not k0.drafting and k0.block_width == 0 and k0.markov == "none"
+    assert "commits one target token" in k0.decision("drafting").reason
+    tp1 = make_plan(_inputs(), _caps(), TOY)
+    assert tp1.tp_fusions == frozenset() and "degenerate" in tp1.decision("tp_fusions").reason
+    fp32_tp2 = make_plan(_inputs(mapping=ParallelMapping(tp_size=2)), _caps(), TOY)
+    assert "needs bf16 weights" in fp32_tp2.decision("tp_fusions").reason
+    bf16 = _caps().model_copy(update={"dtype": "bfloat16",
+                                      "tp_fusions": frozenset({TPFusion.FC_SPLIT_HIDDEN_NORM})})
+    taken = make_plan(_inputs(mapping=ParallelMapping(tp_size=2)), bf16, TOY)
+    assert taken.tp_fusions == frozenset({TPFusion.FC_SPLIT_HIDDEN_NORM})
+    assert taken.decision("tp_fusions").value == ("fc-split-hidden-norm",)
+
+
+def test_geometry_decisions():
+    plan = make_plan(_inputs(max_context=100, page_size=8, num_draft_tokens=7), _caps(), TOY)
+    assert plan.max_ctx == 100 and plan.pages_per_slot == -(-(100 + 7) // 8)
+    assert plan.slot_capacity == 4 and plan.dummy_slot == 4
+    assert "slot 4 is the dummy" in plan.decision("slot_capacity").reason
+    assert plan.decision("capture_layers").value == ("0", "2")
+
+
+def test_every_decision_has_a_reason(plan):
+    names = [d.name for d in plan.decisions]
+    assert len(names) == len(set(names)) >= 12
+    assert all(d.reason.strip() for d in plan.decisions)
+    text = format_plan(plan)
+    for d in plan.decisions:
+        assert d.name in text and d.reason in text
+    with pytest.raises(KeyError, match="recorded"):
+        plan.decision("nope")
+
+
+# ---- PlanErrors ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("caps_kw", "inputs_kw", "target", "match"),
+    [
+        ({"trained_block_size": 4}, {"num_draft_tokens": 5}, TOY, "exceeds the drafter's trained_block_size 4"),
+        ({}, {}, TargetInfo(vocab_size=65, hidden_size=32, num_layers=4), "vocabulary mismatch"),
+        ({}, {}, TargetInfo(vocab_size=64, hidden_size=48, num_layers=4), "hidden size mismatch"),
+        ({}, {}, TargetInfo(vocab_size=64, hidden_size=32, num_layers=3), "target layer id 2 cannot be captured"),
+        ({}, {"mapping": ParallelMapping(tp_size=3)}, TOY, "does not split into 3 even shards"),
+    ],
+)
+def test_plan_errors_name_the_capability(caps_kw, inputs_kw, target, match):
+    with pytest.raises(PlanError, match=match):
+        make_plan(_inputs(**inputs_kw), _caps(**caps_kw), target)
+
+
+def test_rejection_under_tp_without_gather_fails():
+    with pytest.raises(PlanError, match="allow_gather is false"):
+        make_plan(_inputs(mapping=ParallelMapping(tp_size=2), selection=_sample(),
+                          allow_gather=False), _caps(), TOY)
+    cfg = SpecConfig.from_dict({"selection": {"kind": "sample"}, "parallel": {"tp_size": 2},
+                                "runtime": {"allow_gather": False}})
+    with pytest.raises(PlanError, match="sharded residual"):
+        plan_only(cfg, TOY, capabilities=_caps())
+
+
+def _registry_with(family: DrafterFamily) -> Registry:
+    base = load_registry()
+    return Registry(families={**base.families, family.name: family}, selectors=base.selectors)
+
+
+def test_family_without_model_fails_before_loading():
+    reg = _registry_with(DrafterFamily(name="unbuilt", summary="declared only", load=None))
+    cfg = SpecConfig.from_dict({"drafter": {"family": "unbuilt"}}, registry=reg)
+    target = ToyTarget()
+    with pytest.raises(PlanError, match="'unbuilt' is declared but its model is not built"):
+        bind(target, None, cfg, registry=reg)
+    with pytest.raises(PlanError, match="not built"):
+        plan_only(cfg, TOY, registry=reg)
+
+
+def test_markov_head_with_reduced_vocab_fails():
+    drafter = TinyDrafter(64, 32, (0, 2), markov_rank=4)
+    drafter.markov = MarkovHeadWeights(MarkovHeadKind.VANILLA, torch.randn(48, 4), torch.randn(48, 4))
+    with pytest.raises(PlanError, match="reduced draft vocabulary"):
+        bind(ToyTarget(), drafter, SpecConfig.from_dict({"num_draft_tokens": 3}))
+
+
+def test_bind_reads_drafter_capture_layers_and_loads_family():
+    target = ToyTarget()
+    cfg = SpecConfig.from_dict({"drafter": {"family": "dspark-gqa",
+                                            "options": {"target_layer_ids": [0, 2]}},
+                                "num_draft_tokens": 3, "runtime": {"max_context": 64}})
+    dec = bind(target, None, cfg)
+    assert target.capture_layers == (0, 2)
+    assert dec.plan.family == "dspark-gqa" and dec.plan.markov == "eager"
+    assert dec.plan == plan_only(cfg, TOY, capabilities=dec.drafter.capabilities)
+
+
+def test_plan_command(tmp_path, capsys):
+    cfg = tmp_path / "spec.toml"
+    cfg.write_text(
+        'num_draft_tokens = 3\n[drafter]\nfamily = "dspark-gqa"\n'
+        '[drafter.options]\ntarget_layer_ids = [0, 2]\n[target]\nmodel = "toy"\n'
+        '[runtime]\nmax_context = 64\n'
+    )
+    assert plan_command(cfg) == 0
+    out = capsys.readouterr().out
+    assert "DraftPlan for family 'dspark-gqa': K = 3, W = 3" in out
+    assert "markov" in out and "# " in out
+    bad = tmp_path / "bad.toml"
+    bad.write_text('num_draft_tokens = 30\n[drafter]\nfamily = "dspark-gqa"\n'
+                   '[drafter.options]\ntarget_layer_ids = [0, 2]\n[target]\nmodel = "toy"\n')
+    assert plan_command(bad) == 2
+    assert "PlanError" in capsys.readouterr().err
+    assert hashlib.sha256(out.encode()).hexdigest()  # printable, deterministic text
