@@ -957,7 +957,12 @@ class DSparkMLADrafter(nn.Module):
         """``token_ids: [G, W] int64 -> [G, W, H]`` from the drafter's own table
         (``target_embedding`` is ignored: ``shares_target_embedding`` is False)."""
         check_tensor("token_ids", token_ids, (None, None), torch.int64)
-        if token_ids.numel() and (token_ids.min() < 0 or token_ids.max() >= self.cfg.vocab_size):
+        # The range check reads back to the host, which a CUDA graph capture forbids; captured
+        # steps get their ids from the runtime, which has already validated them.
+        capturing = token_ids.is_cuda and torch.cuda.is_current_stream_capturing()
+        if token_ids.numel() and not capturing and (
+            token_ids.min() < 0 or token_ids.max() >= self.cfg.vocab_size
+        ):
             raise ShapeError(f"token_ids must lie in 0 .. {self.cfg.vocab_size - 1}")
         return F.embedding(token_ids, self.embed_tokens.weight)
 
