@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -350,6 +351,30 @@ def check_drafter_fits(capabilities: Any, target: HFTarget, checkpoint: Path | N
         )
 
 
+def _precheck_checkpoint(checkpoint: Path | None, target: HFTarget) -> None:
+    """Compare a checkpoint's ``config.json`` sizes with the target before loading weights."""
+    if checkpoint is None:
+        return
+    path = Path(checkpoint) / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return  # the family's loader reports a missing or broken config in its own words
+    vocab = data.get("vocab_size") if isinstance(data, dict) else None
+    if isinstance(vocab, int) and vocab != target.vocab_size:
+        raise CheckpointError(
+            f"checkpoint {checkpoint} predicts a vocabulary of {vocab} tokens but the target "
+            f"has {target.vocab_size}; use a drafter trained for this target"
+        )
+    hidden = data.get("hidden_size")
+    if isinstance(hidden, int) and hidden != target.hidden_size:
+        raise CheckpointError(
+            f"checkpoint {checkpoint} has hidden size {hidden} but the target's hidden size is "
+            f"{target.hidden_size} (a drafter reads the target's hidden states and embeddings); "
+            "use a drafter trained for this target"
+        )
+
+
 def load_decoder(
     config: SpecConfig | str | Path | None = None,
     *,
@@ -390,6 +415,7 @@ def load_decoder(
             f"drafter checkpoint {str(config.drafter.checkpoint)!r} is not a directory; pass a "
             "directory with config.json and *.safetensors"
         )
+    _precheck_checkpoint(config.drafter.checkpoint, target)
     drafter = load_drafter(config, info, registry, SingleRank(), target.device)
     check_drafter_fits(drafter.capabilities, target, config.drafter.checkpoint)
     spec = bind(target, drafter, config, registry=registry)

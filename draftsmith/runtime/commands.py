@@ -87,7 +87,7 @@ def _selection(current: dict[str, Any], args: argparse.Namespace) -> dict[str, A
     return current
 
 
-def _load(args: argparse.Namespace, config: SpecConfig) -> Decoder:
+def _load(config: SpecConfig) -> Decoder:
     return load_decoder(config, log=lambda m: print(f"[draftsmith] {m}", file=sys.stderr))
 
 
@@ -126,7 +126,7 @@ def generate_command(args: argparse.Namespace) -> int:
             raise ConfigError("--prompt is empty; give it some text")
         prompts = [prompt]
     config = build_config(args)
-    decoder = _load(args, config)
+    decoder = _load(config)
     report = run_generate(decoder, prompts, args.max_new_tokens, chat=not args.raw,
                           compare_plain=not args.no_compare, as_json=args.json)
     if args.json:
@@ -262,7 +262,7 @@ def eval_command(args: argparse.Namespace) -> int:
     for path in files:  # fail on a bad file before any model is loaded
         read_prompt_file(path, args.limit)
     config = build_config(args)
-    decoder = _load(args, config)
+    decoder = _load(config)
     results = evaluate(decoder, files, args.limit, args.max_new_tokens, args.compare)
     meta = {
         "title": f"{config.drafter.family} on {config.target.model}, K = "

@@ -155,6 +155,8 @@ def plot_acceptance(results: Sequence[DatasetEval], path: Path, title: str = "")
         xs = list(range(1, len(r.accept_rate_by_position) + 1))
         ax.plot(xs, r.accept_rate_by_position, marker="o",
                 label=f"{r.name} (tau = {r.accept_len:.2f})")
+    width = max((len(r.accept_rate_by_position) for r in results), default=0)
+    ax.set_xticks(list(range(1, width + 1)))
     ax.set_xlabel("draft position j + 1")
     ax.set_ylabel("acceptance rate (rounds that accepted draft j)")
     ax.set_ylim(0, 1.02)

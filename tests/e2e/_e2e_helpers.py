@@ -1,0 +1,48 @@
+"""Shared pieces of the end-to-end tests: shared-data prompts and the nudged tiny target."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftsmith.runtime.api import Decoder
+from draftsmith.runtime.targets.tiny import make_tiny_causal_lm
+
+DATA = Path("/work/shared/data")
+"""The shared evaluation prompt sets (``{"turns": [...]}`` per line)."""
+PET = 7
+"""The token the nudged target (and the drafters sharing its table and head) likes."""
+
+
+def first_turns(per_file: dict[str, int], max_chars: int = 240) -> list[str]:
+    """The first user turn of the first prompts of each shared data file, shortened."""
+    prompts = []
+    for name, count in per_file.items():
+        path = DATA / f"{name}.jsonl"
+        if not path.is_file():
+            pytest.skip(f"{path} is missing (the shared evaluation prompts)")
+        with path.open(encoding="utf-8") as handle:
+            for line, _ in zip(handle, range(count), strict=False):
+                prompts.append(json.loads(line)["turns"][0][:max_chars])
+    return prompts
+
+
+def nudged_model() -> torch.nn.Module:
+    """The tiny random Llama with embedding column 0 raised and head row ``PET`` reading it:
+    it sometimes settles into ``PET``, which drafters that share its table and head also
+    propose, so some requests accept whole blocks while others accept nothing."""
+    model = make_tiny_causal_lm(seed=0)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] += 2.0
+        model.lm_head.weight[PET, 0] = 0.85
+    return model
+
+
+def encode_all(tokenizer, prompts: list[str]) -> list[list[int]]:
+    """Chat-template ids of ``prompts``, exactly as :meth:`Decoder.encode` builds them."""
+    probe = Decoder.__new__(Decoder)
+    probe.tokenizer = tokenizer
+    return [Decoder.encode(probe, p) for p in prompts]

@@ -1,0 +1,166 @@
+"""``draftsmith generate`` and ``draftsmith eval`` end to end through ``draftsmith.cli.main``,
+on a tiny random model directory (``--target DIR``), and their one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from draftsmith.cli import main
+from draftsmith.contract import LoadRequest, TargetInfo
+from draftsmith.runtime.registry import load_registry
+from draftsmith.runtime.targets.tiny import save_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=4)
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _base(tiny_dir: Path) -> list[str]:
+    return ["--target", str(tiny_dir), "--device", "cpu", "--num-draft-tokens", "3"]
+
+
+def test_generate_streams_text_and_prints_the_summary(capsys, tiny_dir) -> None:
+    code, out, err = _run(capsys, "generate", "--prompt", "What is 2+3?", "--max-new-tokens",
+                          "10", *_base(tiny_dir))
+    assert code == 0, err
+    assert "--- summary: dspark-gqa, K = 3, greedy ---" in out
+    assert "tokens generated 10" in out
+    assert "accepted length per round (bonus included): mean" in out
+    assert "plain greedy" in out and "tokens/s: speculative" in out
+    assert "exact vs plain greedy: yes (1/1 prompts)" in out
+    assert "Traceback" not in err
+
+
+def test_generate_json_report(capsys, tiny_dir, tmp_path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"turns": ["first", "ignored second turn"]}\n\n'
+                       '{"prompt": "second"}\n"third"\n{"turns": ["fourth"]}\n')
+    code, out, err = _run(capsys, "generate", "--prompts", str(prompts), "--limit", "3",
+                          "--max-new-tokens", "6", "--json", "--drafter", "dflash",
+                          *_base(tiny_dir))
+    assert code == 0, err
+    report = json.loads(out)
+    assert [r["prompt"] for r in report["results"]] == ["first", "second", "third"]
+    assert report["family"] == "dflash" and report["exact"] is True
+    for r in report["results"]:
+        assert len(r["tokens"]) == 6 and sum(r["accepted_lengths"]) == 5
+    assert sum(report["accepted_length_histogram"].values()) == len(
+        [n for r in report["results"] for n in r["accepted_lengths"]])
+
+
+def test_generate_with_sampling_options(capsys, tiny_dir) -> None:
+    code, out, err = _run(capsys, "generate", "--prompt", "hi", "--max-new-tokens", "5",
+                          "--temperature", "0.8", "--top-k", "20", "--seed", "3", "--json",
+                          *_base(tiny_dir))
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["greedy"] is False and report["exact"] is None
+    assert len(report["results"][0]["tokens"]) == 5
+
+
+def test_eval_writes_json_and_plot(capsys, tiny_dir, tmp_path) -> None:
+    data = []
+    for name, texts in {"alpha": ["a b c", "d e f"], "beta": ["x y", "z", "w"]}.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"turns": [t]}) + "\n" for t in texts))
+        data.append(str(path))
+    out_dir = tmp_path / "out"
+    code, out, err = _run(capsys, "eval", "--data", *data, "--limit", "2", "--max-new-tokens",
+                          "5", "--out", str(out_dir), "--compare", *_base(tiny_dir))
+    assert code == 0, err
+    report = json.loads((out_dir / "eval.json").read_text())
+    names = [d["name"] for d in report["datasets"]]
+    assert names == ["alpha", "beta"]
+    for d in report["datasets"]:
+        assert d["prompts"] == 2 and d["tokens"] == 10 and d["exact"] is True
+        assert d["accept_len"] >= 1.0 and len(d["accept_rate_by_position"]) == 3
+    png = (out_dir / "acceptance.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "alpha" in out and "wrote" in out
+
+
+def _random_checkpoint(path: Path, vocab: int, hidden: int) -> Path:
+    family = load_registry().family("dspark-gqa")
+    drafter = family.load(LoadRequest(
+        options=family.options_model(), target=TargetInfo(vocab, hidden, 6),
+    ))
+    drafter.save(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--target", "/nonexistent/model"], "neither 'smollm2-135m' nor an existing directory"),
+        (["--checkpoint", "/nonexistent/ckpt"], "is not a directory"),
+        (["--top-k", "5"], "--top-k apply to sampling; add --temperature > 0"),
+        (["--drafter", "nope"], "unknown drafter family 'nope'"),
+    ],
+)
+def test_bad_flags_give_one_line_errors(capsys, tiny_dir, argv, message) -> None:
+    base = ["--target", str(tiny_dir), "--device", "cpu"]
+    code, out, err = _run(capsys, "generate", "--prompt", "hi", "--max-new-tokens", "2",
+                          *base, *argv)
+    assert code == 2
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("draftsmith: error:") and message in last
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("vocab", "hidden", "message"), [
+    (300, 64, "vocabulary of 300 tokens but the target has 512"),
+    (512, 32, "hidden size 32 but the target's hidden size is 64"),
+])
+def test_checkpoint_for_another_target(capsys, tiny_dir, tmp_path, vocab, hidden, message):
+    ckpt = _random_checkpoint(tmp_path / "ckpt", vocab, hidden)
+    code, _out, err = _run(capsys, "generate", "--prompt", "hi", "--checkpoint", str(ckpt),
+                           "--target", str(tiny_dir), "--device", "cpu")
+    assert code == 2 and "Traceback" not in err
+    assert message in err
+
+
+def test_bad_prompt_files(capsys, tiny_dir, tmp_path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    code, _out, err = _run(capsys, "generate", "--prompts", str(empty), *_base(tiny_dir))
+    assert code == 2 and "holds no prompts" in err
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"turns": ["fine"]}\n{"turns": ["broken"\n')
+    code, _out, err = _run(capsys, "generate", "--prompts", str(bad), *_base(tiny_dir))
+    assert code == 2 and f"{bad}:2: not valid JSON" in err
+
+    wrong = tmp_path / "wrong.jsonl"
+    wrong.write_text('{"turns": ["ok"]}\n{"turns": []}\n')
+    code, _out, err = _run(capsys, "eval", "--data", str(wrong), *_base(tiny_dir))
+    assert code == 2 and f"{wrong}:2: 'turns' must be a non-empty list of strings" in err
+
+    code, _out, err = _run(capsys, "generate", "--prompts", str(tmp_path / "none.jsonl"),
+                           *_base(tiny_dir))
+    assert code == 2 and "does not exist" in err
+
+
+def test_progress_callback_sees_growing_tokens_and_is_removed() -> None:
+    from draftsmith.runtime.api import load_decoder
+    from draftsmith.runtime.config import SpecConfig
+    from draftsmith.runtime.targets.tiny import make_byte_tokenizer, tiny_target
+
+    config = SpecConfig.from_dict({"num_draft_tokens": 2,
+                                   "target": {"model": "toy", "device": "cpu"}})
+    decoder = load_decoder(config, target=tiny_target(), tokenizer=make_byte_tokenizer())
+    seen: list[list[int]] = []
+    report = decoder.generate(["a", "bb"], 5, compare_plain=False,
+                              progress=lambda toks: seen.append([len(t) for t in toks]))
+    assert seen and seen[-1] == [len(r.tokens) for r in report.results] == [5, 5]
+    assert all(a <= b for prev, cur in zip(seen, seen[1:]) for a, b in zip(prev, cur))
+    assert "step" not in vars(decoder.spec)  # the observer is gone after the call

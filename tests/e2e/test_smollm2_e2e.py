@@ -1,0 +1,40 @@
+"""The real embedded target: SmolLM2-135M-Instruct with a random ``dspark-gqa`` drafter decodes
+exactly like transformers' greedy ``generate``. Skipped, with the reason, until ``make demo`` (or
+any first use) has converted the model into the cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _e2e_helpers import first_turns
+
+from draftsmith.runtime.api import load_decoder
+from draftsmith.runtime.config import SpecConfig
+from draftsmith.runtime.targets.smollm2 import smollm2_available, smollm2_dir
+
+pytestmark = pytest.mark.skipif(
+    not smollm2_available(),
+    reason=f"SmolLM2-135M-Instruct is not converted in {smollm2_dir()} yet (run `make demo`)",
+)
+
+MAX_NEW = 12
+
+
+def test_smollm2_greedy_speculation_equals_hf_generate() -> None:
+    config = SpecConfig.from_dict({
+        "drafter": {"family": "dspark-gqa"}, "num_draft_tokens": 3,
+        "target": {"model": "smollm2-135m", "device": "cpu"}, "runtime": {"max_batch": 2},
+    })
+    decoder = load_decoder(config)
+    assert decoder.stop_token_ids == (2,)  # <|im_end|>
+    prompts = first_turns({"gsm8k": 1, "humaneval": 1}, max_chars=200)
+    report = decoder.generate(prompts, MAX_NEW, compare_plain=True)
+    assert report.exact is True
+    model = decoder.target.model
+    for result in report.results:
+        ids = torch.tensor([list(result.prompt_ids)])
+        out = model.generate(ids, max_new_tokens=MAX_NEW, do_sample=False,
+                             eos_token_id=list(decoder.stop_token_ids), pad_token_id=2)
+        assert list(result.tokens) == out[0, ids.shape[1]:].tolist()
+        assert result.text == decoder.tokenizer.decode(list(result.tokens),
+                                                       skip_special_tokens=True)

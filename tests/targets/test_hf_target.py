@@ -1,0 +1,193 @@
+"""The Hugging Face target adapter against transformers itself (spec 1.3, 3.3; invariant 2)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftsmith.contract import ConfigError, PlanError, ShapeError, TargetModel
+from draftsmith.runtime.targets.hf import HFTarget, load_hf_target
+from draftsmith.runtime.targets.tiny import make_tiny_causal_lm, save_tiny_model
+
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def model(request: pytest.FixtureRequest) -> torch.nn.Module:
+    return make_tiny_causal_lm(architecture=request.param, seed=3)
+
+
+def _reference(model: torch.nn.Module, ids: torch.Tensor, layers: list[int]):
+    out = model(ids[None], output_hidden_states=True)
+    feats = [out.hidden_states[i + 1][0] for i in layers]
+    return out.logits[0].float(), torch.cat(feats, dim=-1) if feats else None
+
+
+def test_is_a_target_model(model: torch.nn.Module) -> None:
+    target = HFTarget(model)
+    assert isinstance(target, TargetModel)
+    assert (target.vocab_size, target.hidden_size, target.num_layers) == (512, 64, 6)
+    assert target.input_embedding() is model.get_input_embeddings().weight
+    head = target.output_head()
+    assert head.weight is model.get_output_embeddings().weight
+    assert (head.vocab_start, head.vocab_size) == (0, 512)
+
+
+def test_tied_head_is_the_embedding_table() -> None:
+    target = HFTarget(make_tiny_causal_lm(tie_word_embeddings=True))
+    assert target.output_head().weight.data_ptr() == target.input_embedding().data_ptr()
+
+
+def test_prefill_features_equal_hidden_states_l_plus_1(model: torch.nn.Module) -> None:
+    target = HFTarget(model)
+    layers = [0, 2, -1]
+    target.set_capture_layers(layers)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 512, (n,), generator=g) for n in (7, 3, 11)]
+    out = target.prefill([4, 0, 2], prompts)
+    assert out.logits.logits.dtype == torch.float32 and out.logits.is_full
+    assert out.features.shape == (21, 3 * 64) and out.features.dtype == model.dtype
+    row = 0
+    for prompt in prompts:
+        logits, _ = _reference(model, prompt, [])
+        hs = model(prompt[None], output_hidden_states=True).hidden_states
+        want = torch.cat([hs[1][0], hs[3][0], hs[0][0]], dim=-1)
+        n = prompt.numel()
+        torch.testing.assert_close(out.logits.logits[row:row + n], logits, atol=ATOL, rtol=0)
+        torch.testing.assert_close(out.features[row:row + n], want, atol=ATOL, rtol=0)
+        row += n
+
+
+def test_last_layer_and_out_of_range_ids_are_refused(model: torch.nn.Module) -> None:
+    target = HFTarget(model)
+    with pytest.raises(PlanError, match="last of 6 layers"):
+        target.set_capture_layers([0, 5])
+    with pytest.raises(PlanError, match="outside -1 .. 4"):
+        target.set_capture_layers([-2])
+    with pytest.raises(PlanError):
+        target.set_capture_layers([7])
+
+
+def test_ragged_verify_and_commit_match_a_fresh_forward(model: torch.nn.Module) -> None:
+    """Several steps with different commit lengths per request: every verify row's logits and
+    features equal a fresh full forward of the committed sequence plus the verified tokens."""
+    target = HFTarget(model, max_slots=8)
+    layers = [1, 2]
+    target.set_capture_layers(layers)
+    g = torch.Generator().manual_seed(1)
+    slots = [5, 1, 6, 3]
+    seqs = [torch.randint(0, 512, (n,), generator=g) for n in (4, 9, 6, 6)]
+    target.prefill(slots, seqs)
+    k1 = 4
+    commits = [[1, 4, 2, 3], [4, 1, 1, 2], [2, 3, 4, 1], [3, 3, 3, 3], [1, 2, 1, 4]]
+    for step, counts in enumerate(commits):
+        tokens = torch.randint(0, 512, (len(slots), k1), generator=g)
+        out = target.verify(slots, tokens)
+        assert out.logits.logits.shape == (len(slots) * k1, 512)
+        for b in range(len(slots)):
+            full = torch.cat([seqs[b], tokens[b]])
+            logits, feats = _reference(model, full, layers)
+            rows = slice(b * k1, (b + 1) * k1)
+            torch.testing.assert_close(
+                out.logits.logits[rows], logits[-k1:], atol=ATOL, rtol=0,
+                msg=lambda m, s=step, r=b: f"step {s} request {r}: {m}",
+            )
+            torch.testing.assert_close(out.features[rows], feats[-k1:], atol=ATOL, rtol=0)
+            seqs[b] = torch.cat([seqs[b], tokens[b, : counts[b]]])
+        target.commit(slots, [s.numel() for s in seqs])
+        assert [target.cached_length(s) for s in slots] == [s.numel() for s in seqs]
+
+
+def test_batched_verify_equals_one_slot_at_a_time(model: torch.nn.Module) -> None:
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 512, (n,), generator=g) for n in (3, 8, 5)]
+    tokens = torch.randint(0, 512, (3, 3), generator=g)
+    batched = HFTarget(model)
+    batched.prefill([0, 1, 2], prompts)
+    together = batched.verify([0, 1, 2], tokens).logits.logits
+    single = HFTarget(model)
+    for b, prompt in enumerate(prompts):
+        single.prefill([b], [prompt])
+        alone = single.verify([b], tokens[b:b + 1]).logits.logits
+        torch.testing.assert_close(together[b * 3:(b + 1) * 3], alone, atol=ATOL, rtol=0)
+
+
+def test_release_and_prefill_reset_a_slot(model: torch.nn.Module) -> None:
+    target = HFTarget(model)
+    a, b = torch.arange(1, 6), torch.arange(10, 13)
+    target.prefill([0], [a])
+    target.release([0])
+    assert target.cached_length(0) == 0
+    with pytest.raises(ShapeError, match="call prefill first"):
+        target.verify([0], torch.zeros(1, 2, dtype=torch.int64))
+    target.prefill([0], [a])
+    target.prefill([0], [b])  # a new prefill replaces the old sequence
+    assert target.cached_length(0) == 3
+    got = target.verify([0], torch.tensor([[7, 8]])).logits.logits
+    want, _ = _reference(model, torch.cat([b, torch.tensor([7, 8])]), [])
+    torch.testing.assert_close(got, want[-2:], atol=ATOL, rtol=0)
+
+
+def test_bad_calls_raise_shape_errors(model: torch.nn.Module) -> None:
+    target = HFTarget(model, max_slots=2)
+    with pytest.raises(ShapeError, match="empty"):
+        target.prefill([0], [torch.zeros(0, dtype=torch.int64)])
+    with pytest.raises(ShapeError, match="outside 0 .. 1"):
+        target.prefill([2], [torch.arange(3)])
+    with pytest.raises(ShapeError, match="repeat"):
+        target.prefill([0, 0], [torch.arange(3), torch.arange(3)])
+    with pytest.raises(ShapeError, match="int64"):
+        target.prefill([0], [torch.arange(3, dtype=torch.int32)])
+    target.prefill([0], [torch.arange(3)])
+    with pytest.raises(ShapeError, match="commit length 9"):
+        target.commit([0], [9])
+
+
+def test_sliding_window_configs_are_refused() -> None:
+    model = make_tiny_causal_lm(architecture="qwen3")
+    model.config.layer_types = ["full_attention", "sliding_attention"] * 2
+    with pytest.raises(ConfigError, match="sliding-window"):
+        HFTarget(model)
+
+
+def test_load_hf_target_round_trip(tmp_path) -> None:
+    directory = save_tiny_model(tmp_path / "tiny", seed=5)
+    target, tokenizer = load_hf_target(str(directory))
+    assert target.vocab_size == 512 and tokenizer.eos_token_id == 258
+    reference = make_tiny_causal_lm(seed=5)
+    ids = torch.arange(20, 30)
+    got = target.prefill([0], [ids]).logits.logits
+    torch.testing.assert_close(got, reference(ids[None]).logits[0], atol=ATOL, rtol=0)
+
+
+def test_load_hf_target_bad_directories(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_hf_target(str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="no config.json"):
+        load_hf_target(str(tmp_path))
+
+
+@pytest.mark.gpu
+def test_bf16_cuda_ragged_verify_matches_a_fresh_forward() -> None:
+    """Invariant 2 in bf16 on a GPU: captured features and logits within bf16 tolerance."""
+    model = make_tiny_causal_lm(seed=6, dtype=torch.bfloat16).cuda()
+    target = HFTarget(model)
+    target.set_capture_layers([0, 3])
+    g = torch.Generator().manual_seed(4)
+    seqs = [torch.randint(0, 512, (n,), generator=g) for n in (5, 13, 8)]
+    target.prefill([0, 1, 2], seqs)
+    for counts in ([1, 3, 2], [3, 1, 3]):
+        tokens = torch.randint(0, 512, (3, 3), generator=g)
+        out = target.verify([0, 1, 2], tokens.cuda())
+        assert out.features.dtype == torch.bfloat16 and out.logits.logits.dtype == torch.float32
+        for b in range(3):
+            full = torch.cat([seqs[b], tokens[b]]).cuda()
+            ref = model(full[None], output_hidden_states=True)
+            want = torch.cat([ref.hidden_states[1][0, -3:], ref.hidden_states[4][0, -3:]], -1)
+            rows = slice(3 * b, 3 * b + 3)
+            torch.testing.assert_close(out.features[rows].float(), want.float(), atol=1e-2,
+                                       rtol=1e-2)
+            torch.testing.assert_close(out.logits.logits[rows], ref.logits[0, -3:].float(),
+                                       atol=0.1, rtol=0.05)
+            seqs[b] = torch.cat([seqs[b], tokens[b, : counts[b]]])
+        target.commit([0, 1, 2], [s.numel() for s in seqs])
