@@ -17,7 +17,7 @@ from draftsmith.contract import ConfigError
 from draftsmith.runtime.api import Decoder, GenerateReport, load_decoder
 from draftsmith.runtime.config import SpecConfig, apply_overrides, read_config_file
 
-DEFAULT_DATA_DIR = Path("/work/shared/data")
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data"  # beside the checkout
 """Where ``draftsmith eval`` looks for ``*.jsonl`` prompt sets when ``--data`` is not given."""
 
 

@@ -1,7 +1,7 @@
 """``draftsmith eval``: accepted length, acceptance by draft position and throughput per prompt set.
 
 Prompt sets are JSON-lines files of ``{"turns": [...]}`` objects (the DeepSpec packaging, see
-``/work/shared/data``); only the first turn is used, through the chat template with
+``shared/data`` beside the checkout); only the first turn is used, through the chat template with
 ``enable_thinking=False`` (spec 2.8). Metrics follow DeepSpec's evaluator:
 
 * ``accept_len = sum(round lengths) / rounds`` (bonus included; the DSpark paper's tau, Table 1);
