@@ -14,6 +14,7 @@ module must not import drafters or selection.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -348,10 +349,24 @@ class HFTarget:
             input_ids=ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            cache=cache,
             use_cache=True,
+            **{self._cache_kwarg: cache},
         )
         return out.last_hidden_state
+
+    @property
+    def _cache_kwarg(self) -> str:
+        """transformers renamed the decoder's ``past_key_values`` argument to ``cache`` (5.2x);
+        an unknown keyword would be swallowed by ``**kwargs`` and silently run without a cache,
+        so the name is read from the signature."""
+        name = getattr(self, "_cache_kwarg_name", None)
+        if name is None:
+            params = inspect.signature(self._decoder.forward).parameters
+            name = "cache" if "cache" in params else "past_key_values"
+            if name not in params:
+                raise ConfigError(f"{type(self._decoder).__name__}.forward takes no KV cache")
+            self._cache_kwarg_name = name
+        return name
 
     def _output(self, hidden: torch.Tensor, rows: torch.Tensor | None) -> TargetOutput:
         h = hidden.reshape(-1, self.hidden_size)
