@@ -59,13 +59,15 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-resume", action="store_true", help="start over even if out/last exists")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
                         help="target dtype (the drafter keeps fp32 master weights)")
+    parser.add_argument("--export", type=Path, default=None,
+                        help="also write the best checkpoint here in bf16, in files of <= 15 MiB")
     parser.add_argument("--device", default="auto")
 
 
 def train_command(args: argparse.Namespace) -> int:
     """Train a drafter and print the final metrics as JSON."""
     from draftsmith.runtime.targets.smollm2 import load_target
-    from draftsmith.training.trainer import TrainConfig, train
+    from draftsmith.training.trainer import TrainConfig, export_checkpoint, train
 
     fields: dict[str, object] = {"family": args.family}
     if args.steps is not None:
@@ -88,6 +90,10 @@ def train_command(args: argparse.Namespace) -> int:
     target, _tokenizer = load_target(
         TargetConfig(model=args.target, dtype=args.dtype, device=args.device), log=_log)
     result = train(config, target.model, args.data, args.out, resume=not args.no_resume, log=_log)
+    if args.export is not None:
+        best = args.out / "best" if (args.out / "best").is_dir() else args.out / "last"
+        export_checkpoint(best, args.export)
+        _log(f"exported {best} to {args.export} (bf16)")
     print(json.dumps(result, indent=2))
     return 0
 

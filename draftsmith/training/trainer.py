@@ -125,6 +125,38 @@ def build_drafter(config: TrainConfig, target: TargetInfo, device: torch.device)
     return model
 
 
+def export_checkpoint(
+    source: Path, destination: Path, dtype: torch.dtype = torch.bfloat16,
+    max_file_bytes: int = 15 * 2**20,
+) -> Path:
+    """Rewrite a trained checkpoint in ``dtype``, split into ``model-XXXXX.safetensors`` files of
+    at most ``max_file_bytes`` (the confidence head stays fp32, as the family computes it)."""
+    import shutil
+
+    weights = load_file(str(source / "model.safetensors"))
+    destination.mkdir(parents=True, exist_ok=True)
+    for old in destination.glob("*.safetensors"):
+        old.unlink()
+    shard: dict[str, torch.Tensor] = {}
+    size, index = 0, 0
+    for name in sorted(weights):
+        tensor = weights[name]
+        if tensor.is_floating_point() and not name.startswith("confidence"):
+            tensor = tensor.to(dtype)
+        nbytes = tensor.numel() * tensor.element_size()
+        if shard and size + nbytes > max_file_bytes:
+            save_file(shard, str(destination / f"model-{index:05d}.safetensors"))
+            shard, size, index = {}, 0, index + 1
+        shard[name] = tensor.contiguous()
+        size += nbytes
+    save_file(shard, str(destination / f"model-{index:05d}.safetensors"))
+    shutil.copy(source / "config.json", destination / "config.json")
+    config = json.loads((destination / "config.json").read_text())
+    config["torch_dtype"] = str(dtype).removeprefix("torch.")
+    (destination / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return destination
+
+
 def train(
     config: TrainConfig,
     target_model: torch.nn.Module,
