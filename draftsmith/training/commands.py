@@ -59,6 +59,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-resume", action="store_true", help="start over even if out/last exists")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
                         help="target dtype (the drafter keeps fp32 master weights)")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                        help="stop (validated and saved) after this much wall time; resumable")
     parser.add_argument("--export", type=Path, default=None,
                         help="also write the best checkpoint here in bf16, in files of <= 15 MiB")
     parser.add_argument("--device", default="auto")
@@ -89,7 +91,8 @@ def train_command(args: argparse.Namespace) -> int:
         raise
     target, _tokenizer = load_target(
         TargetConfig(model=args.target, dtype=args.dtype, device=args.device), log=_log)
-    result = train(config, target.model, args.data, args.out, resume=not args.no_resume, log=_log)
+    result = train(config, target.model, args.data, args.out, resume=not args.no_resume, log=_log,
+                   time_limit_s=args.time_limit)
     if args.export is not None:
         best = args.out / "best" if (args.out / "best").is_dir() else args.out / "last"
         export_checkpoint(best, args.export)

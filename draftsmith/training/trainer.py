@@ -164,9 +164,14 @@ def train(
     out_dir: Path,
     resume: bool = True,
     log: Callable[[str], None] = print,
+    time_limit_s: float | None = None,
 ) -> dict[str, Any]:
     """Train (or resume) and return the final metrics. Checkpoints go to ``out_dir/last`` and the
-    best validation accepted length to ``out_dir/best``."""
+    best validation accepted length to ``out_dir/best``.
+
+    ``time_limit_s`` stops early (validating and saving first) once that much wall time has
+    passed; the run then resumes from ``out_dir/last`` with the same schedule.
+    """
     device = next(target_model.parameters()).device
     cfg = target_model.config
     info = TargetInfo(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
@@ -197,6 +202,7 @@ def train(
     start = time.perf_counter()
     while state["step"] < config.steps:
         step = state["step"]
+        out_of_time = time_limit_s is not None and time.perf_counter() - start > time_limit_s
         for group in opt.param_groups:
             group["lr"] = config.lr * _cosine(step, config)
         tokens, lengths, prompt_lens = batch_at(train_set, step, config.batch_size,
@@ -215,15 +221,19 @@ def train(
             log(f"step {state['step']}/{config.steps} loss {float(loss.total.detach()):.4f} "
                 f"ce {loss.ce:.3f} l1 {loss.l1:.3f} conf {loss.conf:.3f} "
                 f"train-accept {loss.accept_len:.2f} ({rate:.1f} step/s)")
-        if state["step"] % config.eval_every == 0 or state["step"] == config.steps:
+        final = state["step"] == config.steps or out_of_time
+        if state["step"] % config.eval_every == 0 or final:
             metric = evaluate(drafter, runner, val, config, device)
             state["history"].append({"step": state["step"], **metric})
             log(f"validation at step {state['step']}: accept_len {metric['accept_len']:.3f}")
             if metric["accept_len"] > state["best_accept_len"]:
                 state["best_accept_len"] = metric["accept_len"]
                 _save(out_dir / "best", drafter, opt, state, config)
-        if state["step"] % config.save_every == 0 or state["step"] == config.steps:
+        if state["step"] % config.save_every == 0 or final:
             _save(last, drafter, opt, state, config)
+        if out_of_time:
+            log(f"time limit reached at step {state['step']}; resume to continue")
+            break
     return {"step": state["step"], "best_accept_len": state["best_accept_len"],
             "history": state["history"]}
 
