@@ -6,12 +6,15 @@ graph, the floor (bytes the op must move / measured device copy bandwidth), and 
 
     python benchmarks/kernels.py                 # the full GPU table (one process, one GPU)
     python benchmarks/kernels.py --ops markov --sweep   # also sweep Markov tile configurations
+    python benchmarks/kernels.py --ops markov --sweep --ranks 256 --batches 4,128   # targets only
     python benchmarks/kernels.py --smoke         # tiny shapes on the CPU (TRITON_INTERPRET=1)
     python benchmarks/kernels.py --out benchmarks/results   # also write the raw output there
 
 Targets (H200, V = 163840, r = 256, bf16 w2, fp32 logits, K = 6): at B = 4 the fused chain in a
 graph within 1.3x of the floor; at B = 128 at least 3x faster than the eager chain in a graph and
-within 1.6x of the floor.
+within 1.6x of the floor. Spec-tail ops (strict_accept, decode_block_table, prepare_placement,
+forced_accept, store_context): fused at least 5x faster than the eager chain, both launched
+eagerly (column ``eag/fus``), in one launch (column ``launches``).
 """
 
 from __future__ import annotations
@@ -129,6 +132,7 @@ class Row:
     fused: float
     fused_graph: float | None
     floor: float
+    launches: int | None = None
 
     def line(self) -> str:
         def f(x):
@@ -136,17 +140,44 @@ class Row:
 
         best_eager = self.eager_graph if self.eager_graph is not None else self.eager
         best_fused = self.fused_graph if self.fused_graph is not None else self.fused
+        launches = "n/a" if self.launches is None else str(self.launches)
         return (
             f"{self.op:<18} {self.shape:<34} {f(self.eager)} {f(self.eager_graph)} "
             f"{f(self.fused)} {f(self.fused_graph)} {self.floor:8.1f} "
-            f"{best_eager / best_fused:7.2f}x {best_fused / max(self.floor, 1e-9):7.2f}x"
+            f"{best_eager / best_fused:7.2f}x {best_fused / max(self.floor, 1e-9):7.2f}x "
+            f"{self.eager / self.fused:7.2f}x {launches:>8}"
         )
 
 
 HEADER = (
     f"{'op':<18} {'shape':<34} {'eager':>8} {'eager_g':>8} {'fused':>8} {'fused_g':>8} "
-    f"{'floor':>8} {'speedup':>8} {'vs_floor':>8}   (microseconds)"
+    f"{'floor':>8} {'speedup':>8} {'vs_floor':>8} {'eag/fus':>8} {'launches':>8}"
+    "   (microseconds)"
 )
+LEGEND = (
+    "# speedup = eager_g / fused_g (graphs where capturable); vs_floor = fused_g / floor;\n"
+    "# eag/fus = eager / fused, both launched eagerly from Python (the spec-tail target: >= 5x);\n"
+    "# launches = device kernels (incl. memcpy/memset) of one fused call, from torch.profiler"
+)
+
+
+def count_launches(fn: Callable[[], object]) -> int | None:
+    """Device activities (kernels, memcpy, memset) of one call of ``fn``; ``None`` on the CPU
+    or when the profiler cannot count them."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA)
+    except Exception:  # noqa: BLE001 - a profiler without CUPTI: report n/a
+        return None
 
 
 def measure(timer: Timer, op: str, shape: str, eager, fused, nbytes: float, bw: float,
@@ -155,7 +186,7 @@ def measure(timer: Timer, op: str, shape: str, eager, fused, nbytes: float, bw: 
     host (boolean-mask indexing), which would only invalidate the capture."""
     eager_graph = timer.graph(eager) if eager_capturable else None
     row = Row(op, shape, timer.eager(eager), eager_graph, timer.eager(fused),
-              timer.graph(fused), nbytes / bw * 1e6)
+              timer.graph(fused), nbytes / bw * 1e6, count_launches(fused) if timer.cuda else None)
     emit(row.line())
     return row
 
@@ -163,11 +194,12 @@ def measure(timer: Timer, op: str, shape: str, eager, fused, nbytes: float, bw: 
 # ---------------------------------------------------------------------------------------- ops
 
 
-def bench_markov(timer: Timer, bw: float, dev: str, smoke: bool, sweep: bool) -> None:
+def bench_markov(timer: Timer, bw: float, dev: str, smoke: bool, sweep: bool,
+                 ranks: list[int] | None = None, batches: list[int] | None = None) -> None:
     vocab = 1024 if smoke else 163840
     k = 2 if smoke else 6
-    ranks = [16] if smoke else [64, 128, 256]
-    batches = [4] if smoke else [1, 4, 32, 128]
+    ranks = [16] if smoke else (ranks or [64, 128, 256])
+    batches = [4] if smoke else (batches or [1, 4, 32, 128])
     wdtype = torch.float32 if smoke else torch.bfloat16
     g = torch.Generator().manual_seed(0)
     for rank in ranks:
@@ -187,33 +219,48 @@ def bench_markov(timer: Timer, bw: float, dev: str, smoke: bool, sweep: bool) ->
                 sweep_markov(timer, base, anchor, w1, w2, nbytes, bw)
 
 
-SWEEP_CONFIGS = [
-    # (BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages); the default is chosen by
-    # draftsmith.kernels.markov_chain._markov_launch_sizes
-    (16, 64, 64, 4, 3), (16, 128, 32, 4, 3), (16, 128, 64, 4, 3), (16, 256, 64, 8, 3),
-    (32, 128, 32, 4, 3), (32, 128, 64, 4, 3), (32, 256, 32, 8, 3),
-    (64, 64, 32, 4, 3), (64, 128, 32, 8, 3), (64, 128, 64, 8, 3),
-    (128, 64, 32, 8, 3), (128, 128, 32, 8, 3),
-]
+SWEEP_RESULTS: list[tuple[str, float, float, tuple]] = []
 
 
 def sweep_markov(timer: Timer, base, anchor, w1, w2, nbytes: float, bw: float) -> None:
-    rows = base.shape[0]
-    default = mc._markov_launch_sizes
+    """Time every ``mc._SWEEP_CONFIGS`` entry that fits the batch (``BLOCK_G`` at most twice
+    the padded batch) in a graph; the summary table is printed at the end of the run."""
+    rows, k, vocab = base.shape
+    shape = f"B={rows} r={w1.shape[1]}"
+    floor = nbytes / bw * 1e6
+    default = mc._markov_launch_sizes(rows, vocab, w1.shape[1], w1.dtype)
     try:
-        for cfg in SWEEP_CONFIGS:
+        for cfg in mc._SWEEP_CONFIGS:
             if cfg[0] > max(16, 2 * triton_next_pow2(rows)):
                 continue
-            mc._markov_launch_sizes = lambda *a, c=cfg: c
+            mc._SIZE_OVERRIDE = cfg
             try:
                 us = timer.graph(lambda: mc.markov_chain(base, anchor, w1, w2))
             except Exception as exc:  # noqa: BLE001 - a config may not fit the device
                 emit(f"    sweep {cfg}: failed ({type(exc).__name__})")
                 continue
             if us is not None:
-                emit(f"    sweep {cfg}: fused_g {us:8.1f} us  vs_floor {us / (nbytes / bw * 1e6):5.2f}x")
+                mark = "  (default)" if cfg == default else ""
+                emit(f"    sweep {cfg}: fused_g {us:8.1f} us  vs_floor {us / floor:5.2f}x{mark}")
+                SWEEP_RESULTS.append((shape, us, floor, cfg))
     finally:
-        mc._markov_launch_sizes = default
+        mc._SIZE_OVERRIDE = None
+
+
+def print_sweep_summary() -> None:
+    """Best configuration per shape (BLOCK_G, BLOCK_S, BLOCK_R, warps, stages, EARLY_BASE)."""
+    if not SWEEP_RESULTS:
+        return
+    emit("")
+    emit("# Markov sweep: best fused_g per shape (us), vs_floor, config; then the 2nd best")
+    shapes = list(dict.fromkeys(s for s, *_ in SWEEP_RESULTS))
+    for shape in shapes:
+        runs = sorted((us, floor, cfg) for s, us, floor, cfg in SWEEP_RESULTS if s == shape)
+        best = runs[0]
+        line = f"{shape:<16} {best[0]:8.1f} {best[0] / best[1]:5.2f}x {best[2]}"
+        if len(runs) > 1:
+            line += f"   | {runs[1][0]:8.1f} {runs[1][2]}"
+        emit(line)
 
 
 def triton_next_pow2(x: int) -> int:
@@ -313,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", default=",".join(OPS), help=f"comma list of {sorted(OPS)}")
     parser.add_argument("--sweep", action="store_true", help="sweep Markov tile configurations")
     parser.add_argument("--iters", type=int, default=None)
+    parser.add_argument("--ranks", default=None, help="Markov ranks, comma list (64,128,256)")
+    parser.add_argument("--batches", default=None, help="Markov batches, comma list (1,4,32,128)")
     args = parser.parse_args(argv)
 
     dev = "cpu" if args.smoke or not torch.cuda.is_available() else "cuda"
@@ -325,15 +374,19 @@ def main(argv: list[str] | None = None) -> int:
     bw = timer.copy_bandwidth()
     emit(f"# draftsmith kernels benchmark on {machine} ({platform.node()}), {stamp}")
     emit(f"# torch {torch.__version__}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write)")
+    emit(LEGEND)
     emit(HEADER)
     for name in args.ops.split(","):
         if name not in OPS:
             parser.error(f"unknown op {name!r}; choose from {sorted(OPS)}")
         with torch.no_grad():
             if name == "markov":
-                bench_markov(timer, bw, dev, args.smoke, args.sweep)
+                bench_markov(timer, bw, dev, args.smoke, args.sweep,
+                             [int(x) for x in args.ranks.split(",")] if args.ranks else None,
+                             [int(x) for x in args.batches.split(",")] if args.batches else None)
             else:
                 OPS[name](timer, bw, dev, args.smoke)
+    print_sweep_summary()
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         slug = "".join(c if c.isalnum() else "-" for c in machine).strip("-").lower()

@@ -12,7 +12,9 @@ result. Starting processes costs seconds, so tests keep one pool per module.
 from __future__ import annotations
 
 import os
+import queue
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -59,15 +61,63 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+NCCL_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+"""Set in every NCCL rank before the process group starts: NVLink multicast (NVLS) stays off."""
+
+
+def init_rank(rank: int, world_size: int, backend: str) -> None:
+    """Start this process's rank of the default group, ready for CUDA-graph capture.
+
+    For ``nccl``: forces :data:`NCCL_ENV`, selects ``cuda:rank`` *before* the group starts (so the
+    communicator binds to that device), starts it eagerly (``device_id``) and warms it up with
+    one all-reduce, so a later ``torch.cuda.graph`` capture of collectives finds the communicator
+    built. ``MASTER_ADDR`` / ``MASTER_PORT`` must already be in the environment.
+    """
+    if backend == "nccl":
+        os.environ.update(NCCL_ENV)
+        if rank >= torch.cuda.device_count():
+            raise DraftsmithError(
+                f"NCCL rank {rank} needs GPU {rank}, but only {torch.cuda.device_count()} are "
+                "visible; use world_size <= the GPU count or backend='gloo'"
+            )
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=device)
+        warm = torch.ones(1, device=device)
+        dist.all_reduce(warm)
+        torch.cuda.synchronize(device)
+        if int(warm.item()) != world_size:
+            raise DraftsmithError(f"NCCL warm-up all-reduce gave {warm.item()}, not {world_size}")
+    else:
+        dist.init_process_group(backend, rank=rank, world_size=world_size)
+
+
+def rank_device() -> torch.device:
+    """The device of this rank's tensors: ``cuda:<rank>`` under NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _worker(rank: int, world_size: int, backend: str, port: int, tasks: Any, results: Any) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
     torch.set_num_threads(1)
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    try:
+        init_rank(rank, world_size, backend)
+    except BaseException:  # noqa: BLE001 - reported to the parent with its traceback
+        results.put((rank, False, "process group start failed:\n" + traceback.format_exc()))
+        return
     try:
         while True:
-            task = tasks.get()
+            try:
+                task = tasks.get()
+            except Exception:  # noqa: BLE001 - e.g. the task's module failed to import here
+                results.put((rank, False, "could not unpickle the task:\n" + traceback.format_exc()))
+                continue
             if task is None:
                 break
             fn, args, kwargs = task
@@ -83,19 +133,28 @@ class RankPool:
     """``world_size`` processes in one process group, reused across calls.
 
     Use as a context manager; ``run(fn, *args)`` calls ``fn(*args)`` on every rank (``fn`` must be
-    a module-level function) and returns the per-rank results in rank order.
+    a module-level function) and returns the per-rank results in rank order. ``backend="nccl"``
+    gives rank ``r`` the device ``cuda:r`` (see :func:`init_rank`; :func:`rank_device` inside a
+    task). When a rank raises, the others get ``error_grace_s`` to answer; ranks that stay silent
+    are taken to be blocked in a collective, the pool is stopped and every later ``run`` raises at
+    once instead of hanging.
     """
 
-    def __init__(self, world_size: int, backend: str = "gloo", timeout_s: float = 300.0) -> None:
+    def __init__(self, world_size: int, backend: str = "gloo", timeout_s: float = 300.0,
+                 error_grace_s: float = 60.0) -> None:
         if world_size < 1:
             raise DraftsmithError(f"world_size must be >= 1, got {world_size}")
+        if backend not in ("gloo", "nccl"):
+            raise DraftsmithError(f"RankPool backend must be 'gloo' or 'nccl', got {backend!r}")
         self.world_size = world_size
         self.backend = backend
         self.timeout_s = timeout_s
+        self.error_grace_s = error_grace_s
         self._ctx = mp.get_context("spawn")
         self._tasks = [self._ctx.Queue() for _ in range(world_size)]
         self._results = self._ctx.Queue()
         self._procs: list[Any] = []
+        self._broken: str | None = None
 
     def __enter__(self) -> RankPool:
         port = _free_port()
@@ -110,28 +169,52 @@ class RankPool:
         return self
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
-        """Run ``fn(*args, **kwargs)`` on every rank; raise if any rank raised."""
+        """Run ``fn(*args, **kwargs)`` on every rank; raise if any rank raised or hung."""
+        if self._broken is not None:
+            raise RuntimeError(f"RankPool({self.world_size}, {self.backend!r}) is stopped: "
+                               f"{self._broken}")
         for q in self._tasks:
             q.put((fn, args, kwargs))
         out: dict[int, Any] = {}
-        errors = []
-        for _ in range(self.world_size):
-            rank, ok, value = self._results.get(timeout=self.timeout_s)
+        errors: list[str] = []
+        deadline = time.monotonic() + self.timeout_s
+        answered: set[int] = set()
+        while len(answered) < self.world_size:
+            try:
+                rank, ok, value = self._results.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                silent = sorted(set(range(self.world_size)) - answered)
+                why = (f"ranks {silent} did not answer {getattr(fn, '__name__', fn)!r} within "
+                       f"{'the error grace period' if errors else f'{self.timeout_s:.0f} s'}")
+                self._stop(why)
+                raise RuntimeError("\n".join([why, *errors])) from None
+            answered.add(rank)
             if ok:
                 out[rank] = value
             else:
                 errors.append(f"rank {rank}:\n{value}")
+                deadline = min(deadline, time.monotonic() + self.error_grace_s)
         if errors:
             raise RuntimeError("\n".join(errors))
         return [out[r] for r in range(self.world_size)]
 
+    def _stop(self, why: str) -> None:
+        self._broken = why
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+        for p in self._procs:
+            p.join(timeout=10)
+
     def __exit__(self, *exc: object) -> None:
-        for q in self._tasks:
-            q.put(None)
+        if self._broken is None:
+            for q in self._tasks:
+                q.put(None)
         for p in self._procs:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+                p.join(timeout=10)
 
 
 def world_collectives() -> ProcessGroupCollectives:
@@ -141,4 +224,5 @@ def world_collectives() -> ProcessGroupCollectives:
     return ProcessGroupCollectives()
 
 
-__all__ = ["ProcessGroupCollectives", "RankPool", "world_collectives"]
+__all__ = ["NCCL_ENV", "ProcessGroupCollectives", "RankPool", "init_rank", "rank_device",
+           "world_collectives"]

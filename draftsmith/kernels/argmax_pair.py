@@ -4,18 +4,25 @@ Owns ``argmax_pair`` (spec 5.2 and the staging row of 5.3), its eager reference,
 ``@triton.jit`` order-T helpers that ``gumbel_pair`` reuses (lane update, lane reduction, the
 chunk-combine kernel and the staging-row writer). Imports ``draftsmith.contract`` only.
 
-Layout: one program per ``(row, chunk)`` scans its chunk tile by tile, keeping a running order-T
-best per lane; when a row has several chunks, a second tiny kernel merges the per-chunk pairs, so
-a handful of rows still spreads over the whole GPU.
+Layout: ONE launch over ``(row, chunk)``. Each program scans its chunk tile by tile (``UNROLL``
+tiles loaded before they are reduced), keeping a running order-T best per lane. When a row has
+several chunks, each program stores its partial pair and bumps the row's counter; the program
+that counts last merges the row's pairs in chunk order and resets the counter (the scratch lives
+in a per-device workspace). So a handful of rows still spreads over the whole GPU, without a
+second launch. Launch sizes come from :func:`pick_pair_launch` / :func:`pair_launch_sizes`.
 """
 
 from __future__ import annotations
+
+import functools
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
+from draftsmith.kernels._launch import FastLaunch
 
 EXCHANGE_COLUMNS = 128
 """Width of the zero-padded fp32 staging row of the SUM exchange (spec 5.3); ``2 * TP <= 128``."""
@@ -82,11 +89,24 @@ def lane_update(best_val, best_idx, x, cols, take_ok):
 
 
 @triton.jit
+def _pick_t(v1, i1, v2, i2):
+    """Order-T combine of two ``(value, index)`` candidates (associative and commutative):
+    a NaN beats a non-NaN, else the larger value, ties (NaN/NaN, ``-0.0 == +0.0``) to the
+    lower index; the winner keeps its own bits."""
+    n1 = v1 != v1
+    n2 = v2 != v2
+    tie = (v2 == v1) | (n1 & n2)
+    second = (n2 & ~n1) | (v2 > v1) | (tie & (i2 < i1))
+    return tl.where(second, v2, v1), tl.where(second, i2, i1)
+
+
+@triton.jit
 def lane_argmax_t(vals, idxs):
     """Order-T winner over lanes ``vals: [N] fp32`` with distinct ``idxs: [N] int32``.
 
     Returns ``(value, index)``; the value is the winning lane's own bits (``±0.0`` kept), or
-    the canonical NaN ``0x7FFF0000`` when a NaN wins.
+    the canonical NaN ``0x7FFF0000`` when a NaN wins. Four plain reductions (fast on the CPU
+    interpreter); :func:`lane_argmax_t_tree` is the same function in one pair reduction.
     """
     is_nan = vals != vals
     any_nan = tl.max(is_nan.to(tl.int32), 0) > 0
@@ -100,6 +120,25 @@ def lane_argmax_t(vals, idxs):
 
 
 @triton.jit
+def lane_argmax_t_tree(vals, idxs):
+    """:func:`lane_argmax_t` as one ``tl.reduce`` of ``(value, index)`` pairs with
+    :func:`_pick_t` (half the block barriers on a GPU; slow on the interpreter)."""
+    best_val, best_idx = tl.reduce((vals, idxs), 0, _pick_t)
+    nan = tl.full([], 2147418112, tl.int32).to(tl.float32, bitcast=True)  # 0x7FFF0000
+    return tl.where(best_val != best_val, nan, best_val), best_idx
+
+
+@triton.jit
+def lane_argmax(vals, idxs, TREE: tl.constexpr):
+    """:func:`lane_argmax_t_tree` when ``TREE`` else :func:`lane_argmax_t` (identical bits)."""
+    if TREE:
+        val, idx = lane_argmax_t_tree(vals, idxs)
+    else:
+        val, idx = lane_argmax_t(vals, idxs)
+    return val, idx
+
+
+@triton.jit
 def write_pair_row(row_ptr, C, slot, idx, val, BLOCK_OUT: tl.constexpr):
     """Write a whole staging row: ``idx`` (fp32) at ``2*slot``, ``val`` at ``2*slot+1``, +0.0
     elsewhere."""
@@ -110,91 +149,280 @@ def write_pair_row(row_ptr, C, slot, idx, val, BLOCK_OUT: tl.constexpr):
 
 
 @triton.jit
-def pair_combine_kernel(
-    part_val_ptr, part_idx_ptr, out_ptr, out_row_stride, C, n_chunks, vocab_start, slot,
-    BLOCK_C: tl.constexpr, BLOCK_OUT: tl.constexpr,
-):
-    """Second pass: merge the ``n_chunks`` partial pairs of one row (program = row)."""
-    row = tl.program_id(0)
-    c = tl.arange(0, BLOCK_C)
-    mask = c < n_chunks
-    vals = tl.load(part_val_ptr + row * n_chunks + c, mask=mask, other=float("-inf"))
-    idxs = tl.load(part_idx_ptr + row * n_chunks + c, mask=mask, other=2147483647)
-    val, idx = lane_argmax_t(vals, idxs)
-    write_pair_row(out_ptr + row * out_row_stride, C, slot, idx + vocab_start, val, BLOCK_OUT)
+def finish_pair(val, idx, row, chunk, n_chunks, out_ptr, out_row_stride, C, vocab_start, slot,
+                part_val_ptr, part_idx_ptr, count_ptr,
+                BLOCK_C: tl.constexpr, BLOCK_OUT: tl.constexpr, TREE: tl.constexpr):
+    """Publish the chunk pair ``(val, idx)`` (``idx`` a shard column) of program ``(row, chunk)``.
+
+    One chunk: write the staging row. Several: store the partial pair, count the chunk on the
+    row's counter (acq_rel atomic); the program that counts last merges the ``n_chunks`` pairs in
+    order T, writes the staging row and resets the counter to 0 for the next launch or replay.
+    """
+    out_row = out_ptr + row.to(tl.int64) * out_row_stride
+    if n_chunks == 1:
+        write_pair_row(out_row, C, slot, idx + vocab_start, val, BLOCK_OUT)
+    else:
+        part = row.to(tl.int64) * n_chunks
+        tl.store(part_val_ptr + part + chunk, val)
+        tl.store(part_idx_ptr + part + chunk, idx)
+        tl.debug_barrier()  # every thread's partial store precedes the release below
+        done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
+        if done == n_chunks - 1:
+            c = tl.arange(0, BLOCK_C)
+            m = c < n_chunks
+            # .cg: read at L2, never a stale L1 line of another row's merge on this SM
+            vals = tl.load(part_val_ptr + part + c, mask=m, other=float("-inf"),
+                           cache_modifier=".cg")
+            idxs = tl.load(part_idx_ptr + part + c, mask=m, other=2147483647,
+                           cache_modifier=".cg")
+            best_val, best_idx = lane_argmax(vals, idxs, TREE)
+            write_pair_row(out_row, C, slot, best_idx + vocab_start, best_val, BLOCK_OUT)
+            tl.store(count_ptr + row, 0)
 
 
 @triton.jit
+def _lane_step(best_val, best_idx, x, cols):
+    """:func:`lane_update` for lanes seeded with ``(-inf, first column)``: ``take`` is
+    ``x > best`` or ``x`` NaN, unless ``best`` is already NaN (``~(x <= b)`` is one compare)."""
+    take = ~(x <= best_val) & (best_val == best_val)
+    return tl.where(take, x, best_val), tl.where(take, cols, best_idx)
+
+
+@triton.jit(do_not_specialize=["tiles", "n_chunks"])
 def _argmax_pair_kernel(
-    x_ptr, x_row_stride, S,
-    part_val_ptr, part_idx_ptr, out_ptr, out_row_stride, C, vocab_start, slot, n_chunks,
-    TILES: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr, BLOCK_OUT: tl.constexpr,
+    x_ptr, x_row_stride, S, out_ptr, out_row_stride, C, vocab_start, slot,
+    part_val_ptr, part_idx_ptr, count_ptr, tiles, n_chunks,
+    BLOCK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_OUT: tl.constexpr, TREE: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     lanes = tl.arange(0, BLOCK)
+    first = chunk * tiles * BLOCK
+    # each lane starts as "-inf seen at its first column": the same order-T result as the
+    # empty sentinel of lane_update (a lane that only sees -inf keeps its first column; columns
+    # >= S load -inf and are never taken, and lose every tie on index)
     best_val = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_idx = tl.full([BLOCK], 2147483647, tl.int32)
+    best_idx = first + lanes
     base = x_ptr + row.to(tl.int64) * x_row_stride
-    for t in range(TILES):
-        cols = (chunk * TILES + t) * BLOCK + lanes
-        valid = cols < S
-        x = tl.load(base + cols, mask=valid, other=float("-inf")).to(tl.float32)
-        best_val, best_idx = lane_update(best_val, best_idx, x, cols, valid)
-    val, idx = lane_argmax_t(best_val, best_idx)
-    if SINGLE:
-        write_pair_row(out_ptr + row * out_row_stride, C, slot, idx + vocab_start, val, BLOCK_OUT)
-    else:
-        tl.store(part_val_ptr + row * n_chunks + chunk, val)
-        tl.store(part_idx_ptr + row * n_chunks + chunk, idx)
+    for t in range(0, tiles, UNROLL):  # UNROLL divides tiles; all loads issue before updates
+        c0 = first + t * BLOCK + lanes
+        x0 = tl.load(base + c0, mask=c0 < S, other=float("-inf"))
+        if UNROLL >= 2:
+            c1 = c0 + BLOCK
+            x1 = tl.load(base + c1, mask=c1 < S, other=float("-inf"))
+        if UNROLL >= 4:
+            c2 = c1 + BLOCK
+            c3 = c2 + BLOCK
+            x2 = tl.load(base + c2, mask=c2 < S, other=float("-inf"))
+            x3 = tl.load(base + c3, mask=c3 < S, other=float("-inf"))
+        best_val, best_idx = _lane_step(best_val, best_idx, x0.to(tl.float32), c0)
+        if UNROLL >= 2:
+            best_val, best_idx = _lane_step(best_val, best_idx, x1.to(tl.float32), c1)
+        if UNROLL >= 4:
+            best_val, best_idx = _lane_step(best_val, best_idx, x2.to(tl.float32), c2)
+            best_val, best_idx = _lane_step(best_val, best_idx, x3.to(tl.float32), c3)
+    val, idx = lane_argmax(best_val, best_idx, TREE)
+    finish_pair(val, idx, row, chunk, n_chunks, out_ptr, out_row_stride, C, vocab_start, slot,
+                part_val_ptr, part_idx_ptr, count_ptr, BLOCK_C, BLOCK_OUT, TREE)
 
 
 # ---- launch -------------------------------------------------------------------------------
 
 
-def pair_launch_sizes(rows: int, shard_width: int, device: torch.device) -> tuple[int, int, int]:
-    """``(BLOCK, TILES, n_chunks)`` for a per-(row, chunk) pair reduction.
+class PairTuning(NamedTuple):
+    """Knobs of :func:`pair_launch_sizes` for one regime (the ``--sweep`` of
+    ``benchmarks/selection.py`` measures them)."""
 
-    Aims at about four programs per streaming multiprocessor (four on the CPU interpreter), so a
-    few long rows are split into chunks while many rows get one chunk each. A chunk covers
-    ``TILES * BLOCK`` columns.
-    """
-    if device.type == "cuda":
-        target = 4 * torch.cuda.get_device_properties(device).multi_processor_count
-        max_block = 2048
+    programs_per_sm: int
+    """Programs in flight per SM that a row split aims at (one wave: ``rows * n_chunks`` at
+    most ``SMs * programs_per_sm``)."""
+    block_bytes: int
+    """Bytes of one tile of one program (``BLOCK = block_bytes / itemsize`` elements)."""
+    unroll: int
+    """Tiles loaded before they are reduced (1, 2 or 4)."""
+    num_warps: int
+    num_stages: int
+    tree_reduce: bool = True
+    """Lane reductions as one pair ``tl.reduce`` (:func:`lane_argmax_t_tree`)."""
+
+
+class PairLaunch(NamedTuple):
+    """One launch of a pair kernel over the grid ``(rows, n_chunks)``."""
+
+    block: int
+    tiles: int
+    """Tiles per chunk (a multiple of ``unroll``); a chunk covers ``tiles * block`` columns."""
+    n_chunks: int
+    unroll: int
+    block_c: int
+    num_warps: int
+    num_stages: int
+    tree_reduce: bool
+
+
+ARGMAX_TUNING = {
+    "latency": PairTuning(programs_per_sm=8, block_bytes=2048, unroll=2, num_warps=4,
+                          num_stages=1),
+    "bandwidth": PairTuning(programs_per_sm=6, block_bytes=4096, unroll=2, num_warps=4,
+                            num_stages=1),
+}
+"""Per-regime defaults of ``argmax_pair`` on a GPU (``latency``: shards of fewer than
+:data:`LATENCY_BYTES` bytes). Chosen offline from sm_90 register counts (bf16, 4 KiB tiles,
+unroll 2: 72 registers -> at most 7 programs of 4 warps per SM, so 6 per SM keeps one wave);
+``benchmarks/selection.py --sweep`` measures them and prints the best to paste here."""
+
+LATENCY_BYTES = 16 << 20
+"""Shards smaller than this are latency-bound (a few microseconds of DRAM traffic)."""
+
+_INTERPRETER_TUNING = PairTuning(programs_per_sm=4, block_bytes=4096, unroll=2, num_warps=4,
+                                 num_stages=1, tree_reduce=False)
+_tuning_override: dict[str, PairTuning] = {}
+
+
+def set_pair_tuning(tuning: PairTuning | None, op: str = "argmax") -> None:
+    """Benchmark/test hook: use ``tuning`` for every regime of ``op`` (``"argmax"`` or
+    ``"gumbel"``) on every device; ``None`` restores the defaults (the measured best)."""
+    if tuning is None:
+        _tuning_override.pop(op, None)
     else:
-        target, max_block = 4, 4096
-    block = max(16, min(max_block, triton.next_power_of_2(shard_width)))
+        _tuning_override[op] = tuning
+
+
+@functools.lru_cache(maxsize=1024)
+def pair_launch_sizes(rows: int, shard_width: int, itemsize: int, sm_count: int,
+                      tuning: PairTuning) -> PairLaunch:
+    """The launch of a ``(rows, n_chunks)`` pair reduction (cached; pure in its arguments).
+
+    ``BLOCK = tuning.block_bytes / itemsize`` (16-byte vector loads need ``BLOCK`` to cover
+    ``num_warps * 32 * 16 / itemsize``), at most the padded shard width. Long rows are split so
+    that ``rows * n_chunks`` fills ``sm_count * programs_per_sm`` slots without a second wave;
+    many rows get one chunk each (no partials, no counter).
+    """
+    block = max(16, tuning.block_bytes // itemsize)
+    block = min(block, max(16, triton.next_power_of_2(shard_width)))
     total_tiles = triton.cdiv(shard_width, block)
-    chunks_per_row = max(1, min(total_tiles, triton.cdiv(target, max(rows, 1))))
-    tiles = triton.cdiv(total_tiles, chunks_per_row)
-    return block, tiles, triton.cdiv(total_tiles, tiles)
+    unroll = max(1, min(tuning.unroll, triton.next_power_of_2(total_tiles)))
+    slots = max(1, sm_count * tuning.programs_per_sm)
+    chunks = max(1, min(slots // max(rows, 1), triton.cdiv(total_tiles, unroll)))
+    tiles = triton.cdiv(total_tiles, chunks)
+    tiles = triton.cdiv(tiles, unroll) * unroll
+    n_chunks = triton.cdiv(total_tiles, tiles)
+    block_c = max(128, triton.next_power_of_2(n_chunks))  # one compiled variant for most
+    return PairLaunch(block, tiles, n_chunks, unroll, block_c, tuning.num_warps,
+                      tuning.num_stages, tuning.tree_reduce)
 
 
-def run_pair_reduction(kernel, out: torch.Tensor, rows: int, shard_width: int, vocab_start: int,
-                       slot: int, args: tuple, constexprs: dict) -> torch.Tensor:
-    """Launch ``kernel`` over ``(rows, n_chunks)`` and, when a row has several chunks, the
-    combine pass. ``args`` precede the common partial/output arguments in the kernel signature.
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    count = _SM_COUNT.get(index)
+    if count is None:
+        count = _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return count
+
+
+def pick_pair_launch(op: str, defaults: dict[str, PairTuning], rows: int, shard_width: int,
+                     itemsize: int, device: torch.device) -> PairLaunch:
+    """Regime -> :class:`PairTuning` -> :func:`pair_launch_sizes` for ``op`` on ``device``."""
+    tuning = _tuning_override.get(op)
+    if tuning is None and device.type != "cuda":
+        tuning = _INTERPRETER_TUNING
+    elif tuning is None:
+        small = rows * shard_width * itemsize < LATENCY_BYTES
+        tuning = defaults["latency" if small else "bandwidth"]
+    return pair_launch_sizes(rows, shard_width, itemsize, _sm_count(device), tuning)
+
+
+class _Workspace:
+    """Per-device scratch of the one-launch merge: ``counts: [rows_cap] int32`` (all zero
+    between launches: the merging program resets its row) and the partial pairs
+    ``part_val: [parts_cap] float32``, ``part_idx: [parts_cap] int32``.
+
+    Buffers are only ever replaced by larger ones, and the old ones are kept alive, because a
+    captured CUDA graph holds their addresses. Launches of pair kernels on two streams of one
+    device must not overlap (they would share the counters).
     """
-    block, tiles, n_chunks = pair_launch_sizes(rows, shard_width, out.device)
-    C = out.shape[1]
-    block_out = triton.next_power_of_2(C)
-    single = n_chunks == 1
-    if single:
-        part_val = part_idx = out  # unused by the kernel
+
+    def __init__(self) -> None:
+        self.counts: torch.Tensor | None = None
+        self.part_val: torch.Tensor | None = None
+        self.part_idx: torch.Tensor | None = None
+        self.retired: list[torch.Tensor] = []
+
+
+_WORKSPACES: dict[torch.device, _Workspace] = {}
+_MIN_ROWS_CAP = 1024
+_MIN_PARTS_CAP = 1 << 14
+
+
+def _workspace(device: torch.device, rows: int, parts: int) -> _Workspace | None:
+    """The device's workspace with room for ``rows`` counters and ``parts`` partial pairs, or
+    ``None`` when it would have to grow inside CUDA-graph capture (no zero fill runs then)."""
+    ws = _WORKSPACES.get(device)
+    if ws is not None and ws.counts.numel() >= rows and ws.part_val.numel() >= parts:
+        return ws
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    if ws is None:
+        ws = _WORKSPACES[device] = _Workspace()
     else:
-        part_val = torch.empty(rows, n_chunks, dtype=torch.float32, device=out.device)
-        part_idx = torch.empty(rows, n_chunks, dtype=torch.int32, device=out.device)
-    kernel[(rows, n_chunks)](
-        *args, part_val, part_idx, out, out.stride(0), C, vocab_start, slot, n_chunks,
-        TILES=tiles, BLOCK=block, SINGLE=single, BLOCK_OUT=block_out, **constexprs,
+        ws.retired += [ws.counts, ws.part_val, ws.part_idx]
+    rows_cap = max(_MIN_ROWS_CAP, triton.next_power_of_2(rows),
+                   2 * (ws.counts.numel() if ws.counts is not None else 0))
+    parts_cap = max(_MIN_PARTS_CAP, triton.next_power_of_2(parts),
+                    2 * (ws.part_val.numel() if ws.part_val is not None else 0))
+    ws.counts = torch.zeros(rows_cap, dtype=torch.int32, device=device)
+    ws.part_val = torch.empty(parts_cap, dtype=torch.float32, device=device)
+    ws.part_idx = torch.empty(parts_cap, dtype=torch.int32, device=device)
+    return ws
+
+
+def run_pair_reduction(launcher: FastLaunch, launch: PairLaunch, out: torch.Tensor, rows: int,
+                       shard_width: int, vocab_start: int, slot: int, args: tuple,
+                       constexprs: tuple) -> torch.Tensor:
+    """Launch a pair kernel once over ``(rows, n_chunks)`` through ``launcher``.
+
+    The kernel's signature is ``*args, out_ptr, out_row_stride, C, vocab_start, slot, part_val,
+    part_idx, counts, tiles, n_chunks, BLOCK, BLOCK_C, BLOCK_OUT, TREE, *constexprs`` (all passed
+    positionally: :class:`~draftsmith.kernels._launch.FastLaunch` skips Triton's binder after
+    the first launch of a specialization)."""
+    C = out.shape[1]
+    if launch.n_chunks > 1:
+        ws = _workspace(out.device, rows, rows * launch.n_chunks)
+        if ws is None:  # capture with a too-small workspace: one program per row instead
+            tiles = triton.cdiv(triton.cdiv(shard_width, launch.block), launch.unroll)
+            launch = launch._replace(tiles=tiles * launch.unroll, n_chunks=1)
+            ws = _WORKSPACES.get(out.device)
+    else:
+        ws = _WORKSPACES.get(out.device)
+    # a one-chunk launch never touches the scratch; passing the workspace's own (typed,
+    # aligned) tensors keeps it the same compiled kernel, so it can launch inside a capture
+    if ws is not None:
+        part_val, part_idx, counts = ws.part_val, ws.part_idx, ws.counts
+    else:
+        part_val, part_idx = out, out.view(torch.int32)
+        counts = part_idx
+    launcher(
+        (rows, launch.n_chunks),
+        (*args, out, out.stride(0), C, vocab_start, slot, part_val, part_idx, counts,
+         launch.tiles, launch.n_chunks, launch.block, launch.block_c, _block_out(C),
+         launch.tree_reduce, *constexprs),
+        num_warps=launch.num_warps, num_stages=launch.num_stages,
     )
-    if not single:
-        pair_combine_kernel[(rows,)](
-            part_val, part_idx, out, out.stride(0), C, n_chunks, vocab_start, slot,
-            BLOCK_C=max(2, triton.next_power_of_2(n_chunks)), BLOCK_OUT=block_out,
-        )
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _block_out(columns: int) -> int:
+    return triton.next_power_of_2(columns)
+
+
+_ARGMAX_LAUNCH = FastLaunch(_argmax_pair_kernel)
 
 
 def argmax_pair(
@@ -205,15 +433,42 @@ def argmax_pair(
     rows, shard_width = logits.shape
     if rows == 0:
         return out
+    launch = pick_pair_launch("argmax", ARGMAX_TUNING, rows, shard_width,
+                              logits.element_size(), logits.device)
     return run_pair_reduction(
-        _argmax_pair_kernel, out, rows, shard_width, vocab_start, slot,
-        (logits, logits.stride(0), shard_width), {},
+        _ARGMAX_LAUNCH, launch, out, rows, shard_width, vocab_start, slot,
+        (logits, logits.stride(0), shard_width), (launch.unroll,),
     )
+
+
+_VALIDATED: set[tuple] = set()
+"""Argument layouts already accepted by :func:`_check_args` (the launch hot path skips them)."""
 
 
 def _check_args(op: str, logits: torch.Tensor, vocab_start: int, out: torch.Tensor | None,
                 slot: int) -> torch.Tensor:
-    """Validate the common pair arguments; return ``out`` (allocated when ``None``)."""
+    """Validate the common pair arguments; return ``out`` (allocated when ``None``).
+
+    A layout seen before (dtypes, shapes, strides, devices, ``vocab_start``, ``slot``) is
+    accepted from a set lookup, so a decode loop pays the full checks once.
+    """
+    key = None
+    if type(logits) is torch.Tensor and type(out) is torch.Tensor:
+        key = (op, logits.dtype, logits.shape, logits.stride(), logits.device, out.dtype,
+               out.shape, out.stride(), out.device, type(vocab_start), vocab_start, type(slot),
+               slot)
+        if key in _VALIDATED:
+            return out
+    out = _check_args_full(op, logits, vocab_start, out, slot)
+    if key is not None:
+        if len(_VALIDATED) > 4096:
+            _VALIDATED.clear()
+        _VALIDATED.add(key)
+    return out
+
+
+def _check_args_full(op: str, logits: torch.Tensor, vocab_start: int, out: torch.Tensor | None,
+                     slot: int) -> torch.Tensor:
     sizes: dict[str, int] = {}
     check_tensor(f"{op}: logits", logits, ("rows", "S"), _LOGIT_DTYPES, sizes)
     if logits.shape[1] > 1 and logits.stride(1) != 1:
@@ -250,10 +505,18 @@ __all__ = [
     "argmax_pair",
     "argmax_pair_reference",
     "canonical_nan",
+    "lane_argmax",
     "lane_argmax_t",
+    "lane_argmax_t_tree",
     "lane_update",
-    "pair_combine_kernel",
+    "ARGMAX_TUNING",
+    "LATENCY_BYTES",
+    "PairLaunch",
+    "PairTuning",
+    "finish_pair",
     "pair_launch_sizes",
+    "pick_pair_launch",
+    "set_pair_tuning",
     "run_pair_reduction",
     "write_pair_row",
 ]

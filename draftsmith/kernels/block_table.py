@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
+from draftsmith.kernels._launch import FastLaunch
 
 
 def decode_block_table_reference(
@@ -55,24 +56,32 @@ def _decode_launch_sizes(max_blocks: int) -> int:
     return max(16, min(triton.next_power_of_2(max(max_blocks, 1)), 1024))
 
 
+_LAUNCH = FastLaunch(_decode_block_table_kernel)
+_BLOCKS: dict[int, int] = {}
+
+
 def decode_block_table(offsets: torch.Tensor, divisor: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kernel form of :func:`decode_block_table_reference`; identical output.
+    """Kernel form of :func:`decode_block_table_reference`; identical output, one launch.
 
     ``offsets: [B, max_blocks] int32/int64`` (strided views allowed), ``divisor >= 1``.
     Returns ``(table [B, max_blocks] int64, counts [B] int64)``.
     """
-    check_tensor("offsets", offsets, ("B", "max_blocks"), (torch.int32, torch.int64))
-    if not isinstance(divisor, int) or isinstance(divisor, bool) or divisor < 1:
+    if not (type(offsets) is torch.Tensor and offsets.dim() == 2
+            and offsets.dtype in (torch.int32, torch.int64)):
+        check_tensor("offsets", offsets, ("B", "max_blocks"), (torch.int32, torch.int64))
+    if type(divisor) is not int or divisor < 1:
         raise ShapeError(f"divisor must be an int >= 1 (kv_factor or layers * kv_factor), "
                          f"got {divisor!r}")
     b, m = offsets.shape
-    table = torch.empty((b, m), dtype=torch.int64, device=offsets.device)
-    counts = torch.empty((b,), dtype=torch.int64, device=offsets.device)
+    dev = offsets.device
+    table = torch.empty((b, m), dtype=torch.int64, device=dev)
+    counts = torch.empty((b,), dtype=torch.int64, device=dev)
     if b:
-        _decode_block_table_kernel[(b,)](
-            offsets, table, counts, m, offsets.stride(0), offsets.stride(1), divisor,
-            BLOCK=_decode_launch_sizes(m),
-        )
+        block = _BLOCKS.get(m)
+        if block is None:
+            block = _BLOCKS[m] = _decode_launch_sizes(m)
+        stride_b, stride_m = offsets.stride()
+        _LAUNCH((b,), (offsets, table, counts, m, stride_b, stride_m, divisor, block))
     return table, counts
 
 

@@ -17,13 +17,16 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
+from draftsmith.kernels._launch import FastLaunch
 from draftsmith.kernels.argmax_pair import (
+    PairTuning,
     _check_args,
     argmax_pair_reference,
-    lane_argmax_t,
+    finish_pair,
+    lane_argmax,
     lane_update,
+    pick_pair_launch,
     run_pair_reduction,
-    write_pair_row,
 )
 from draftsmith.kernels.philox import (
     centred_uniform,
@@ -95,11 +98,20 @@ def gumbel_pair_reference(
     return argmax_pair_reference(scores, vocab_start, out, slot)
 
 
-@triton.jit
+GUMBEL_TUNING = {
+    regime: PairTuning(programs_per_sm=4, block_bytes=8192, unroll=1, num_warps=4, num_stages=1,
+                       tree_reduce=False)  # the tree costs this Philox-heavy kernel registers
+    for regime in ("latency", "bandwidth")
+}
+"""Launch defaults of ``gumbel_pair`` (Philox-bound: ``block_bytes`` of fp32 = 2048 lanes)."""
+
+
+@triton.jit(do_not_specialize=["tiles", "n_chunks"])
 def _gumbel_pair_kernel(
     x_ptr, x_row_stride, S, temp_ptr, seeds_ptr, offsets_ptr,
-    part_val_ptr, part_idx_ptr, out_ptr, out_row_stride, C, vocab_start, slot, n_chunks,
-    TILES: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr, BLOCK_OUT: tl.constexpr,
+    out_ptr, out_row_stride, C, vocab_start, slot, part_val_ptr, part_idx_ptr, count_ptr,
+    tiles, n_chunks,
+    BLOCK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_OUT: tl.constexpr, TREE: tl.constexpr,
     STREAM: tl.constexpr, SKIP: tl.constexpr,
     G_LO: tl.constexpr, G_HI: tl.constexpr, SPAN: tl.constexpr,
     SLACK: tl.constexpr, REL: tl.constexpr,
@@ -116,8 +128,8 @@ def _gumbel_pair_kernel(
     best_idx = tl.full([BLOCK], 2147483647, tl.int32)
     running_max = tl.max(best_val, 0)
     base = x_ptr + row.to(tl.int64) * x_row_stride
-    for t in range(TILES):
-        cols = (chunk * TILES + t) * BLOCK + lanes
+    for t in range(tiles):
+        cols = (chunk * tiles + t) * BLOCK + lanes
         valid = cols < S
         x = tl.load(base + cols, mask=valid, other=float("-inf")).to(tl.float32)
         z = tl.where(greedy, x, tl.math.div_rn(x, safe_temp))
@@ -139,12 +151,12 @@ def _gumbel_pair_kernel(
                 g = tl.minimum(tl.maximum(g, G_LO), G_HI)
                 scores = z + g
         best_val, best_idx = lane_update(best_val, best_idx, scores, cols, keep)
-    val, idx = lane_argmax_t(best_val, best_idx)
-    if SINGLE:
-        write_pair_row(out_ptr + row * out_row_stride, C, slot, idx + vocab_start, val, BLOCK_OUT)
-    else:
-        tl.store(part_val_ptr + row * n_chunks + chunk, val)
-        tl.store(part_idx_ptr + row * n_chunks + chunk, idx)
+    val, idx = lane_argmax(best_val, best_idx, TREE)
+    finish_pair(val, idx, row, chunk, n_chunks, out_ptr, out_row_stride, C, vocab_start, slot,
+                part_val_ptr, part_idx_ptr, count_ptr, BLOCK_C, BLOCK_OUT, TREE)
+
+
+_GUMBEL_LAUNCH = FastLaunch(_gumbel_pair_kernel)
 
 
 def gumbel_pair(
@@ -173,11 +185,12 @@ def gumbel_pair(
     rows, shard_width = logits.shape
     if rows == 0:
         return out
+    # fp32 lanes: the block holds the same number of lanes whatever the logits dtype
+    launch = pick_pair_launch("gumbel", GUMBEL_TUNING, rows, shard_width, 4, logits.device)
     return run_pair_reduction(
-        _gumbel_pair_kernel, out, rows, shard_width, vocab_start, slot,
+        _GUMBEL_LAUNCH, launch, out, rows, shard_width, vocab_start, slot,
         (logits, logits.stride(0), shard_width, temperatures, seeds, offsets),
-        dict(STREAM=stream, SKIP=bool(skip_dominated), G_LO=G_MIN, G_HI=G_MAX,
-             SPAN=GUMBEL_SPAN, SLACK=SKIP_SLACK, REL=SKIP_REL),
+        (stream, bool(skip_dominated), G_MIN, G_MAX, GUMBEL_SPAN, SKIP_SLACK, SKIP_REL),
     )
 
 
@@ -195,6 +208,7 @@ def _check_key(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Te
 
 __all__ = [
     "GUMBEL_SPAN",
+    "GUMBEL_TUNING",
     "G_MAX",
     "G_MIN",
     "gumbel_from_uniform",

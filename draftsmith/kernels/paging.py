@@ -16,6 +16,7 @@ import triton.language as tl
 
 from draftsmith.contract import DraftBlockPlacement, ShapeError, check_tensor
 from draftsmith.contract.checks import check_positive
+from draftsmith.kernels._launch import FastLaunch
 
 _I64 = torch.int64
 
@@ -150,7 +151,7 @@ def prepare_placement_reference(
 def _prepare_placement_kernel(
     ctx_len_ptr, slot_ptr, accepted_ptr, num_ptr, table_ptr, rows_ptr, counts_ptr,
     bonus_ptr, qpos_ptr, cpos_ptr, mask_ptr, cols_ptr, pages_ptr, offs_ptr, num_ctx_ptr,
-    new_len_ptr, tables_out_ptr,
+    new_len_ptr, tables_out_ptr, slots_out_ptr, rows_out_ptr,
     K1, W, P, max_ctx, page_size, dummy_slot,
     HOST_BOUND: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_W: tl.constexpr,
     BLOCK_P: tl.constexpr,
@@ -164,6 +165,8 @@ def _prepare_placement_kernel(
     c = tl.load(ctx_len_ptr + slot, mask=~is_dummy, other=0)
     n = tl.load(num_ptr + b)
     row = tl.load(rows_ptr + b)
+    tl.store(slots_out_ptr + b, slot)
+    tl.store(rows_out_ptr + b, row)
 
     j = tl.arange(0, BLOCK_K1)
     j_ok = j < K1
@@ -213,6 +216,60 @@ def _placement_launch_sizes(k1: int, width: int, pages: int) -> tuple[int, int, 
     )
 
 
+_LAUNCH = FastLaunch(_prepare_placement_kernel)
+_SIZES: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+
+
+def _check_placement_inputs(
+    ctx_len, batch_to_slot, accepted, num_accepted, page_table, cache_rows, alloc_counts,
+    max_ctx, width, page_size, dummy_slot,
+) -> None:
+    """Full validation with precise messages (the launcher's slow path)."""
+    s: dict[str, int] = {}
+    dev = ctx_len.device if isinstance(ctx_len, torch.Tensor) else None
+    check_tensor("ctx_len", ctx_len, ("num_slots",), _I64, s, contiguous=True)
+    check_tensor("batch_to_slot", batch_to_slot, ("G",), _I64, s, dev, contiguous=True)
+    check_tensor("accepted", accepted, ("G", "K1"), _I64, s, dev, contiguous=True)
+    check_tensor("num_accepted", num_accepted, ("G",), _I64, s, dev, contiguous=True)
+    check_tensor("page_table", page_table, ("rows", "P"), _I64, s, dev, contiguous=True)
+    check_tensor("cache_rows", cache_rows, ("G",), _I64, s, dev, contiguous=True)
+    if alloc_counts is not None:
+        check_tensor("alloc_counts", alloc_counts, ("G",), _I64, s, dev, contiguous=True)
+    for name, value in (("max_ctx", max_ctx), ("width", width), ("page_size", page_size)):
+        check_positive(name, value)
+    if type(dummy_slot) is not int or not 0 <= dummy_slot < s["num_slots"]:
+        raise ShapeError(f"dummy_slot {dummy_slot!r} must be an int indexing ctx_len of "
+                         f"{s['num_slots']} slots")
+
+
+def _fast_ok(ctx_len, batch_to_slot, accepted, num_accepted, page_table, cache_rows,
+             alloc_counts, max_ctx, width, page_size, dummy_slot) -> bool:
+    """The common case, checked with plain attribute comparisons (no message building)."""
+    i64 = _I64
+    for t in (ctx_len, batch_to_slot, accepted, num_accepted, page_table, cache_rows):
+        if type(t) is not torch.Tensor or t.dtype is not i64 or not t.is_contiguous():
+            return False
+    if alloc_counts is not None and (
+        type(alloc_counts) is not torch.Tensor or alloc_counts.dtype is not i64
+        or not alloc_counts.is_contiguous() or alloc_counts.shape != batch_to_slot.shape
+    ):
+        return False
+    if (ctx_len.dim() != 1 or batch_to_slot.dim() != 1 or accepted.dim() != 2
+            or page_table.dim() != 2):
+        return False
+    g = batch_to_slot.shape
+    if accepted.shape[0] != g[0] or num_accepted.shape != g or cache_rows.shape != g:
+        return False
+    dev = ctx_len.device
+    if not (batch_to_slot.device == dev and accepted.device == dev and num_accepted.device == dev
+            and page_table.device == dev and cache_rows.device == dev
+            and (alloc_counts is None or alloc_counts.device == dev)):
+        return False
+    return (type(max_ctx) is int and type(width) is int and type(page_size) is int
+            and type(dummy_slot) is int and max_ctx >= 1 and width >= 1 and page_size >= 1
+            and 0 <= dummy_slot < ctx_len.shape[0])
+
+
 def prepare_placement(
     ctx_len: torch.Tensor,
     batch_to_slot: torch.Tensor,
@@ -227,65 +284,58 @@ def prepare_placement(
     dummy_slot: int,
     rows_start: int | None,
 ) -> DraftBlockPlacement:
-    """Fused :func:`prepare_placement_reference` (one kernel); bit-identical results and the
-    same in-place update of ``ctx_len``."""
-    s: dict[str, int] = {}
-    dev = ctx_len.device
-    check_tensor("ctx_len", ctx_len, ("num_slots",), _I64, s, contiguous=True)
-    check_tensor("batch_to_slot", batch_to_slot, ("G",), _I64, s, dev, contiguous=True)
-    check_tensor("accepted", accepted, ("G", "K1"), _I64, s, dev, contiguous=True)
-    check_tensor("num_accepted", num_accepted, ("G",), _I64, s, dev, contiguous=True)
-    check_tensor("page_table", page_table, ("rows", "P"), _I64, s, dev, contiguous=True)
-    check_tensor("cache_rows", cache_rows, ("G",), _I64, s, dev, contiguous=True)
-    if alloc_counts is not None:
-        check_tensor("alloc_counts", alloc_counts, ("G",), _I64, s, dev, contiguous=True)
-    for name, value in (("max_ctx", max_ctx), ("width", width), ("page_size", page_size)):
-        check_positive(name, value)
-    if not 0 <= dummy_slot < s["num_slots"]:
-        raise ShapeError(f"dummy_slot {dummy_slot} must index ctx_len of {s['num_slots']} slots")
-    if alloc_counts is None and s["P"] * page_size < max_ctx + width:
+    """Fused :func:`prepare_placement_reference` (one kernel, including the copies of
+    ``batch_to_slot`` and ``cache_rows``); bit-identical results and the same in-place update of
+    ``ctx_len``. The integer outputs are views of one int64 allocation."""
+    args = (ctx_len, batch_to_slot, accepted, num_accepted, page_table, cache_rows, alloc_counts,
+            max_ctx, width, page_size, dummy_slot)
+    if not _fast_ok(*args):
+        _check_placement_inputs(*args)
+    if rows_start is not None and (type(rows_start) is not int or rows_start < 0):
+        raise ShapeError(f"rows_start must be None or an int >= 0, got {rows_start!r}")
+    p = page_table.shape[1]
+    if alloc_counts is None and p * page_size < max_ctx + width:
         raise ShapeError(
-            f"private page table rows hold {s['P']} pages of {page_size} = "
-            f"{s['P'] * page_size} columns, fewer than max_ctx + width = {max_ctx + width}; "
+            f"private page table rows hold {p} pages of {page_size} = "
+            f"{p * page_size} columns, fewer than max_ctx + width = {max_ctx + width}; "
             "build it with private_page_table"
         )
     g, k1 = accepted.shape
-    p = s["P"]
-
-    def new(*shape, dtype=_I64):
-        return torch.empty(shape, dtype=dtype, device=dev)
-
-    bonus, num_ctx, new_len = new(g), new(g), new(g)
-    qpos = new(g, width)
-    cpos, cols, pages, offs = new(g, k1), new(g, k1), new(g, k1), new(g, k1)
-    mask = new(g, k1, dtype=torch.bool)
-    tables = new(g, p)
+    dev = ctx_len.device
+    gk = g * k1
+    buf = torch.empty((g * (5 + width + p) + 4 * gk,), dtype=_I64, device=dev)
+    slots, rows, bonus, num_ctx, new_len, qpos, cpos, cols, pages, offs, tables = (
+        buf.split_with_sizes((g, g, g, g, g, g * width, gk, gk, gk, gk, g * p))
+    )
+    mask = torch.empty((g, k1), dtype=torch.bool, device=dev)
     if g == 0:
         ctx_len[dummy_slot] = 0
     else:
-        block_k1, block_w, block_p = _placement_launch_sizes(k1, width, p)
-        _prepare_placement_kernel[(g,)](
+        sizes = _SIZES.get((k1, width, p))
+        if sizes is None:
+            sizes = _SIZES[(k1, width, p)] = _placement_launch_sizes(k1, width, p)
+        host_bound = alloc_counts is not None
+        _LAUNCH((g,), (
             ctx_len, batch_to_slot, accepted, num_accepted, page_table, cache_rows,
-            alloc_counts if alloc_counts is not None else num_accepted,
+            alloc_counts if host_bound else num_accepted,
             bonus, qpos, cpos, mask.view(torch.int8), cols, pages, offs, num_ctx, new_len,
-            tables, k1, width, p, max_ctx, page_size, dummy_slot,
-            HOST_BOUND=alloc_counts is not None,
-            BLOCK_K1=block_k1, BLOCK_W=block_w, BLOCK_P=block_p,
-        )
-    return DraftBlockPlacement(
-        slots=batch_to_slot.clone(),
-        cache_rows=cache_rows.clone(),
+            tables, slots, rows, k1, width, p, max_ctx, page_size, dummy_slot,
+            host_bound, *sizes,
+        ))
+    return DraftBlockPlacement._trusted(
+        slots=slots,
+        cache_rows=rows,
         rows_start=rows_start,
         bonus=bonus,
-        query_positions=qpos,
-        ctx_positions=cpos,
+        query_positions=qpos.view(g, width),
+        ctx_positions=cpos.view(g, k1),
         write_mask=mask,
-        dest_cols=cols,
-        dest_pages=pages,
-        dest_offsets=offs,
+        dest_cols=cols.view(g, k1),
+        dest_pages=pages.view(g, k1),
+        dest_offsets=offs.view(g, k1),
         num_ctx=num_ctx,
         new_ctx_len=new_len,
-        block_tables=tables,
+        block_tables=tables.view(g, p),
         page_size=page_size,
     )
 

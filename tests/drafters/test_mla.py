@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -641,15 +640,7 @@ def _fc_partials(feature_width: int) -> tuple[float, bool]:
     return (total - x @ w.T).abs().max().item(), True
 
 
-RUN_SLOW = bool(os.environ.get("DRAFTSMITH_RUN_SLOW"))
-"""TP = 8 starts eight torch processes (about a minute on two cores), so it runs on request."""
-
-
-@pytest.fixture(scope="module", params=[
-    2, 4,
-    pytest.param(8, marks=[pytest.mark.slow, pytest.mark.skipif(
-        not RUN_SLOW, reason="TP=8 gloo pool is slow on small hosts; set DRAFTSMITH_RUN_SLOW=1")]),
-])
+@pytest.fixture(scope="module", params=[2, 4, 8])
 def pool(request: pytest.FixtureRequest):
     with RankPool(request.param) as p:
         yield p

@@ -162,5 +162,5 @@ def test_progress_callback_sees_growing_tokens_and_is_removed() -> None:
     report = decoder.generate(["a", "bb"], 5, compare_plain=False,
                               progress=lambda toks: seen.append([len(t) for t in toks]))
     assert seen and seen[-1] == [len(r.tokens) for r in report.results] == [5, 5]
-    assert all(a <= b for prev, cur in zip(seen, seen[1:]) for a, b in zip(prev, cur))
+    assert all(a <= b for prev, cur in zip(seen, seen[1:], strict=False) for a, b in zip(prev, cur, strict=True))
     assert "step" not in vars(decoder.spec)  # the observer is gone after the call

@@ -6,11 +6,15 @@ import pytest
 import torch
 
 from draftsmith.contract import ShapeError
+from draftsmith.kernels import argmax_pair as ap
 from draftsmith.kernels.argmax_pair import (
     CANONICAL_NAN_BITS,
     EXCHANGE_COLUMNS,
+    PairTuning,
     argmax_pair,
     argmax_pair_reference,
+    pair_launch_sizes,
+    set_pair_tuning,
 )
 
 SHAPES = [(1, 19360), (6, 19360), (7, 77), (9, 38720), (3, 8192), (2, 151936)]
@@ -125,7 +129,106 @@ def test_launcher_validates() -> None:
         argmax_pair_reference(x, 0, None, slot=-1)
 
 
+# one-launch merge: every unroll, single/multi-chunk split, tiny blocks (many chunks per row)
+TUNINGS = [
+    PairTuning(4, 4096, 1, 4, 1, False),
+    PairTuning(4, 4096, 4, 4, 1, False),
+    PairTuning(16, 512, 2, 4, 1, False),  # 128 fp32 lanes: up to 16 chunks per row
+    PairTuning(4, 2048, 2, 4, 1, True),  # the one-pass pair reduction (the GPU default)
+    PairTuning(1, 8192, 2, 4, 1, False),  # one slot: one chunk per row (no counter)
+]
+
+
+def counters_are_zero(device: torch.device | str) -> bool:
+    ws = ap._WORKSPACES.get(torch.device(device))
+    return ws is None or not bool(ws.counts.any())
+
+
+@pytest.fixture
+def tuning():
+    """Yields set_pair_tuning; the defaults are restored afterwards."""
+    yield set_pair_tuning
+    set_pair_tuning(None)
+
+
+@pytest.mark.parametrize("cfg", TUNINGS, ids=lambda t: f"pps{t.programs_per_sm}-bb{t.block_bytes}"
+                         f"-u{t.unroll}-tree{int(t.tree_reduce)}")
+def test_kernel_equals_reference_every_tuning(cfg: PairTuning, tuning) -> None:
+    tuning(cfg)
+    x = adversarial_logits(8192, torch.float32)
+    for r in (0, 2, 3, 5, 6):  # NaN late, border ties, -0.0/+0.0, first NaN, +inf ties
+        one = x[r:r + 1]
+        assert torch.equal(bits(argmax_pair(one, 7, None, 1)),
+                           bits(argmax_pair_reference(one, 7, None, 1))), r
+    y = random_logits(3, 5000, torch.float32, seed=5)  # 5000: a ragged last tile and chunk
+    out = torch.full((3, 8), float("nan"))
+    assert torch.equal(bits(argmax_pair(y, 0, out.clone(), 2)),
+                       bits(argmax_pair_reference(y, 0, out.clone(), 2)))
+    assert counters_are_zero("cpu")
+
+
+def test_launch_sizes_cover_the_row_in_one_wave() -> None:
+    for rows, width, itemsize, sms in [(1, 163840, 2, 132), (4, 163840, 4, 132),
+                                       (32, 163840, 2, 132), (128, 163840, 2, 132),
+                                       (256, 163840, 4, 132), (7, 77, 4, 1), (2, 151936, 2, 132),
+                                       (5000, 1000, 2, 132)]:
+        for cfg in TUNINGS + [ap.ARGMAX_TUNING["latency"], ap.ARGMAX_TUNING["bandwidth"]]:
+            launch = pair_launch_sizes(rows, width, itemsize, sms, cfg)
+            span = launch.tiles * launch.block
+            assert launch.tiles % launch.unroll == 0
+            assert launch.n_chunks * span >= width > (launch.n_chunks - 1) * span
+            assert launch.block_c >= launch.n_chunks
+            if launch.n_chunks > 1:
+                assert rows * launch.n_chunks <= sms * cfg.programs_per_sm
+            if width * itemsize >= cfg.block_bytes:
+                assert launch.block * itemsize == cfg.block_bytes
+
+
+def test_workspace_grows_and_counters_reset(monkeypatch) -> None:
+    monkeypatch.setattr(ap, "_WORKSPACES", {})
+    monkeypatch.setattr(ap, "_MIN_ROWS_CAP", 1)
+    monkeypatch.setattr(ap, "_MIN_PARTS_CAP", 1)
+    for rows in (1, 2, 1):  # 2 rows x 2 chunks: the workspace grows once
+        x = random_logits(rows, 8192, torch.float32, seed=rows)
+        assert torch.equal(bits(argmax_pair(x, 0)), bits(argmax_pair_reference(x, 0)))
+        assert counters_are_zero("cpu")
+    ws = ap._WORKSPACES[torch.device("cpu")]
+    assert ws.retired and ws.counts.numel() >= 2  # grew, old buffers kept alive for graphs
+
+
 # ---- GPU: bf16 / fp16 / fp32, large shapes, CUDA-graph replay ------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", TUNINGS + [PairTuning(8, 4096, 2, 8, 3)],
+                         ids=lambda t: "-".join(map(str, t)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_tuning_gpu(cfg: PairTuning, dtype: torch.dtype, tuning) -> None:
+    tuning(cfg)
+    x = adversarial_logits(163840, dtype).cuda()
+    for rows in (x[:1], x[2:3], x[5:6], x, torch.cat([x] * 16)):
+        assert torch.equal(bits(argmax_pair(rows, 0)), bits(argmax_pair_reference(rows, 0)))
+    assert counters_are_zero("cuda:0")
+
+
+@pytest.mark.gpu
+def test_capture_with_too_small_workspace_falls_back(monkeypatch) -> None:
+    x = random_logits(4, 163840, torch.bfloat16, seed=9).cuda()
+    out = torch.zeros(4, EXCHANGE_COLUMNS, device="cuda")
+    argmax_pair(x, 0, out, 0)  # compiles; the fallback reuses the same kernel (runtime sizes)
+    small = ap._Workspace()
+    small.counts = torch.zeros(1, dtype=torch.int32, device="cuda")
+    small.part_val = torch.empty(1, device="cuda")
+    small.part_idx = torch.empty(1, dtype=torch.int32, device="cuda")
+    monkeypatch.setattr(ap, "_WORKSPACES", {torch.device("cuda", 0): small, x.device: small})
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        argmax_pair(x, 0, out, 0)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(bits(out), bits(argmax_pair_reference(x, 0, torch.zeros_like(out), 0)))
+    assert small.counts.numel() == 1  # no allocation happened during capture
 
 
 @pytest.mark.gpu
@@ -165,3 +268,4 @@ def test_graph_replay_equals_eager() -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(bits(out), bits(argmax_pair_reference(x, 0, torch.zeros_like(out), 1)))
+        assert counters_are_zero(x.device)  # the merging programs reset their rows' counters

@@ -69,6 +69,20 @@ def test_gpu_parity() -> None:
 
 
 @pytest.mark.gpu
+def test_gpu_fast_launch_respecializes() -> None:
+    """The direct launch path keys on pointer alignment and argument values: alternating
+    aligned and 4-byte-misaligned views, widths and divisors never reuse a wrong binary."""
+    fields, _, _ = _encoded(32, 257, 2, seed=6)
+    big = fields.to(torch.int32).cuda()
+    for _ in range(3):
+        for view, divisor in ((big[:, 0], 2), (big[:, 0, 1:], 2), (big[:, 1, 3:], 1),
+                              (big[:, 0], 1), (big[:, 0, :16], 2)):
+            want = decode_block_table_reference(view, divisor)
+            got = decode_block_table(view, divisor)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
 def test_gpu_graph_replay_equals_eager() -> None:
     fields, _, _ = _encoded(64, 300, 3, seed=4)
     offsets = fields.cuda()

@@ -227,6 +227,29 @@ def test_inputs_untouched_and_deterministic() -> None:
         assert torch.equal(a, b)
 
 
+def test_fused_placement_passes_the_contract_validation() -> None:
+    """The launcher builds its record with ``_trusted`` (no re-validation); the same fields must
+    pass the full ``DraftBlockPlacement`` validation, and a bad ``rows_start`` still raises."""
+    import dataclasses
+
+    from draftsmith.contract import DraftBlockPlacement
+
+    rng = torch.Generator().manual_seed(12)
+    table = private_page_table(8, 50, W, P_SZ)
+    slots, accepted, n = _step_inputs(0, rng, num_real=5, num_pad=2, dummy=7)
+    ctx = torch.randint(0, 40, (8,), generator=rng)
+    for counts in (None, torch.full((7,), 3)):
+        p = prepare_placement(ctx.clone(), slots, accepted, n, table, slots, counts, 50, W, P_SZ,
+                              7, 0)
+        assert isinstance(p, DraftBlockPlacement) and p.context_width is None
+        again = DraftBlockPlacement(**{f.name: getattr(p, f.name)
+                                       for f in dataclasses.fields(DraftBlockPlacement)})
+        assert_same_placement(p, again)
+        assert p.write_mask.dtype == torch.bool and p.block_tables.shape == (7, table.shape[1])
+    with pytest.raises(ShapeError, match="rows_start"):
+        prepare_placement(ctx.clone(), slots, accepted, n, table, slots, None, 50, W, P_SZ, 7, -1)
+
+
 def test_bad_inputs_raise() -> None:
     table = private_page_table(3, 20, W, P_SZ)
     ctx = torch.zeros(3, dtype=torch.int64)

@@ -17,10 +17,15 @@ from draftsmith.kernels.strict_accept import (
 NAN, INF = float("nan"), float("inf")
 
 
+def _chunk_edge(rows: int, k1: int, vocab: int) -> int:
+    """First column of the second vocabulary chunk (or near the end of a one-chunk row)."""
+    _, chunk, _, _, _, _ = _strict_accept_launch_sizes(rows, k1, vocab)
+    return min(chunk, vocab - 2)
+
+
 def _adversarial_logits(k1: int, vocab: int, dtype: torch.dtype, device: str) -> torch.Tensor:
-    """One request per adversarial pattern, ``k1`` rows each; patterns straddle loop blocks."""
-    _, block_v, _ = _strict_accept_launch_sizes(k1, vocab)
-    edge = min(block_v, vocab - 2)  # first column of the second loop block (or near the end)
+    """One request per adversarial pattern, ``k1`` rows each; patterns straddle chunk edges."""
+    edge = _chunk_edge(9 * k1, k1, vocab)
     g = torch.Generator().manual_seed(7)
     rows = []
 
@@ -92,8 +97,8 @@ def test_order_t_winners() -> None:
     logits = _adversarial_logits(1, 111, torch.float32, "cpu")
     drafts = torch.empty((logits.shape[0], 0), dtype=torch.int64)
     accepted, n = strict_accept(logits, drafts, None)
-    _, block_v, _ = _strict_accept_launch_sizes(1, 111)
-    edge = min(block_v, 109)
+    edge = _chunk_edge(9, 1, 111)
+    assert 0 < edge < 109  # the patterns really straddle two chunks
     assert accepted[:, 0].tolist() == [edge - 1, 3, 0, edge, edge, 1, 0, 0, 110]
     assert n.tolist() == [1] * logits.shape[0]
 
@@ -101,11 +106,28 @@ def test_order_t_winners() -> None:
 @pytest.mark.parametrize("k1", [2, 4, 8])
 def test_random_batches_cpu(k1: int) -> None:
     g = torch.Generator().manual_seed(100 + k1)
-    for rows in (1, 5, 8):
+    for rows in (1, 5):
         logits = torch.randn(rows, k1, 111, generator=g)
         logits[:, :, 17] = logits[:, :, 3]  # exact ties between columns
         drafts, verify_len = _drafts_matching(logits, verify=rows % 2 == 1, seed=rows)
         _check_parity(logits, drafts, verify_len)
+
+
+@pytest.mark.parametrize("sizes", [(16, 32, 4, 8, 4, 4), (16, 48, 3, 8, 4, 4), (32, 32, 4, 8, 4, 2)])
+def test_chunk_layouts_cpu(sizes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several steps per chunk and uneven last chunks merge in index order (order T)."""
+    from draftsmith.kernels import strict_accept as sa
+
+    monkeypatch.setattr(sa, "_SIZES", {})
+    monkeypatch.setattr(sa, "_strict_accept_launch_sizes", lambda *_: sizes)
+    logits = _adversarial_logits(3, 111, torch.float32, "cpu")
+    for col in (31, 32, 47, 48, 95, 96):  # ties across step and chunk edges
+        logits[col % logits.shape[0], 0, col] = 60.0
+        logits[col % logits.shape[0], 0, col + 1] = 60.0
+    drafts, verify_len = _drafts_matching(logits, True, seed=5)
+    _check_parity(logits, drafts, verify_len)
+    for scratch in sa._Scratch._cache.values():
+        assert not scratch.counter.any()  # the finishing program resets its request's counter
 
 
 def test_counts_by_hand() -> None:
