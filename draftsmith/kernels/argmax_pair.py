@@ -261,10 +261,12 @@ class PairLaunch(NamedTuple):
     tree_reduce: bool
 
 
+# Chosen by `benchmarks/selection.py --sweep` on one H200 (torch 2.11, triton 3.6), 2026-11-30:
+# benchmarks/results/selection-sweep_nvidia-h200_2026-11-30T0829Z.log (best in both regimes).
 ARGMAX_TUNING = {
-    "latency": PairTuning(programs_per_sm=8, block_bytes=2048, unroll=2, num_warps=4,
+    "latency": PairTuning(programs_per_sm=4, block_bytes=4096, unroll=4, num_warps=8,
                           num_stages=1),
-    "bandwidth": PairTuning(programs_per_sm=6, block_bytes=4096, unroll=2, num_warps=4,
+    "bandwidth": PairTuning(programs_per_sm=4, block_bytes=4096, unroll=4, num_warps=8,
                             num_stages=1),
 }
 """Per-regime defaults of ``argmax_pair`` on a GPU (``latency``: shards of fewer than

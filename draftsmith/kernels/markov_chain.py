@@ -13,8 +13,7 @@ dot-product order, so it matches the torch chain at tolerance level, not bitwise
 The fused step streams ``w2`` once for all ``G`` rows: program ``(g_tile, s_tile)`` multiplies the
 gathered ``w1`` rows of its request tile with one ``[BLOCK_S, r]`` tile of ``w2`` on tensor cores,
 adds the base logits, optionally stores the corrected row, and reduces an order-T pair per
-(row, tile); the last program of each request tile to finish (a device counter with acq_rel
-semantics, reset by that program) reduces the tile pairs of its rows: one launch per position.
+(row, tile); a second tiny kernel reduces the tile pairs of each row.
 """
 
 from __future__ import annotations
@@ -25,8 +24,7 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
-from draftsmith.kernels._launch import FastLaunch
-from draftsmith.kernels._order_t import tile_argmax_t
+from draftsmith.kernels._order_t import merge_argmax_t, tile_argmax_t
 
 _I64 = torch.int64
 _WEIGHTS = (torch.float32, torch.bfloat16, torch.float16)
@@ -116,40 +114,26 @@ def markov_chain_reference(
 
 @triton.jit
 def _markov_step_kernel(
-    base_ptr, prev_ptr, w1_ptr, w2_ptr, out_ptr, part_val_ptr, part_idx_ptr, grp_val_ptr,
-    grp_idx_ptr, counter_ptr, val_ptr, idx_ptr,
-    G, S, R, V, stride_base, stride_prev, stride_out, stride_idx, num_tiles, num_groups,
-    vocab_start,
-    STORE: tl.constexpr, IEEE: tl.constexpr, EARLY_BASE: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK_NG: tl.constexpr, FIN_R: tl.constexpr,
+    base_ptr, prev_ptr, w1_ptr, w2_ptr, out_ptr, part_val_ptr, part_idx_ptr,
+    G, S, R, V, stride_base, stride_prev, stride_out, num_tiles,
+    STORE: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
-    """Program ``(g_tile, s_tile)``: the bias GEMM of its tile, ``+ base``, the corrected store
-    and one order-T pair per row. Device counters (acq_rel, reset by the program that completes
-    them) finish the step inside the launch: the last program of each group of ``GROUP`` tiles
-    reduces the group's pairs in tile order, the last group of the ``g_tile`` reduces the group
-    pairs in group order and writes the step's pairs. One launch per position.
+    """Stage 1: program ``(g_tile, s_tile)`` writes one order-T pair per row of its tile.
 
-    ``EARLY_BASE`` loads the base tile before the GEMM loop (its latency overlaps the ``w2``
-    stream, at the cost of registers held through the loop). Tile
-    addresses are int32 offsets from per-program 64-bit bases (a tile spans far less than 2**31
-    elements), which keeps the address arithmetic out of the register budget.
+    Tile addresses are int32 offsets from per-program 64-bit bases (a tile spans far less than
+    2**31 elements), which keeps the address arithmetic out of the register budget.
     """
     pid_g = tl.program_id(0)
     pid_s = tl.program_id(1)
     s0 = pid_s * BLOCK_S
     rows = pid_g * BLOCK_G + tl.arange(0, BLOCK_G)
     row_ok = rows < G
-    cols = tl.arange(0, BLOCK_S)
-    col_ok = s0 + cols < S
-    tile_ok = row_ok[:, None] & col_ok[None, :]
-    row_base = rows.to(tl.int64)[:, None]
-    base_tile = base_ptr + row_base * stride_base + (s0 + cols)[None, :]
-    if EARLY_BASE:
-        x = tl.load(base_tile, mask=tile_ok, other=float("-inf"))
     prev = tl.load(prev_ptr + rows.to(tl.int64) * stride_prev, mask=row_ok, other=-1)
     in_vocab = row_ok & (prev >= 0) & (prev < V)
     w1_rows = w1_ptr + tl.where(in_vocab, prev, 0).to(tl.int64) * R
+    cols = tl.arange(0, BLOCK_S)
+    col_ok = s0 + cols < S
     w2_tile = w2_ptr + s0.to(tl.int64) * R
 
     acc = tl.zeros((BLOCK_G, BLOCK_S), tl.float32)
@@ -166,9 +150,11 @@ def _markov_step_kernel(
             acc = tl.dot(a, b, acc)
     bias = acc.to(w2_ptr.dtype.element_ty).to(tl.float32)
 
-    if not EARLY_BASE:
-        x = tl.load(base_tile, mask=tile_ok, other=float("-inf"))
-    z = x.to(tl.float32) + bias
+    tile_ok = row_ok[:, None] & col_ok[None, :]
+    row_base = rows.to(tl.int64)[:, None]
+    x = tl.load(base_ptr + row_base * stride_base + (s0 + cols)[None, :], mask=tile_ok,
+                other=float("-inf")).to(tl.float32)
+    z = x + bias
     if STORE:
         tl.store(out_ptr + row_base * stride_out + (s0 + cols)[None, :], z, mask=tile_ok)
     val, idx = tile_argmax_t(z, (s0 + cols)[None, :], tile_ok)
@@ -176,49 +162,26 @@ def _markov_step_kernel(
     tl.store(part_val_ptr + part, val, mask=row_ok)
     tl.store(part_idx_ptr + part, idx, mask=row_ok)
 
-    # Two-level finish, so no single program reduces a long row: the last program of each group
-    # of GROUP consecutive tiles reduces the group's pairs, and the last group of the row tile
-    # reduces the group pairs. debug_barrier: every thread's stores happen before the release
-    # of the counter increment; the .cg loads read the other programs' pairs from L2.
-    tl.debug_barrier()
-    grp = pid_s // GROUP
-    in_grp = tl.minimum(num_tiles - grp * GROUP, GROUP)
-    done = tl.atomic_add(counter_ptr + pid_g * (num_groups + 1) + grp, 1, sem="acq_rel",
-                         scope="gpu")
-    if done == in_grp - 1:
-        t = grp * GROUP + tl.arange(0, GROUP)
-        # FIN_R rows at a time keeps the finishing tiles small in registers
-        for rf in range(0, BLOCK_G // FIN_R):
-            fr = pid_g * BLOCK_G + rf * FIN_R + tl.arange(0, FIN_R)
-            fr_ok = fr < G
-            fr64 = fr.to(tl.int64)
-            ok = fr_ok[:, None] & (t < num_tiles)[None, :]
-            v = tl.load(part_val_ptr + fr64[:, None] * num_tiles + t[None, :], mask=ok,
-                        other=float("-inf"), cache_modifier=".cg")
-            gv, gt = tile_argmax_t(v, t[None, :], ok)
-            gi = tl.load(part_idx_ptr + fr64 * num_tiles + tl.where(fr_ok, gt, 0), mask=fr_ok,
-                         other=0, cache_modifier=".cg")
-            tl.store(grp_val_ptr + fr64 * num_groups + grp, gv, mask=fr_ok)
-            tl.store(grp_idx_ptr + fr64 * num_groups + grp, gi, mask=fr_ok)
-        tl.store(counter_ptr + pid_g * (num_groups + 1) + grp, 0)
-        tl.debug_barrier()
-        last = tl.atomic_add(counter_ptr + pid_g * (num_groups + 1) + num_groups, 1,
-                             sem="acq_rel", scope="gpu")
-        if last == num_groups - 1:
-            gg = tl.arange(0, BLOCK_NG)
-            for rf in range(0, BLOCK_G // FIN_R):
-                fr = pid_g * BLOCK_G + rf * FIN_R + tl.arange(0, FIN_R)
-                fr_ok = fr < G
-                fr64 = fr.to(tl.int64)
-                ok2 = fr_ok[:, None] & (gg < num_groups)[None, :]
-                v2 = tl.load(grp_val_ptr + fr64[:, None] * num_groups + gg[None, :], mask=ok2,
-                             other=float("-inf"), cache_modifier=".cg")
-                fv, fg = tile_argmax_t(v2, gg[None, :], ok2)
-                fi = tl.load(grp_idx_ptr + fr64 * num_groups + tl.where(fr_ok, fg, 0),
-                             mask=fr_ok, other=0, cache_modifier=".cg")
-                tl.store(val_ptr + fr64, fv, mask=fr_ok)
-                tl.store(idx_ptr + fr64 * stride_idx, fi + vocab_start, mask=fr_ok)
-            tl.store(counter_ptr + pid_g * (num_groups + 1) + num_groups, 0)
+
+@triton.jit
+def _markov_reduce_kernel(
+    part_val_ptr, part_idx_ptr, val_ptr, idx_ptr, num_tiles, vocab_start, stride_idx,
+    BLOCK_T: tl.constexpr,
+):
+    """Stage 2: one program per row reduces its tile pairs in increasing tile order."""
+    g = tl.program_id(0).to(tl.int64)
+    best_val = tl.full((1,), float("-inf"), tl.float32)
+    best_tile = tl.full((1,), 2**62, tl.int64)
+    for t0 in range(0, num_tiles, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        ok = t < num_tiles
+        v = tl.load(part_val_ptr + g * num_tiles + t, mask=ok, other=float("-inf"))
+        val, tile = tile_argmax_t(v[None, :], t[None, :], ok[None, :])
+        best_val, best_tile = merge_argmax_t(best_val, best_tile, val, tile)
+    idx = tl.load(part_idx_ptr + g * num_tiles + best_tile)
+    one = tl.arange(0, 1)
+    tl.store(val_ptr + g + one, best_val)
+    tl.store(idx_ptr + g * stride_idx + one, idx + vocab_start)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -228,14 +191,14 @@ def _markov_step_kernel(
 
 def _markov_launch_sizes(
     rows: int, shard: int, rank: int, dtype: torch.dtype
-) -> tuple[int, int, int, int, int, bool]:
-    """``(BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages, EARLY_BASE)`` of the step kernel.
+) -> tuple[int, int, int, int, int]:
+    """``(BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages)`` of the stage-1 kernel.
 
     Up to 16 rows share one ``w2`` tile (``BLOCK_G = 16`` is the tensor-core minimum); larger
     batches use 32- or 64-row tiles whose programs for one ``w2`` tile run back to back (grid axis
     0), so ``w2`` comes from HBM once and from L2 after that. Tile sizes keep the sm_90 build at
     <= ~170 registers per thread (3 programs per SM) so enough ``w2`` loads stay in flight;
-    ``benchmarks/kernels.py --ops markov --sweep`` times the alternatives (``_SIZE_OVERRIDE``).
+    ``benchmarks/kernels.py --sweep`` times the alternatives.
     """
     if _SIZE_OVERRIDE is not None:
         return _SIZE_OVERRIDE
@@ -249,87 +212,52 @@ def _markov_launch_sizes(
         block_s, block_r = min(block_s, 64), 32
     block_s = min(block_s, max(16, triton.next_power_of_2(max(shard, 1))))
     block_r = min(block_r, max(16, triton.next_power_of_2(max(rank, 1))))
-    return block_g, block_s, block_r, 4, 3, False
+    return block_g, block_s, block_r, 4, 3
 
 
-_SIZE_OVERRIDE: tuple[int, int, int, int, int, bool] | None = None
-"""Benchmark hook: when set, every step uses these launch sizes (``--sweep``)."""
+_SIZE_OVERRIDE: tuple[int, int, int, int, int] | None = None
+"""Set only by ``benchmarks/kernels.py --sweep`` to time an alternative stage-1 tiling."""
 
-_SWEEP_CONFIGS: tuple[tuple[int, int, int, int, int, bool], ...] = (
-    # (BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages, EARLY_BASE), all checked offline for
-    # sm_90 (no spills, shared memory fits); benchmarks/kernels.py --sweep times them and
-    # tests/kernels/test_markov_chain.py::test_gpu_sweep_configs_match_reference checks them.
-    (16, 128, 64, 4, 3, False), (16, 128, 64, 4, 3, True), (16, 128, 64, 4, 4, False),
-    (16, 64, 64, 4, 4, False), (16, 256, 64, 4, 2, False), (16, 256, 64, 4, 3, False),
-    (16, 256, 64, 8, 3, False), (16, 256, 32, 4, 4, False), (16, 128, 128, 4, 2, False),
-    (16, 512, 32, 8, 3, False),
-    (32, 128, 32, 4, 3, False), (32, 128, 32, 8, 3, False), (32, 64, 64, 4, 3, False),
-    (64, 64, 32, 4, 3, False), (64, 64, 32, 4, 3, True), (64, 64, 64, 4, 3, False),
-    (64, 128, 32, 8, 3, False), (64, 128, 64, 8, 3, False), (64, 256, 32, 8, 3, False),
-    (128, 128, 32, 8, 3, False), (128, 128, 64, 8, 3, False),
+_SWEEP_CONFIGS: tuple[tuple[int, int, int, int, int], ...] = (
+    (16, 128, 64, 4, 3), (16, 128, 64, 4, 4), (16, 256, 32, 4, 3), (16, 64, 64, 4, 3),
+    (16, 128, 32, 4, 3), (32, 128, 32, 4, 3), (32, 64, 32, 4, 3), (32, 128, 64, 8, 3),
+    (64, 64, 32, 4, 3), (64, 128, 32, 8, 3), (64, 64, 64, 4, 3), (128, 64, 32, 8, 3),
 )
+"""``(BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages)`` candidates the benchmark sweeps."""
 
 
-def _finish_sizes(block_g: int, num_tiles: int) -> tuple[int, int, int, int]:
-    """``(GROUP, num_groups, BLOCK_NG, FIN_R)``: about ``sqrt(num_tiles)`` tiles per group (a
-    power of two, <= 128), so both finishing reductions read at most a few KB per row block of
-    ``FIN_R = min(BLOCK_G, 16)`` rows."""
-    root = triton.next_power_of_2(max(int(num_tiles**0.5), 1))
-    group = max(2, min(root, 128))
-    num_groups = triton.cdiv(num_tiles, group)
-    return group, num_groups, max(2, triton.next_power_of_2(num_groups)), min(block_g, 16)
+def _reduce_launch_sizes(num_tiles: int) -> int:
+    """``BLOCK_T`` tile pairs per loop step of the stage-2 kernel."""
+    return max(16, min(triton.next_power_of_2(max(num_tiles, 1)), 2048))
 
 
 class _StepScratch:
-    """Tile and group pair buffers and finish counters of one ``(G, S)`` step shape.
+    """Tile-pair buffers of one ``(G, S)`` step, reused across the positions of a chain."""
 
-    Cached for the life of the process (a captured CUDA graph keeps their addresses); the
-    counters are zeroed once and reset by the program that completes them in every launch, so
-    launches of one shape must be ordered (one stream or graph replays), never concurrent.
-    """
-
-    _cache: dict[tuple, _StepScratch] = {}
-
-    def __init__(self, sizes, rows: int, shard: int, device) -> None:
-        self.sizes = sizes
-        self.num_tiles = triton.cdiv(shard, sizes[1])
-        self.grid = (triton.cdiv(rows, sizes[0]), self.num_tiles)
-        self.group, self.num_groups, self.block_ng, self.fin_r = _finish_sizes(
-            sizes[0], self.num_tiles)
-        self.part_val = torch.empty((rows * self.num_tiles,), dtype=torch.float32, device=device)
-        self.part_idx = torch.empty((rows * self.num_tiles,), dtype=_I64, device=device)
-        self.grp_val = torch.empty((rows * self.num_groups,), dtype=torch.float32, device=device)
-        self.grp_idx = torch.empty((rows * self.num_groups,), dtype=_I64, device=device)
-        self.counter = torch.zeros((self.grid[0] * (self.num_groups + 1),), dtype=torch.int32,
-                                   device=device)
-
-    @classmethod
-    def get(cls, rows: int, shard: int, rank: int, dtype: torch.dtype, device) -> _StepScratch:
-        sizes = _markov_launch_sizes(rows, shard, rank, dtype)
-        key = (device, rows, shard, sizes)
-        hit = cls._cache.get(key)
-        if hit is None:
-            hit = cls._cache[key] = cls(sizes, rows, shard, device)
-        return hit
-
-
-_LAUNCH = FastLaunch(_markov_step_kernel)
+    def __init__(self, rows: int, shard: int, rank: int, dtype: torch.dtype, device) -> None:
+        self.sizes = _markov_launch_sizes(rows, shard, rank, dtype)
+        self.num_tiles = triton.cdiv(shard, self.sizes[1])
+        self.part_val = torch.empty((rows, self.num_tiles), dtype=torch.float32, device=device)
+        self.part_idx = torch.empty((rows, self.num_tiles), dtype=_I64, device=device)
 
 
 def _run_step(base, prev, w1, w2, vocab_start, out_corrected, pair_val, pair_idx, scratch):
-    """One launch; ``pair_idx`` may be a strided column (the chain's draft column)."""
+    """Launch both stages; ``pair_idx`` may be a strided column (the chain's draft column)."""
     rows, shard = base.shape
-    block_g, block_s, block_r, num_warps, num_stages, early_base = scratch.sizes
-    store = out_corrected is not None
-    _LAUNCH(
-        scratch.grid,
-        (base, prev, w1, w2, out_corrected if store else base, scratch.part_val,
-         scratch.part_idx, scratch.grp_val, scratch.grp_idx, scratch.counter, pair_val, pair_idx,
-         rows, shard, w1.shape[1], w1.shape[0], base.stride(0), prev.stride(0),
-         out_corrected.stride(0) if store else 0, pair_idx.stride(0), scratch.num_tiles,
-         scratch.num_groups, vocab_start, store, w2.dtype == torch.float32, early_base,
-         block_g, block_s, block_r, scratch.group, scratch.block_ng, scratch.fin_r),
+    block_g, block_s, block_r, num_warps, num_stages = scratch.sizes
+    grid = (triton.cdiv(rows, block_g), scratch.num_tiles)
+    _markov_step_kernel[grid](
+        base, prev, w1, w2, out_corrected if out_corrected is not None else base,
+        scratch.part_val, scratch.part_idx,
+        rows, shard, w1.shape[1], w1.shape[0], base.stride(0), prev.stride(0),
+        out_corrected.stride(0) if out_corrected is not None else 0, scratch.num_tiles,
+        STORE=out_corrected is not None, IEEE=w2.dtype == torch.float32,
+        BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_R=block_r,
         num_warps=num_warps, num_stages=num_stages,
+    )
+    _markov_reduce_kernel[(rows,)](
+        scratch.part_val, scratch.part_idx, pair_val, pair_idx, scratch.num_tiles, vocab_start,
+        pair_idx.stride(0), BLOCK_T=_reduce_launch_sizes(scratch.num_tiles),
     )
 
 
@@ -351,8 +279,7 @@ def markov_step(
     vocab_start: int,
     out_corrected: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused :func:`markov_step_reference` in one launch (tiled bias GEMM + add + pair; the last
-    program of each row tile reduces the tile pairs).
+    """Fused :func:`markov_step_reference` (tiled bias GEMM + add + pair, then a pair reduce).
 
     ``base: [G, S]`` fp32/bf16 and ``out_corrected: [G, S] fp32 | None`` may be row-strided
     views (unit stride along ``S``); ``prev: [G] int64`` any stride; ``w1: [V, r]`` and
@@ -377,7 +304,7 @@ def markov_step(
     pair_val = torch.empty((rows,), dtype=torch.float32, device=dev)
     pair_idx = torch.empty((rows,), dtype=_I64, device=dev)
     if rows:
-        scratch = _StepScratch.get(rows, s["S"], s["r"], w2.dtype, dev)
+        scratch = _StepScratch(rows, s["S"], s["r"], w2.dtype, dev)
         _run_step(base, prev, w1, w2, vocab_start, out_corrected, pair_val, pair_idx, scratch)
     return pair_val, pair_idx
 
@@ -385,7 +312,7 @@ def markov_step(
 def markov_chain(
     base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused :func:`markov_chain_reference`: one launch per position, no host sync (graph-safe).
+    """Fused :func:`markov_chain_reference`: two launches per position, no host sync (graph-safe).
 
     ``base: [G, K, V]`` fp32 (bf16 widened), ``anchor: [G] int64``, ``w1, w2: [V, r]``
     contiguous, same dtype. Returns ``(drafts [G, K] int64, corrected [G, K, V] fp32)``;
@@ -405,7 +332,7 @@ def markov_chain(
     corrected = torch.empty((rows, k, vocab), dtype=torch.float32, device=dev)
     if rows == 0:
         return drafts, corrected
-    scratch = _StepScratch.get(rows, vocab, s["r"], w2.dtype, dev)
+    scratch = _StepScratch(rows, vocab, s["r"], w2.dtype, dev)
     pair_val = torch.empty((rows,), dtype=torch.float32, device=dev)
     prev = anchor
     for j in range(k):
