@@ -112,8 +112,9 @@ class RuntimeOptions(_Strict):
     """``P_sz``: tokens per drafter context page."""
     kernels: Literal["auto", "fused", "eager"] = "auto"
     """``auto`` picks fused Triton kernels where eligible; ``eager`` forces the references."""
-    cuda_graphs: bool = False
-    """Capture the drafting step in a CUDA graph (GPU only)."""
+    cuda_graphs: Literal["auto", "on", "off"] | bool = "auto"
+    """Capture the drafting step in a CUDA graph: ``auto`` does so on a CUDA device with a
+    single rank; ``on`` / ``true`` asks for it wherever possible; ``off`` / ``false`` never."""
     force_accepted: float = Field(default=0.0, ge=0.0)
     """Benchmarks only: override the accepted count (section 3.5); 0 disables."""
     allow_gather: bool = True

@@ -151,7 +151,7 @@ class PlanInputs(BaseModel):
     max_context: int
     page_size: int
     kernels: Literal["auto", "fused", "eager"]
-    cuda_graphs: bool
+    cuda_graphs: Literal["auto", "on", "off"] | bool
     force_accepted: float
     allow_gather: bool = True
     device: str = "cpu"
@@ -361,16 +361,22 @@ def make_plan(
            if caps.confidence_head else "no confidence head")
 
     # ---- CUDA graphs ----
-    if inputs.cuda_graphs and not on_cuda:
-        graphs = decide("cuda_graphs", False,
-                        f"runtime.cuda_graphs requested but the device is {inputs.device}: eager")
-    elif inputs.cuda_graphs and k == 0:
-        graphs = decide("cuda_graphs", False, "K = 0: there is no drafting step to capture")
-    elif inputs.cuda_graphs:
-        graphs = decide("cuda_graphs", True,
-                        "drafting step captured per batch bucket; buffers owned by the plan (7)")
-    else:
+    wanted = {True: "on", False: "off"}.get(inputs.cuda_graphs, inputs.cuda_graphs)
+    if wanted == "off":
         graphs = decide("cuda_graphs", False, "runtime.cuda_graphs is off")
+    elif not on_cuda:
+        graphs = decide("cuda_graphs", False,
+                        f"runtime.cuda_graphs = {wanted!r} but the device is {inputs.device}: eager")
+    elif k == 0:
+        graphs = decide("cuda_graphs", False, "K = 0: there is no drafting step to capture")
+    elif wanted == "auto" and inputs.mapping.tp_size > 1:
+        graphs = decide("cuda_graphs", False,
+                        "runtime.cuda_graphs = 'auto' captures single-rank drafting only; set "
+                        "'on' to capture the collectives too")
+    else:
+        graphs = decide("cuda_graphs", True,
+                        f"runtime.cuda_graphs = {wanted!r} on {inputs.device}: drafting step "
+                        "captured per batch size; buffers owned by the plan (7)")
 
     # ---- paging geometry ----
     span = max(w, k + 1)

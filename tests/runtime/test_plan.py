@@ -138,6 +138,11 @@ def test_graphs_fusions_and_k0_decisions():
     assert not cpu.cuda_graphs and "the device is cpu" in cpu.decision("cuda_graphs").reason
     gpu = make_plan(_inputs(cuda_graphs=True, device="cuda"), _caps(), TOY)
     assert gpu.cuda_graphs and "buffers owned by the plan" in gpu.decision("cuda_graphs").reason
+    auto = make_plan(_inputs(cuda_graphs="auto", device="cuda"), _caps(), TOY)
+    assert auto.cuda_graphs and "'auto' on cuda" in auto.decision("cuda_graphs").reason
+    assert not make_plan(_inputs(cuda_graphs="auto"), _caps(), TOY).cuda_graphs
+    off = make_plan(_inputs(cuda_graphs="off", device="cuda"), _caps(), TOY)
+    assert not off.cuda_graphs and "is off" in off.decision("cuda_graphs").reason
     k0 = make_plan(_inputs(num_draft_tokens=0), _caps(markov_rank=4), TOY)
     assert not k0.drafting and k0.block_width == 0 and k0.markov == "none"
     assert "commits one target token" in k0.decision("drafting").reason
