@@ -44,18 +44,20 @@ def sample_blocks(
 ) -> BlockBatch:
     """Draw up to ``num_anchors`` anchors per sequence among response positions, sorted.
 
-    ``tokens: [B, T]``; an anchor ``p`` satisfies ``prompt_len - 1 <= p <= length - 2`` so that
-    at least its first label lies in the response.
+    ``tokens: [B, T]``; an anchor ``p`` satisfies ``prompt_len <= p <= length - 2``, the
+    positions a decoding round can start from. ``num_anchors = 0`` takes every such position.
     """
     bsz, width = tokens.shape
-    anchors = torch.zeros(bsz, num_anchors, dtype=torch.long)
-    keep = torch.zeros(bsz, num_anchors, dtype=torch.bool)
+    slots = num_anchors or max(int((lengths - prompt_lens).max()) - 1, 1)
+    anchors = torch.zeros(bsz, slots, dtype=torch.long)
+    keep = torch.zeros(bsz, slots, dtype=torch.bool)
     for b in range(bsz):
-        lo, hi = max(int(prompt_lens[b]) - 1, 0), int(lengths[b]) - 2
+        # the first anchor at decode time is the prefill's token at position P (prompt length)
+        lo, hi = int(prompt_lens[b]), int(lengths[b]) - 2
         if hi < lo:
             continue
         cand = torch.arange(lo, hi + 1)
-        take = min(num_anchors, len(cand))
+        take = min(num_anchors or len(cand), len(cand))
         chosen = cand[torch.randperm(len(cand), generator=generator)[:take]].sort().values
         anchors[b, :take] = chosen
         keep[b, :take] = True
@@ -128,6 +130,8 @@ class LossParts:
     conf: float
     accept_len: float
     """Mean greedy accepted length (bonus included) over blocks with all ``K`` labels valid."""
+    hits: torch.Tensor
+    """``[B, N, K] bool``: teacher-forced draft ``j`` equals its label (for :func:`decode_walk_length`)."""
 
 
 def block_loss(
@@ -173,7 +177,32 @@ def block_loss(
         full = blocks.mask.all(-1)
         accept_len = float((accepted[full].float() + 1).mean()) if full.any() else float("nan")
     return LossParts(total=total, ce=float(ce.detach()), l1=float(l1.detach()), conf=conf_val,
-                     accept_len=accept_len)
+                     accept_len=accept_len, hits=hits)
 
 
-__all__ = ["BlockBatch", "LossParts", "block_loss", "drafter_hidden", "sample_blocks"]
+def decode_walk_length(
+    hits: torch.Tensor, anchors: torch.Tensor, keep: torch.Tensor, prompt_lens: torch.Tensor,
+    lengths: torch.Tensor,
+) -> tuple[int, int]:
+    """Replay greedy decoding over teacher-forced draft hits: ``(tokens, rounds)``.
+
+    ``hits: [B, N, K] bool`` whether draft ``j`` at anchor ``anchors[b, n]`` equals the label
+    (every response position must be an anchor: ``sample_blocks(..., num_anchors=0)``). A round
+    starting at ``a`` commits ``1 + leading hits`` tokens and the next starts there; the mean
+    round length, ``tokens / rounds``, is the accepted length the decoder reports, which a mean
+    over uniformly drawn anchors overstates (long rounds cover many anchors but count once).
+    """
+    run = hits.long().cumprod(-1).sum(-1)                                 # [B, N]
+    tokens = rounds = 0
+    for b in range(hits.shape[0]):
+        by_anchor = {int(a): int(r) for a, r, k in zip(anchors[b], run[b], keep[b], strict=True)
+                     if k}
+        pos, end = int(prompt_lens[b]), int(lengths[b]) - 1
+        while pos < end and pos in by_anchor:
+            step = min(1 + by_anchor[pos], end - pos)
+            tokens, rounds, pos = tokens + step, rounds + 1, pos + step
+    return tokens, rounds
+
+
+__all__ = ["BlockBatch", "LossParts", "block_loss", "decode_walk_length", "drafter_hidden",
+           "sample_blocks"]

@@ -82,29 +82,160 @@ def _word_problem(rng: random.Random) -> str:
         f"need to finish it?",
         f"{a} saves ${y} every week. After {z} weeks {a} spends ${x}. How much money is left?",
     )
-    return rng.choice(forms) + " Think step by step."
+    forms += (
+        f"{a} is {x} years old. {b} is {z} years older than {a}. In {y} years, what will be the "
+        f"sum of their ages?",
+        f"A train travels {x * z} miles in {z} hours. At the same speed, how far does it travel "
+        f"in {y} hours?",
+        f"{a} had ${x * 10}. {a} spent {z * 5}% of it on {item} and ${y} on lunch. How much "
+        f"money does {a} have left?",
+        f"There are {x} {item} in a basket. {a} takes {min(y, x)} of them and {b} adds {z} "
+        f"times as many as {a} took. How many {item} are in the basket now?",
+        f"{a} works {z} hours a day for ${y} an hour, {min(x, 7)} days a week. How much does "
+        f"{a} earn in {rng.randint(2, 6)} weeks?",
+        f"A recipe needs {z} cups of flour for {y} cookies. How many cups are needed for "
+        f"{y * rng.randint(2, 5)} cookies?",
+    )
+    tail = rng.choice(("", "", " Think step by step.", " Explain your reasoning."))
+    return rng.choice(forms) + tail
+
+
+ROLES = ("a travel guide", "a chef", "a history teacher", "a personal trainer", "a detective",
+         "a startup founder", "a librarian", "a sports coach", "a doctor", "a poet",
+         "an astronaut", "a museum curator")
+CHAT_TEMPLATES = (
+    "Pretend you are {role}. Answer this question in character: what do you think about {topic}?",
+    "Write a persuasive essay about why {topic} matters.",
+    "Draft a professional email asking your manager for feedback on a project about {topic}.",
+    "Write a blog post about {topic} for {audience}.",
+    "Imagine you are {role}. Describe a typical day in your life.",
+    "Give me a step-by-step plan to learn about {topic} in one month.",
+    "Write a haiku and a limerick about {topic}.",
+    "Rewrite the following sentence to be more formal: '{topic} is super cool and everyone "
+    "should care about it.'",
+    "Explain the difference between {topic} and {other} using an analogy.",
+    "What are five tips for {audience} who want to get into {topic}?",
+    "Describe {topic} in exactly three sentences.",
+    "If you could change one thing about {topic}, what would it be and why?",
+    "Create a short dialogue between {role} and a student about {topic}.",
+    "Summarize the main arguments for and against {topic} in a table.",
+)
+RIDDLES = (
+    "If a shirt takes 3 hours to dry outside, how long do 9 shirts take if they dry at the "
+    "same time?",
+    "I have two coins that add up to 30 cents, and one of them is not a nickel. What are they?",
+    "A bat and a ball cost $1.10 together. The bat costs $1.00 more than the ball. How much "
+    "does the ball cost?",
+    "Which is heavier, a kilogram of feathers or a kilogram of iron? Explain.",
+    "If you are running a race and pass the person in second place, what place are you in?",
+    "How many times can you subtract 5 from 25?",
+    "A farmer has 17 sheep and all but 9 run away. How many are left?",
+)
+
+
+def _chat_prompt(rng: random.Random, passages: list[str]) -> str:
+    roll = rng.random()
+    if roll < 0.15:
+        return rng.choice(RIDDLES)
+    if roll < 0.35 and passages:
+        passage = rng.choice(passages)
+        return rng.choice((
+            "Summarize the following text in two sentences:\n\n{p}",
+            "Extract the key terms from this passage and explain each briefly:\n\n{p}",
+            "Write three quiz questions based on this text:\n\n{p}",
+            "Rewrite this passage for a beginner:\n\n{p}",
+        )).format(p=passage)
+    topic, other = rng.sample(TOPICS, 2)
+    return rng.choice(CHAT_TEMPLATES).format(
+        topic=topic, other=other, role=rng.choice(ROLES), audience=rng.choice(AUDIENCES))
+
+
+def _passages() -> list[str]:
+    """Paragraphs of the interpreter's own documentation topics (``pydoc_data``)."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:
+        return []
+    out = []
+    for key in sorted(topics):
+        for para in topics[key].split("\n\n"):
+            para = " ".join(para.split())
+            if 200 <= len(para) <= 900:
+                out.append(para)
+    return out
+
+
+_SKIP_MODULES = frozenset({
+    "this", "antigravity", "idlelib", "tkinter", "turtle", "turtledemo", "webbrowser", "pydoc",
+    "ensurepip", "venv", "lib2to3", "test", "unittest", "pdb", "tabnanny", "msilib", "winreg",
+    "winsound", "msvcrt", "nturl2path", "_winapi", "xxsubtype", "sre_compile", "sre_parse",
+    "sre_constants", "asyncio", "multiprocessing", "concurrent", "ctypes", "curses", "dbm",
+    "sqlite3", "ssl", "readline", "crypt", "nis", "spwd", "ossaudiodev", "cgi", "cgitb",
+})
+"""Standard-library modules never imported by the recipe (side effects, platform, size)."""
 
 
 def _stdlib_functions() -> list[tuple[str, str]]:
+    """``(qualified name, source)`` of documented pure-Python stdlib functions, sorted."""
     import importlib
+    import sys
+    import warnings
 
     found = []
-    for name in STDLIB_MODULES:
-        module = importlib.import_module(name)
+    for name in sorted(sys.stdlib_module_names):
+        if name.startswith("_") or name in _SKIP_MODULES:
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                module = importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - platform-specific modules simply do not contribute
+            continue
         for fname, fn in sorted(vars(module).items()):
-            if fname.startswith("_") or not inspect.isfunction(fn):
+            if (fname.startswith("_") or not inspect.isfunction(fn)
+                    or getattr(fn, "__module__", None) != name or not fn.__doc__):
                 continue
             try:
                 src = inspect.getsource(fn)
             except (OSError, TypeError):
                 continue
-            if 120 <= len(src) <= 1500:
+            if 120 <= len(src) <= 2000:
                 found.append((f"{name}.{fname}", src))
     return found
 
 
+def _signature_stub(src: str) -> str | None:
+    """The ``def`` line(s) and docstring of a function's source, body removed (HumanEval's form)."""
+    import ast
+    import textwrap
+
+    try:
+        node = ast.parse(textwrap.dedent(src)).body[0]
+    except (SyntaxError, IndexError):
+        return None
+    if not isinstance(node, ast.FunctionDef) or not node.body:
+        return None
+    first = node.body[0]
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)):
+        return None
+    lines = textwrap.dedent(src).splitlines()
+    return "\n".join(lines[: first.end_lineno]) + "\n"
+
+
 def _code_prompt(rng: random.Random, functions: list[tuple[str, str]]) -> str:
-    if functions and rng.random() < 0.5:
+    roll = rng.random()
+    if functions and roll < 0.4:
+        qualname, src = rng.choice(functions)
+        stub = _signature_stub(src)
+        if stub is not None:
+            return rng.choice((
+                f"Complete the following Python function:\n\n```python\n{stub}```",
+                f"{stub}",
+                f"Write the body of this function so that it does what its docstring says."
+                f"\n\n```python\n{stub}```",
+            ))
+    if functions and roll < 0.7:
         qualname, src = rng.choice(functions)
         return rng.choice((
             f"Explain what this Python function from `{qualname}` does:\n\n```python\n{src}```",
@@ -121,21 +252,27 @@ def _code_prompt(rng: random.Random, functions: list[tuple[str, str]]) -> str:
 def training_prompts(count: int, seed: int = 0) -> Iterator[str]:
     """Yield ``count`` distinct prompts, the same ones for the same ``(count, seed)``.
 
-    Mix of draws: 45% instructions, 25% word problems, 30% code (repeats are redrawn).
+    Mix of draws: 25% instructions, 25% word problems, 25% code, 25% chat (writing, roleplay,
+    reasoning, extraction over documentation passages); repeats are redrawn. The code and
+    passage pools come from the running interpreter's standard library, so the recipe is fixed
+    for a given Python version.
     """
     rng = random.Random(seed)
     functions = _stdlib_functions()
+    passages = _passages()
     seen: set[str] = set()
     for _ in range(count * 20):
         if len(seen) == count:
             return
         roll = rng.random()
-        if roll < 0.45:
+        if roll < 0.25:
             prompt = _instruction(rng)
-        elif roll < 0.70:
+        elif roll < 0.50:
             prompt = _word_problem(rng)
-        else:
+        elif roll < 0.75:
             prompt = _code_prompt(rng, functions)
+        else:
+            prompt = _chat_prompt(rng, passages)
         if prompt not in seen:
             seen.add(prompt)
             yield prompt

@@ -87,3 +87,18 @@ def test_train_validate_save_and_resume(tiny, dataset: Path, tmp_path: Path) -> 
                                       target=TargetInfo(cfg.vocab_size, cfg.hidden_size,
                                                         cfg.num_hidden_layers)))
     assert drafter.markov_head() is not None and drafter.capabilities.markov_rank == 8
+
+
+def test_decode_walk_replays_rounds() -> None:
+    from draftsmith.training.objective import decode_walk_length
+
+    # prompt of 2 tokens, sequence of 12: anchors 2..10; K = 3
+    anchors = torch.arange(2, 11)[None]
+    keep = torch.ones_like(anchors, dtype=torch.bool)
+    hits = torch.zeros(1, 9, 3, dtype=torch.bool)
+    hits[0, 0] = torch.tensor([True, True, False])   # anchor 2: round of 3 -> next anchor 5
+    hits[0, 3] = torch.tensor([True, True, True])    # anchor 5: round of 4 -> next anchor 9
+    hits[0, 1] = torch.tensor([True, True, True])    # anchor 3 is never a round start
+    tokens, rounds = decode_walk_length(hits, anchors, keep, torch.tensor([2]), torch.tensor([12]))
+    # rounds: 2 -> 3 tokens, 5 -> 4 tokens, 9 -> 1 token, 10 -> 1 token (end at 11)
+    assert (tokens, rounds) == (9, 4)
