@@ -24,6 +24,7 @@ ALLOWED: dict[str, set[str]] = {
                 "testing", "<root>"},
     "training": {"contract", "kernels", "selection", "drafters", "parallel", "runtime", "cli",
                  "testing", "training", "<root>"},
+    "checkpoints": set(),
     "<root>": {"<root>"},
 }
 """Which draftsmith layers each layer may import."""

@@ -1,0 +1,1 @@
+"""Drafter checkpoints that ship with draftsmith (data only)."""
