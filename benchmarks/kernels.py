@@ -7,7 +7,17 @@ graph, the floor (bytes the op must move / measured device copy bandwidth), and 
     python benchmarks/kernels.py                 # the full GPU table (one process, one GPU)
     python benchmarks/kernels.py --ops markov --sweep   # also sweep Markov tile configurations
     python benchmarks/kernels.py --ops markov --sweep --ranks 256 --batches 4,128   # targets only
+    python benchmarks/kernels.py --sweep --ranks 256 --batches 4,128 --out benchmarks/results
     python benchmarks/kernels.py --smoke         # tiny shapes on the CPU (TRITON_INTERPRET=1)
+    python benchmarks/kernels.py --smoke --sweep # the sweep code path on the CPU
+
+``--sweep`` times every ``strict_accept._SWEEP_CONFIGS`` entry (``(LANE, BLOCK_V,
+TARGET_PROGRAMS, num_warps)``; bit-identity to the reference checked first, a mismatch is
+never ranked) at each strict_accept shape, and every ``markov_chain._SWEEP_CONFIGS`` entry
+(``(BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages, SWAP)``) that fits each Markov batch;
+the end of the run prints the best per op/shape next to the default and paste-ready
+``_DEFAULT_BY_ROWS`` blocks for both files (sweep one Markov rank at a time: the block is
+keyed by batch only).
     python benchmarks/kernels.py --out benchmarks/results   # also write the raw output there
 
 Targets (H200, V = 163840, r = 256, bf16 w2, fp32 logits, K = 6): at B = 4 the fused chain in a
@@ -215,59 +225,201 @@ def bench_markov(timer: Timer, bw: float, dev: str, smoke: bool, sweep: bool,
                     lambda b=base, a=anchor, x=w1, y=w2: mc.markov_chain_reference(b, a, x, y),
                     lambda b=base, a=anchor, x=w1, y=w2: mc.markov_chain(b, a, x, y),
                     nbytes, bw)
-            if sweep and not smoke:
-                sweep_markov(timer, base, anchor, w1, w2, nbytes, bw)
+            if sweep:
+                sweep_markov(timer, base, anchor, w1, w2, nbytes, bw, smoke)
 
 
-SWEEP_RESULTS: list[tuple[str, float, float, tuple]] = []
+@dataclass
+class SweepRun:
+    op: str
+    shape: str
+    rows: int
+    graph: float | None
+    eager: float
+    floor: float
+    cfg: tuple
+    default: bool
+    note: str = ""
+
+    @property
+    def us(self) -> float:
+        """The ranking time: in a graph (device time) where capturable, else eager."""
+        return self.graph if self.graph is not None else self.eager
 
 
-def sweep_markov(timer: Timer, base, anchor, w1, w2, nbytes: float, bw: float) -> None:
+SWEEP_RESULTS: list[SweepRun] = []
+
+
+def _sweep_line(run: SweepRun) -> str:
+    graph = "     n/a" if run.graph is None else f"{run.graph:8.1f}"
+    mark = "  (default)" if run.default else ""
+    return (f"    sweep {run.cfg}: fused_g {graph} us  fused {run.eager:8.1f} us  "
+            f"vs_floor {run.us / max(run.floor, 1e-9):5.2f}x{mark}{run.note}")
+
+
+def sweep_markov(timer: Timer, base, anchor, w1, w2, nbytes: float, bw: float,
+                 smoke: bool = False) -> None:
     """Time every ``mc._SWEEP_CONFIGS`` entry that fits the batch (``BLOCK_G`` at most twice
-    the padded batch) in a graph; the summary table is printed at the end of the run."""
+    the padded batch) in a graph; ``diff`` counts drafts that differ from the default tiling's
+    (bf16 near-ties may flip: tolerance-level parity, spec 9.20). The summary table is printed
+    at the end of the run."""
     rows, k, vocab = base.shape
     shape = f"B={rows} r={w1.shape[1]}"
     floor = nbytes / bw * 1e6
     default = mc._markov_launch_sizes(rows, vocab, w1.shape[1], w1.dtype)
+    want = mc.markov_chain(base, anchor, w1, w2)[0]
+    configs = mc._SWEEP_CONFIGS
+    if smoke:  # the CPU interpreter: one plain and one transposed tiling
+        configs = (configs[0], next(c for c in configs if c[5]))
     try:
-        for cfg in mc._SWEEP_CONFIGS:
+        for cfg in configs:
             if cfg[0] > max(16, 2 * triton_next_pow2(rows)):
                 continue
             mc._SIZE_OVERRIDE = cfg
+
+            def fused():
+                return mc.markov_chain(base, anchor, w1, w2)
+
             try:
-                us = timer.graph(lambda: mc.markov_chain(base, anchor, w1, w2))
+                diff = int((fused()[0] != want).sum())
+                graph = timer.graph(fused)
+                eager = timer.eager(fused)
             except Exception as exc:  # noqa: BLE001 - a config may not fit the device
-                emit(f"    sweep {cfg}: failed ({type(exc).__name__})")
+                emit(f"    sweep {cfg}: failed ({type(exc).__name__}: {str(exc)[:80]})")
                 continue
-            if us is not None:
-                mark = "  (default)" if cfg == default else ""
-                emit(f"    sweep {cfg}: fused_g {us:8.1f} us  vs_floor {us / floor:5.2f}x{mark}")
-                SWEEP_RESULTS.append((shape, us, floor, cfg))
+            run = SweepRun("markov_chain", shape, rows, graph, eager, floor, cfg, cfg == default,
+                           f"  diff={diff}" if diff else "")
+            emit(_sweep_line(run))
+            SWEEP_RESULTS.append(run)
     finally:
         mc._SIZE_OVERRIDE = None
 
 
+def sweep_strict(timer: Timer, logits, drafts, verify_len, nbytes: float, bw: float,
+                 smoke: bool = False) -> None:
+    """Time every ``sa._SWEEP_CONFIGS`` launch configuration (eager and in a graph); a
+    configuration whose outputs are not bit-identical to the reference is reported and never
+    ranked."""
+    g, k1, vocab = logits.shape
+    shape = f"B={g} K+1={k1} V={vocab}"
+    floor = nbytes / bw * 1e6
+    want = sa.strict_accept_reference(logits, drafts, verify_len)
+    default = sa._strict_accept_launch_sizes(g * k1, k1, vocab)
+    configs = sa._SWEEP_CONFIGS
+    if smoke:  # the CPU interpreter: one configuration of each kernel variant
+        configs = (configs[0], next(c for c in configs if c[0]))
+    try:
+        for cfg in configs:
+            sa._SIZE_OVERRIDE = cfg
+            sa._SIZES.clear()
+            sa._PLANS.clear()
+            layout = sa._strict_accept_launch_sizes(g * k1, k1, vocab)
+
+            def fused():
+                return sa.strict_accept(logits, drafts, verify_len)
+
+            try:
+                got = fused()
+                fused()  # the second call takes the direct-launch plan on a GPU
+                same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+                again = fused()
+                same = same and torch.equal(again[0], want[0]) and torch.equal(again[1], want[1])
+                graph = timer.graph(fused)
+                eager = timer.eager(fused)
+            except Exception as exc:  # noqa: BLE001 - a config may not fit the device
+                emit(f"    sweep {cfg}: failed ({type(exc).__name__}: {str(exc)[:80]})")
+                continue
+            note = f"  chunks={layout[2]} BLOCK_V={layout[0]} programs={g * k1 * layout[2]}"
+            run = SweepRun("strict_accept", shape, g * k1, graph, eager, floor, cfg,
+                           layout == default, note if same else note + "  MISMATCH")
+            emit(_sweep_line(run))
+            if same:
+                SWEEP_RESULTS.append(run)
+    finally:
+        sa._SIZE_OVERRIDE = None
+        sa._SIZES.clear()
+        sa._PLANS.clear()
+
+
+def _defaults_block(name: str, current: tuple, best: dict[int, SweepRun],
+                    defaults: dict[int, SweepRun], margin: float = 0.97) -> list[str]:
+    """A paste-ready ``_DEFAULT_BY_ROWS`` for one op. An entry covering several measured row
+    counts is split at them; each entry covering a measured row count takes that shape's best
+    config when it beats the measured default by more than 3%; other entries stay."""
+    table: list[list] = []
+    low = 0
+    for bound, cfg in current:
+        group = sorted(r for r in best if low < r <= bound)
+        table += [[r, cfg, r] for r in group[:-1]]
+        table.append([bound, cfg, group[-1] if group else None])
+        low = bound
+    changed = False
+    for entry in table:
+        rows = entry[2]
+        if rows is None:
+            continue
+        run, ref = best[rows], defaults.get(rows)
+        if ref is not None and run.us >= margin * ref.us:
+            continue
+        if tuple(entry[1]) != tuple(run.cfg):
+            entry[1], changed = run.cfg, True
+    if not changed:
+        return [f"# {name}: keep the current _DEFAULT_BY_ROWS (no config beats the default "
+                "by more than 3% at any measured shape)"]
+    merged: list[list] = []
+    for entry in table:  # neighbours with one config need one entry
+        if merged and tuple(merged[-1][1]) == tuple(entry[1]):
+            merged[-1][0] = entry[0]
+        else:
+            merged.append(entry)
+    lines = [f"# {name}: paste-ready _DEFAULT_BY_ROWS (best per measured row count; re-run "
+             "the sweep after pasting)", "_DEFAULT_BY_ROWS = ("]
+    lines += [f"    ({'1 << 62' if b >= 1 << 62 else b}, {tuple(c)})," for b, c, _ in merged]
+    return lines + [")"]
+
+
 def print_sweep_summary() -> None:
-    """Best configuration per shape (BLOCK_G, BLOCK_S, BLOCK_R, warps, stages, EARLY_BASE)."""
+    """Best configuration per op and shape, the 2nd best, the default, and paste-ready
+    ``_DEFAULT_BY_ROWS`` blocks for ``strict_accept.py`` and ``markov_chain.py``."""
     if not SWEEP_RESULTS:
         return
     emit("")
-    emit("# Markov sweep: best fused_g per shape (us), vs_floor, config; then the 2nd best")
-    shapes = list(dict.fromkeys(s for s, *_ in SWEEP_RESULTS))
-    for shape in shapes:
-        runs = sorted((us, floor, cfg) for s, us, floor, cfg in SWEEP_RESULTS if s == shape)
-        best = runs[0]
-        line = f"{shape:<16} {best[0]:8.1f} {best[0] / best[1]:5.2f}x {best[2]}"
+    emit("# Sweep: best per op/shape: time (us, in a graph where capturable), vs_floor, config;"
+         " then the 2nd best and the default")
+    keys = list(dict.fromkeys((r.op, r.shape) for r in SWEEP_RESULTS))
+    best: dict[str, dict[int, SweepRun]] = {}
+    defaults: dict[str, dict[int, SweepRun]] = {}
+    for op, shape in keys:
+        runs = sorted((r for r in SWEEP_RESULTS if (r.op, r.shape) == (op, shape)),
+                      key=lambda r: r.us)
+        top = runs[0]
+        best.setdefault(op, {})[top.rows] = top
+        line = (f"{op:<14} {shape:<26} {top.us:8.1f} {top.us / max(top.floor, 1e-9):5.2f}x "
+                f"{top.cfg}")
         if len(runs) > 1:
-            line += f"   | {runs[1][0]:8.1f} {runs[1][2]}"
+            line += f"   | 2nd {runs[1].us:8.1f} {runs[1].cfg}"
+        ref = next((r for r in runs if r.default), None)
+        if ref is not None:
+            defaults.setdefault(op, {})[top.rows] = ref
+            line += f"   | default {ref.us:8.1f} ({ref.us / top.us:4.2f}x the best)"
         emit(line)
+    emit("")
+    if "strict_accept" in best:
+        for line in _defaults_block("strict_accept.py", sa._DEFAULT_BY_ROWS,
+                                    best["strict_accept"], defaults.get("strict_accept", {})):
+            emit(line)
+    if "markov_chain" in best:
+        for line in _defaults_block("markov_chain.py (bf16/fp16 weights)", mc._DEFAULT_BY_ROWS,
+                                    best["markov_chain"], defaults.get("markov_chain", {})):
+            emit(line)
 
 
 def triton_next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
-def bench_strict_accept(timer: Timer, bw: float, dev: str, smoke: bool) -> None:
+def bench_strict_accept(timer: Timer, bw: float, dev: str, smoke: bool,
+                        sweep: bool = False) -> None:
     vocab = 111 if smoke else 151936
     g = torch.Generator().manual_seed(1)
     for rows in ([3] if smoke else [4, 32, 128]):
@@ -278,6 +430,8 @@ def bench_strict_accept(timer: Timer, bw: float, dev: str, smoke: bool) -> None:
                 partial(sa.strict_accept_reference, logits, drafts, verify_len),
                 partial(sa.strict_accept, logits, drafts, verify_len),
                 logits.numel() * 4, bw)
+        if sweep:
+            sweep_strict(timer, logits, drafts, verify_len, logits.numel() * 4, bw, smoke)
 
 
 def bench_paging(timer: Timer, bw: float, dev: str, smoke: bool) -> None:
@@ -358,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
     parser.add_argument("--out", default=None, help="directory for the raw output file")
     parser.add_argument("--ops", default=",".join(OPS), help=f"comma list of {sorted(OPS)}")
-    parser.add_argument("--sweep", action="store_true", help="sweep Markov tile configurations")
+    parser.add_argument("--sweep", action="store_true",
+                        help="sweep the strict_accept and Markov launch configurations")
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--ranks", default=None, help="Markov ranks, comma list (64,128,256)")
     parser.add_argument("--batches", default=None, help="Markov batches, comma list (1,4,32,128)")
@@ -384,6 +539,8 @@ def main(argv: list[str] | None = None) -> int:
                 bench_markov(timer, bw, dev, args.smoke, args.sweep,
                              [int(x) for x in args.ranks.split(",")] if args.ranks else None,
                              [int(x) for x in args.batches.split(",")] if args.batches else None)
+            elif name == "strict":
+                bench_strict_accept(timer, bw, dev, args.smoke, args.sweep)
             else:
                 OPS[name](timer, bw, dev, args.smoke)
     print_sweep_summary()

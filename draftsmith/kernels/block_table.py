@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
-from draftsmith.kernels._launch import FastLaunch
+from draftsmith.kernels._launch import FastLaunch, hooks_installed, raw_stream
 
 
 def decode_block_table_reference(
@@ -58,30 +58,51 @@ def _decode_launch_sizes(max_blocks: int) -> int:
 
 _LAUNCH = FastLaunch(_decode_block_table_kernel)
 _BLOCKS: dict[int, int] = {}
+_PLANS: dict[tuple, tuple] = {}
+"""Direct-launch plans: ``(B, max_blocks, strides, divisor, dtype, device)`` -> ``(trailing
+args, run, function, packed)``, recorded after a launch with a 16-byte aligned ``offsets``
+pointer and used only for such pointers (outputs from the caching allocator always are)."""
+_T = torch.Tensor
+_OFFSET_DTYPES = (torch.int32, torch.int64)
+_I64 = torch.int64
 
 
 def decode_block_table(offsets: torch.Tensor, divisor: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel form of :func:`decode_block_table_reference`; identical output, one launch.
 
     ``offsets: [B, max_blocks] int32/int64`` (strided views allowed), ``divisor >= 1``.
-    Returns ``(table [B, max_blocks] int64, counts [B] int64)``.
+    Returns freshly allocated ``(table [B, max_blocks] int64, counts [B] int64)``.
     """
-    if not (type(offsets) is torch.Tensor and offsets.dim() == 2
-            and offsets.dtype in (torch.int32, torch.int64)):
-        check_tensor("offsets", offsets, ("B", "max_blocks"), (torch.int32, torch.int64))
+    if type(offsets) is not _T or offsets.dim() != 2 or offsets.dtype not in _OFFSET_DTYPES:
+        check_tensor("offsets", offsets, ("B", "max_blocks"), _OFFSET_DTYPES)
     if type(divisor) is not int or divisor < 1:
         raise ShapeError(f"divisor must be an int >= 1 (kv_factor or layers * kv_factor), "
                          f"got {divisor!r}")
     b, m = offsets.shape
-    dev = offsets.device
-    table = torch.empty((b, m), dtype=torch.int64, device=dev)
-    counts = torch.empty((b,), dtype=torch.int64, device=dev)
-    if b:
-        block = _BLOCKS.get(m)
-        if block is None:
-            block = _BLOCKS[m] = _decode_launch_sizes(m)
-        stride_b, stride_m = offsets.stride()
-        _LAUNCH((b,), (offsets, table, counts, m, stride_b, stride_m, divisor, block))
+    table = offsets.new_empty((b, m), dtype=_I64)
+    counts = offsets.new_empty((b,), dtype=_I64)
+    if not b:
+        return table, counts
+    stride_b, stride_m = offsets.stride()
+    if offsets.is_cuda:
+        dev = offsets.get_device()
+        plan = _PLANS.get((b, m, stride_b, stride_m, divisor, offsets.dtype, dev))
+        if plan is not None and not offsets.data_ptr() & 15 and not hooks_installed():
+            tail, run, function, packed = plan
+            run(b, 1, 1, raw_stream(dev), function, packed, None, None, None,
+                offsets, table, counts, *tail)
+            return table, counts
+    block = _BLOCKS.get(m)
+    if block is None:
+        block = _BLOCKS[m] = _decode_launch_sizes(m)
+    tail = (m, stride_b, stride_m, divisor, block)
+    args = (offsets, table, counts, *tail)
+    _LAUNCH((b,), args)
+    if offsets.is_cuda and not offsets.data_ptr() & 15:
+        dev = offsets.get_device()
+        hit = _LAUNCH.handle(dev, args)
+        if hit is not None:
+            _PLANS[(b, m, stride_b, stride_m, divisor, offsets.dtype, dev)] = (tail, *hit)
     return table, counts
 
 

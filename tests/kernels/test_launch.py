@@ -55,3 +55,17 @@ def test_no_launch_hooks_by_default() -> None:
     assert not _launch._hook_active(Chain([]))
     assert _launch._hook_active(Chain([print]))
     assert _launch._hook_active(print)
+
+
+def test_handle_uses_the_launch_key() -> None:
+    """``handle`` (what per-op launch plans record) finds exactly the entry ``__call__`` keyed:
+    same device, launch options and argument classes."""
+    launcher = FastLaunch(None)
+    buf = torch.zeros(64, dtype=torch.float32)
+    args = (buf, 7, True)
+    launcher.compiled[(0, (4, None), specialization_key(args))] = ("run", "function", "packed")
+    assert launcher.handle(0, (buf.clone(), 7, True)) == ("run", "function", "packed")
+    assert launcher.handle(0, args, num_warps=8) is None
+    assert launcher.handle(1, args) is None
+    assert launcher.handle(0, (buf[1:], 7, True)) is None  # 4-byte misaligned pointer
+    assert launcher.handle(0, (buf, 8, True)) is None

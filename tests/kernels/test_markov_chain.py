@@ -123,6 +123,30 @@ def test_fused_chain_row_tiles_cpu(rows: int) -> None:
     assert torch.equal(drafts, want_drafts)
 
 
+@pytest.mark.parametrize(
+    "cfg",
+    [(16, 32, 16, 4, 3, True, False), (32, 16, 32, 4, 3, True, True),
+     (16, 64, 16, 4, 3, False, True)],
+)
+def test_fused_chain_sweep_tilings_cpu(cfg, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The transposed (SWAP) tile, the early base load and other sweep tilings give the
+    reference chain (several row tiles, a ragged last vocabulary tile, out-of-vocabulary
+    anchors)."""
+    from draftsmith.kernels import markov_chain as mc
+
+    monkeypatch.setattr(mc, "_SIZE_OVERRIDE", cfg)
+    vocab, rank, rows, k = 111, 19, 37, 3
+    w1, w2 = _head(vocab, rank, 30)
+    base = _base(rows, k, vocab, 31)
+    base[5, 0, 40] = float("nan")  # a NaN wins its row (order T) in the SWAP epilogue too
+    anchor = torch.randint(-1, vocab + 1, (rows,), generator=torch.Generator().manual_seed(32))
+    want_drafts, want_corrected = markov_chain_reference(base, anchor, w1, w2)
+    drafts, corrected = markov_chain(base, anchor, w1, w2)
+    torch.testing.assert_close(corrected, want_corrected, equal_nan=True)
+    assert torch.equal(drafts, want_drafts)
+    assert drafts[5, 0] == 40
+
+
 def test_fused_step_pair_is_order_t_argmax_of_its_row() -> None:
     """NaN first, NaN over +inf, +inf ties, all -inf: the pair is ``torch.max`` of the corrected
     row the kernel itself stored (bitwise index, NaN-equal value)."""
@@ -232,6 +256,35 @@ def test_gpu_bf16_steps_match_reference_away_from_ties(rows: int) -> None:
     clear = (top2[:, 0] - top2[:, 1]) > 2 * bias_ulp
     assert torch.equal(idx[clear], ref_idx[clear])
     assert torch.equal(idx, torch.argmax(out, dim=1))  # the pair is exact for its own row
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [4, 128])
+def test_gpu_bf16_sweep_tilings_match_reference_away_from_ties(
+    rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every tiling the benchmark sweeps at this batch (the SWAP tiles included) agrees with the
+    reference like the default one does."""
+    from draftsmith.kernels import markov_chain as mc
+
+    vocab, rank = 163840, 256
+    w1, w2 = _head(vocab, rank, 27, torch.bfloat16, "cuda")
+    base = _base(rows, 1, vocab, 28, device="cuda")[:, 0] * 4
+    prev = torch.randint(0, vocab, (rows,), device="cuda")
+    ref_out = torch.empty_like(base)
+    _, ref_idx = markov_step_reference(base, prev, w1, w2, 0, ref_out)
+    bias_ulp = markov_bias_reference(w1, w2, prev).abs().amax(dim=1) * 2**-7
+    top2 = ref_out.topk(2, dim=1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 2 * bias_ulp
+    for cfg in mc._SWEEP_CONFIGS:
+        if cfg[0] > max(16, 2 * rows):
+            continue
+        monkeypatch.setattr(mc, "_SIZE_OVERRIDE", cfg)
+        out = torch.empty_like(base)
+        _, idx = markov_step(base, prev, w1, w2, 0, out)
+        torch.testing.assert_close(out, ref_out, rtol=0, atol=float(bias_ulp.max()), msg=str(cfg))
+        assert torch.equal(idx[clear], ref_idx[clear]), cfg
+        assert torch.equal(idx, torch.argmax(out, dim=1)), cfg
 
 
 @pytest.mark.gpu
