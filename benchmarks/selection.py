@@ -18,6 +18,13 @@ graph-replayed empty launch (the best any one-launch kernel can do).
     python benchmarks/selection.py                          # the GPU table
     python benchmarks/selection.py --sweep                  # + argmax_pair launch-config sweep
     python benchmarks/selection.py --sweep --no-table       # only the sweep
+    python benchmarks/selection.py --sweep --no-table --sweep-grid small  # B <= 32 variants only
+
+``--sweep`` first prints the B = 1 probes (empty kernel / load-only / load + counter atomic over
+P programs: where the latency goes), then compiles the grid in ``--jobs`` processes, then times
+every configuration (pair, key, atomic and spin merges; bit-checked before and after its graph
+replays) and prints the best per case, per merge form and per regime (``tiny`` < 4 MiB,
+``latency`` < 24 MiB, ``bandwidth``), with a paste-ready ``ARGMAX_TUNING``.
     python benchmarks/selection.py --out benchmarks/results # also write the raw output there
     python benchmarks/selection.py --smoke                  # tiny sizes on the CPU (interpreter)
 """
@@ -35,6 +42,7 @@ if "--smoke" in sys.argv and not os.environ.get("CUDA_VISIBLE_DEVICES", "x") == 
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from _timing import (  # noqa: E402
     copy_bandwidth,
     floor_us,
@@ -46,10 +54,15 @@ from _timing import (  # noqa: E402
 from draftsmith.kernels import argmax_pair as ap  # noqa: E402
 from draftsmith.kernels.argmax_pair import (  # noqa: E402
     EXCHANGE_COLUMNS,
-    LATENCY_BYTES,
+    KEY_EMPTY,
+    MERGE_ATOMIC,
+    MERGE_KEYS,
+    MERGE_PAIRS,
+    MERGE_SPIN,
     PairTuning,
     argmax_pair,
     argmax_pair_reference,
+    pair_regime,
     set_pair_tuning,
 )
 from draftsmith.kernels.gumbel_pair import gumbel_pair  # noqa: E402
@@ -61,6 +74,22 @@ SINK: list = []  # the open results file, written line by line (a killed run kee
 @triton.jit
 def _empty_kernel(x_ptr, n):
     pass
+
+
+@triton.jit
+def _probe_kernel(x_ptr, out_ptr, count_ptr, S, BLOCK: tl.constexpr, ATOMIC: tl.constexpr):
+    """Diagnostic (wrong answers on purpose): program ``p`` loads columns ``p * BLOCK ..`` of one
+    row and stores their max; with ``ATOMIC`` it also counts itself on ``count_ptr`` (acq_rel),
+    and the last program resets the counter: the chain of ``argmax_pair`` without the merge."""
+    pid = tl.program_id(0)
+    cols = pid * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + cols, mask=cols < S, other=float("-inf")).to(tl.float32)
+    tl.store(out_ptr + pid, tl.max(x, 0))
+    if ATOMIC:
+        tl.debug_barrier()
+        done = tl.atomic_add(count_ptr, 1, sem="acq_rel")
+        if done == tl.num_programs(0) - 1:
+            tl.store(count_ptr, 0)
 
 
 def host_us(fn, iters: int) -> float:
@@ -152,6 +181,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-table", action="store_true", help="skip the main tables")
     parser.add_argument("--sweep-iters", type=int, default=None,
                         help="graph replays per sweep point (default 30)")
+    parser.add_argument("--sweep-grid", choices=("all", "base", "small", "merge", "deep"),
+                        default="all",
+                        help="sweep configurations: base = the 2026-11-30 grid (pair merge), "
+                             "small = small programs / few warps (B <= 32 ideas), merge = the key "
+                             "and atomic merge forms on the base shapes, deep = 8 tiles in flight "
+                             "per trip, all = every one")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="processes that compile the sweep's kernels into Triton's cache "
+                             "before timing (default: min(16, CPUs) on a GPU, 0 = compile inline)")
     args = parser.parse_args(argv)
 
     if args.smoke:
@@ -176,7 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_table:
         main_tables(batches, vocab, device, bandwidth, iters)
     if args.sweep:
-        sweep(batches, vocab, device, bandwidth, args.sweep_iters or (2 if args.smoke else 30))
+        probes(vocab, device, args.sweep_iters or (2 if args.smoke else 30), args.smoke)
+        jobs = args.jobs if args.jobs is not None else (0 if args.smoke else
+                                                          min(16, os.cpu_count() or 1))
+        sweep(batches, vocab, device, bandwidth, args.sweep_iters or (2 if args.smoke else 30),
+              args.sweep_grid, jobs)
     if args.out:
         emit(f"# wrote {path}")
         SINK.pop().close()
@@ -202,43 +244,180 @@ def main_tables(batches: list[int], vocab: int, device: torch.device, bandwidth:
 
 
 SWEEP_SHAPES = [(2048, 2), (4096, 1), (4096, 2), (4096, 4), (8192, 1), (8192, 2)]
-"""``(block_bytes, unroll)`` pairs of the sweep: 4-16 KiB in flight per program and loop trip."""
+"""``(block_bytes, unroll)`` pairs of the base sweep: 4-16 KiB in flight per program and loop
+trip."""
+SMALL_SHAPES = [(512, 1), (1024, 1), (1024, 2), (2048, 1)]
+"""``(block_bytes, unroll)`` of the small-program variants: 0.5-2 KiB per program, one trip, so
+that one row spreads over every SM and each program issues all its loads at once."""
+MERGES = (MERGE_PAIRS, MERGE_KEYS, MERGE_ATOMIC, MERGE_SPIN)
+MERGE_NAMES = {MERGE_PAIRS: "pairs", MERGE_KEYS: "keys", MERGE_ATOMIC: "atomic",
+               MERGE_SPIN: "spin"}
 
 
-def sweep_grid(smoke: bool) -> list[PairTuning]:
+def sweep_grid(smoke: bool, which: str = "all") -> list[PairTuning]:
     """The launch configurations that ``--sweep`` times (``num_stages`` 1: on sm_90 the pair
-    loop compiles to the same PTX for 1 and 3, no cp.async; tree reduction on, plus the two
-    defaults with the four-reduction form)."""
+    loop compiles to the same PTX for 1 and 3, no cp.async).
+
+    * ``base``: the grid of the 2026-11-30 sweep (pair merge, tree reduction), plus the current
+      defaults with the four-reduction form;
+    * ``small``: B <= 32 ideas: 8-32 programs per SM of 0.5-2 KiB, 1-2 warps (no cross-warp
+      barrier in the lane reduction, few registers), each in all four merge forms;
+    * ``merge``: the best base shapes with the key merge (int64 ``tl.max`` lane reduction and
+      merge), the atomic merge (one 64-bit ``atomic_max`` per program, no merge pass) and the
+      spin merge (the row's last program polls the published keys: no counter round trip);
+    * ``deep``: 8 tiles (8-32 KiB) in flight per loop trip (B = 32: without pipelining every
+      trip of a program's loop is one dependent DRAM round trip);
+    * ``all``: every group, without duplicates.
+    """
     if smoke:
-        return [PairTuning(4, 4096, 2, 4, 1, False), PairTuning(2, 2048, 4, 4, 1, True)]
-    grid = [PairTuning(pps, bb, un, nw, 1, True)
+        grid = [PairTuning(4, 4096, 2, 4, 1, False), PairTuning(2, 2048, 4, 4, 1, True)]
+        grid += [PairTuning(8, 512, 1, 1, 1, False, m)
+                 for m in (MERGE_KEYS, MERGE_ATOMIC, MERGE_SPIN)]
+        return grid
+    base = [PairTuning(pps, bb, un, nw, 1, True)
             for pps, (bb, un), nw in itertools.product((4, 6, 8, 16), SWEEP_SHAPES, (4, 8))]
-    grid += [t._replace(tree_reduce=False) for t in ap.ARGMAX_TUNING.values()]
-    return grid
+    base += [t._replace(tree_reduce=False) for t in dict.fromkeys(ap.ARGMAX_TUNING.values())]
+    small = [PairTuning(pps, bb, un, nw, 1, True, m)
+             for m, pps, (bb, un), nw in itertools.product(MERGES, (8, 16, 32), SMALL_SHAPES,
+                                                           (1, 2))]
+    merge = [PairTuning(pps, bb, un, nw, 1, True, m)
+             for m, pps, (bb, un), nw in itertools.product(
+                 (MERGE_KEYS, MERGE_ATOMIC, MERGE_SPIN), (4, 8), [(2048, 2), (4096, 2), (4096, 4)],
+                 (4, 8))]
+    deep = [PairTuning(pps, bb, 8, nw, 1, True, m)
+            for m, pps, bb, nw in itertools.product((MERGE_PAIRS, MERGE_KEYS), (4, 8),
+                                                    (1024, 2048, 4096), (4, 8))]
+    parts = {"base": base, "small": small, "merge": merge, "deep": deep}
+    chosen = list(parts.values()) if which == "all" else [parts[which]]
+    return list(dict.fromkeys(t for part in chosen for t in part))
+
+
+def _state_is_clean(device: torch.device) -> bool:
+    """Every row counter is 0 and every atomic/spin-merge slot empty (ready for a replay)."""
+    ws = ap._WORKSPACES.get(device)
+    if ws is None:
+        return True
+    return (not bool(ws.counts.any()) and bool((ws.row_key == KEY_EMPTY).all())
+            and bool((ws.spin_key == KEY_EMPTY).all()))
+
+
+def probes(vocab: int, device: torch.device, iters: int, smoke: bool) -> None:
+    """Where the B = 1 time goes: graph-replayed microseconds of an empty kernel over ``P``
+    programs, of ``P`` programs each loading ``V / P`` columns of one bf16 row and storing their
+    max (``load``), and of the same plus the per-row counter atomic (``+atomic``). A full
+    ``argmax_pair`` adds the merge to ``+atomic``; ``load - empty`` is the load and lane-reduce
+    round trip, ``+atomic - load`` the counter round trip."""
+    timer = graph_time_us if device.type == "cuda" else time_us
+    x = torch.randn(1, vocab, device=device).to(torch.bfloat16)
+    count = torch.zeros(1, dtype=torch.int32, device=device)
+    emit()
+    emit(f"# probes: one bf16 row of V = {vocab}, P programs of BLOCK columns, us per call"
+         " (diagnostic kernels: no merge, not bit-checked)")
+    emit(f"{'P':>6} {'BLOCK':>6} {'nw':>3} | {'empty':>8} {'load':>8} {'+atomic':>8}")
+    shapes = [(2048, 1), (1024, 1)] if smoke else [
+        (8192, 8), (8192, 4), (4096, 4), (2048, 4), (2048, 2), (1024, 2), (1024, 1), (512, 1),
+        (256, 1)]
+    for block, nw in shapes:
+        p = triton.cdiv(vocab, block)
+        out = torch.empty(p, device=device)
+        cells = [timer(lambda p=p, nw=nw, out=out: _empty_kernel[(p,)](out, 0, num_warps=nw),
+                       device, iters=iters, warmup=2)]
+        for atomic in (False, True):
+            cells.append(timer(
+                lambda p=p, out=out, block=block, nw=nw, atomic=atomic: _probe_kernel[(p,)](
+                    x, out, count, vocab, BLOCK=block, ATOMIC=atomic, num_warps=nw),
+                device, iters=iters, warmup=2))
+        emit(f"{p:>6} {block:>6} {nw:>3} | " + " ".join(fmt(c, 8, 2) for c in cells))
+    if bool(count.any()):
+        emit("# probes: the counter was left non-zero (atomic probe broken)")
+
+
+def _compile_worker(job: tuple) -> int:
+    """Pool worker of :func:`precompile`: run ``argmax_pair`` once per ``(tuning, dtype, B)``
+    (garbage inputs) so that Triton writes every specialization to its on-disk cache."""
+    tunings, cases, vocab, device = job
+    done = 0
+    for tuning in tunings:
+        set_pair_tuning(tuning)
+        try:
+            for dtype, b in cases:
+                x = torch.zeros(b, vocab, device=device, dtype=dtype)
+                argmax_pair(x, 0, torch.zeros(b, EXCHANGE_COLUMNS, device=device), 0)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            done += 1
+        except Exception:  # noqa: BLE001 - the timing process reports it
+            pass
+    return done
+
+
+def precompile(grid: list[PairTuning], cases: list, vocab: int, jobs: int,
+               device: torch.device) -> None:
+    """Compile the sweep's kernels in ``jobs`` spawned processes (one GPU context each) into
+    Triton's on-disk cache; the timing process then loads them instead of compiling ~2 per
+    configuration one after the other. Any failure only costs the time: the sweep compiles
+    what is missing itself. (On the CPU it only exercises the pool: nothing is cached.)"""
+    import multiprocessing
+
+    t0 = time.perf_counter()
+    chunks = [grid[i::jobs] for i in range(jobs)]
+    work = [(c, cases, vocab, device) for c in chunks if c]
+    try:
+        with multiprocessing.get_context("spawn").Pool(len(work)) as pool:
+            done = sum(pool.map(_compile_worker, work))
+        emit(f"# precompiled {done} configurations in {len(work)} processes,"
+             f" {time.perf_counter() - t0:.1f} s")
+    except Exception as exc:  # noqa: BLE001 - the sweep compiles inline instead
+        emit(f"# precompile failed ({type(exc).__name__}: {exc}); compiling inline")
+
+
+def _time_checked(i: int, tuning: PairTuning, case: tuple, dtype: torch.dtype, b: int,
+                  device: torch.device, timer, iters: int, bad: list[str]) -> float | None:
+    """One sweep point: bit check, graph-replay timing, bit check and workspace check after the
+    replays (problems appended to ``bad`` as ``"cfg <i> ..."``); the time, or ``None``."""
+    x, ref = case
+    out = torch.full((b, EXCHANGE_COLUMNS), float("nan"), device=device)
+    argmax_pair(x, 0, out, 0)
+    if not torch.equal(out.view(torch.int32), ref.view(torch.int32)):
+        bad.append(f"cfg {i} {tuning} {dtype} B={b}")
+    t = timer(lambda: argmax_pair(x, 0, out, 0), device, iters=iters, warmup=2)
+    out.fill_(float("nan"))  # the replays must have left a clean state
+    argmax_pair(x, 0, out, 0)
+    if not torch.equal(out.view(torch.int32), ref.view(torch.int32)):
+        bad.append(f"cfg {i} {tuning} {dtype} B={b} (after graph replays)")
+    if not _state_is_clean(device):
+        bad.append(f"cfg {i} {tuning} {dtype} B={b}: workspace left dirty")
+    return t
 
 
 def sweep(batches: list[int], vocab: int, device: torch.device, bandwidth: float,
-          iters: int) -> None:
+          iters: int, which: str = "all", jobs: int = 0) -> None:
     """Time ``argmax_pair`` in a CUDA graph for every :func:`sweep_grid` configuration.
 
     Prints one row per configuration (us per call), then per case the best configuration and
     its target check, then the best configuration per regime of ``pick_pair_launch`` (the sum
     of each configuration's time relative to the per-case best), ready to paste into
-    ``ARGMAX_TUNING``. Every point is also checked bit for bit against the reference.
+    ``ARGMAX_TUNING``. Every point is checked bit for bit against the reference before and
+    after its timed graph replays, and the workspace (counters, atomic slots) must be clean.
     """
     t_start = time.perf_counter()
-    grid = sweep_grid(device.type != "cuda")
+    grid = sweep_grid(device.type != "cuda", which)
     cases = [(dtype, b) for dtype in (torch.bfloat16, torch.float32) for b in batches]
     timer = graph_time_us if device.type == "cuda" else time_us
     table: dict[tuple, dict[int, float]] = {}
     targets: dict[tuple, float] = {}
     bad: list[str] = []
+    failed: set[int] = set()
+    if jobs > 0:
+        precompile(grid, cases, vocab, jobs, device)
     emit()
     emit(f"# sweep: argmax_pair in a CUDA graph, us per call; {len(grid)} configurations;"
          f" columns dtype/B; pps = programs per SM, bb = block bytes, un = unroll,"
-         f" nw = num_warps, ns = num_stages, tr = tree reduction")
+         f" nw = num_warps, ns = num_stages, tr = tree reduction,"
+         f" mg = merge (0 pairs, 1 keys, 2 atomic, 3 spin)")
     head = " ".join(f"{str(d).removeprefix('torch.')[:4] + '/' + str(b):>10}" for d, b in cases)
-    emit(f"{'cfg':>4} {'pps':>4} {'bb':>5} {'un':>2} {'nw':>2} {'ns':>2} {'tr':>2} | {head}")
+    emit(f"{'cfg':>4} {'pps':>4} {'bb':>5} {'un':>2} {'nw':>2} {'ns':>2} {'tr':>2} {'mg':>2}"
+         f" | {head}")
     data = {}
     for dtype, b in cases:
         g = torch.Generator(device=device).manual_seed(b)
@@ -248,27 +427,37 @@ def sweep(batches: list[int], vocab: int, device: torch.device, bandwidth: float
         t_torch = timer(lambda x=x: torch.argmax(x, dim=-1), device, iters=iters, warmup=2)
         targets[(dtype, b)] = t_torch / 4 if b <= 32 else 1.5 * floor
         data[(dtype, b)] = (x, ref)
-    emit(f"{'target':>23} | " + " ".join(fmt(targets[c], 10, 2) for c in cases))
+    emit(f"{'target':>26} | " + " ".join(fmt(targets[c], 10, 2) for c in cases))
     try:
         for i, tuning in enumerate(grid):
             set_pair_tuning(tuning)
             cells = []
             for dtype, b in cases:
-                x, ref = data[(dtype, b)]
-                out = torch.full((b, EXCHANGE_COLUMNS), float("nan"), device=device)
-                argmax_pair(x, 0, out, 0)
-                if not torch.equal(out.view(torch.int32), ref.view(torch.int32)):
-                    bad.append(f"cfg {i} {tuning} {dtype} B={b}")
-                t = timer(lambda x=x, out=out: argmax_pair(x, 0, out, 0), device, iters=iters,
-                          warmup=2)
+                try:
+                    t = _time_checked(i, tuning, data[(dtype, b)], dtype, b, device, timer,
+                                      iters, bad)
+                except Exception as exc:  # noqa: BLE001 - one broken variant must not end the run
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    bad.append(f"cfg {i} {tuning} {dtype} B={b}: {type(exc).__name__}: {exc}")
+                    t = None
+                if t is None:
+                    failed.add(i)
+                    cells.append(f"{'fail':>10}")
+                    continue
                 table.setdefault((dtype, b), {})[i] = t
                 cells.append(fmt(t, 10, 2))
             emit(f"{i:>4} {tuning.programs_per_sm:>4} {tuning.block_bytes:>5} {tuning.unroll:>2}"
                  f" {tuning.num_warps:>2} {tuning.num_stages:>2} {int(tuning.tree_reduce):>2}"
-                 f" | {' '.join(cells)}")
+                 f" {tuning.merge:>2} | {' '.join(cells)}")
     finally:
         set_pair_tuning(None)
         ap.pair_launch_sizes.cache_clear()
+    for i in {int(m.split()[1]) for m in bad}:  # a wrong or dirty config is never picked
+        failed.add(i)
+    table = {case: {i: t for i, t in times.items() if i not in failed}
+             for case, times in table.items()}
+    table = {case: times for case, times in table.items() if times}
     emit()
     emit("# best per case (target: B <= 32 torch_gr / 4, B >= 128 1.5 x floor)")
     for (dtype, b), times in table.items():
@@ -277,24 +466,46 @@ def sweep(batches: list[int], vocab: int, device: torch.device, bandwidth: float
         emit(f"  {str(dtype).removeprefix('torch.'):>8} B={b:<4} cfg {i:>3} {grid[i]}:"
              f" {times[i]:.2f} us, target {tgt:.2f} us -> {'MET' if times[i] <= tgt else 'missed'}")
     emit()
+    emit("# best per case and merge form (us; cfg)")
+    emit(f"{'merge':>8} | " + " ".join(f"{str(d).removeprefix('torch.')[:4] + '/' + str(b):>14}"
+                                       for d, b in cases))
+    for m in MERGES:
+        cells = []
+        for case in cases:
+            times = {i: t for i, t in table.get(case, {}).items() if grid[i].merge == m}
+            if times:
+                i = min(times, key=times.get)
+                cells.append(f"{times[i]:>7.2f} ({i:>4})")
+            else:
+                cells.append(f"{'-':>14}")
+        emit(f"{MERGE_NAMES[m]:>8} | " + " ".join(cells))
+    emit()
     picks = {}
-    for regime in ("latency", "bandwidth"):
-        keys = [k for k in table
-                if (k[1] * vocab * torch.empty(0, dtype=k[0]).element_size() < LATENCY_BYTES)
-                == (regime == "latency")]
+    regimes = ("tiny", "latency", "bandwidth")
+    case_regime = {k: pair_regime(k[1] * vocab * torch.empty(0, dtype=k[0]).element_size(),
+                                  dict.fromkeys(regimes)) for k in table}
+    for regime in regimes:
+        keys = [k for k in table if case_regime[k] == regime]
         if not keys:
             continue
         score = {i: sum(table[k][i] / min(table[k].values()) for k in keys) / len(keys)
-                 for i in range(len(grid))}
+                 for i in range(len(grid)) if i not in failed}
+        if not score:
+            continue
         i = min(score, key=score.get)
         picks[regime] = grid[i]
-        emit(f"# best {regime} config (mean time / per-case best = {score[i]:.3f}): cfg {i}")
+        over = ", ".join(f"{str(d).removeprefix('torch.')}/B={b}" for d, b in keys)
+        emit(f"# best {regime} config (mean time / per-case best = {score[i]:.3f}): cfg {i}"
+             f" over {over}")
     emit("# paste into draftsmith/kernels/argmax_pair.py:")
     emit("ARGMAX_TUNING = {")
-    for regime, t in picks.items():
-        emit(f'    "{regime}": {t!r},')
+    for regime in regimes:  # a regime without a measured case keeps the current default
+        t = picks.get(regime, ap.ARGMAX_TUNING.get(regime))
+        if t is not None:
+            emit(f'    "{regime}": {t!r},' + ("" if regime in picks else "  # not measured"))
     emit("}")
-    emit(f"# sweep: {len(bad)} bit mismatches" + ("".join("\n#   " + m for m in bad)))
+    emit(f"# sweep: {len(bad)} bit mismatches / failures ({len(failed)} configurations left out"
+         f" of the picks)" + ("".join("\n#   " + m for m in bad)))
     emit(f"# sweep took {time.perf_counter() - t_start:.1f} s")
 
 

@@ -10,6 +10,16 @@ several chunks, each program stores its partial pair and bumps the row's counter
 that counts last merges the row's pairs in chunk order and resets the counter (the scratch lives
 in a per-device workspace). So a handful of rows still spreads over the whole GPU, without a
 second launch. Launch sizes come from :func:`pick_pair_launch` / :func:`pair_launch_sizes`.
+
+The merge has four interchangeable forms (``PairTuning.merge``, identical bits; the sweep picks):
+``MERGE_PAIRS`` (partial (value, index) pairs, order-T lane reduction), ``MERGE_KEYS`` (each
+pair packed into one order-T int64 key, :func:`pair_key`: the lane reductions become one
+``tl.max`` and the merge loads one int64 per chunk) and ``MERGE_ATOMIC`` (each chunk folds its
+key into the row's slot with one 64-bit ``atomic_max``; the last program takes the slot with
+``atomic_xchg``, which also resets it for the next launch or graph replay: no partials, no
+merge reduction) and ``MERGE_SPIN`` (each chunk publishes its key; the row's last chunk polls the
+row's slots and merges with no counter round trip, falling back to the counter after a bounded
+number of polls).
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from draftsmith.contract import ShapeError, check_tensor
+from draftsmith.contract import ConfigError, ShapeError, check_tensor
 from draftsmith.kernels._launch import FastLaunch
 
 EXCHANGE_COLUMNS = 128
@@ -138,6 +148,65 @@ def lane_argmax(vals, idxs, TREE: tl.constexpr):
     return val, idx
 
 
+MERGE_PAIRS = 0
+"""Merge form: partial pairs stored, the last program reduces them in order T."""
+MERGE_KEYS = 1
+"""Merge form: partial int64 keys (:func:`pair_key`) stored, the last program takes their max."""
+MERGE_ATOMIC = 2
+"""Merge form: one 64-bit ``atomic_max`` per chunk into the row's key slot, taken (and reset to
+:data:`KEY_EMPTY`) by the last program with ``atomic_xchg``."""
+MERGE_SPIN = 3
+"""Merge form: each chunk publishes its key in its own slot; the row's LAST chunk polls the
+row's slots (bounded: :data:`SPIN_POLLS` volatile loads) and merges as soon as all are there,
+with no counter round trip on its path. If the polls run out (the other programs of the row
+were not scheduled yet) every program falls back to the counter protocol, so it cannot hang."""
+_MERGE_SPIN_FALLBACK = 4
+"""Test-only form of ``MERGE_SPIN``: the row's first chunk polls, zero times (always the
+counter fallback)."""
+SPIN_POLLS = tl.constexpr(4096)
+"""Poll limit of ``MERGE_SPIN`` (about 1-2 ms of L2 round trips before the fallback)."""
+KEY_EMPTY = -(2**63)
+"""The int64 key below every real key: a lane or slot that holds no candidate."""
+
+
+@triton.jit
+def _key_empty():
+    return tl.full([], 1, tl.int64) << 63  # -2**63 (no int64 literal overflow in the frontend)
+
+
+@triton.jit
+def pair_key(val, idx):
+    """Order-T int64 key of ``(val: fp32, idx: int32 in [0, 2**24))`` (any shape): a larger key
+    is the order-T winner, so ``tl.max`` over keys is :func:`lane_argmax_t` over pairs.
+
+    Bits 63..32: the value as a signed-monotone int32 (``b`` if ``b >= 0`` else
+    ``b ^ 0x7FFFFFFF``), ``-0.0`` folded onto ``+0.0`` (they tie), every NaN ``0x7FFFFFFF`` (above
+    ``+inf``; NaNs tie). Bits 31..8: ``0xFFFFFF - idx`` (ties go to the lower index). Bit 0: the
+    value was ``-0.0`` (never decides: the bits above are unique per index; :func:`key_pair`
+    restores the sign). ``idx == INT32_MAX`` (an empty lane) maps to :data:`KEY_EMPTY`.
+    """
+    b = val.to(tl.int32, bitcast=True)
+    neg_zero = b == (tl.full([], 1, tl.int32) << 31)
+    mono = tl.where(b < 0, b ^ 0x7FFFFFFF, b)
+    mono = tl.where(neg_zero, 0, mono)
+    mono = tl.where(val != val, 0x7FFFFFFF, mono)
+    low = ((0xFFFFFF - idx).to(tl.int64) << 8) | neg_zero.to(tl.int64)
+    key = (mono.to(tl.int64) << 32) | low
+    return tl.where(idx == 2147483647, _key_empty(), key)
+
+
+@triton.jit
+def key_pair(key):
+    """Inverse of :func:`pair_key`: ``(value fp32, index int32)``; a NaN value comes back as the
+    canonical ``0x7FFF0000``, ``-0.0`` with its sign."""
+    hi = (key >> 32).to(tl.int32)
+    idx = 0xFFFFFF - ((key >> 8) & 0xFFFFFF).to(tl.int32)
+    b = tl.where(hi < 0, hi ^ 0x7FFFFFFF, hi)
+    b = tl.where((key & 1) != 0, tl.full([], 1, tl.int32) << 31, b)
+    b = tl.where(hi == 0x7FFFFFFF, 2147418112, b)  # 0x7FFF0000
+    return b.to(tl.float32, bitcast=True), idx
+
+
 @triton.jit
 def write_pair_row(row_ptr, C, slot, idx, val, BLOCK_OUT: tl.constexpr):
     """Write a whole staging row: ``idx`` (fp32) at ``2*slot``, ``val`` at ``2*slot+1``, +0.0
@@ -181,6 +250,110 @@ def finish_pair(val, idx, row, chunk, n_chunks, out_ptr, out_row_stride, C, voca
 
 
 @triton.jit
+def finish_key(key, row, chunk, n_chunks, out_ptr, out_row_stride, C, vocab_start, slot,
+               key_ptr, count_ptr, BLOCK_C: tl.constexpr, BLOCK_OUT: tl.constexpr,
+               MERGE: tl.constexpr):
+    """:func:`finish_pair` for a chunk's :func:`pair_key` ``key`` (``MERGE_KEYS``: ``key_ptr``
+    holds the partial keys ``[rows * n_chunks]``; ``MERGE_ATOMIC``: the row slots ``[rows]``,
+    all :data:`KEY_EMPTY` between launches; ``MERGE_SPIN``: see :func:`finish_key_spin`)."""
+    out_row = out_ptr + row.to(tl.int64) * out_row_stride
+    part = row.to(tl.int64) * n_chunks
+    if n_chunks == 1:
+        val, idx = key_pair(key)
+        write_pair_row(out_row, C, slot, idx + vocab_start, val, BLOCK_OUT)
+    else:
+        if MERGE >= 3:
+            finish_key_spin(key, row, chunk, n_chunks, out_row, C, vocab_start, slot, key_ptr,
+                            count_ptr, BLOCK_C, BLOCK_OUT, MERGE)
+        else:
+            if MERGE == 1:
+                tl.store(key_ptr + part + chunk, key)
+            else:
+                tl.atomic_max(key_ptr + row, key, sem="relaxed")
+            tl.debug_barrier()
+            done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
+            if done == n_chunks - 1:
+                if MERGE == 1:
+                    c = tl.arange(0, BLOCK_C)
+                    keys = tl.load(key_ptr + part + c, mask=c < n_chunks, other=_key_empty(),
+                                   cache_modifier=".cg")
+                    best = tl.max(keys, 0)
+                else:
+                    best = tl.atomic_xchg(key_ptr + row, _key_empty(), sem="relaxed")
+                val, idx = key_pair(best)
+                write_pair_row(out_row, C, slot, idx + vocab_start, val, BLOCK_OUT)
+                tl.store(count_ptr + row, 0)
+
+
+@triton.jit
+def finish_key_spin(key, row, chunk, n_chunks, out_row, C, vocab_start, slot, key_ptr,
+                    count_ptr, BLOCK_C: tl.constexpr, BLOCK_OUT: tl.constexpr,
+                    MERGE: tl.constexpr):
+    """``MERGE_SPIN`` for ``n_chunks > 1``: ``key_ptr`` holds the row slots
+    ``[rows * n_chunks] int64``, all :data:`KEY_EMPTY` between launches (a real key never is).
+
+    Fast path (the poller saw every slot filled): it merges, empties the slots and adds
+    ``1 - n_chunks`` to the counter, which the other ``n_chunks - 1`` programs each raise by 1,
+    so it ends at 0 and none of their adds returns ``n_chunks - 1``. Fallback (polls ran out):
+    the poller adds 1 like the others and the program whose add returns ``n_chunks - 1``
+    merges, empties the slots and zeroes the counter (every slot was written before each add,
+    acq_rel)."""
+    slots = key_ptr + row.to(tl.int64) * n_chunks
+    c = tl.arange(0, BLOCK_C)
+    m = c < n_chunks
+    tl.atomic_xchg(slots + chunk, key, sem="relaxed")  # a strong write: the poller reads it
+    if MERGE == 3:
+        poller = n_chunks - 1  # dispatched after the row's other programs
+        limit = SPIN_POLLS
+    else:
+        poller = 0
+        limit = 0
+    fast = chunk < 0
+    if chunk == poller:
+        keys = tl.load(slots + c, mask=m, other=0, volatile=True)
+        missing = tl.min(keys, 0) == _key_empty()
+        polls = tl.zeros([], tl.int32)
+        while missing & (polls < limit):
+            keys = tl.load(slots + c, mask=m, other=0, volatile=True)
+            missing = tl.min(keys, 0) == _key_empty()
+            polls += 1
+        if missing == 0:
+            fast = chunk >= 0
+            val, idx = key_pair(tl.max(keys, 0))
+            write_pair_row(out_row, C, slot, idx + vocab_start, val, BLOCK_OUT)
+            tl.store(slots + c, tl.zeros([BLOCK_C], tl.int64) + _key_empty(), mask=m)
+            tl.atomic_add(count_ptr + row, 1 - n_chunks, sem="relaxed")
+    if fast == 0:
+        tl.debug_barrier()
+        done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
+        if done == n_chunks - 1:
+            keys = tl.load(slots + c, mask=m, other=0, cache_modifier=".cg")
+            val, idx = key_pair(tl.max(keys, 0))
+            write_pair_row(out_row, C, slot, idx + vocab_start, val, BLOCK_OUT)
+            tl.store(slots + c, tl.zeros([BLOCK_C], tl.int64) + _key_empty(), mask=m)
+            tl.store(count_ptr + row, 0)
+
+
+@triton.jit
+def finish_lanes(best_val, best_idx, row, chunk, n_chunks, out_ptr, out_row_stride, C,
+                 vocab_start, slot, part_val_ptr, part_idx_ptr, count_ptr, key_ptr,
+                 BLOCK_C: tl.constexpr, BLOCK_OUT: tl.constexpr, TREE: tl.constexpr,
+                 MERGE: tl.constexpr):
+    """Reduce the per-lane bests ``best_val: [BLOCK] fp32``, ``best_idx: [BLOCK] int32`` (shard
+    columns, ``INT32_MAX`` = empty lane) of program ``(row, chunk)`` and publish the chunk's
+    winner with merge form ``MERGE`` (``MERGE_PAIRS``, ``MERGE_KEYS``, ``MERGE_ATOMIC`` or
+    ``MERGE_SPIN``)."""
+    if MERGE == 0:
+        val, idx = lane_argmax(best_val, best_idx, TREE)
+        finish_pair(val, idx, row, chunk, n_chunks, out_ptr, out_row_stride, C, vocab_start,
+                    slot, part_val_ptr, part_idx_ptr, count_ptr, BLOCK_C, BLOCK_OUT, TREE)
+    else:
+        key = tl.max(pair_key(best_val, best_idx), 0)
+        finish_key(key, row, chunk, n_chunks, out_ptr, out_row_stride, C, vocab_start, slot,
+                   key_ptr, count_ptr, BLOCK_C, BLOCK_OUT, MERGE)
+
+
+@triton.jit
 def _lane_step(best_val, best_idx, x, cols):
     """:func:`lane_update` for lanes seeded with ``(-inf, first column)``: ``take`` is
     ``x > best`` or ``x`` NaN, unless ``best`` is already NaN (``~(x <= b)`` is one compare)."""
@@ -191,9 +364,9 @@ def _lane_step(best_val, best_idx, x, cols):
 @triton.jit(do_not_specialize=["tiles", "n_chunks"])
 def _argmax_pair_kernel(
     x_ptr, x_row_stride, S, out_ptr, out_row_stride, C, vocab_start, slot,
-    part_val_ptr, part_idx_ptr, count_ptr, tiles, n_chunks,
+    part_val_ptr, part_idx_ptr, count_ptr, key_ptr, tiles, n_chunks,
     BLOCK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_OUT: tl.constexpr, TREE: tl.constexpr,
-    UNROLL: tl.constexpr,
+    MERGE: tl.constexpr, UNROLL: tl.constexpr,
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -216,15 +389,29 @@ def _argmax_pair_kernel(
             c3 = c2 + BLOCK
             x2 = tl.load(base + c2, mask=c2 < S, other=float("-inf"))
             x3 = tl.load(base + c3, mask=c3 < S, other=float("-inf"))
+        if UNROLL >= 8:  # sweep variant: 8 tiles in flight per trip
+            c4 = c3 + BLOCK
+            c5 = c4 + BLOCK
+            c6 = c5 + BLOCK
+            c7 = c6 + BLOCK
+            x4 = tl.load(base + c4, mask=c4 < S, other=float("-inf"))
+            x5 = tl.load(base + c5, mask=c5 < S, other=float("-inf"))
+            x6 = tl.load(base + c6, mask=c6 < S, other=float("-inf"))
+            x7 = tl.load(base + c7, mask=c7 < S, other=float("-inf"))
         best_val, best_idx = _lane_step(best_val, best_idx, x0.to(tl.float32), c0)
         if UNROLL >= 2:
             best_val, best_idx = _lane_step(best_val, best_idx, x1.to(tl.float32), c1)
         if UNROLL >= 4:
             best_val, best_idx = _lane_step(best_val, best_idx, x2.to(tl.float32), c2)
             best_val, best_idx = _lane_step(best_val, best_idx, x3.to(tl.float32), c3)
-    val, idx = lane_argmax(best_val, best_idx, TREE)
-    finish_pair(val, idx, row, chunk, n_chunks, out_ptr, out_row_stride, C, vocab_start, slot,
-                part_val_ptr, part_idx_ptr, count_ptr, BLOCK_C, BLOCK_OUT, TREE)
+        if UNROLL >= 8:
+            best_val, best_idx = _lane_step(best_val, best_idx, x4.to(tl.float32), c4)
+            best_val, best_idx = _lane_step(best_val, best_idx, x5.to(tl.float32), c5)
+            best_val, best_idx = _lane_step(best_val, best_idx, x6.to(tl.float32), c6)
+            best_val, best_idx = _lane_step(best_val, best_idx, x7.to(tl.float32), c7)
+    finish_lanes(best_val, best_idx, row, chunk, n_chunks, out_ptr, out_row_stride, C,
+                 vocab_start, slot, part_val_ptr, part_idx_ptr, count_ptr, key_ptr, BLOCK_C,
+                 BLOCK_OUT, TREE, MERGE)
 
 
 # ---- launch -------------------------------------------------------------------------------
@@ -240,11 +427,15 @@ class PairTuning(NamedTuple):
     block_bytes: int
     """Bytes of one tile of one program (``BLOCK = block_bytes / itemsize`` elements)."""
     unroll: int
-    """Tiles loaded before they are reduced (1, 2 or 4)."""
+    """Tiles loaded before they are reduced (1, 2, 4 or 8)."""
     num_warps: int
     num_stages: int
     tree_reduce: bool = True
-    """Lane reductions as one pair ``tl.reduce`` (:func:`lane_argmax_t_tree`)."""
+    """Lane reductions as one pair ``tl.reduce`` (:func:`lane_argmax_t_tree`; ``MERGE_PAIRS``
+    only: the key forms reduce with one int64 ``tl.max``)."""
+    merge: int = MERGE_PAIRS
+    """How the chunks of a row meet: ``MERGE_PAIRS``, ``MERGE_KEYS``, ``MERGE_ATOMIC`` or
+    ``MERGE_SPIN``."""
 
 
 class PairLaunch(NamedTuple):
@@ -259,23 +450,40 @@ class PairLaunch(NamedTuple):
     num_warps: int
     num_stages: int
     tree_reduce: bool
+    merge: int = MERGE_PAIRS
 
 
 # Chosen by `benchmarks/selection.py --sweep` on one H200 (torch 2.11, triton 3.6), 2026-11-30:
-# benchmarks/results/selection-sweep_nvidia-h200_2026-11-30T0829Z.log (best in both regimes).
+# benchmarks/results/selection-sweep_nvidia-h200_2026-11-30T0829Z.log (best in both regimes;
+# "tiny" did not exist then: it keeps the latency pick until a sweep with the merge forms).
 ARGMAX_TUNING = {
+    "tiny": PairTuning(programs_per_sm=4, block_bytes=4096, unroll=4, num_warps=8,
+                       num_stages=1),
     "latency": PairTuning(programs_per_sm=4, block_bytes=4096, unroll=4, num_warps=8,
                           num_stages=1),
     "bandwidth": PairTuning(programs_per_sm=4, block_bytes=4096, unroll=4, num_warps=8,
                             num_stages=1),
 }
-"""Per-regime defaults of ``argmax_pair`` on a GPU (``latency``: shards of fewer than
-:data:`LATENCY_BYTES` bytes). Chosen offline from sm_90 register counts (bf16, 4 KiB tiles,
-unroll 2: 72 registers -> at most 7 programs of 4 warps per SM, so 6 per SM keeps one wave);
-``benchmarks/selection.py --sweep`` measures them and prints the best to paste here."""
+"""Per-regime defaults of ``argmax_pair`` on a GPU (``tiny``: shards of fewer than
+:data:`TINY_BYTES` bytes, ``latency``: fewer than :data:`LATENCY_BYTES`; see
+:func:`pair_regime`). ``benchmarks/selection.py --sweep`` measures the candidates (pair, key
+and atomic merges, small one-warp programs) and prints the best per regime to paste here."""
 
-LATENCY_BYTES = 16 << 20
-"""Shards smaller than this are latency-bound (a few microseconds of DRAM traffic)."""
+LATENCY_BYTES = 24 << 20
+"""Shards smaller than this are latency-bound (a few microseconds of DRAM traffic). 24 MiB puts
+the benchmark's B <= 32 cases (fp32 B = 32 at V = 163840: 21 MB) below and B >= 128 above, as
+the two targets split them (no effect while ``latency`` and ``bandwidth`` are the same)."""
+TINY_BYTES = 4 << 20
+"""Shards smaller than this (one to a few decode rows) are bound by the dependent round trips
+(DRAM load, counter atomic, merge), not by bandwidth."""
+
+
+def pair_regime(nbytes: int, defaults: dict[str, PairTuning]) -> str:
+    """The ``defaults`` key for a shard of ``nbytes`` bytes: ``tiny`` (when present) below
+    :data:`TINY_BYTES`, ``latency`` below :data:`LATENCY_BYTES`, else ``bandwidth``."""
+    if nbytes < TINY_BYTES and "tiny" in defaults:
+        return "tiny"
+    return "latency" if nbytes < LATENCY_BYTES else "bandwidth"
 
 _INTERPRETER_TUNING = PairTuning(programs_per_sm=4, block_bytes=4096, unroll=2, num_warps=4,
                                  num_stages=1, tree_reduce=False)
@@ -285,6 +493,9 @@ _tuning_override: dict[str, PairTuning] = {}
 def set_pair_tuning(tuning: PairTuning | None, op: str = "argmax") -> None:
     """Benchmark/test hook: use ``tuning`` for every regime of ``op`` (``"argmax"`` or
     ``"gumbel"``) on every device; ``None`` restores the defaults (the measured best)."""
+    if tuning is not None and (tuning.unroll not in (1, 2, 4, 8) or tuning.merge not in range(5)):
+        raise ConfigError(f"set_pair_tuning: unroll must be 1, 2, 4 or 8 and merge one of "
+                          f"MERGE_PAIRS/MERGE_KEYS/MERGE_ATOMIC/MERGE_SPIN (0..3), got {tuning}")
     if tuning is None:
         _tuning_override.pop(op, None)
     else:
@@ -311,8 +522,10 @@ def pair_launch_sizes(rows: int, shard_width: int, itemsize: int, sm_count: int,
     tiles = triton.cdiv(tiles, unroll) * unroll
     n_chunks = triton.cdiv(total_tiles, tiles)
     block_c = max(128, triton.next_power_of_2(n_chunks))  # one compiled variant for most
+    if tuning.merge == MERGE_ATOMIC:
+        block_c = 128  # no partials are loaded: one compiled variant for every split
     return PairLaunch(block, tiles, n_chunks, unroll, block_c, tuning.num_warps,
-                      tuning.num_stages, tuning.tree_reduce)
+                      tuning.num_stages, tuning.tree_reduce, tuning.merge)
 
 
 _SM_COUNT: dict[int, int] = {}
@@ -335,15 +548,18 @@ def pick_pair_launch(op: str, defaults: dict[str, PairTuning], rows: int, shard_
     if tuning is None and device.type != "cuda":
         tuning = _INTERPRETER_TUNING
     elif tuning is None:
-        small = rows * shard_width * itemsize < LATENCY_BYTES
-        tuning = defaults["latency" if small else "bandwidth"]
+        tuning = defaults[pair_regime(rows * shard_width * itemsize, defaults)]
     return pair_launch_sizes(rows, shard_width, itemsize, _sm_count(device), tuning)
 
 
 class _Workspace:
     """Per-device scratch of the one-launch merge: ``counts: [rows_cap] int32`` (all zero
-    between launches: the merging program resets its row) and the partial pairs
-    ``part_val: [parts_cap] float32``, ``part_idx: [parts_cap] int32``.
+    between launches: the merging program resets its row), the partial pairs
+    ``part_val: [parts_cap] float32``, ``part_idx: [parts_cap] int32``, the partial keys
+    ``part_key: [parts_cap] int64`` (``MERGE_KEYS``) and the row slots
+    ``row_key: [rows_cap] int64`` (``MERGE_ATOMIC``; all :data:`KEY_EMPTY` between launches: the
+    merging program takes its row's slot with ``atomic_xchg``) and the chunk slots
+    ``spin_key: [parts_cap] int64`` (``MERGE_SPIN``; all :data:`KEY_EMPTY` between launches).
 
     Buffers are only ever replaced by larger ones, and the old ones are kept alive, because a
     captured CUDA graph holds their addresses. Launches of pair kernels on two streams of one
@@ -354,6 +570,9 @@ class _Workspace:
         self.counts: torch.Tensor | None = None
         self.part_val: torch.Tensor | None = None
         self.part_idx: torch.Tensor | None = None
+        self.part_key: torch.Tensor | None = None
+        self.row_key: torch.Tensor | None = None
+        self.spin_key: torch.Tensor | None = None
         self.retired: list[torch.Tensor] = []
 
 
@@ -373,7 +592,8 @@ def _workspace(device: torch.device, rows: int, parts: int) -> _Workspace | None
     if ws is None:
         ws = _WORKSPACES[device] = _Workspace()
     else:
-        ws.retired += [ws.counts, ws.part_val, ws.part_idx]
+        ws.retired += [t for t in (ws.counts, ws.part_val, ws.part_idx, ws.part_key, ws.row_key,
+                                   ws.spin_key) if t is not None]
     rows_cap = max(_MIN_ROWS_CAP, triton.next_power_of_2(rows),
                    2 * (ws.counts.numel() if ws.counts is not None else 0))
     parts_cap = max(_MIN_PARTS_CAP, triton.next_power_of_2(parts),
@@ -381,6 +601,9 @@ def _workspace(device: torch.device, rows: int, parts: int) -> _Workspace | None
     ws.counts = torch.zeros(rows_cap, dtype=torch.int32, device=device)
     ws.part_val = torch.empty(parts_cap, dtype=torch.float32, device=device)
     ws.part_idx = torch.empty(parts_cap, dtype=torch.int32, device=device)
+    ws.part_key = torch.empty(parts_cap, dtype=torch.int64, device=device)
+    ws.row_key = torch.full((rows_cap,), KEY_EMPTY, dtype=torch.int64, device=device)
+    ws.spin_key = torch.full((parts_cap,), KEY_EMPTY, dtype=torch.int64, device=device)
     return ws
 
 
@@ -390,7 +613,8 @@ def run_pair_reduction(launcher: FastLaunch, launch: PairLaunch, out: torch.Tens
     """Launch a pair kernel once over ``(rows, n_chunks)`` through ``launcher``.
 
     The kernel's signature is ``*args, out_ptr, out_row_stride, C, vocab_start, slot, part_val,
-    part_idx, counts, tiles, n_chunks, BLOCK, BLOCK_C, BLOCK_OUT, TREE, *constexprs`` (all passed
+    part_idx, counts, keys, tiles, n_chunks, BLOCK, BLOCK_C, BLOCK_OUT, TREE, MERGE, *constexprs``
+    (``keys``: the workspace's ``part_key`` or ``row_key`` as ``launch.merge`` needs; all passed
     positionally: :class:`~draftsmith.kernels._launch.FastLaunch` skips Triton's binder after
     the first launch of a specialization)."""
     C = out.shape[1]
@@ -406,17 +630,34 @@ def run_pair_reduction(launcher: FastLaunch, launch: PairLaunch, out: torch.Tens
     # aligned) tensors keeps it the same compiled kernel, so it can launch inside a capture
     if ws is not None:
         part_val, part_idx, counts = ws.part_val, ws.part_idx, ws.counts
+        keys = {MERGE_ATOMIC: ws.row_key, MERGE_SPIN: ws.spin_key,
+                _MERGE_SPIN_FALLBACK: ws.spin_key}.get(launch.merge, ws.part_key)
+        if keys is None:  # a hand-built workspace without key buffers (tests)
+            keys = _dummy_keys(out.device)
     else:
         part_val, part_idx = out, out.view(torch.int32)
         counts = part_idx
+        keys = _dummy_keys(out.device)
     launcher(
         (rows, launch.n_chunks),
-        (*args, out, out.stride(0), C, vocab_start, slot, part_val, part_idx, counts,
+        (*args, out, out.stride(0), C, vocab_start, slot, part_val, part_idx, counts, keys,
          launch.tiles, launch.n_chunks, launch.block, launch.block_c, _block_out(C),
-         launch.tree_reduce, *constexprs),
+         launch.tree_reduce, launch.merge, *constexprs),
         num_warps=launch.num_warps, num_stages=launch.num_stages,
     )
     return out
+
+
+_DUMMY_KEYS: dict[torch.device, torch.Tensor] = {}
+
+
+def _dummy_keys(device: torch.device) -> torch.Tensor:
+    """An int64 stand-in for ``keys`` when the device has no workspace (one-chunk launches never
+    read it); kept, so that a captured graph may hold its address."""
+    t = _DUMMY_KEYS.get(device)
+    if t is None:
+        t = _DUMMY_KEYS[device] = torch.full((1,), KEY_EMPTY, dtype=torch.int64, device=device)
+    return t
 
 
 @functools.lru_cache(maxsize=64)
@@ -512,7 +753,20 @@ __all__ = [
     "lane_argmax_t_tree",
     "lane_update",
     "ARGMAX_TUNING",
+    "KEY_EMPTY",
     "LATENCY_BYTES",
+    "MERGE_ATOMIC",
+    "MERGE_KEYS",
+    "MERGE_PAIRS",
+    "MERGE_SPIN",
+    "SPIN_POLLS",
+    "TINY_BYTES",
+    "finish_key",
+    "finish_key_spin",
+    "finish_lanes",
+    "key_pair",
+    "pair_key",
+    "pair_regime",
     "PairLaunch",
     "PairTuning",
     "finish_pair",

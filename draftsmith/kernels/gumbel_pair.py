@@ -22,8 +22,7 @@ from draftsmith.kernels.argmax_pair import (
     PairTuning,
     _check_args,
     argmax_pair_reference,
-    finish_pair,
-    lane_argmax,
+    finish_lanes,
     lane_update,
     pick_pair_launch,
     run_pair_reduction,
@@ -110,9 +109,9 @@ GUMBEL_TUNING = {
 def _gumbel_pair_kernel(
     x_ptr, x_row_stride, S, temp_ptr, seeds_ptr, offsets_ptr,
     out_ptr, out_row_stride, C, vocab_start, slot, part_val_ptr, part_idx_ptr, count_ptr,
-    tiles, n_chunks,
+    key_ptr, tiles, n_chunks,
     BLOCK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_OUT: tl.constexpr, TREE: tl.constexpr,
-    STREAM: tl.constexpr, SKIP: tl.constexpr,
+    MERGE: tl.constexpr, STREAM: tl.constexpr, SKIP: tl.constexpr,
     G_LO: tl.constexpr, G_HI: tl.constexpr, SPAN: tl.constexpr,
     SLACK: tl.constexpr, REL: tl.constexpr,
 ):
@@ -151,9 +150,9 @@ def _gumbel_pair_kernel(
                 g = tl.minimum(tl.maximum(g, G_LO), G_HI)
                 scores = z + g
         best_val, best_idx = lane_update(best_val, best_idx, scores, cols, keep)
-    val, idx = lane_argmax(best_val, best_idx, TREE)
-    finish_pair(val, idx, row, chunk, n_chunks, out_ptr, out_row_stride, C, vocab_start, slot,
-                part_val_ptr, part_idx_ptr, count_ptr, BLOCK_C, BLOCK_OUT, TREE)
+    finish_lanes(best_val, best_idx, row, chunk, n_chunks, out_ptr, out_row_stride, C,
+                 vocab_start, slot, part_val_ptr, part_idx_ptr, count_ptr, key_ptr, BLOCK_C,
+                 BLOCK_OUT, TREE, MERGE)
 
 
 _GUMBEL_LAUNCH = FastLaunch(_gumbel_pair_kernel)

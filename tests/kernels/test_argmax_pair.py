@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from draftsmith.contract import ShapeError
 from draftsmith.kernels import argmax_pair as ap
 from draftsmith.kernels.argmax_pair import (
     CANONICAL_NAN_BITS,
     EXCHANGE_COLUMNS,
+    KEY_EMPTY,
+    MERGE_ATOMIC,
+    MERGE_KEYS,
+    MERGE_SPIN,
     PairTuning,
     argmax_pair,
     argmax_pair_reference,
@@ -136,12 +144,22 @@ TUNINGS = [
     PairTuning(16, 512, 2, 4, 1, False),  # 128 fp32 lanes: up to 16 chunks per row
     PairTuning(4, 2048, 2, 4, 1, True),  # the one-pass pair reduction (the GPU default)
     PairTuning(1, 8192, 2, 4, 1, False),  # one slot: one chunk per row (no counter)
+    # the key merge forms (sweep variants): partial int64 keys / one 64-bit atomic_max per chunk
+    PairTuning(16, 512, 2, 4, 1, False, MERGE_KEYS),
+    PairTuning(4, 4096, 2, 4, 1, False, MERGE_KEYS),
+    PairTuning(16, 512, 1, 1, 1, False, MERGE_ATOMIC),  # one warp, one tile, 32 chunks per row
+    PairTuning(1, 8192, 2, 4, 1, False, MERGE_ATOMIC),  # one chunk: the key decoded in place
+    PairTuning(4, 1024, 8, 4, 1, False, MERGE_KEYS),  # 8 tiles in flight per trip
+    PairTuning(16, 512, 1, 1, 1, False, MERGE_SPIN),  # the last chunk polls: the fast path
+    PairTuning(8, 1024, 2, 2, 1, False, ap._MERGE_SPIN_FALLBACK),  # the counter fallback
 ]
 
 
 def counters_are_zero(device: torch.device | str) -> bool:
+    """Row counters all 0 and atomic-merge row slots all empty: ready for the next launch."""
     ws = ap._WORKSPACES.get(torch.device(device))
-    return ws is None or not bool(ws.counts.any())
+    return ws is None or (not bool(ws.counts.any()) and bool((ws.row_key == KEY_EMPTY).all())
+                          and bool((ws.spin_key == KEY_EMPTY).all()))
 
 
 @pytest.fixture
@@ -152,7 +170,7 @@ def tuning():
 
 
 @pytest.mark.parametrize("cfg", TUNINGS, ids=lambda t: f"pps{t.programs_per_sm}-bb{t.block_bytes}"
-                         f"-u{t.unroll}-tree{int(t.tree_reduce)}")
+                         f"-u{t.unroll}-nw{t.num_warps}-tree{int(t.tree_reduce)}-m{t.merge}")
 def test_kernel_equals_reference_every_tuning(cfg: PairTuning, tuning) -> None:
     tuning(cfg)
     x = adversarial_logits(8192, torch.float32)
@@ -167,17 +185,90 @@ def test_kernel_equals_reference_every_tuning(cfg: PairTuning, tuning) -> None:
     assert counters_are_zero("cpu")
 
 
+@triton.jit
+def _keys_kernel(val_ptr, idx_ptr, key_ptr, back_val_ptr, back_idx_ptr, N: tl.constexpr):
+    c = tl.arange(0, N)
+    key = ap.pair_key(tl.load(val_ptr + c), tl.load(idx_ptr + c))
+    tl.store(key_ptr + c, key)
+    val, idx = ap.key_pair(key)
+    tl.store(back_val_ptr + c, val)
+    tl.store(back_idx_ptr + c, idx)
+
+
+def special_values() -> torch.Tensor:
+    """fp32 values whose order-T comparisons are easy to get wrong in an integer key."""
+    ints = [0x7FC00000, 0x7FC00001, 0xFFC00000 - 2**32, 0x7F800001, 0x80000001 - 2**32, 1]
+    floats = [0.0, -0.0, 1.0, -1.0, float("inf"), float("-inf"), 3.0e38, -3.0e38, 1e-45,
+              -1e-45, 1.1754944e-38, -1.1754944e-38, 2.5, 2.5000002, -2.5, -2.5000002]
+    return torch.cat([torch.tensor(ints, dtype=torch.int32).view(torch.float32),
+                      torch.tensor(floats, dtype=torch.float32)])
+
+
+def order_t_wins(a: float, i: int, b: float, j: int) -> bool:
+    """(a, i) beats (b, j) under order T (NaN first, larger, ties to the lower index)."""
+    na, nb = a != a, b != b
+    if na or nb:
+        return na and (not nb or i < j)
+    return a > b or (a == b and i < j)
+
+
+def test_pair_key_is_order_t_and_round_trips() -> None:
+    vals = special_values()
+    n = 64
+    idx_pool = [0, 1, 2**24 - 1, 2**24 - 2, 77, 8191]
+    pairs = list(itertools.product(range(vals.numel()), range(len(idx_pool))))[:n - 1]
+    val = torch.stack([vals[v] for v, _ in pairs] + [torch.tensor(float("-inf"))])
+    idx = torch.tensor([idx_pool[i] for _, i in pairs] + [2**31 - 1], dtype=torch.int32)
+    key = torch.empty(n, dtype=torch.int64)
+    back_val, back_idx = torch.empty(n), torch.empty(n, dtype=torch.int32)
+    _keys_kernel[(1,)](val, idx, key, back_val, back_idx, N=n)
+    assert int(key[-1]) == KEY_EMPTY  # an empty lane (idx INT32_MAX) loses to everything
+    assert bool((key[:-1] > KEY_EMPTY).all())
+    real = n - 1
+    assert torch.equal(back_idx[:real], idx[:real])
+    nan = torch.isnan(val[:real])
+    assert bool((bits(back_val[:real])[nan] == CANONICAL_NAN_BITS).all())
+    assert torch.equal(bits(back_val[:real])[~nan], bits(val[:real])[~nan])  # -0.0 keeps its sign
+    for p, q in itertools.combinations(range(real), 2):
+        if int(idx[p]) == int(idx[q]):
+            continue  # order T compares distinct indices only
+        a, i, b, j = float(val[p]), int(idx[p]), float(val[q]), int(idx[q])
+        assert (int(key[p]) > int(key[q])) == order_t_wins(a, i, b, j), (a, i, b, j)
+
+
+def test_set_pair_tuning_validates() -> None:
+    with pytest.raises(ap.ConfigError, match="unroll"):
+        set_pair_tuning(PairTuning(4, 4096, 3, 4, 1))
+    with pytest.raises(ap.ConfigError, match="merge"):
+        set_pair_tuning(PairTuning(4, 4096, 2, 4, 1, True, 7))
+
+
+def test_pair_regime() -> None:
+    tuning = ap.ARGMAX_TUNING
+    assert ap.pair_regime(163840 * 2, tuning) == "tiny"
+    assert ap.pair_regime(32 * 163840 * 2, tuning) == "latency"
+    assert ap.pair_regime(32 * 163840 * 4, tuning) == "latency"
+    assert ap.pair_regime(128 * 163840 * 2, tuning) == "bandwidth"
+    assert ap.pair_regime(100, {"latency": None, "bandwidth": None}) == "latency"  # no "tiny"
+
+
 def test_launch_sizes_cover_the_row_in_one_wave() -> None:
     for rows, width, itemsize, sms in [(1, 163840, 2, 132), (4, 163840, 4, 132),
                                        (32, 163840, 2, 132), (128, 163840, 2, 132),
                                        (256, 163840, 4, 132), (7, 77, 4, 1), (2, 151936, 2, 132),
                                        (5000, 1000, 2, 132)]:
-        for cfg in TUNINGS + [ap.ARGMAX_TUNING["latency"], ap.ARGMAX_TUNING["bandwidth"]]:
+        sweep_small = [PairTuning(32, 512, 1, 1, 1, True, m)
+                       for m in (0, MERGE_KEYS, MERGE_ATOMIC, MERGE_SPIN)]
+        for cfg in TUNINGS + sweep_small + list(ap.ARGMAX_TUNING.values()):
             launch = pair_launch_sizes(rows, width, itemsize, sms, cfg)
             span = launch.tiles * launch.block
             assert launch.tiles % launch.unroll == 0
             assert launch.n_chunks * span >= width > (launch.n_chunks - 1) * span
-            assert launch.block_c >= launch.n_chunks
+            assert launch.merge == cfg.merge
+            if cfg.merge == MERGE_ATOMIC:  # loads no partials: one compiled variant
+                assert launch.block_c == 128
+            else:
+                assert launch.block_c >= launch.n_chunks
             if launch.n_chunks > 1:
                 assert rows * launch.n_chunks <= sms * cfg.programs_per_sm
             if width * itemsize >= cfg.block_bytes:
@@ -220,6 +311,8 @@ def test_capture_with_too_small_workspace_falls_back(monkeypatch) -> None:
     small.counts = torch.zeros(1, dtype=torch.int32, device="cuda")
     small.part_val = torch.empty(1, device="cuda")
     small.part_idx = torch.empty(1, dtype=torch.int32, device="cuda")
+    small.part_key = torch.empty(1, dtype=torch.int64, device="cuda")
+    small.row_key = torch.full((1,), KEY_EMPTY, dtype=torch.int64, device="cuda")
     monkeypatch.setattr(ap, "_WORKSPACES", {torch.device("cuda", 0): small, x.device: small})
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -256,7 +349,12 @@ def test_adversarial_gpu(v: int, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.gpu
-def test_graph_replay_equals_eager() -> None:
+@pytest.mark.parametrize("cfg", [None, PairTuning(16, 1024, 1, 1, 1, True, MERGE_KEYS),
+                                 PairTuning(32, 512, 1, 2, 1, True, MERGE_ATOMIC),
+                                 PairTuning(8, 2048, 1, 4, 1, True, MERGE_SPIN)],
+                         ids=["default", "keys", "atomic", "spin"])
+def test_graph_replay_equals_eager(cfg: PairTuning | None, tuning) -> None:
+    tuning(cfg)
     x = torch.randn(32, 163840, device="cuda", dtype=torch.bfloat16)
     out = torch.zeros(32, EXCHANGE_COLUMNS, device="cuda")
     argmax_pair(x, 0, out, 1)  # warm-up compiles outside capture

@@ -9,7 +9,17 @@ import pytest
 import torch
 
 from draftsmith.contract import ShapeError
-from draftsmith.kernels.argmax_pair import EXCHANGE_COLUMNS, argmax_pair_reference
+from draftsmith.kernels import argmax_pair as ap
+from draftsmith.kernels.argmax_pair import (
+    EXCHANGE_COLUMNS,
+    KEY_EMPTY,
+    MERGE_ATOMIC,
+    MERGE_KEYS,
+    MERGE_SPIN,
+    PairTuning,
+    argmax_pair_reference,
+    set_pair_tuning,
+)
 from draftsmith.kernels.gumbel_pair import (
     G_MAX,
     G_MIN,
@@ -64,6 +74,25 @@ def test_skip_equals_no_skip(rows: int, v: int) -> None:
         a = fn(x, temps, seeds, offsets, 0, 0, None, 0, True)
         b = fn(x, temps, seeds, offsets, 0, 0, None, 0, False)
         assert torch.equal(bits(a), bits(b))
+
+
+@pytest.mark.parametrize("merge", [MERGE_KEYS, MERGE_ATOMIC, MERGE_SPIN],
+                         ids=["keys", "atomic", "spin"])
+def test_key_merge_forms(merge: int) -> None:
+    """The int64-key merge forms give the pair merge's bits, with skipped (empty) lanes."""
+    x, temps, seeds, offsets = make_case(3, 8192, seed=4, scale=12.0)  # many dominated ids
+    x[2, 4000] = float("nan")
+    want = gumbel_pair_reference(x, temps, seeds, offsets, 2, 64)
+    try:
+        set_pair_tuning(PairTuning(16, 1024, 1, 1, 1, False, merge), op="gumbel")  # 5 chunks/row
+        for skip in (True, False):
+            got = gumbel_pair(x, temps, seeds, offsets, 2, 64, None, 0, skip)
+            assert torch.equal(bits(got), bits(want))
+    finally:
+        set_pair_tuning(None, op="gumbel")
+    ws = ap._WORKSPACES[torch.device("cpu")]
+    assert not ws.counts.any() and bool((ws.row_key == KEY_EMPTY).all())
+    assert bool((ws.spin_key == KEY_EMPTY).all())
 
 
 def test_greedy_rows_equal_argmax_pair() -> None:
