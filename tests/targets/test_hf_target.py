@@ -191,3 +191,40 @@ def test_bf16_cuda_ragged_verify_matches_a_fresh_forward() -> None:
                                        atol=0.1, rtol=0.05)
             seqs[b] = torch.cat([seqs[b], tokens[b, : counts[b]]])
         target.commit([0, 1, 2], [s.numel() for s in seqs])
+
+
+def test_cache_reaches_decoders_that_call_it_past_key_values() -> None:
+    """transformers before 5.2x names the decoder's cache argument ``past_key_values``; an
+    unknown keyword would be swallowed by ``**kwargs`` and verify would run without a cache."""
+    model = make_tiny_causal_lm(seed=8)
+    reference = HFTarget(model)
+    decoder = model.get_decoder()
+    current = decoder.forward
+
+    class OldDecoder(torch.nn.Module):
+        """The same decoder behind the older argument name."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = decoder
+            self.layers = decoder.layers
+
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None,
+                    past_key_values=None, use_cache=None, **kwargs):
+            assert "cache" not in kwargs, "the old API must receive past_key_values"
+            return current(input_ids=input_ids, attention_mask=attention_mask,
+                           position_ids=position_ids, use_cache=use_cache,
+                           **{reference._cache_kwarg: past_key_values})
+
+    old = HFTarget(model)
+    old._decoder = OldDecoder()
+    assert old._cache_kwarg == "past_key_values"
+    assert reference._cache_kwarg in ("cache", "past_key_values")
+    prompt = torch.arange(3, 12)
+    tokens = torch.tensor([[5, 6, 7]])
+    for target in (reference, old):
+        target.prefill([0], [prompt])
+    got = old.verify([0], tokens).logits.logits
+    want = reference.verify([0], tokens).logits.logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert old.cached_length(0) == reference.cached_length(0) == 12
