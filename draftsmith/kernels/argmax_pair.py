@@ -456,13 +456,17 @@ class PairLaunch(NamedTuple):
 # Chosen by `benchmarks/selection.py --sweep` on one H200 (torch 2.11, triton 3.6), 2026-11-30:
 # benchmarks/results/selection-sweep_nvidia-h200_2026-11-30T0829Z.log (best in both regimes;
 # "tiny" did not exist then: it keeps the latency pick until a sweep with the merge forms).
+# From `benchmarks/selection.py --sweep` on one H200 (torch 2.11, triton 3.6), 2026-11-30,
+# benchmarks/results/selection-sweep2_nvidia-h200_2026-11-30T0857Z.log. Only the pairs merge
+# (merge=0) is used: some spin / low-warp variants failed the adversarial GPU parity test
+# (test_every_tuning_gpu) in that session and stay sweep-only until fixed.
 ARGMAX_TUNING = {
-    "tiny": PairTuning(programs_per_sm=4, block_bytes=4096, unroll=4, num_warps=8,
-                       num_stages=1),
-    "latency": PairTuning(programs_per_sm=4, block_bytes=4096, unroll=4, num_warps=8,
-                          num_stages=1),
-    "bandwidth": PairTuning(programs_per_sm=4, block_bytes=4096, unroll=4, num_warps=8,
-                            num_stages=1),
+    "tiny": PairTuning(programs_per_sm=4, block_bytes=1024, unroll=8, num_warps=4, num_stages=1,
+                       tree_reduce=True, merge=0),
+    "latency": PairTuning(programs_per_sm=4, block_bytes=2048, unroll=8, num_warps=4,
+                          num_stages=1, tree_reduce=True, merge=0),
+    "bandwidth": PairTuning(programs_per_sm=4, block_bytes=2048, unroll=8, num_warps=8,
+                            num_stages=1, tree_reduce=True, merge=0),
 }
 """Per-regime defaults of ``argmax_pair`` on a GPU (``tiny``: shards of fewer than
 :data:`TINY_BYTES` bytes, ``latency``: fewer than :data:`LATENCY_BYTES`; see
