@@ -335,3 +335,29 @@ def test_columns_past_num_ctx_are_never_read():
         outs.append(drafter.forward_block(inputs, placement, cache))
     assert torch.isfinite(outs[1]).all()
     assert torch.equal(outs[0], outs[1])
+
+
+def test_loaded_markov_head_drives_the_spec_chain_with_ties_and_oov_anchors(tmp_path):
+    """Spec 2.3 on the head of a loaded DeepSpec checkpoint: the eager chain equals the
+    section's definition bit for bit (fp32), with tied logits and anchors -1 and V."""
+    from draftsmith.kernels.markov_chain import markov_chain_reference
+
+    _write_checkpoint(_random(markov_rank=R), tmp_path, "deepspec", torch.randn(V, H))
+    head = _load(tmp_path).markov_head()
+    g, k = 4, 7
+    gen = torch.Generator().manual_seed(3)
+    # coarse values make exact ties common, inside a row and across the bias
+    base = torch.randint(-2, 3, (g, k, V), generator=gen).float()
+    anchor = torch.tensor([-1, V, 0, V - 1])
+    drafts, corrected = markov_chain_reference(base, anchor, head.w1, head.w2)
+
+    prev = anchor
+    for j in range(k):
+        inside = (prev >= 0) & (prev < V)
+        rows = head.w1[prev.clamp(0, V - 1)] * inside[:, None]
+        z = base[:, j] + rows @ head.w2.T
+        token = torch.argmax(z, dim=-1)  # order T: first index among equal maxima
+        assert torch.equal(corrected[:, j], z)
+        assert torch.equal(drafts[:, j], token)
+        prev = token
+    assert torch.equal(corrected[0, 0], base[0, 0]) and torch.equal(corrected[1, 0], base[1, 0])
