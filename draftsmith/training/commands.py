@@ -69,7 +69,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 def train_command(args: argparse.Namespace) -> int:
     """Train a drafter and print the final metrics as JSON."""
     from draftsmith.runtime.targets.smollm2 import load_target
-    from draftsmith.training.trainer import TrainConfig, export_checkpoint, train
+    from draftsmith.training.trainer import (
+        TrainConfig,
+        calibrate_checkpoint,
+        export_checkpoint,
+        train,
+    )
 
     fields: dict[str, object] = {"family": args.family}
     if args.steps is not None:
@@ -95,6 +100,8 @@ def train_command(args: argparse.Namespace) -> int:
                    time_limit_s=args.time_limit)
     if args.export is not None:
         best = args.out / "best" if (args.out / "best").is_dir() else args.out / "last"
+        result["calibration"] = calibrate_checkpoint(best, target.model, args.data, config,
+                                                     log=_log)
         export_checkpoint(best, args.export)
         _log(f"exported {best} to {args.export} (bf16)")
     print(json.dumps(result, indent=2))

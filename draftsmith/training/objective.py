@@ -132,6 +132,8 @@ class LossParts:
     """Mean greedy accepted length (bonus included) over blocks with all ``K`` labels valid."""
     hits: torch.Tensor
     """``[B, N, K] bool``: teacher-forced draft ``j`` equals its label (for :func:`decode_walk_length`)."""
+    conf_raw: torch.Tensor | None = None
+    """``[B, N, K] fp32`` raw confidence logits (detached), when the drafter has the head."""
 
 
 def block_loss(
@@ -161,6 +163,7 @@ def block_loss(
     l1 = (l1_each * weight).sum() / denom
     total = CE_WEIGHT * ce + L1_WEIGHT * l1
     conf_val = 0.0
+    conf_raw = None
     if model.confidence_proj is not None:
         feat = hidden.float()
         if model.spec.confidence_head_with_markov and rows is not None:
@@ -171,13 +174,36 @@ def block_loss(
         conf = (bce * weight).sum() / denom
         total = total + CONF_WEIGHT * conf
         conf_val = float(conf.detach())
+        conf_raw = raw.detach().float()
     with torch.no_grad():
         hits = (z.argmax(-1) == blocks.labels) & blocks.mask
         accepted = hits.long().cumprod(-1).sum(-1)                        # [B, N]
         full = blocks.mask.all(-1)
         accept_len = float((accepted[full].float() + 1).mean()) if full.any() else float("nan")
     return LossParts(total=total, ce=float(ce.detach()), l1=float(l1.detach()), conf=conf_val,
-                     accept_len=accept_len, hits=hits)
+                     accept_len=accept_len, hits=hits, conf_raw=conf_raw)
+
+
+def decode_walk_rounds(
+    hits: torch.Tensor, anchors: torch.Tensor, keep: torch.Tensor, prompt_lens: torch.Tensor,
+    lengths: torch.Tensor,
+) -> list[tuple[int, int, int]]:
+    """The rounds greedy decoding would run: ``(row b, anchor index n, committed tokens)``.
+
+    See :func:`decode_walk_length`; every response position must be an anchor.
+    """
+    run = hits.long().cumprod(-1).sum(-1)                                 # [B, N]
+    rounds: list[tuple[int, int, int]] = []
+    for b in range(hits.shape[0]):
+        by_anchor = {int(a): (n, int(r)) for n, (a, r, k) in
+                     enumerate(zip(anchors[b], run[b], keep[b], strict=True)) if k}
+        pos, end = int(prompt_lens[b]), int(lengths[b]) - 1
+        while pos < end and pos in by_anchor:
+            n, accepted = by_anchor[pos]
+            step = min(1 + accepted, end - pos)
+            rounds.append((b, n, step))
+            pos += step
+    return rounds
 
 
 def decode_walk_length(
@@ -192,17 +218,9 @@ def decode_walk_length(
     round length, ``tokens / rounds``, is the accepted length the decoder reports, which a mean
     over uniformly drawn anchors overstates (long rounds cover many anchors but count once).
     """
-    run = hits.long().cumprod(-1).sum(-1)                                 # [B, N]
-    tokens = rounds = 0
-    for b in range(hits.shape[0]):
-        by_anchor = {int(a): int(r) for a, r, k in zip(anchors[b], run[b], keep[b], strict=True)
-                     if k}
-        pos, end = int(prompt_lens[b]), int(lengths[b]) - 1
-        while pos < end and pos in by_anchor:
-            step = min(1 + by_anchor[pos], end - pos)
-            tokens, rounds, pos = tokens + step, rounds + 1, pos + step
-    return tokens, rounds
+    rounds = decode_walk_rounds(hits, anchors, keep, prompt_lens, lengths)
+    return sum(step for _, _, step in rounds), len(rounds)
 
 
-__all__ = ["BlockBatch", "LossParts", "block_loss", "decode_walk_length", "drafter_hidden",
-           "sample_blocks"]
+__all__ = ["BlockBatch", "LossParts", "block_loss", "decode_walk_length", "decode_walk_rounds",
+           "drafter_hidden", "sample_blocks"]

@@ -21,12 +21,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 
 from draftsmith.contract import ConfigError, LoadRequest, TargetInfo
+from draftsmith.drafters.calibration import fit_sts, sts_ece
 from draftsmith.drafters.gqa import GQADrafter
 from draftsmith.runtime.registry import load_registry
 from draftsmith.training.data import TrainingSequence, batch_at, read_dataset
 from draftsmith.training.objective import (
     block_loss,
     decode_walk_length,
+    decode_walk_rounds,
     drafter_hidden,
     sample_blocks,
 )
@@ -162,6 +164,40 @@ def export_checkpoint(
     return destination
 
 
+def split_dataset(sequences: list[TrainingSequence], config: TrainConfig
+                  ) -> tuple[list[TrainingSequence], list[TrainingSequence]]:
+    """``(held out, training)`` sequences: a fixed permutation by ``config.seed``."""
+    perm = torch.randperm(len(sequences), generator=torch.Generator().manual_seed(config.seed))
+    n_val = max(1, int(len(sequences) * config.val_fraction))
+    order = perm.tolist()
+    return [sequences[i] for i in order[:n_val]], [sequences[i] for i in order[n_val:]]
+
+
+def calibrate_checkpoint(directory: Path, target_model: torch.nn.Module, data_dir: Path,
+                         config: TrainConfig, log: Callable[[str], None] = print
+                         ) -> dict[str, Any]:
+    """Fit the STS table of the checkpoint in ``directory`` on the run's held-out split and
+    write it into that checkpoint's ``config.json``."""
+    device = next(target_model.parameters()).device
+    cfg = target_model.config
+    info = TargetInfo(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+                      num_layers=cfg.num_hidden_layers, dtype=torch.float32)
+    family = load_registry().family(config.family)
+    assert family.load is not None
+    drafter = family.load(LoadRequest(options=family.options_model(), checkpoint=directory,
+                                      target=info, device=device, dtype=torch.float32))
+    if not isinstance(drafter, GQADrafter) or drafter.confidence_proj is None:
+        return {}
+    val, _ = split_dataset(read_dataset(data_dir), config)
+    result = calibrate(drafter, TargetRunner(target_model, drafter.spec.target_layer_ids), val,
+                       config, device)
+    if result:
+        drafter.save(directory)
+        table = ", ".join(f"{t:.3g}" for t in result["sts_temperatures"])
+        log(f"STS table [{table}] fitted on {result['rollouts']} held-out rounds")
+    return result
+
+
 def train(
     config: TrainConfig,
     target_model: torch.nn.Module,
@@ -184,12 +220,7 @@ def train(
     drafter = build_drafter(config, info, device)
     spec = drafter.spec
     runner = TargetRunner(target_model, spec.target_layer_ids)
-    sequences = read_dataset(data_dir)
-    split = torch.Generator().manual_seed(config.seed)
-    perm = torch.randperm(len(sequences), generator=split).tolist()
-    n_val = max(1, int(len(sequences) * config.val_fraction))
-    val = [sequences[i] for i in perm[:n_val]]
-    train_set = [sequences[i] for i in perm[n_val:]]
+    val, train_set = split_dataset(read_dataset(data_dir), config)
     params = [p for p in drafter.parameters()]
     for p in params:
         p.requires_grad_(True)
@@ -288,6 +319,46 @@ def evaluate(drafter: GQADrafter, runner: TargetRunner, val: list[TrainingSequen
     out = {k: v / max(count, 1) for k, v in totals.items()}
     out["accept_len"] = tokens_sum / max(rounds_sum, 1)
     return out
+
+
+@torch.no_grad()
+def calibrate(drafter: GQADrafter, runner: TargetRunner, val: list[TrainingSequence],
+              config: TrainConfig, device: torch.device) -> dict[str, Any]:
+    """Fit the confidence head's STS table (spec 2.6) on held-out rollouts and install it.
+
+    Rollouts are the rounds greedy decoding would run over the held-out responses (teacher
+    forced: the Markov feature of slot ``j`` uses the label, which equals the proposed draft for
+    every position that can still be accepted). Returns the table and the per-position ECE
+    before and after.
+    """
+    if drafter.confidence_proj is None:
+        return {}
+    drafter.eval()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    raws, proposed, accepted = [], [], []
+    size = max(1, min(config.batch_size // 4, len(val)))
+    for index in range(max(1, len(val) // size)):
+        tokens, lengths, prompt_lens = batch_at(val, index, size, config.max_len, 0, pad_id=0)
+        blocks = sample_blocks(tokens, lengths, prompt_lens, config.block_size, 0,
+                               torch.Generator().manual_seed(index))
+        loss = _step_loss(drafter, runner, tokens, lengths, blocks, device, autocast)
+        assert loss.conf_raw is not None
+        raw, hits = loss.conf_raw.cpu(), loss.hits.cpu()
+        for b, n, _step in decode_walk_rounds(hits, blocks.anchors, blocks.keep, prompt_lens,
+                                              lengths):
+            raws.append(raw[b, n])
+            proposed.append(int(blocks.mask[b, n].sum()))
+            accepted.append(int(hits[b, n].long().cumprod(0).sum()))
+    drafter.train()
+    if not raws:
+        return {}
+    raw_t = torch.stack(raws)
+    prop_t, acc_t = torch.tensor(proposed), torch.tensor(accepted)
+    tau = fit_sts(raw_t, prop_t, acc_t)
+    drafter.set_sts(tau)
+    return {"sts_temperatures": tau.tolist(), "rollouts": len(raws),
+            "ece_raw": sts_ece(raw_t, prop_t, acc_t).tolist(),
+            "ece_calibrated": sts_ece(raw_t, prop_t, acc_t, tau).tolist()}
 
 
 def _state_dir(directory: Path) -> Path:

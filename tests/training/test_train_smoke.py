@@ -102,3 +102,27 @@ def test_decode_walk_replays_rounds() -> None:
     tokens, rounds = decode_walk_length(hits, anchors, keep, torch.tensor([2]), torch.tensor([12]))
     # rounds: 2 -> 3 tokens, 5 -> 4 tokens, 9 -> 1 token, 10 -> 1 token (end at 11)
     assert (tokens, rounds) == (9, 4)
+
+
+def test_calibration_fits_and_ships_an_sts_table(tiny, dataset: Path, tmp_path: Path) -> None:
+    from draftsmith.training.trainer import calibrate_checkpoint, export_checkpoint
+
+    model, _ = tiny
+    config = TrainConfig(num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                         intermediate_size=32, block_size=4, markov_rank=8, steps=2,
+                         batch_size=4, num_anchors=6, eval_every=2, save_every=2, warmup=1,
+                         val_fraction=0.3)
+    out = tmp_path / "run"
+    train(config, model, dataset, out, log=lambda m: None)
+    result = calibrate_checkpoint(out / "best", model, dataset, config, log=lambda m: None)
+    tau = result["sts_temperatures"]
+    assert len(tau) == 4 and all(t > 0 for t in tau) and result["rollouts"] > 0
+    export_checkpoint(out / "best", tmp_path / "export")
+    family = load_registry().family("dspark-gqa")
+    cfg = model.config
+    drafter = family.load(LoadRequest(options=family.options_model(),
+                                      checkpoint=tmp_path / "export",
+                                      target=TargetInfo(cfg.vocab_size, cfg.hidden_size,
+                                                        cfg.num_hidden_layers)))
+    assert drafter.sts_temperatures is not None
+    assert torch.allclose(drafter.sts_temperatures, torch.tensor(tau))
