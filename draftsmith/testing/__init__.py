@@ -45,4 +45,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(_HOMES[name]), name)
 
 
-__all__ = sorted(_HOMES)  # noqa: PLE0605 - the lazily exported names
+__all__ = sorted(_HOMES)  # the lazily exported names
