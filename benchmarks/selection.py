@@ -249,7 +249,9 @@ trip."""
 SMALL_SHAPES = [(512, 1), (1024, 1), (1024, 2), (2048, 1)]
 """``(block_bytes, unroll)`` of the small-program variants: 0.5-2 KiB per program, one trip, so
 that one row spreads over every SM and each program issues all its loads at once."""
-MERGES = (MERGE_PAIRS, MERGE_KEYS, MERGE_ATOMIC, MERGE_SPIN)
+# The spin merge failed the adversarial GPU parity test on an H200 (2026-11-30): it is timed only
+# in --smoke runs (CPU interpreter) until fixed, so no GPU sweep can pick it.
+MERGES = (MERGE_PAIRS, MERGE_KEYS, MERGE_ATOMIC)
 MERGE_NAMES = {MERGE_PAIRS: "pairs", MERGE_KEYS: "keys", MERGE_ATOMIC: "atomic",
                MERGE_SPIN: "spin"}
 
@@ -261,10 +263,10 @@ def sweep_grid(smoke: bool, which: str = "all") -> list[PairTuning]:
     * ``base``: the grid of the 2026-11-30 sweep (pair merge, tree reduction), plus the current
       defaults with the four-reduction form;
     * ``small``: B <= 32 ideas: 8-32 programs per SM of 0.5-2 KiB, 1-2 warps (no cross-warp
-      barrier in the lane reduction, few registers), each in all four merge forms;
+      barrier in the lane reduction, few registers), each in the pair, key and atomic merges;
     * ``merge``: the best base shapes with the key merge (int64 ``tl.max`` lane reduction and
-      merge), the atomic merge (one 64-bit ``atomic_max`` per program, no merge pass) and the
-      spin merge (the row's last program polls the published keys: no counter round trip);
+      merge) and the atomic merge (one 64-bit ``atomic_max`` per program, no merge pass); the
+      spin merge is left out of GPU sweeps (it failed GPU parity on 2026-11-30);
     * ``deep``: 8 tiles (8-32 KiB) in flight per loop trip (B = 32: without pipelining every
       trip of a program's loop is one dependent DRAM round trip);
     * ``all``: every group, without duplicates.
@@ -282,7 +284,7 @@ def sweep_grid(smoke: bool, which: str = "all") -> list[PairTuning]:
                                                            (1, 2))]
     merge = [PairTuning(pps, bb, un, nw, 1, True, m)
              for m, pps, (bb, un), nw in itertools.product(
-                 (MERGE_KEYS, MERGE_ATOMIC, MERGE_SPIN), (4, 8), [(2048, 2), (4096, 2), (4096, 4)],
+                 (MERGE_KEYS, MERGE_ATOMIC), (4, 8), [(2048, 2), (4096, 2), (4096, 4)],
                  (4, 8))]
     deep = [PairTuning(pps, bb, 8, nw, 1, True, m)
             for m, pps, bb, nw in itertools.product((MERGE_PAIRS, MERGE_KEYS), (4, 8),

@@ -290,8 +290,19 @@ def test_workspace_grows_and_counters_reset(monkeypatch) -> None:
 # ---- GPU: bf16 / fp16 / fp32, large shapes, CUDA-graph replay ------------------------------
 
 
+_SPIN_BROKEN_ON_GPU = pytest.mark.xfail(
+    strict=True,
+    reason="the spin merge failed this adversarial parity test on one H200 (2026-11-30, torch "
+           "2.11 / triton 3.6); no default uses it and the sweep leaves it out until it is fixed")
+
+
+def _gpu_case(cfg: PairTuning):
+    spin = cfg.merge in (MERGE_SPIN, ap._MERGE_SPIN_FALLBACK)
+    return pytest.param(cfg, marks=_SPIN_BROKEN_ON_GPU if spin else ())
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", TUNINGS + [PairTuning(8, 4096, 2, 8, 3)],
+@pytest.mark.parametrize("cfg", [_gpu_case(t) for t in TUNINGS + [PairTuning(8, 4096, 2, 8, 3)]],
                          ids=lambda t: "-".join(map(str, t)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_tuning_gpu(cfg: PairTuning, dtype: torch.dtype, tuning) -> None:
