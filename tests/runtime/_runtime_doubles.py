@@ -3,7 +3,6 @@ Protocol (with an optional vanilla Markov head that can carry a bigram table).""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import torch
@@ -23,6 +22,7 @@ from draftsmith.contract import (
     TargetOutput,
 )
 from draftsmith.drafters.nn import gather_context, rms_norm
+from draftsmith.testing.threads import run_threaded
 
 
 class TinyDrafter:
@@ -107,66 +107,9 @@ def target_bigram(target, vocab_size: int) -> torch.Tensor:
     """The target's greedy next token after each single token: ``[V] int64``."""
     out = [int(target.next_token_probs([v]).argmax()) for v in range(vocab_size)]
     return torch.tensor(out)
-class _ThreadGroup:
-    def __init__(self, world: int) -> None:
-        self.world = world
-        self.barrier = threading.Barrier(world)
-        self.slots: list[torch.Tensor | None] = [None] * world
-
-
-class ThreadCollectives:
-    """In-process TP emulation: one thread per rank, collectives through a shared barrier."""
-
-    def __init__(self, group: _ThreadGroup, rank: int) -> None:
-        self.group, self._rank = group, rank
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self.group.world
-
-    def _exchange(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        self.group.slots[self._rank] = tensor.clone()
-        self.group.barrier.wait()
-        parts = list(self.group.slots)
-        self.group.barrier.wait()
-        return parts  # type: ignore[return-value]
-
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        parts = self._exchange(tensor)
-        total = parts[0].clone()
-        for p in parts[1:]:
-            total += p
-        return tensor.copy_(total)
-
-    def all_gather(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
-        return torch.cat(self._exchange(tensor), dim=dim)
-
-
 def run_ranks(tp: int, fn):
     """Run ``fn(collectives)`` on ``tp`` threads (one per rank); per-rank results in order."""
-    group = _ThreadGroup(tp)
-    out: list = [None] * tp
-    errors: list = []
-
-    def worker(rank: int) -> None:
-        try:
-            out[rank] = fn(ThreadCollectives(group, rank))
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-            group.barrier.abort()
-
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(tp)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return out
+    return run_threaded(tp, fn)
 
 
 

@@ -4,13 +4,11 @@ logits with the cases order T pins down."""
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from draftsmith.contract import LogitsShard
+from draftsmith.testing.threads import run_threaded  # noqa: F401 - re-exported to the tests
 
 
 def chi_square_pvalue(observed: torch.Tensor, probs: torch.Tensor) -> float:
@@ -32,64 +30,6 @@ def chi_square_pvalue(observed: torch.Tensor, probs: torch.Tensor) -> float:
         z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
         return 0.5 * math.erfc(z / math.sqrt(2))
     return float(chi2.sf(stat, dof))
-
-
-class _ThreadGroup:
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.barrier = threading.Barrier(size)
-        self.slots: list[Any] = [None] * size
-
-
-class ThreadCollectives:
-    """One rank of a TP group emulated by threads of one process (for TP = 8 on a small box).
-
-    ``all_reduce`` sums in rank order starting from rank 0, like a deterministic reduction.
-    """
-
-    def __init__(self, group: _ThreadGroup, rank: int) -> None:
-        self._group, self.rank, self.world_size = group, rank, group.size
-
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        parts = self._exchange(tensor)
-        total = parts[0].clone()
-        for p in parts[1:]:
-            total += p
-        return tensor.copy_(total)
-
-    def all_gather(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
-        return torch.cat(self._exchange(tensor), dim=dim)
-
-    def _exchange(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        g = self._group
-        g.slots[self.rank] = tensor.clone()
-        g.barrier.wait()
-        parts = list(g.slots)
-        g.barrier.wait()
-        return parts
-
-
-def run_threaded(tp: int, fn: Callable[..., Any], *args: Any) -> list[Any]:
-    """Run ``fn(collectives, *args)`` on ``tp`` emulated ranks; results in rank order."""
-    group = _ThreadGroup(tp)
-    out: list[Any] = [None] * tp
-    errors: list[BaseException] = []
-
-    def body(rank: int) -> None:
-        try:
-            out[rank] = fn(ThreadCollectives(group, rank), *args)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
-            errors.append(exc)
-            group.barrier.abort()
-
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(tp)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return out
 
 
 def shard_of(full: torch.Tensor, rank: int, tp: int) -> LogitsShard:
