@@ -26,6 +26,20 @@ def add_train_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--part", default="0/1", metavar="I/N",
+                        help="generate only prompts I, I+N, I+2N, ... of the recipe (one process "
+                             "per GPU writes part I of N into the same --out)")
+
+
+def _parse_part(text: str) -> tuple[int, int]:
+    index, sep, parts = text.partition("/")
+    try:
+        i, n = int(index), int(parts)
+    except ValueError:
+        i, n = -1, 0
+    if not sep or n < 1 or not 0 <= i < n:
+        raise ConfigError(f"--part takes I/N with 0 <= I < N (e.g. 1/2), got {text!r}")
+    return i, n
 
 
 def train_data_command(args: argparse.Namespace) -> int:
@@ -36,14 +50,15 @@ def train_data_command(args: argparse.Namespace) -> int:
 
     if args.count < 1:
         raise ConfigError(f"--count must be >= 1, got {args.count}")
+    index, parts = _parse_part(args.part)
     target, tokenizer = load_target(
         TargetConfig(model=args.target, dtype=args.dtype, device=args.device), log=_log)
-    prompts = list(training_prompts(args.count, args.seed))
+    prompts = list(training_prompts(args.count, args.seed))[index::parts]
     meta = {"target": args.target, "recipe": "draftsmith.training.prompts", "recipe_seed":
             args.seed, "dtype": args.dtype}
     generate_dataset(target.model, tokenizer, prompts, args.out, args.max_new_tokens,
-                     args.batch_size, meta=meta, log=_log)
-    _log(f"wrote {args.count} sequences to {args.out}")
+                     args.batch_size, meta=meta, log=_log, part=(index, parts))
+    _log(f"wrote {len(prompts)} sequences (part {index} of {parts}) to {args.out}")
     return 0
 
 

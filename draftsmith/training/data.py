@@ -51,10 +51,13 @@ def generate_dataset(
     shard_size: int = 4096,
     meta: dict[str, Any] | None = None,
     log: Callable[[str], None] = print,
+    part: tuple[int, int] = (0, 1),
 ) -> Path:
     """Greedy-decode every prompt with ``model`` (a transformers causal LM) and write shards.
 
-    Batches are left-padded; each response is cut after its first EOS.
+    Batches are left-padded; each response is cut after its first EOS. ``part = (i, n)`` marks
+    these prompts as part ``i`` of ``n`` written into one directory by ``n`` processes (one per
+    GPU): shard and meta file names then carry the part, and the parts never collide.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
@@ -85,10 +88,16 @@ def generate_dataset(
         done = min(first + batch_size, len(order))
         log(f"generated {done}/{len(order)} responses ({time.perf_counter() - start:.0f} s)")
     items = [sequences[i] for i in range(len(prompts))]
+    index, parts = part
+    tag = f"{index:03d}-" if parts > 1 else ""
     for shard, first in enumerate(range(0, len(items), shard_size)):
-        _write_shard(out_dir / f"shard-{shard:05d}.safetensors", items[first:first + shard_size])
+        _write_shard(out_dir / f"shard-{tag}{shard:05d}.safetensors",
+                     items[first:first + shard_size])
     info = dict(meta or {}, count=len(items), max_new_tokens=max_new_tokens)
-    (out_dir / META_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    meta_name = META_FILE if parts == 1 else f"meta-part-{index:03d}-of-{parts:03d}.json"
+    if parts > 1:
+        info.update(part=index, parts=parts)
+    (out_dir / meta_name).write_text(json.dumps(info, indent=2) + "\n")
     return out_dir
 
 

@@ -96,7 +96,34 @@ def _word_problem(rng: random.Random) -> str:
         f"A recipe needs {z} cups of flour for {y} cookies. How many cups are needed for "
         f"{y * rng.randint(2, 5)} cookies?",
     )
-    tail = rng.choice(("", "", " Think step by step.", " Explain your reasoning."))
+    c, d = rng.randint(2, 12), rng.randint(10, 90)
+    forms += (
+        f"{a} runs a lemonade stand. On Monday {a} sells {x} cups, on Tuesday {y} more than "
+        f"on Monday, and on Wednesday half as many as on Tuesday. Each cup costs ${z}. How much "
+        f"money does {a} make over the three days?",
+        f"A class has {x + 10} students. {d}% of them walk to school, {c} ride bikes, and the "
+        f"rest take the bus. How many students take the bus?",
+        f"{a} wants to buy a bike that costs ${x * 10 + y}. {a} has saved ${x * 2} and earns "
+        f"${z * 3} a week mowing lawns. How many weeks until {a} can afford the bike?",
+        f"A garden is {x} feet long and {y} feet wide. {b} puts a fence around it and plants "
+        f"{z} flowers per square foot in half of it. How many feet of fence and how many flowers "
+        f"are needed?",
+        f"{a} drives {x} miles to work and back every day, {min(z, 6)} days a week. The car uses "
+        f"one gallon every {y + 10} miles and gas costs ${c} a gallon. What does {a} spend on "
+        f"gas in {rng.randint(2, 5)} weeks?",
+        f"A bakery makes {x * 4} muffins. It sells {d}% of them in the morning and {c} in the "
+        f"afternoon, and gives away the rest. How many muffins are given away?",
+        f"{a} is reading a {x * 10}-page book. {a} read {y} pages on the first day and twice as "
+        f"many each following day. On which day does {a} finish the book?",
+        f"{b} has {x} dollars more than {a}. Together they have {2 * y + x} dollars. How much "
+        f"does each of them have?",
+        f"A tank holds {x * 10} liters. It is {d}% full and leaks {c} liters an hour while a "
+        f"pump adds {z} liters an hour. How full is it after {y} hours?",
+        f"{a} orders {z} pizzas at ${y} each and a {c}% tip on the total. {a} splits the bill "
+        f"with {rng.randint(2, 6)} friends. How much does each person pay?",
+    )
+    tail = rng.choice(("", "", " Think step by step.", " Explain your reasoning.",
+                       " Show your work and give the final answer.", " Answer with a number."))
     return rng.choice(forms) + tail
 
 
@@ -223,8 +250,67 @@ def _signature_stub(src: str) -> str | None:
     return "\n".join(lines[: first.end_lineno]) + "\n"
 
 
+STUBS = (
+    ("count_evens", "nums: List[int]", "int", "Return how many numbers in nums are even.",
+     ("count_evens([1, 2, 4])", "2")),
+    ("longest_word", "text: str", "str", "Return the longest word of text (the first one on a tie).",
+     ("longest_word('a bb ccc dd')", "'ccc'")),
+    ("pairwise_sums", "xs: List[int]", "List[int]",
+     "Return the sums of neighbouring elements of xs.", ("pairwise_sums([1, 2, 3])", "[3, 5]")),
+    ("is_sorted", "xs: List[float]", "bool", "Check whether xs is in non-decreasing order.",
+     ("is_sorted([1.0, 2.5, 2.5])", "True")),
+    ("char_histogram", "s: str", "Dict[str, int]", "Count how often each character occurs in s.",
+     ("char_histogram('aab')", "{'a': 2, 'b': 1}")),
+    ("second_largest", "nums: List[int]", "Optional[int]",
+     "Return the second largest distinct value of nums, or None if there is none.",
+     ("second_largest([4, 1, 4, 3])", "3")),
+    ("title_case", "sentence: str", "str", "Capitalise the first letter of every word.",
+     ("title_case('hello big world')", "'Hello Big World'")),
+    ("digit_sum", "n: int", "int", "Return the sum of the decimal digits of a non-negative n.",
+     ("digit_sum(1234)", "10")),
+    ("chunk", "xs: List[int], size: int", "List[List[int]]",
+     "Split xs into consecutive chunks of the given size (the last may be shorter).",
+     ("chunk([1, 2, 3, 4, 5], 2)", "[[1, 2], [3, 4], [5]]")),
+    ("common_prefix", "words: List[str]", "str", "Return the longest common prefix of words.",
+     ("common_prefix(['flow', 'flower', 'flight'])", "'fl'")),
+    ("count_islands", "grid: List[List[int]]", "int",
+     "Count groups of 1s connected horizontally or vertically in grid.",
+     ("count_islands([[1, 0], [0, 1]])", "2")),
+    ("run_length", "s: str", "List[Tuple[str, int]]",
+     "Encode s as (character, run length) pairs.", ("run_length('aaab')", "[('a', 3), ('b', 1)]")),
+    ("moving_average", "xs: List[float], k: int", "List[float]",
+     "Return the averages of every window of k consecutive values.",
+     ("moving_average([1.0, 2.0, 3.0], 2)", "[1.5, 2.5]")),
+    ("balanced", "s: str", "bool", "Check whether the brackets ()[]{} in s are balanced.",
+     ("balanced('([]{})')", "True")),
+    ("to_binary", "n: int", "str", "Return the binary representation of n without a prefix.",
+     ("to_binary(10)", "'1010'")),
+    ("nth_prime", "n: int", "int", "Return the n-th prime number, counting from 1.",
+     ("nth_prime(5)", "11")),
+    ("swap_case", "s: str", "str", "Turn lower-case letters into upper case and vice versa.",
+     ("swap_case('aBc')", "'AbC'")),
+    ("merge_intervals", "intervals: List[Tuple[int, int]]", "List[Tuple[int, int]]",
+     "Merge overlapping closed intervals and return them sorted.",
+     ("merge_intervals([(1, 3), (2, 5), (7, 8)])", "[(1, 5), (7, 8)]")),
+)
+"""Original HumanEval-style stubs: ``(name, parameters, return type, summary, (call, result))``."""
+
+
+def _stub_prompt(rng: random.Random) -> str:
+    name, params, ret, summary, (call, result) = rng.choice(STUBS)
+    stub = (f"from typing import Dict, List, Optional, Tuple\n\n\ndef {name}({params}) -> {ret}:\n"
+            f'    """ {summary}\n    >>> {call}\n    {result}\n    """\n')
+    return rng.choice((
+        f"Solve this in Python; the examples in the docstring must hold:\n```python\n{stub}\n```",
+        f"Finish the function below.\n```python\n{stub}```",
+        f"{stub}",
+    ))
+
+
 def _code_prompt(rng: random.Random, functions: list[tuple[str, str]]) -> str:
     roll = rng.random()
+    if roll < 0.15:
+        return _stub_prompt(rng)
     if functions and roll < 0.4:
         qualname, src = rng.choice(functions)
         stub = _signature_stub(src)
@@ -234,6 +320,9 @@ def _code_prompt(rng: random.Random, functions: list[tuple[str, str]]) -> str:
                 f"{stub}",
                 f"Write the body of this function so that it does what its docstring says."
                 f"\n\n```python\n{stub}```",
+                f"Implement this function; the code should be correct for every case its "
+                f"docstring describes:\n```python\n{stub}\n```",
+                f"Here is a function stub. Write a complete solution.\n```python\n{stub}\n```",
             ))
     if functions and roll < 0.7:
         qualname, src = rng.choice(functions)

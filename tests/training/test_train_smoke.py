@@ -126,3 +126,29 @@ def test_calibration_fits_and_ships_an_sts_table(tiny, dataset: Path, tmp_path: 
                                                         cfg.num_hidden_layers)))
     assert drafter.sts_temperatures is not None
     assert torch.allclose(drafter.sts_temperatures, torch.tensor(tau))
+
+
+def test_parts_written_by_several_processes_share_one_directory(tiny, tmp_path: Path) -> None:
+    model, tok = tiny
+    prompts = list(training_prompts(6, seed=2))
+    for index in range(2):
+        generate_dataset(model, tok, prompts[index::2], tmp_path, max_new_tokens=4, batch_size=3,
+                         log=lambda _m: None, part=(index, 2))
+    whole = generate_dataset(model, tok, prompts, tmp_path / "whole", max_new_tokens=4,
+                             batch_size=3, log=lambda _m: None)
+    parts = read_dataset(tmp_path)
+    assert len(parts) == 6
+    assert sorted(s.tokens.tolist() for s in parts) == sorted(
+        s.tokens.tolist() for s in read_dataset(whole))
+    assert {p.name for p in tmp_path.glob("meta-part-*.json")} == {
+        "meta-part-000-of-002.json", "meta-part-001-of-002.json"}
+
+
+def test_part_flag_is_validated() -> None:
+    from draftsmith.contract import ConfigError
+    from draftsmith.training.commands import _parse_part
+
+    assert _parse_part("1/2") == (1, 2)
+    for bad in ("2/2", "x", "1/0", "-1/3"):
+        with pytest.raises(ConfigError, match="--part"):
+            _parse_part(bad)
