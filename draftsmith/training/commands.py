@@ -29,6 +29,21 @@ def add_train_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--part", default="0/1", metavar="I/N",
                         help="generate only prompts I, I+N, I+2N, ... of the recipe (one process "
                              "per GPU writes part I of N into the same --out)")
+    g = parser.add_argument_group("prompt source")
+    g.add_argument("--source", default="recipe", choices=["recipe", "self", "mix"],
+                   help="recipe: the templated recipe (default); self: user requests the target "
+                        "samples itself; mix: both, see --self-fraction")
+    g.add_argument("--self-fraction", type=float, default=0.5, metavar="F",
+                   help="share of self-generated prompts under --source mix (default 0.5)")
+    g.add_argument("--exclude", nargs="+", type=Path, default=None, metavar="FILE.jsonl",
+                   help="evaluation sets self-generated prompts must not approach (default: "
+                        "the *.jsonl files of shared/data beside the checkout)")
+    g.add_argument("--sample-seed", type=int, default=0,
+                   help="seed of the self-generated prompts; part I samples with seed + I")
+    g.add_argument("--sample-temperature", type=float, default=1.0)
+    g.add_argument("--sample-top-p", type=float, default=0.95)
+    g.add_argument("--sample-steer", type=float, default=0.5, metavar="F",
+                   help="share of self-generated rows started from a fixed opener")
 
 
 def _parse_part(text: str) -> tuple[int, int]:
@@ -42,23 +57,97 @@ def _parse_part(text: str) -> tuple[int, int]:
     return i, n
 
 
+def _count_of_part(total: int, index: int, parts: int) -> int:
+    """How many of items ``0 .. total - 1`` part ``index`` takes (``index, index + parts, ...``)."""
+    return len(range(index, total, parts))
+
+
+def plan_sources(source: str, count: int, self_fraction: float) -> tuple[int, int]:
+    """``(recipe prompts, self-generated prompts)`` of a whole dataset of ``count`` prompts."""
+    if source == "recipe":
+        return count, 0
+    if source == "self":
+        return 0, count
+    if source != "mix":
+        raise ConfigError(f"--source is recipe, self or mix, got {source!r}")
+    if not 0.0 <= self_fraction <= 1.0:
+        raise ConfigError(f"--self-fraction must lie in [0, 1], got {self_fraction}")
+    n_self = round(count * self_fraction)
+    return count - n_self, n_self
+
+
+def default_exclusions() -> list[Path]:
+    """The evaluation sets ``draftsmith eval`` reads by default, when they are beside the checkout."""
+    from draftsmith.runtime.commands import DEFAULT_DATA_DIR
+
+    return sorted(DEFAULT_DATA_DIR.glob("*.jsonl")) if DEFAULT_DATA_DIR.is_dir() else []
+
+
+def _part_name(stem: str, suffix: str, index: int, parts: int) -> str:
+    return f"{stem}{suffix}" if parts == 1 else f"{stem}-part-{index:03d}-of-{parts:03d}{suffix}"
+
+
 def train_data_command(args: argparse.Namespace) -> int:
-    """Generate the target's greedy responses to the training prompt recipe."""
+    """Generate the target's greedy responses to the training prompts (recipe and/or self)."""
+    from pydantic import ValidationError
+
+    from draftsmith.runtime.config import format_validation_error
     from draftsmith.runtime.targets.smollm2 import load_target
     from draftsmith.training.data import generate_dataset
     from draftsmith.training.prompts import training_prompts
+    from draftsmith.training.selfprompts import (
+        EvalExclusion,
+        SelfPromptConfig,
+        sample_user_prompts,
+    )
 
     if args.count < 1:
         raise ConfigError(f"--count must be >= 1, got {args.count}")
     index, parts = _parse_part(args.part)
+    n_recipe, n_self = plan_sources(args.source, args.count, args.self_fraction)
+    try:
+        sampling = SelfPromptConfig(temperature=args.sample_temperature, top_p=args.sample_top_p,
+                                    steer_fraction=args.sample_steer, batch_size=args.batch_size)
+    except ValidationError as exc:
+        raise ConfigError(f"self-generated prompts: {format_validation_error(exc)}") from None
     target, tokenizer = load_target(
         TargetConfig(model=args.target, dtype=args.dtype, device=args.device), log=_log)
-    prompts = list(training_prompts(args.count, args.seed))[index::parts]
-    meta = {"target": args.target, "recipe": "draftsmith.training.prompts", "recipe_seed":
-            args.seed, "dtype": args.dtype}
+    recipe = list(training_prompts(n_recipe, args.seed))[index::parts] if n_recipe else []
+    meta: dict[str, object] = {
+        "target": args.target, "dtype": args.dtype, "source": args.source,
+        "recipe": "draftsmith.training.prompts", "recipe_seed": args.seed,
+        "recipe_count": len(recipe)}
+    self_made: list[str] = []
+    if n_self:
+        excluded = list(args.exclude) if args.exclude is not None else default_exclusions()
+        if not excluded:
+            _log("warning: no evaluation sets to exclude (pass --exclude FILE.jsonl)")
+        seed = args.sample_seed + index
+        share = _count_of_part(n_self, index, parts)
+        _log(f"sampling {share} self-generated prompts (seed {seed})")
+        sampled = sample_user_prompts(target.model, tokenizer, share, seed=seed, config=sampling,
+                                      exclusion=EvalExclusion.from_files(excluded), avoid=recipe)
+        self_made = sampled.prompts
+        _log(f"kept {len(self_made)} of {sampled.rows} sampled rows in {sampled.rounds} rounds "
+             f"(dropped {sampled.dropped})")
+        meta.update(
+            self_fraction=args.self_fraction if args.source == "mix" else 1.0,
+            sample_seed=args.sample_seed, sample_seed_of_part=seed,
+            sampling=sampling.model_dump(), self_count=len(self_made),
+            self_rows=sampled.rows, self_rounds=sampled.rounds, self_dropped=sampled.dropped,
+            excluded_files=[str(p) for p in excluded])
+    prompts = recipe + self_made
+    args.out.mkdir(parents=True, exist_ok=True)
+    prompts_file = args.out / _part_name("prompts", ".jsonl", index, parts)
+    with prompts_file.open("w", encoding="utf-8") as fh:  # written first: inspectable on a crash
+        for origin, items in (("recipe", recipe), ("self", self_made)):
+            for prompt in items:
+                fh.write(json.dumps({"turns": [prompt], "source": origin}) + "\n")
+    meta["prompts_file"] = prompts_file.name
     generate_dataset(target.model, tokenizer, prompts, args.out, args.max_new_tokens,
                      args.batch_size, meta=meta, log=_log, part=(index, parts))
-    _log(f"wrote {len(prompts)} sequences (part {index} of {parts}) to {args.out}")
+    _log(f"wrote {len(prompts)} sequences ({len(recipe)} recipe, {len(self_made)} self; part "
+         f"{index} of {parts}) to {args.out}")
     return 0
 
 
@@ -79,6 +168,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--export", type=Path, default=None,
                         help="also write the best checkpoint here in bf16, in files of <= 15 MiB")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--init-from", type=Path, default=None, metavar="DIR",
+                        help="start a new run from this checkpoint's weights (same family and "
+                             "shapes; fresh optimizer and schedule); ignored when resuming")
 
 
 def train_command(args: argparse.Namespace) -> int:
@@ -94,6 +186,8 @@ def train_command(args: argparse.Namespace) -> int:
     fields: dict[str, object] = {"family": args.family}
     if args.steps is not None:
         fields["steps"] = args.steps
+    if args.init_from is not None:
+        fields["init_from"] = str(args.init_from)
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep:
@@ -123,5 +217,5 @@ def train_command(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_train_arguments", "add_train_data_arguments", "train_command",
-           "train_data_command"]
+__all__ = ["add_train_arguments", "add_train_data_arguments", "default_exclusions", "plan_sources",
+           "train_command", "train_data_command"]

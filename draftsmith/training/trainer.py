@@ -20,7 +20,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 
-from draftsmith.contract import ConfigError, LoadRequest, TargetInfo
+from draftsmith.contract import ConfigError, DraftsmithError, LoadRequest, TargetInfo
 from draftsmith.drafters.calibration import fit_sts, sts_ece
 from draftsmith.drafters.gqa import GQADrafter
 from draftsmith.runtime.registry import load_registry
@@ -80,6 +80,9 @@ class TrainConfig(BaseModel):
     """Checkpoint every this many steps."""
     seed: int = Field(default=0, ge=0)
     """Seed of initialisation, data order and anchors."""
+    init_from: Path | None = None
+    """Checkpoint of the same family whose weights start a new run (fresh optimizer and
+    schedule); ignored when the run resumes from its own ``last`` state."""
 
 
 def _cosine(step: int, config: TrainConfig) -> float:
@@ -130,6 +133,45 @@ def build_drafter(config: TrainConfig, target: TargetInfo, device: torch.device)
     if not isinstance(model, GQADrafter):
         raise ConfigError(f"training supports GQA drafters; {config.family} built {type(model)}")
     return model
+
+
+def warm_start(drafter: GQADrafter, checkpoint: Path, family: str, target: TargetInfo) -> None:
+    """Copy the weights of ``checkpoint`` (a ``family`` checkpoint, any float dtype) into the fp32
+    ``drafter``. Every tensor must exist on both sides with one shape, and the checkpoint must
+    read the same target layers; otherwise a :class:`ConfigError` names what differs."""
+    registered = load_registry().family(family)
+    assert registered.load is not None
+    origin = f"--init-from {checkpoint}"
+    try:
+        source = registered.load(LoadRequest(
+            options=registered.options_model(), checkpoint=Path(checkpoint), target=target,
+            device=torch.device("cpu"), dtype=torch.float32))
+    except DraftsmithError as exc:
+        raise ConfigError(f"{origin}: not a {family} checkpoint for this target: {exc}") from None
+    if not isinstance(source, GQADrafter):
+        raise ConfigError(f"{origin}: {family} loaded a {type(source).__name__}, not a GQA drafter")
+    for name in ("target_layer_ids", "block_convention", "flavour", "markov_head",
+                 "confidence_head", "mask_token_id"):
+        have, want = getattr(source.spec, name), getattr(drafter.spec, name)
+        if have != want:
+            raise ConfigError(f"{origin}: the checkpoint's {name} is {have}, this run's is "
+                              f"{want}; match the checkpoint's config with --set")
+    theirs, ours = source.state_dict(), drafter.state_dict()
+    for name in sorted(theirs.keys() | ours.keys()):
+        if name not in ours:
+            raise ConfigError(f"{origin}: tensor {name!r} of the checkpoint has no place in this "
+                              f"run's {family} drafter; match the checkpoint's config with --set")
+        if name not in theirs:
+            raise ConfigError(f"{origin}: the checkpoint lacks tensor {name!r} that this run's "
+                              f"{family} drafter has; match the checkpoint's config with --set")
+        if theirs[name].shape != ours[name].shape:
+            raise ConfigError(
+                f"{origin}: tensor {name!r} has shape {tuple(theirs[name].shape)} in the "
+                f"checkpoint and {tuple(ours[name].shape)} in this run; match the checkpoint's "
+                "config with --set (num_layers, num_heads, head_dim, ...)")
+    with torch.no_grad():
+        for name, tensor in ours.items():
+            tensor.copy_(theirs[name].to(device=tensor.device, dtype=tensor.dtype))
 
 
 def export_checkpoint(
@@ -231,6 +273,11 @@ def train(
     if resume and (_state_dir(last) / STATE_FILE).is_file():
         state = _load(last, drafter, opt)
         log(f"resumed from {last} at step {state['step']}")
+        if config.init_from is not None:
+            log(f"ignoring init_from {config.init_from}: the run resumes from its own state")
+    elif config.init_from is not None:
+        warm_start(drafter, config.init_from, config.family, info)
+        log(f"initialised the drafter from {config.init_from} (fresh optimizer and schedule)")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "train_config.json").write_text(config.model_dump_json(indent=2) + "\n")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
@@ -395,4 +442,4 @@ def _load(directory: Path, drafter: GQADrafter, opt: torch.optim.Optimizer) -> d
     return json.loads((directory / STATE_FILE).read_text())
 
 
-__all__ = ["TargetRunner", "TrainConfig", "build_drafter", "evaluate", "train"]
+__all__ = ["TargetRunner", "TrainConfig", "build_drafter", "evaluate", "train", "warm_start"]

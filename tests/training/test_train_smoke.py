@@ -152,3 +152,72 @@ def test_part_flag_is_validated() -> None:
     for bad in ("2/2", "x", "1/0", "-1/3"):
         with pytest.raises(ConfigError, match="--part"):
             _parse_part(bad)
+
+
+WARM = TrainConfig(num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=32,
+                   block_size=4, markov_rank=8, steps=2, batch_size=4, num_anchors=6,
+                   eval_every=2, save_every=2, warmup=1, val_fraction=0.2, seed=1)
+"""A tiny run whose checkpoint starts other runs."""
+
+
+def _target_info(model) -> TargetInfo:
+    cfg = model.config
+    return TargetInfo(cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers)
+
+
+def test_init_from_loads_the_source_weights(tiny, dataset: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from draftsmith.training.trainer import build_drafter, export_checkpoint, warm_start
+
+    model, _ = tiny
+    train(WARM, model, dataset, tmp_path / "source", log=lambda m: None)
+    source = load_file(str(tmp_path / "source" / "last" / "model.safetensors"))
+    fresh = build_drafter(WARM.model_copy(update={"seed": 9}), _target_info(model),
+                          torch.device("cpu"))
+    warm_start(fresh, tmp_path / "source" / "last", "dspark-gqa", _target_info(model))
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in source.items())
+    # a bf16 export lands in the fp32 master weights as its bf16 values
+    export_checkpoint(tmp_path / "source" / "last", tmp_path / "export")
+    warm_start(fresh, tmp_path / "export", "dspark-gqa", _target_info(model))
+    weights = fresh.state_dict()
+    assert all(w.dtype == torch.float32 for w in weights.values())
+    assert torch.equal(weights["fc.weight"], source["fc.weight"].bfloat16().float())
+
+
+def test_init_from_starts_a_new_run_and_is_ignored_on_resume(tiny, dataset: Path,
+                                                             tmp_path: Path) -> None:
+    model, _ = tiny
+    train(WARM, model, dataset, tmp_path / "source", log=lambda m: None)
+    config = WARM.model_copy(update={"init_from": tmp_path / "source" / "last", "steps": 3,
+                                     "seed": 4})
+    logs: list[str] = []
+    first = train(config.model_copy(update={"steps": 2}), model, dataset, tmp_path / "run",
+                  log=logs.append)
+    assert first["step"] == 2 and any(m.startswith("initialised the drafter from") for m in logs)
+    logs.clear()
+    resumed = train(config, model, dataset, tmp_path / "run", log=logs.append)
+    assert resumed["step"] == 3 and any(m.startswith("ignoring init_from") for m in logs)
+    saved = json.loads((tmp_path / "run" / "train_config.json").read_text())
+    assert saved["init_from"] == str(tmp_path / "source" / "last")
+
+
+def test_init_from_a_mismatched_checkpoint_names_the_tensor(tiny, dataset: Path,
+                                                            tmp_path: Path) -> None:
+    from draftsmith.contract import ConfigError
+    from draftsmith.training.trainer import build_drafter, warm_start
+
+    model, _ = tiny
+    train(WARM, model, dataset, tmp_path / "source", log=lambda m: None)
+    info = _target_info(model)
+    wider = build_drafter(WARM.model_copy(update={"intermediate_size": 48}), info,
+                          torch.device("cpu"))
+    with pytest.raises(ConfigError, match=r"tensor 'layers\.0\.mlp\.\w+\.weight' has shape"):
+        warm_start(wider, tmp_path / "source" / "last", "dspark-gqa", info)
+    no_markov = build_drafter(WARM.model_copy(update={"markov_rank": 0}), info,
+                              torch.device("cpu"))
+    with pytest.raises(ConfigError, match="markov_head"):
+        warm_start(no_markov, tmp_path / "source" / "last", "dspark-gqa", info)
+    plain = build_drafter(WARM.model_copy(update={"family": "dflash"}), info, torch.device("cpu"))
+    with pytest.raises(ConfigError, match="--init-from"):
+        warm_start(plain, tmp_path / "source" / "last", "dflash", info)
