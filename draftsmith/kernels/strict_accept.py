@@ -166,9 +166,15 @@ StrictConfig = tuple[bool, int, int, int]
 
 _DEFAULT_CONFIG: StrictConfig = (False, _MAX_BLOCK_V, _TARGET_PROGRAMS, 4)
 
-_DEFAULT_BY_ROWS: tuple[tuple[int, StrictConfig], ...] = ((1 << 62, _DEFAULT_CONFIG),)
+_DEFAULT_BY_ROWS: tuple[tuple[int, StrictConfig], ...] = (
+    (32, (True, 2048, 528, 4)),
+    (1 << 62, (True, 1024, 1056, 8)),
+)
 """``(max rows, config)`` in increasing order: the first entry with ``rows = G * (K+1)`` at
-most its bound is the default (``benchmarks/kernels.py --sweep`` prints a replacement)."""
+most its bound is the default (``benchmarks/kernels.py --sweep`` prints a replacement). These
+are the picks of the H200 sweep of 2026-11-30 (lane reduction; G = 4 / 32 / 128 at K+1 = 8:
+10.2 / 43.2 / 146.1 us in a graph against 12.6 / 68.1 / 237.8 us for ``_DEFAULT_CONFIG``;
+``benchmarks/results/kernels_nvidia-h200_2026-11-30T093729Z.txt``)."""
 
 _SIZE_OVERRIDE: StrictConfig | None = None
 """Set only by ``benchmarks/kernels.py --sweep`` (which also clears ``_SIZES`` and ``_PLANS``)

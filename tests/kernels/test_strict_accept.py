@@ -281,7 +281,9 @@ def test_gpu_direct_plan_respecializes() -> None:
             for verify in (False, True):
                 drafts, verify_len = _drafts_matching(logits, verify, seed=shift)
                 dbuf = torch.empty(drafts.numel() + 1, dtype=torch.int64, device="cuda")
-                dbuf[1 - shift:1 - shift + drafts.numel()].copy_(drafts.flatten())
-                _check_parity(logits, dbuf[1 - shift:1 - shift + drafts.numel()].view_as(drafts),
+                # drafts share the logits' alignment: shift 0 -> every pointer aligned (the
+                # plan is recorded), shift 1 -> both misaligned (the plan must not be used)
+                dbuf[shift:shift + drafts.numel()].copy_(drafts.flatten())
+                _check_parity(logits, dbuf[shift:shift + drafts.numel()].view_as(drafts),
                               verify_len)
     assert any(key[:3] == (4, 8, 4096) for key in sa._PLANS)
