@@ -147,10 +147,10 @@ class DraftBlockPlacement(_Record):
 
     @classmethod
     def _trusted(cls, **fields_: object) -> DraftBlockPlacement:
-        """Build without re-running ``__post_init__`` validation (private: only the fused
-        placement kernel launcher in ``draftsmith.kernels.paging`` / the runtime use it, for
-        outputs whose shapes and dtypes they allocated themselves). Every field must be given
-        except ``context_width`` (default ``None``)."""
+        """Build without re-running ``__post_init__`` validation (private: only the placement
+        functions in ``draftsmith.kernels.paging`` (fused launcher and eager reference) / the
+        runtime use it, for outputs whose shapes and dtypes they computed themselves). Every
+        field must be given except ``context_width`` (default ``None``)."""
         obj = object.__new__(cls)
         obj.__dict__["context_width"] = None
         obj.__dict__.update(fields_)

@@ -101,6 +101,8 @@ def prepare_placement_reference(
     so a clamped ``-1`` entry can never redirect a write into page 0 of another request.
     ``block_tables = page_table[cache_rows]``.
     """
+    if rows_start is not None and (type(rows_start) is not int or rows_start < 0):
+        raise ShapeError(f"rows_start must be None or an int >= 0, got {rows_start!r}")
     g, k1 = accepted.shape
     dev = accepted.device
     slots = batch_to_slot.clone()
@@ -129,7 +131,8 @@ def prepare_placement_reference(
     real = ~is_dummy
     ctx_len[slots[real]] = new_len[real]
     ctx_len[dummy_slot] = 0
-    return DraftBlockPlacement(
+    # every field is computed above from validated-by-construction shapes: skip re-validation
+    return DraftBlockPlacement._trusted(
         slots=slots,
         cache_rows=cache_rows.clone(),
         rows_start=rows_start,

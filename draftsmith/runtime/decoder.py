@@ -79,17 +79,16 @@ class _Request:
     tokens: list[int] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
     pending_accepted: torch.Tensor | None = None
-    pending_n: int = 1
+    """``[K+1] int64`` on the device: the last round's accepted row (read by the next placement)."""
+    pending_count: torch.Tensor | None = None
+    """``[] int64`` on the device: how many tokens that round committed (bonus included)."""
+    pending_bonus: int = 0
+    """The last committed token (a host copy of the bonus the next placement reads)."""
     pending_features: torch.Tensor | None = None
     finish: str = ""
     t_admit: float = 0.0
     prefill_s: float = 0.0
     decode_s: float = 0.0
-
-    @property
-    def bonus(self) -> int:
-        assert self.pending_accepted is not None
-        return int(self.pending_accepted[self.pending_n - 1])
 
     def emit(self, committed: Sequence[int]) -> int:
         """Append committed tokens under the budget and stop rules; return how many were kept."""
@@ -141,6 +140,8 @@ class SpecDecoder:
         self.target_embedding = target.input_embedding()
         self.head = target.output_head()
         self._graphs: dict[int, DraftGraph] = {}
+        self._ctx_snapshot = torch.empty_like(buffers.ctx_len)
+        self._count_one = torch.ones((), dtype=_I64, device=self.device)
 
     # ---- public API ---------------------------------------------------------------------
 
@@ -249,9 +250,10 @@ class SpecDecoder:
                 pend = torch.zeros(k1, feats.shape[1], dtype=feats.dtype, device=feats.device)
                 pend[0] = feats[p - 1]
                 r.pending_features = pend
-            acc = torch.zeros(k1, dtype=_I64)
+            acc = torch.zeros(k1, dtype=_I64, device=self.device)
             acc[0] = tok
-            r.pending_accepted, r.pending_n = acc, 1
+            r.pending_accepted, r.pending_count = acc, self._count_one
+            r.pending_bonus = tok
             r.emit([tok])
             r.prefill_s = time.perf_counter() - t0
             if r.finish:
@@ -266,50 +268,61 @@ class SpecDecoder:
     # ---- one step -----------------------------------------------------------------------
 
     def step(self, active: list[_Request]) -> None:
-        """One speculative step over the ``active`` requests (all in the generation phase)."""
+        """One speculative step over the ``active`` requests (all in the generation phase).
+
+        The host reads the device once per step (the accepted counts and tokens, one copy);
+        everything the next step needs on the device stays there.
+        """
         g, k, plan = len(active), self.plan.num_draft_tokens, self.plan
+        greedy = self.selector.is_greedy
         view = self.buffers.view(g)
         self.slots.prepare([r.rid for r in active], view.batch_to_slot)
         slots = [r.slot for r in active]
         seeds = [r.seed for r in active]
-        snapshot = self.pager.ctx_len.clone()
+        snapshot = self._ctx_snapshot.copy_(self.pager.ctx_len)
         try:
             if plan.drafting:
-                view.accepted.copy_(torch.stack([r.pending_accepted for r in active]))
-                view.num_accepted.copy_(torch.tensor([r.pending_n for r in active]))
+                torch.stack([r.pending_accepted for r in active], out=view.accepted)
+                torch.stack([r.pending_count for r in active], out=view.num_accepted)
                 placement = self.pager.place(view.batch_to_slot, view.accepted, view.num_accepted)
-                features = torch.cat([r.pending_features for r in active])
+                features = (active[0].pending_features if g == 1
+                            else torch.cat([r.pending_features for r in active]))
                 entries = self.drafter.project_context(features, placement.ctx_positions.reshape(-1))
                 self.pager.store(placement, entries)
-                draft_key = self._key(seeds, placement.new_ctx_len + 1)
+                draft_key = None if greedy else self._key(seeds, placement.new_ctx_len + 1)
                 drafts, draft_probs = self._draft(placement, draft_key, view.batch_to_slot)
+                # the placement already holds each bonus (accepted[n - 1]) on the device
+                verify_tokens = torch.cat([placement.bonus[:, None], drafts], dim=1)
             else:
                 drafts = torch.empty(g, 0, dtype=_I64, device=self.device)
                 draft_probs = None
-            bonus = torch.tensor([r.bonus for r in active], dtype=_I64, device=self.device)
-            verify_tokens = torch.cat([bonus[:, None], drafts], dim=1)
+                verify_tokens = torch.tensor([[r.pending_bonus] for r in active], dtype=_I64,
+                                             device=self.device)
             out = self.target.verify(slots, verify_tokens)
-            anchors = torch.tensor([r.start for r in active], dtype=_I64)
-            accepted, n = self.acceptance.accept(
-                out.logits, drafts, self._key(seeds, anchors), draft_probs=draft_probs)
+            accept_key = None if greedy else self._key(
+                seeds, torch.tensor([r.start for r in active], dtype=_I64))
+            accepted, n = self.acceptance.accept(out.logits, drafts, accept_key,
+                                                 draft_probs=draft_probs)
         except BaseException:
             # leave the step retryable: drafter lengths as before, target cropped to the anchors
             self.pager.ctx_len.copy_(snapshot)
             with contextlib.suppress(Exception):
                 self.target.commit(slots, [r.start for r in active])
             raise
-        n_list = n.tolist()
+        # one device-to-host copy per step: row b is [n_b, accepted_b...]
+        rows = torch.cat([n[:, None], accepted], dim=1).tolist()
         # the target cache holds positions 0 .. start + K; keep the anchor and accepted drafts
-        self.target.commit(slots, [r.start + nb for r, nb in zip(active, n_list, strict=True)])
-        acc_host = accepted.to("cpu")
+        self.target.commit(slots, [r.start + row[0] for r, row in zip(active, rows, strict=True)])
         feats = out.features.view(g, k + 1, -1)
         for b, r in enumerate(active):
-            nb = n_list[b]
-            r.lengths.append(r.emit(acc_host[b, :nb].tolist()))
+            nb = rows[b][0]
+            committed = rows[b][1 : nb + 1]
+            r.lengths.append(r.emit(committed))
             if r.finish:
                 self._finish(r)
                 continue
-            r.pending_accepted, r.pending_n = acc_host[b].clone(), nb
+            r.pending_accepted, r.pending_count = accepted[b], n[b]
+            r.pending_bonus = committed[-1]
             r.pending_features = feats[b]
             r.start += nb
 
@@ -355,6 +368,21 @@ class SpecDecoder:
         return drafts, probs
 
 
+def copy_grouped(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """``dst[i].copy_(src[i])`` for every ``i``, as one multi-tensor copy per dtype.
+
+    A step's placement is a dozen small int64 tensors and one bool mask; one ``_foreach_copy_``
+    per dtype launches one multi-tensor kernel where a ``copy_`` each would launch a dozen.
+    """
+    groups: dict[torch.dtype, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+    for d, s in zip(dst, src, strict=True):
+        to, frm = groups.setdefault(d.dtype, ([], []))
+        to.append(d)
+        frm.append(s)
+    for to, frm in groups.values():
+        torch._foreach_copy_(to, frm)
+
+
 class DraftGraph:
     """The drafting step of one batch size captured in a CUDA graph (spec section 7).
 
@@ -370,6 +398,8 @@ class DraftGraph:
         self.placement = self.static_placement(placement, decoder.plan.max_ctx)
         self.key = (SamplingKey(seeds=key.seeds.clone(), offsets=key.offsets.clone())
                     if key is not None else None)
+        self._tensor_fields = tuple(name for name in placement.__dataclass_fields__
+                                    if isinstance(getattr(placement, name), torch.Tensor))
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -390,13 +420,13 @@ class DraftGraph:
 
     def load(self, placement: DraftBlockPlacement, key: SamplingKey | None) -> None:
         """Copy a step's placement and key into the static inputs."""
-        for name in placement.__dataclass_fields__:
-            v = getattr(placement, name)
-            if isinstance(v, torch.Tensor):
-                getattr(self.placement, name).copy_(v)
+        static = self.placement
+        dst = [getattr(static, name) for name in self._tensor_fields]
+        src = [getattr(placement, name) for name in self._tensor_fields]
         if key is not None and self.key is not None:
-            self.key.seeds.copy_(key.seeds)
-            self.key.offsets.copy_(key.offsets)
+            dst += (self.key.seeds, self.key.offsets)
+            src += (key.seeds, key.offsets)
+        copy_grouped(dst, src)
 
     def replay(self, placement: DraftBlockPlacement, key: SamplingKey | None
                ) -> tuple[torch.Tensor, torch.Tensor | None]:

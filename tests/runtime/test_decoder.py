@@ -206,3 +206,50 @@ def test_forced_acceptance_through_the_decoder(target):
         assert len(r.tokens) == 30
         assert set(r.accepted_lengths[:-1]) <= {3, 4}  # base 3, +1 with probability 0.5
         assert 3 <= sum(r.accepted_lengths[:-1]) / len(r.accepted_lengths[:-1]) <= 4
+
+
+def test_a_step_reads_the_device_once(target):
+    """Outside the target forward and the drafting part (which a CUDA graph captures), a
+    speculative step copies device data to the host once (the accepted counts and tokens
+    together): the bonus, the counts and the accepted rows of the next step stay on the device."""
+    dec = bind(target, None, _config("dspark-gqa", 3, kernels="fused"))
+    reads = {"n": 0}
+    real_verify, real_step = target.verify, dec.step
+    host_reads = ("tolist", "item", "cpu", "__bool__", "__int__", "__index__", "__float__")
+
+    class Reads(torch.overrides.TorchFunctionMode):
+        on = True
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", "")
+            to_host = (name == "to" and args[0].device.type != "cpu"
+                       and any(str(a) == "cpu" for a in args[1:]))
+            if self.on and (name in host_reads or to_host):
+                reads["n"] += 1
+            return func(*args, **(kwargs or {}))
+
+    mode = Reads()
+
+    def unwatched(fn):
+        def call(*args):
+            mode.on = False
+            try:
+                return fn(*args)
+            finally:
+                mode.on = True
+        return call
+
+    steps = {"n": 0}
+
+    def step(active):
+        steps["n"] += 1
+        with mode:
+            real_step(active)
+
+    target.verify, dec.step = unwatched(real_verify), step
+    dec.draft_core = unwatched(dec.draft_core)
+    try:
+        dec.generate(PROMPTS[:2], 12)
+    finally:
+        del target.verify
+    assert steps["n"] > 2 and reads["n"] == steps["n"]

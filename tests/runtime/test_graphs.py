@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftsmith.contract import SamplingKey
+from draftsmith.contract import DraftBlockPlacement, SamplingKey
 from draftsmith.runtime.bind import bind
 from draftsmith.runtime.config import SpecConfig
-from draftsmith.runtime.decoder import DraftGraph
+from draftsmith.runtime.decoder import DraftGraph, copy_grouped
 from draftsmith.runtime.targets import ToyTarget
 
 
@@ -98,3 +98,33 @@ def test_static_context_width_matches_dynamic_on_cpu(family):
     dynamic, _ = dec.draft_core(placement, None)
     static, _ = dec.draft_core(DraftGraph.static_placement(placement, dec.plan.max_ctx), None)
     assert torch.equal(dynamic, static)
+
+
+def test_graph_load_copies_every_field_and_the_key():
+    """``DraftGraph.load`` (grouped multi-tensor copies) leaves the static inputs equal to the
+    step's placement and key, int64 fields and the bool mask alike; CPU, no capture needed."""
+    first = DraftBlockPlacement.make_dummy(num_requests=3, width=4, num_draft_tokens=3)
+    nxt = DraftBlockPlacement.make_dummy(num_requests=3, width=4, num_draft_tokens=3)
+    for name in ("bonus", "query_positions", "dest_cols", "num_ctx", "block_tables"):
+        getattr(nxt, name).add_(1)
+    nxt.write_mask[:, 1] = True
+    graph = DraftGraph.__new__(DraftGraph)
+    graph.placement = DraftGraph.static_placement(first, 12)
+    graph.key = SamplingKey(seeds=torch.zeros(3, dtype=torch.int64),
+                            offsets=torch.zeros(3, dtype=torch.int64))
+    graph._tensor_fields = tuple(f for f in first.__dataclass_fields__
+                                 if isinstance(getattr(first, f), torch.Tensor))
+    key = SamplingKey(seeds=torch.tensor([4, 5, 6]), offsets=torch.tensor([7, 8, 9]))
+    graph.load(nxt, key)
+    for name in graph._tensor_fields:
+        assert torch.equal(getattr(graph.placement, name), getattr(nxt, name)), name
+    assert torch.equal(graph.key.seeds, key.seeds) and torch.equal(graph.key.offsets, key.offsets)
+    assert graph.placement.context_width == 12
+
+
+def test_copy_grouped_mixes_dtypes():
+    dst = [torch.zeros(3, dtype=torch.int64), torch.zeros(2, 2, dtype=torch.bool),
+           torch.zeros(4, dtype=torch.int64)]
+    src = [torch.arange(3), torch.tensor([[True, False], [False, True]]), torch.arange(4) * 7]
+    copy_grouped(dst, src)
+    assert all(torch.equal(d, s) for d, s in zip(dst, src, strict=True))
