@@ -40,6 +40,18 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     return [int(t) for t in tokenizer(prompt)["input_ids"]]
 
 
+def left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids [n, W] int64, attention mask [n, W] int64)`` of ``rows`` left-padded with ``pad``
+    to the longest row ``W`` (the layout ``generate`` continues from)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, row in enumerate(rows):
+        ids[r, width - len(row):] = torch.tensor(list(row), dtype=torch.long)
+        mask[r, width - len(row):] = 1
+    return ids, mask
+
+
 @torch.no_grad()
 def generate_dataset(
     model: torch.nn.Module,
@@ -71,11 +83,7 @@ def generate_dataset(
         idx = order[first:first + batch_size]
         rows = [encoded[i] for i in idx]
         width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, row in enumerate(rows):
-            ids[r, width - len(row):] = torch.tensor(row)
-            mask[r, width - len(row):] = 1
+        ids, mask = left_pad(rows, pad)
         out = model.generate(
             input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False,
             max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=eos,
@@ -155,4 +163,5 @@ def batch_at(
     return tokens, lengths, prompt_lens
 
 
-__all__ = ["TrainingSequence", "batch_at", "encode_prompt", "generate_dataset", "read_dataset"]
+__all__ = ["TrainingSequence", "batch_at", "encode_prompt", "generate_dataset", "left_pad",
+           "read_dataset"]

@@ -27,6 +27,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from draftsmith.contract import ConfigError
+from draftsmith.training.data import left_pad
 
 OPENERS: tuple[str, ...] = (
     # math and reasoning
@@ -263,12 +264,7 @@ def sample_user_prompts(
 def _sample_batch(model: torch.nn.Module, heads: list[list[int]], pad: int, stops: set[int],
                   config: SelfPromptConfig, device: torch.device, seed: int) -> list[list[int]]:
     """Sampled continuations of left-padded ``heads`` (cut at the budget, not at the stop)."""
-    width = max(len(h) for h in heads)
-    ids = torch.full((len(heads), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(heads), width), dtype=torch.long)
-    for r, head in enumerate(heads):
-        ids[r, width - len(head):] = torch.tensor(head)
-        mask[r, width - len(head):] = 1
+    ids, mask = left_pad(heads, pad)
     devices = [device] if device.type == "cuda" else []
     # generate draws from the global generator; seed it for this batch only
     with torch.random.fork_rng(devices=devices):
@@ -278,7 +274,7 @@ def _sample_batch(model: torch.nn.Module, heads: list[list[int]], pad: int, stop
             temperature=config.temperature, top_p=config.top_p, top_k=0,
             max_new_tokens=config.max_new_tokens, eos_token_id=sorted(stops), pad_token_id=pad,
         )
-    return out[:, width:].tolist()
+    return out[:, ids.shape[1]:].tolist()
 
 
 def _screen(tokenizer: Any, opener_ids: list[int], new: list[int], stops: set[int],
