@@ -8,7 +8,8 @@ Prompt sets are JSON-lines files of ``{"turns": [...]}`` objects (the DeepSpec p
 * ``accept_rate@j = #(rounds with more than j accepted drafts) / #(rounds that proposed more
   than j)``; every round proposes ``K`` drafts here, and a round of length ``n`` accepted
   ``n - 1`` drafts (a round cut by a stop token or the budget counts what it committed);
-* tokens per second with speculation, and for plain target greedy decoding when asked.
+* tokens per second with speculation, and for plain target greedy decoding when asked (after an
+  untimed warm-up generation, so graph capture and compilation are not counted).
 
 Writes ``eval.json`` and ``acceptance.png`` (matplotlib, Agg backend).
 """
@@ -104,10 +105,19 @@ def evaluate(
     limit: int | None = 20,
     max_new_tokens: int = 128,
     compare_plain: bool = False,
+    warmup: bool = True,
 ) -> list[DatasetEval]:
-    """Run every prompt file through ``decoder`` and measure it."""
+    """Run every prompt file through ``decoder`` and measure it.
+
+    With ``warmup`` an untimed short generation (the first prompt of the first file, also
+    decoded plainly when ``compare_plain``) runs first, so one-time costs (CUDA graph capture,
+    kernel compilation, allocator growth) are not charged to the first set's tokens per second.
+    """
     k = decoder.config.num_draft_tokens
     out = []
+    if warmup and files:
+        first = read_prompt_file(files[0], 1)
+        decoder.generate(first, min(16, max_new_tokens), compare_plain=compare_plain)
     for path in files:
         prompts = read_prompt_file(path, limit)
         report = decoder.generate(prompts, max_new_tokens, compare_plain=compare_plain)

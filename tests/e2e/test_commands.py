@@ -89,6 +89,30 @@ def test_eval_writes_json_and_plot(capsys, tiny_dir, tmp_path) -> None:
     assert "alpha" in out and "wrote" in out
 
 
+def test_eval_warms_up_before_timing(capsys, tiny_dir, tmp_path, monkeypatch) -> None:
+    """One untimed short generation (first prompt of the first set, plain too with --compare)
+    runs before the timed sets, so graph capture and compilation are not charged to them."""
+    from draftsmith.runtime.api import Decoder
+
+    calls = []
+    original = Decoder.generate
+
+    def counting(self, prompts, max_new_tokens=128, **kwargs):
+        calls.append((list(prompts), max_new_tokens, kwargs.get("compare_plain")))
+        return original(self, prompts, max_new_tokens, **kwargs)
+
+    monkeypatch.setattr(Decoder, "generate", counting)
+    path = tmp_path / "set.jsonl"
+    path.write_text("".join(json.dumps({"turns": [t]}) + "\n" for t in ("one two", "three")))
+    code, _out, err = _run(capsys, "eval", "--data", str(path), "--max-new-tokens", "20",
+                           "--out", str(tmp_path / "o"), "--compare", *_base(tiny_dir))
+    assert code == 0, err
+    assert calls[0] == (["one two"], 16, True)
+    assert calls[1] == (["one two", "three"], 20, True) and len(calls) == 2
+    report = json.loads((tmp_path / "o" / "eval.json").read_text())
+    assert report["datasets"][0]["tokens"] == 40
+
+
 def _random_checkpoint(path: Path, vocab: int, hidden: int) -> Path:
     family = load_registry().family("dspark-gqa")
     drafter = family.load(LoadRequest(
