@@ -127,6 +127,81 @@ def _word_problem(rng: random.Random) -> str:
     return rng.choice(forms) + tail
 
 
+PLACES = ("the farmers' market", "a bookstore", "the school fair", "a bakery", "the zoo",
+          "a hardware store", "the library sale", "a toy shop", "the county fair", "a cafe")
+VEHICLES = ("train", "bus", "car", "cyclist", "boat", "truck", "runner", "plane")
+
+
+def _count_chain(rng: random.Random) -> str:
+    """A quantity followed through three to five changes (GSM-style bookkeeping)."""
+    a, b, c = rng.sample(NAMES, 3)
+    item = rng.choice(ITEMS)
+    clauses = [f"{a} starts the week with {rng.randint(5, 90)} {item}."]
+    steps = (
+        lambda: f"{b} gives {a} {rng.randint(2, 40)} more {item}.",
+        lambda: f"{a} buys {rng.randint(2, 9)} packs of {item} with {rng.randint(3, 12)} in each "
+                f"pack at {rng.choice(PLACES)}.",
+        lambda: f"{a} gives {rng.randint(2, 6)} {item} to each of {rng.randint(2, 5)} friends.",
+        lambda: f"On the way home {a} loses {rng.randint(1, 9)} of them.",
+        lambda: f"Then {a} doubles the collection by trading with {c}.",
+        lambda: f"{a} uses {rng.choice((10, 20, 25, 50))}% of the {item} for a school project.",
+        lambda: f"{c} borrows a third of what {a} has and returns {rng.randint(1, 5)} the next day.",
+        lambda: f"{a} sells {rng.randint(2, 15)} {item} for ${rng.randint(1, 6)} each.",
+    )
+    for fn in rng.sample(steps, rng.randint(3, 5)):
+        clauses.append(fn())
+    question = rng.choice((f"How many {item} does {a} have at the end of the week?",
+                           f"How many {item} are left, and how much money did {a} make?",
+                           f"How many more {item} does {a} have than at the start?"))
+    return " ".join(clauses + [question])
+
+
+def _money_chain(rng: random.Random) -> str:
+    """Earnings, purchases, discounts and savings in a few steps."""
+    a, b = rng.sample(NAMES, 2)
+    item = rng.choice(ITEMS)
+    clauses = [f"{a} earns ${rng.randint(8, 30)} an hour and works {rng.randint(2, 9)} hours on "
+               f"Saturday and {rng.randint(1, 8)} hours on Sunday."]
+    steps = (
+        lambda: f"{a} spends ${rng.randint(5, 60)} on groceries.",
+        lambda: f"{a} buys {rng.randint(2, 8)} {item} that cost ${rng.randint(2, 15)} each, with "
+                f"a {rng.choice((10, 20, 25))}% discount on the total.",
+        lambda: f"{a} pays back the ${rng.randint(5, 40)} borrowed from {b}.",
+        lambda: f"{a} puts half of what is left into a savings account.",
+        lambda: f"{b} gives {a} ${rng.randint(5, 50)} for helping with the garden.",
+        lambda: f"A {rng.choice((5, 8, 10))}% tax is taken from the weekend's pay.",
+        lambda: f"{a} shares ${rng.randint(6, 30)} equally with {rng.randint(2, 3)} cousins.",
+    )
+    for fn in rng.sample(steps, rng.randint(2, 4)):
+        clauses.append(fn())
+    question = rng.choice((f"How much money does {a} have left?",
+                           f"How much money does {a} end the weekend with?",
+                           "What is left after everything, in dollars?"))
+    return " ".join(clauses + [question])
+
+
+def _rate_problem(rng: random.Random) -> str:
+    """Rates, times and proportions."""
+    v, w = rng.randint(20, 80), rng.randint(10, 70)
+    t, u = rng.randint(2, 6), rng.randint(1, 5)
+    a = rng.choice(NAMES)
+    forms = (
+        f"A {rng.choice(VEHICLES)} travels at {v} miles per hour for {t} hours and then at {w} "
+        f"miles per hour for {u} hours. How far does it travel, and what is its average speed?",
+        f"A pool holds {v * 100} gallons. One pump fills it at {w} gallons per minute and a second "
+        f"pump at {u * 5} gallons per minute. How long do both pumps take to fill it?",
+        f"{a} can paint a fence in {t} hours and a friend can paint it in {t + u} hours. How long "
+        f"do they take working together?",
+        f"A recipe for {t} people uses {v} grams of flour and {w} grams of sugar. How much of each "
+        f"is needed for {t * u + 1} people?",
+        f"{a} reads {w} pages an hour. A {v * 10}-page book has to be finished in {u + 1} days. "
+        f"How many hours a day must {a} read?",
+        f"A factory makes {v} toys an hour for {t} hours a day. {u * 5}% of them fail inspection. "
+        f"How many good toys does it make in a {rng.randint(5, 7)}-day week?",
+    )
+    return rng.choice(forms)
+
+
 ROLES = ("a travel guide", "a chef", "a history teacher", "a personal trainer", "a detective",
          "a startup founder", "a librarian", "a sports coach", "a doctor", "a poet",
          "an astronaut", "a museum curator")
@@ -341,7 +416,8 @@ def _code_prompt(rng: random.Random, functions: list[tuple[str, str]]) -> str:
 def training_prompts(count: int, seed: int = 0) -> Iterator[str]:
     """Yield ``count`` distinct prompts, the same ones for the same ``(count, seed)``.
 
-    Mix of draws: 25% instructions, 25% word problems, 25% code, 25% chat (writing, roleplay,
+    Mix of draws: 25% instructions, 25% word problems (templated, or chains of three to five
+    bookkeeping, money or rate steps), 25% code, 25% chat (writing, roleplay,
     reasoning, extraction over documentation passages); repeats are redrawn. The code and
     passage pools come from the running interpreter's standard library, so the recipe is fixed
     for a given Python version.
@@ -357,7 +433,17 @@ def training_prompts(count: int, seed: int = 0) -> Iterator[str]:
         if roll < 0.25:
             prompt = _instruction(rng)
         elif roll < 0.50:
-            prompt = _word_problem(rng)
+            pick = rng.random()
+            if pick < 0.4:
+                prompt = _word_problem(rng)
+            elif pick < 0.65:
+                prompt = _count_chain(rng)
+            elif pick < 0.85:
+                prompt = _money_chain(rng)
+            else:
+                prompt = _rate_problem(rng)
+            if pick >= 0.4:  # the templated problems carry their own tail
+                prompt += rng.choice(("", "", " Think step by step.", " Show your work."))
         elif roll < 0.75:
             prompt = _code_prompt(rng, functions)
         else:
