@@ -14,7 +14,7 @@ graph, the floor (bytes the op must move / measured device copy bandwidth), and 
 ``--sweep`` times every ``strict_accept._SWEEP_CONFIGS`` entry (``(LANE, BLOCK_V,
 TARGET_PROGRAMS, num_warps)``; bit-identity to the reference checked first, a mismatch is
 never ranked) at each strict_accept shape, and every ``markov_chain._SWEEP_CONFIGS`` entry
-(``(BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages, SWAP)``) that fits each Markov batch;
+(``(BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages)``) that fits each Markov batch;
 the end of the run prints the best per op/shape next to the default and paste-ready
 ``_DEFAULT_BY_ROWS`` blocks for both files (sweep one Markov rank at a time: the block is
 keyed by batch only).
@@ -269,8 +269,8 @@ def sweep_markov(timer: Timer, base, anchor, w1, w2, nbytes: float, bw: float,
     default = mc._markov_launch_sizes(rows, vocab, w1.shape[1], w1.dtype)
     want = mc.markov_chain(base, anchor, w1, w2)[0]
     configs = mc._SWEEP_CONFIGS
-    if smoke:  # the CPU interpreter: one plain and one transposed tiling
-        configs = (configs[0], next(c for c in configs if c[5]))
+    if smoke:  # the CPU interpreter: two tilings
+        configs = configs[:2]
     try:
         for cfg in configs:
             if cfg[0] > max(16, 2 * triton_next_pow2(rows)):

@@ -118,17 +118,14 @@ def _markov_step_kernel(
     G, S, R, V, stride_base, stride_prev, stride_out, num_tiles,
     STORE: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr,
-    SWAP: tl.constexpr = False, EARLY: tl.constexpr = False,
 ):
     """Stage 1: program ``(g_tile, s_tile)`` writes one order-T pair per row of its tile.
 
     Tile addresses are int32 offsets from per-program 64-bit bases (a tile spans far less than
-    2**31 elements), which keeps the address arithmetic out of the register budget.
-    ``SWAP=True`` computes the transposed tile ``w2_tile @ w1[prev]^T: [BLOCK_S, BLOCK_G]``
-    instead (the vocabulary on the MMA's M side, the batch on N: a 16-row batch tile still
-    fills a 64-row Hopper MMA), with the same rounding, sum and order-T pair. ``EARLY=True``
-    issues the base-tile load before the bias GEMM (its latency hides behind the MMA loop, at
-    the cost of holding the tile in registers through it).
+    2**31 elements), which keeps the address arithmetic out of the register budget. (A
+    transposed tile with the vocabulary on the MMA's M side, and loading the base tile before
+    the GEMM loop, were both slower on an H200 at every swept shape; see
+    ``benchmarks/results/kernels_nvidia-h200_2026-11-30T093729Z.txt``.)
     """
     pid_g = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -142,57 +139,27 @@ def _markov_step_kernel(
     col_ok = s0 + cols < S
     w2_tile = w2_ptr + s0.to(tl.int64) * R
     row_base = rows.to(tl.int64)
-    if SWAP:
-        tile_ok_t = col_ok[:, None] & row_ok[None, :]
-        x_ptrs_t = base_ptr + row_base[None, :] * stride_base + (s0 + cols)[:, None]
-        if EARLY:
-            x_t = tl.load(x_ptrs_t, mask=tile_ok_t, other=float("-inf")).to(tl.float32)
-        acc_t = tl.zeros((BLOCK_S, BLOCK_G), tl.float32)
-        for r0 in range(0, R, BLOCK_R):
-            rr = r0 + tl.arange(0, BLOCK_R)
-            r_ok = rr < R
-            a_t = tl.load(w2_tile + (cols[:, None] * R + rr[None, :]),
-                          mask=col_ok[:, None] & r_ok[None, :], other=0.0)
-            b_t = tl.load(w1_rows[None, :] + rr[:, None],
-                          mask=r_ok[:, None] & in_vocab[None, :], other=0.0)
-            if IEEE:
-                acc_t = tl.dot(a_t, b_t, acc_t, input_precision="ieee")
-            else:
-                acc_t = tl.dot(a_t, b_t, acc_t)
-        bias_t = acc_t.to(w2_ptr.dtype.element_ty).to(tl.float32)
-        if not EARLY:
-            x_t = tl.load(x_ptrs_t, mask=tile_ok_t, other=float("-inf")).to(tl.float32)
-        z_t = x_t + bias_t
-        if STORE:
-            tl.store(out_ptr + row_base[None, :] * stride_out + (s0 + cols)[:, None], z_t,
-                     mask=tile_ok_t)
-        val, idx = tile_argmax_t(tl.trans(z_t), (s0 + cols)[None, :],
-                                 row_ok[:, None] & col_ok[None, :])
-    else:
-        tile_ok = row_ok[:, None] & col_ok[None, :]
-        x_ptrs = base_ptr + row_base[:, None] * stride_base + (s0 + cols)[None, :]
-        if EARLY:
-            x = tl.load(x_ptrs, mask=tile_ok, other=float("-inf")).to(tl.float32)
-        acc = tl.zeros((BLOCK_G, BLOCK_S), tl.float32)
-        for r0 in range(0, R, BLOCK_R):
-            rr = r0 + tl.arange(0, BLOCK_R)
-            r_ok = rr < R
-            a = tl.load(w1_rows[:, None] + rr[None, :], mask=in_vocab[:, None] & r_ok[None, :],
-                        other=0.0)
-            b = tl.load(w2_tile + (cols[None, :] * R + rr[:, None]),
-                        mask=r_ok[:, None] & col_ok[None, :], other=0.0)
-            if IEEE:
-                acc = tl.dot(a, b, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
-        bias = acc.to(w2_ptr.dtype.element_ty).to(tl.float32)
-        if not EARLY:
-            x = tl.load(x_ptrs, mask=tile_ok, other=float("-inf")).to(tl.float32)
-        z = x + bias
-        if STORE:
-            tl.store(out_ptr + row_base[:, None] * stride_out + (s0 + cols)[None, :], z,
-                     mask=tile_ok)
-        val, idx = tile_argmax_t(z, (s0 + cols)[None, :], tile_ok)
+    tile_ok = row_ok[:, None] & col_ok[None, :]
+    acc = tl.zeros((BLOCK_G, BLOCK_S), tl.float32)
+    for r0 in range(0, R, BLOCK_R):
+        rr = r0 + tl.arange(0, BLOCK_R)
+        r_ok = rr < R
+        a = tl.load(w1_rows[:, None] + rr[None, :], mask=in_vocab[:, None] & r_ok[None, :],
+                    other=0.0)
+        b = tl.load(w2_tile + (cols[None, :] * R + rr[:, None]),
+                    mask=r_ok[:, None] & col_ok[None, :], other=0.0)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    bias = acc.to(w2_ptr.dtype.element_ty).to(tl.float32)
+    x = tl.load(base_ptr + row_base[:, None] * stride_base + (s0 + cols)[None, :], mask=tile_ok,
+                other=float("-inf")).to(tl.float32)
+    z = x + bias
+    if STORE:
+        tl.store(out_ptr + row_base[:, None] * stride_out + (s0 + cols)[None, :], z,
+                 mask=tile_ok)
+    val, idx = tile_argmax_t(z, (s0 + cols)[None, :], tile_ok)
     part = row_base * num_tiles + pid_s
     tl.store(part_val_ptr + part, val, mask=row_ok)
     tl.store(part_idx_ptr + part, idx, mask=row_ok)
@@ -226,9 +193,8 @@ def _markov_reduce_kernel(
 
 def _markov_launch_sizes(
     rows: int, shard: int, rank: int, dtype: torch.dtype
-) -> tuple[int, int, int, int, int, bool, bool]:
-    """``(BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages, SWAP, EARLY)`` of the stage-1
-    kernel.
+) -> tuple[int, int, int, int, int]:
+    """``(BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages)`` of the stage-1 kernel.
 
     Up to 16 rows share one ``w2`` tile (``BLOCK_G = 16`` is the tensor-core minimum); larger
     batches use 32- or 64-row tiles whose programs for one ``w2`` tile run back to back (grid axis
@@ -238,55 +204,39 @@ def _markov_launch_sizes(
     """
     if _SIZE_OVERRIDE is not None:
         return _SIZE_OVERRIDE
-    block_g, block_s, block_r, num_warps, num_stages, swap, early = next(
+    block_g, block_s, block_r, num_warps, num_stages = next(
         c for bound, c in _DEFAULT_BY_ROWS if rows <= bound
     )
     if dtype == torch.float32:
         block_s, block_r = min(block_s, 64), 32
     block_s = min(block_s, max(16, triton.next_power_of_2(max(shard, 1))))
     block_r = min(block_r, max(16, triton.next_power_of_2(max(rank, 1))))
-    return block_g, block_s, block_r, num_warps, num_stages, swap, early
+    return block_g, block_s, block_r, num_warps, num_stages
 
 
-_DEFAULT_BY_ROWS: tuple[tuple[int, tuple[int, int, int, int, int, bool, bool]], ...] = (
-    (16, (16, 128, 64, 4, 3, False, False)),
-    (32, (32, 128, 32, 4, 3, False, False)),
-    (1 << 62, (64, 128, 64, 8, 3, False, False)),
+_DEFAULT_BY_ROWS: tuple[tuple[int, tuple[int, int, int, int, int]], ...] = (
+    (16, (16, 128, 64, 4, 3)),
+    (32, (32, 128, 32, 4, 3)),
+    (1 << 62, (64, 128, 64, 8, 3)),
 )
-"""``(max rows, (BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages, SWAP, EARLY))`` in increasing
+"""``(max rows, (BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages))`` in increasing
 order; the first entry whose bound holds the batch is the bf16/fp16 default (fp32 weights cap
 ``BLOCK_S`` at 64 and ``BLOCK_R`` at 32). ``benchmarks/kernels.py --sweep`` prints a
 replacement; these are the picks of the H200 sweep of 2026-11-30 (B = 128: 512 us, against
 587 us for the previous 64 x 64 x 32 tile; ``benchmarks/results/kernels_nvidia-h200_2026-11-30T093729Z.txt``)."""
 
 
-_SIZE_OVERRIDE: tuple[int, int, int, int, int, bool, bool] | None = None
+_SIZE_OVERRIDE: tuple[int, int, int, int, int] | None = None
 """Set only by ``benchmarks/kernels.py --sweep`` to time an alternative stage-1 tiling."""
 
-_SWEEP_CONFIGS: tuple[tuple[int, int, int, int, int, bool, bool], ...] = (
-    # the untransposed tile (batch on the MMA's M side); the three defaults first
-    (16, 128, 64, 4, 3, False, False), (32, 128, 32, 4, 3, False, False),
-    (64, 64, 32, 4, 3, False, False), (16, 128, 64, 4, 4, False, False),
-    (16, 256, 32, 4, 3, False, False), (16, 64, 64, 4, 3, False, False),
-    (32, 128, 32, 8, 3, False, False), (32, 128, 64, 8, 3, False, False),
-    (64, 128, 32, 8, 3, False, False), (64, 128, 64, 8, 3, False, False),
-    (64, 256, 32, 8, 3, False, False), (128, 64, 64, 4, 3, False, False),
-    (128, 128, 32, 8, 3, False, False), (128, 128, 64, 8, 3, False, False),
-    (128, 256, 32, 8, 3, False, False),
-    # SWAP: the transposed tile (vocabulary on M: BLOCK_S >= 64 per 4 warps, batch on N)
-    (16, 64, 64, 4, 3, True, False), (16, 128, 64, 4, 3, True, False),
-    (16, 128, 64, 8, 3, True, False), (16, 256, 64, 8, 3, True, False),
-    (16, 128, 128, 4, 3, True, False), (32, 128, 64, 4, 3, True, False),
-    (32, 256, 64, 8, 3, True, False), (64, 128, 64, 8, 3, True, False),
-    (64, 128, 32, 4, 3, True, False), (64, 256, 64, 8, 3, True, False),
-    (128, 128, 64, 8, 3, True, False), (128, 128, 32, 8, 3, True, False),
-    (128, 64, 64, 4, 3, True, False), (128, 256, 32, 8, 3, True, False),
-    # EARLY: the base tile loaded before the GEMM loop
-    (16, 128, 64, 4, 3, False, True), (64, 64, 32, 4, 3, False, True),
-    (64, 128, 64, 8, 3, False, True), (128, 128, 64, 8, 3, False, True),
-    (16, 128, 64, 8, 3, True, True), (128, 128, 64, 8, 3, True, True),
+_SWEEP_CONFIGS: tuple[tuple[int, int, int, int, int], ...] = (
+    # the three defaults first
+    (16, 128, 64, 4, 3), (32, 128, 32, 4, 3), (64, 128, 64, 8, 3),
+    (64, 64, 32, 4, 3), (16, 128, 64, 4, 4), (16, 256, 32, 4, 3), (16, 64, 64, 4, 3),
+    (32, 128, 32, 8, 3), (32, 128, 64, 8, 3), (64, 128, 32, 8, 3), (64, 256, 32, 8, 3),
+    (128, 64, 64, 4, 3), (128, 128, 32, 8, 3), (128, 128, 64, 8, 3), (128, 256, 32, 8, 3),
 )
-"""``(BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages, SWAP, EARLY)`` candidates the benchmark
+"""``(BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages)`` candidates the benchmark
 sweeps (each only where ``BLOCK_G`` is at most twice the padded batch)."""
 
 
@@ -308,7 +258,7 @@ class _StepScratch:
 def _run_step(base, prev, w1, w2, vocab_start, out_corrected, pair_val, pair_idx, scratch):
     """Launch both stages; ``pair_idx`` may be a strided column (the chain's draft column)."""
     rows, shard = base.shape
-    block_g, block_s, block_r, num_warps, num_stages, swap, early = scratch.sizes
+    block_g, block_s, block_r, num_warps, num_stages = scratch.sizes
     grid = (triton.cdiv(rows, block_g), scratch.num_tiles)
     _markov_step_kernel[grid](
         base, prev, w1, w2, out_corrected if out_corrected is not None else base,
@@ -316,7 +266,7 @@ def _run_step(base, prev, w1, w2, vocab_start, out_corrected, pair_val, pair_idx
         rows, shard, w1.shape[1], w1.shape[0], base.stride(0), prev.stride(0),
         out_corrected.stride(0) if out_corrected is not None else 0, scratch.num_tiles,
         STORE=out_corrected is not None, IEEE=w2.dtype == torch.float32,
-        BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_R=block_r, SWAP=swap, EARLY=early,
+        BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_R=block_r,
         num_warps=num_warps, num_stages=num_stages,
     )
     _markov_reduce_kernel[(rows,)](

@@ -125,20 +125,20 @@ def test_fused_chain_row_tiles_cpu(rows: int) -> None:
 
 @pytest.mark.parametrize(
     "cfg",
-    [(16, 32, 16, 4, 3, True, False), (32, 16, 32, 4, 3, True, True),
-     (16, 64, 16, 4, 3, False, True)],
+    [(16, 32, 16, 4, 3), (32, 16, 32, 4, 3), (64, 64, 16, 8, 3)],
 )
-def test_fused_chain_sweep_tilings_cpu(cfg, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The transposed (SWAP) tile, the early base load and other sweep tilings give the
-    reference chain (several row tiles, a ragged last vocabulary tile, out-of-vocabulary
-    anchors)."""
+def test_fused_chain_sweep_tilings_cpu(
+    cfg: tuple[int, int, int, int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sweep tilings other than the default give the reference chain (several row tiles, a
+    ragged last vocabulary tile, out-of-vocabulary anchors)."""
     from draftsmith.kernels import markov_chain as mc
 
     monkeypatch.setattr(mc, "_SIZE_OVERRIDE", cfg)
     vocab, rank, rows, k = 111, 19, 37, 3
     w1, w2 = _head(vocab, rank, 30)
     base = _base(rows, k, vocab, 31)
-    base[5, 0, 40] = float("nan")  # a NaN wins its row (order T) in the SWAP epilogue too
+    base[5, 0, 40] = float("nan")  # a NaN wins its row (order T)
     anchor = torch.randint(-1, vocab + 1, (rows,), generator=torch.Generator().manual_seed(32))
     want_drafts, want_corrected = markov_chain_reference(base, anchor, w1, w2)
     drafts, corrected = markov_chain(base, anchor, w1, w2)
@@ -263,7 +263,7 @@ def test_gpu_bf16_steps_match_reference_away_from_ties(rows: int) -> None:
 def test_gpu_bf16_sweep_tilings_match_reference_away_from_ties(
     rows: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every tiling the benchmark sweeps at this batch (the SWAP tiles included) agrees with the
+    """Every tiling the benchmark sweeps at this batch agrees with the
     reference like the default one does."""
     from draftsmith.kernels import markov_chain as mc
 
