@@ -54,6 +54,20 @@ def strict_accept_reference(
 
 
 @triton.jit
+def _store_num_accepted(target, rows, b, drafts_ptr, verify_ptr, num_ptr, K,
+                        HAS_VERIFY: tl.constexpr):
+    """Request ``b``'s accepted count (bonus included) from its ``K+1`` target tokens
+    ``target`` (lanes ``rows``): one plus the leading drafts that match, cut at ``verify_len``."""
+    is_draft = rows < K
+    draft = tl.load(drafts_ptr + b * K + rows, mask=is_draft, other=-1)
+    match = is_draft & (draft == target)
+    if HAS_VERIFY:
+        match = match & (rows < tl.load(verify_ptr + b))
+    first_miss = tl.min(tl.where(is_draft & ~match, rows, K), axis=0)
+    tl.store(num_ptr + b, (first_miss + 1).to(tl.int64))
+
+
+@triton.jit
 def _strict_accept_kernel(
     logits_ptr, drafts_ptr, verify_ptr, accepted_ptr, num_ptr, part_val_ptr, part_idx_ptr,
     counter_ptr, K, V, CHUNK, NUM_CHUNKS,
@@ -124,13 +138,7 @@ def _strict_accept_kernel(
         target = tl.load(part_idx_ptr + (b * (K + 1) + rows) * NUM_CHUNKS + win, mask=row_ok,
                          other=0, cache_modifier=".cg")
         tl.store(accepted_ptr + b * (K + 1) + rows, target, mask=row_ok)
-        is_draft = rows < K
-        draft = tl.load(drafts_ptr + b * K + rows, mask=is_draft, other=-1)
-        match = is_draft & (draft == target)
-        if HAS_VERIFY:
-            match = match & (rows < tl.load(verify_ptr + b))
-        first_miss = tl.min(tl.where(is_draft & ~match, rows, K), axis=0)
-        tl.store(num_ptr + b, (first_miss + 1).to(tl.int64))
+        _store_num_accepted(target, rows, b, drafts_ptr, verify_ptr, num_ptr, K, HAS_VERIFY)
         tl.store(counter_ptr + b, 0)
 
 
@@ -145,13 +153,7 @@ def _strict_accept_tokens_kernel(
     row_ok = rows < K + 1
     target = tl.load(tokens_ptr + b * (K + 1) + rows, mask=row_ok, other=0)
     tl.store(accepted_ptr + b * (K + 1) + rows, target, mask=row_ok)
-    is_draft = rows < K
-    draft = tl.load(drafts_ptr + b * K + rows, mask=is_draft, other=-1)
-    match = is_draft & (draft == target)
-    if HAS_VERIFY:
-        match = match & (rows < tl.load(verify_ptr + b))
-    first_miss = tl.min(tl.where(is_draft & ~match, rows, K), axis=0)
-    tl.store(num_ptr + b, (first_miss + 1).to(tl.int64))
+    _store_num_accepted(target, rows, b, drafts_ptr, verify_ptr, num_ptr, K, HAS_VERIFY)
 
 
 _TARGET_PROGRAMS = 1056
