@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -338,22 +338,36 @@ def _step_loss(drafter, runner, tokens, lengths, blocks, device, autocast):
         return block_loss(drafter, hidden, runner.head_weight, tgt_logits, blocks)
 
 
+def _held_out_passes(drafter: GQADrafter, runner: TargetRunner, val: list[TrainingSequence],
+                     config: TrainConfig, device: torch.device) -> Iterator[tuple]:
+    """Teacher-forced passes over ``val`` with every response position an anchor, in eval mode
+    (restored to train mode afterwards): ``(loss parts, blocks, prompt_lens, lengths)`` per
+    batch of ``batch_size // 4`` sequences."""
+    drafter.eval()
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    size = max(1, min(config.batch_size // 4, len(val)))
+    try:
+        for index in range(max(1, len(val) // size)):
+            tokens, lengths, prompt_lens = batch_at(val, index, size, config.max_len, 0,
+                                                    pad_id=0)
+            blocks = sample_blocks(tokens, lengths, prompt_lens, config.block_size, 0,
+                                   torch.Generator().manual_seed(index))
+            loss = _step_loss(drafter, runner, tokens, lengths, blocks, device, autocast)
+            yield loss, blocks, prompt_lens, lengths
+    finally:
+        drafter.train()
+
+
 @torch.no_grad()
 def evaluate(drafter: GQADrafter, runner: TargetRunner, val: list[TrainingSequence],
              config: TrainConfig, device: torch.device) -> dict[str, float]:
     """Held-out metrics: ``accept_len``, the mean round length of greedy decoding replayed over
     every response position (what ``draftsmith eval`` reports), ``anchor_accept_len`` (mean over
     positions, higher), and the CE / L1 losses."""
-    drafter.eval()
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     totals = {"anchor_accept_len": 0.0, "ce": 0.0, "l1": 0.0}
     tokens_sum = rounds_sum = count = 0
-    size = max(1, min(config.batch_size // 4, len(val)))
-    for index in range(max(1, len(val) // size)):
-        tokens, lengths, prompt_lens = batch_at(val, index, size, config.max_len, 0, pad_id=0)
-        blocks = sample_blocks(tokens, lengths, prompt_lens, config.block_size, 0,
-                               torch.Generator().manual_seed(index))
-        loss = _step_loss(drafter, runner, tokens, lengths, blocks, device, autocast)
+    for loss, blocks, prompt_lens, lengths in _held_out_passes(drafter, runner, val, config,
+                                                               device):
         walked, rounds = decode_walk_length(loss.hits.cpu(), blocks.anchors, blocks.keep,
                                             prompt_lens, lengths)
         tokens_sum, rounds_sum = tokens_sum + walked, rounds_sum + rounds
@@ -362,7 +376,6 @@ def evaluate(drafter: GQADrafter, runner: TargetRunner, val: list[TrainingSequen
             totals["ce"] += loss.ce
             totals["l1"] += loss.l1
             count += 1
-    drafter.train()
     out = {k: v / max(count, 1) for k, v in totals.items()}
     out["accept_len"] = tokens_sum / max(rounds_sum, 1)
     return out
@@ -380,15 +393,9 @@ def calibrate(drafter: GQADrafter, runner: TargetRunner, val: list[TrainingSeque
     """
     if drafter.confidence_proj is None:
         return {}
-    drafter.eval()
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     raws, proposed, accepted = [], [], []
-    size = max(1, min(config.batch_size // 4, len(val)))
-    for index in range(max(1, len(val) // size)):
-        tokens, lengths, prompt_lens = batch_at(val, index, size, config.max_len, 0, pad_id=0)
-        blocks = sample_blocks(tokens, lengths, prompt_lens, config.block_size, 0,
-                               torch.Generator().manual_seed(index))
-        loss = _step_loss(drafter, runner, tokens, lengths, blocks, device, autocast)
+    for loss, blocks, prompt_lens, lengths in _held_out_passes(drafter, runner, val, config,
+                                                               device):
         assert loss.conf_raw is not None
         raw, hits = loss.conf_raw.cpu(), loss.hits.cpu()
         for b, n, _step in decode_walk_rounds(hits, blocks.anchors, blocks.keep, prompt_lens,
@@ -396,7 +403,6 @@ def calibrate(drafter: GQADrafter, runner: TargetRunner, val: list[TrainingSeque
             raws.append(raw[b, n])
             proposed.append(int(blocks.mask[b, n].sum()))
             accepted.append(int(hits[b, n].long().cumprod(0).sum()))
-    drafter.train()
     if not raws:
         return {}
     raw_t = torch.stack(raws)
