@@ -512,3 +512,15 @@ def test_fixtures_follow_the_command_line_option(pytester: pytest.Pytester) -> N
     missing = pytester.runpytest_inprocess("-p", "no:cacheprovider")
     missing.assert_outcomes(errors=1)
     assert "no drafter family to check" in missing.stdout.str()
+
+
+def test_lazy_names_match_the_modules_exports() -> None:
+    """``draftsmith.testing`` lists its lazily loaded names by hand (importing the kit eagerly
+    would slow every pytest session); they must be exactly the modules' exports."""
+    import draftsmith.testing as kit
+    from draftsmith.testing import conformance, suite
+
+    assert set(kit._HOMES) == set(conformance.__all__) | {"DrafterConformance"}
+    assert "DrafterConformance" in suite.__all__
+    for name in kit._HOMES:
+        assert getattr(kit, name) is not None
