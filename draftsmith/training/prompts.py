@@ -3,6 +3,9 @@
 Three sources, mixed by a seeded generator: instructions assembled from templates and topics,
 procedurally generated arithmetic word problems (fresh numbers and names, not GSM8K items), and
 code tasks built around passages of the Python standard library that ship with the interpreter.
+Some math and code prompts wear the instruction formats of common benchmark harnesses (a boxed
+final answer; a solution that must pass the docstring's tests), so the target's responses in those
+formats are in the data; the wrapped problems and stubs are never benchmark items.
 The same ``(seed, count)`` always yields the same prompts on any machine with the same Python.
 """
 
@@ -56,6 +59,11 @@ CODE_TASKS = (
     "sum of a list", "implements binary search", "rotates a list by k positions",
     "parses a comma-separated line into fields",
 )
+# The instruction formats of common math and code benchmarks' harnesses (chain of thought with a
+# boxed answer; a solution that must pass the docstring's tests). They are prompt formats, not
+# benchmark items: the questions and stubs they wrap are this module's own.
+BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+TESTED_SOLUTION = "Write a solution to the following problem and make sure that it passes the tests:"
 STDLIB_MODULES = ("textwrap", "bisect", "heapq", "statistics", "fractions", "colorsys", "shlex",
                   "string", "functools", "calendar", "difflib", "glob", "fnmatch", "random")
 
@@ -122,9 +130,9 @@ def _word_problem(rng: random.Random) -> str:
         f"{a} orders {z} pizzas at ${y} each and a {c}% tip on the total. {a} splits the bill "
         f"with {rng.randint(2, 6)} friends. How much does each person pay?",
     )
-    tail = rng.choice(("", "", " Think step by step.", " Explain your reasoning.",
+    tail = rng.choice(("", " Think step by step.", " Explain your reasoning.",
                        " Show your work and give the final answer.", " Answer with a number."))
-    return rng.choice(forms) + tail
+    return rng.choice(forms) + (BOXED if rng.random() < 0.4 else tail)
 
 
 PLACES = ("the farmers' market", "a bookstore", "the school fair", "a bakery", "the zoo",
@@ -375,6 +383,8 @@ def _stub_prompt(rng: random.Random) -> str:
     name, params, ret, summary, (call, result) = rng.choice(STUBS)
     stub = (f"from typing import Dict, List, Optional, Tuple\n\n\ndef {name}({params}) -> {ret}:\n"
             f'    """ {summary}\n    >>> {call}\n    {result}\n    """\n')
+    if rng.random() < 0.5:
+        return f"{TESTED_SOLUTION}\n```python\n{stub}\n```"
     return rng.choice((
         f"Solve this in Python; the examples in the docstring must hold:\n```python\n{stub}\n```",
         f"Finish the function below.\n```python\n{stub}```",
@@ -384,12 +394,14 @@ def _stub_prompt(rng: random.Random) -> str:
 
 def _code_prompt(rng: random.Random, functions: list[tuple[str, str]]) -> str:
     roll = rng.random()
-    if roll < 0.15:
+    if roll < 0.3:
         return _stub_prompt(rng)
-    if functions and roll < 0.4:
+    if functions and roll < 0.55:
         qualname, src = rng.choice(functions)
         stub = _signature_stub(src)
         if stub is not None:
+            if rng.random() < 0.4:
+                return f"{TESTED_SOLUTION}\n```python\n{stub}\n```"
             return rng.choice((
                 f"Complete the following Python function:\n\n```python\n{stub}```",
                 f"{stub}",
@@ -399,7 +411,7 @@ def _code_prompt(rng: random.Random, functions: list[tuple[str, str]]) -> str:
                 f"docstring describes:\n```python\n{stub}\n```",
                 f"Here is a function stub. Write a complete solution.\n```python\n{stub}\n```",
             ))
-    if functions and roll < 0.7:
+    if functions and roll < 0.8:
         qualname, src = rng.choice(functions)
         return rng.choice((
             f"Explain what this Python function from `{qualname}` does:\n\n```python\n{src}```",
@@ -430,7 +442,7 @@ def training_prompts(count: int, seed: int = 0) -> Iterator[str]:
         if len(seen) == count:
             return
         roll = rng.random()
-        if roll < 0.25:
+        if roll < 0.15:
             prompt = _instruction(rng)
         elif roll < 0.50:
             pick = rng.random()
@@ -443,8 +455,9 @@ def training_prompts(count: int, seed: int = 0) -> Iterator[str]:
             else:
                 prompt = _rate_problem(rng)
             if pick >= 0.4:  # the templated problems carry their own tail
-                prompt += rng.choice(("", "", " Think step by step.", " Show your work."))
-        elif roll < 0.75:
+                prompt += (BOXED if rng.random() < 0.4 else
+                           rng.choice(("", "", " Think step by step.", " Show your work.")))
+        elif roll < 0.80:
             prompt = _code_prompt(rng, functions)
         else:
             prompt = _chat_prompt(rng, passages)
