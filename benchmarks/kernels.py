@@ -205,7 +205,8 @@ def measure(timer: Timer, op: str, shape: str, eager, fused, nbytes: float, bw: 
 
 
 def bench_markov(timer: Timer, bw: float, dev: str, smoke: bool, sweep: bool,
-                 ranks: list[int] | None = None, batches: list[int] | None = None) -> None:
+                 ranks: list[int] | None = None, batches: list[int] | None = None,
+                 order: bool = False) -> None:
     vocab = 1024 if smoke else 163840
     k = 2 if smoke else 6
     ranks = [16] if smoke else (ranks or [64, 128, 256])
@@ -227,6 +228,8 @@ def bench_markov(timer: Timer, bw: float, dev: str, smoke: bool, sweep: bool,
                     nbytes, bw)
             if sweep:
                 sweep_markov(timer, base, anchor, w1, w2, nbytes, bw, smoke)
+            if order:
+                sweep_markov_order(timer, base, anchor, w1, w2, nbytes, bw)
 
 
 @dataclass
@@ -293,6 +296,33 @@ def sweep_markov(timer: Timer, base, anchor, w1, w2, nbytes: float, bw: float,
             SWEEP_RESULTS.append(run)
     finally:
         mc._SIZE_OVERRIDE = None
+
+
+def sweep_markov_order(timer: Timer, base, anchor, w1, w2, nbytes: float, bw: float) -> None:
+    """Time the default tiling with the ``w2`` walk always forward or alternating by position,
+    with and without eviction hints (in a graph); ``same`` checks the drafts and corrected rows
+    against the plain forward walk with ``torch.equal``."""
+    rows, k, vocab = base.shape
+    floor = nbytes / bw * 1e6
+    saved = (mc._ALTERNATE, mc._HINTS)
+    try:
+        mc._ALTERNATE, mc._HINTS = False, False
+        want = mc.markov_chain(base, anchor, w1, w2)
+        for alternate in (False, True):
+            for hints in (False, True):
+                mc._ALTERNATE, mc._HINTS = alternate, hints
+                got = mc.markov_chain(base, anchor, w1, w2)
+                same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+                graph = timer.graph(lambda: mc.markov_chain(base, anchor, w1, w2))
+                us = graph if graph is not None else timer.eager(
+                    lambda: mc.markov_chain(base, anchor, w1, w2))
+                mark = "  (default)" if (alternate, hints) == saved else ""
+                emit(f"    order B={rows} r={w1.shape[1]} walk="
+                     f"{'alternate' if alternate else 'forward':<9} hints={int(hints)}: "
+                     f"fused_g {us:8.1f} us  vs_floor {us / max(floor, 1e-9):5.2f}x  "
+                     f"same={same}{mark}")
+    finally:
+        mc._ALTERNATE, mc._HINTS = saved
 
 
 def sweep_strict(timer: Timer, logits, drafts, verify_len, nbytes: float, bw: float,
@@ -565,6 +595,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--ranks", default=None, help="Markov ranks, comma list (64,128,256)")
     parser.add_argument("--batches", default=None, help="Markov batches, comma list (1,4,32,128)")
+    parser.add_argument("--order", action="store_true",
+                        help="also time the Markov w2 walk (forward / alternating) and hints")
     parser.add_argument("--host", action="store_true",
                         help="also print the host time per call of the spec-tail launch paths")
     args = parser.parse_args(argv)
@@ -588,7 +620,8 @@ def main(argv: list[str] | None = None) -> int:
             if name == "markov":
                 bench_markov(timer, bw, dev, args.smoke, args.sweep,
                              [int(x) for x in args.ranks.split(",")] if args.ranks else None,
-                             [int(x) for x in args.batches.split(",")] if args.batches else None)
+                             [int(x) for x in args.batches.split(",")] if args.batches else None,
+                             args.order)
             elif name == "strict":
                 bench_strict_accept(timer, bw, dev, args.smoke, args.sweep)
             else:

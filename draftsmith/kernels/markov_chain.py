@@ -116,7 +116,7 @@ def markov_chain_reference(
 def _markov_step_kernel(
     base_ptr, prev_ptr, w1_ptr, w2_ptr, out_ptr, part_val_ptr, part_idx_ptr,
     G, S, R, V, stride_base, stride_prev, stride_out, num_tiles,
-    STORE: tl.constexpr, IEEE: tl.constexpr,
+    STORE: tl.constexpr, IEEE: tl.constexpr, REVERSE: tl.constexpr, HINTS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     """Stage 1: program ``(g_tile, s_tile)`` writes one order-T pair per row of its tile.
@@ -126,9 +126,17 @@ def _markov_step_kernel(
     transposed tile with the vocabulary on the MMA's M side, and loading the base tile before
     the GEMM loop, were both slower on an H200 at every swept shape; see
     ``benchmarks/results/kernels_nvidia-h200_2026-11-30T093729Z.txt``.)
+
+    ``REVERSE`` walks the ``w2`` tiles from the last to the first (programs are dispatched in
+    increasing id order): a chain that alternates the direction from one position to the next
+    starts each pass on the tiles the previous pass read last, which are still in L2. The tile
+    pairs land at the same places either way, so the result does not depend on it. ``HINTS``
+    marks ``w2`` loads evict-last and the base / corrected rows evict-first.
     """
     pid_g = tl.program_id(0)
     pid_s = tl.program_id(1)
+    if REVERSE:
+        pid_s = num_tiles - 1 - pid_s
     s0 = pid_s * BLOCK_S
     rows = pid_g * BLOCK_G + tl.arange(0, BLOCK_G)
     row_ok = rows < G
@@ -146,19 +154,30 @@ def _markov_step_kernel(
         r_ok = rr < R
         a = tl.load(w1_rows[:, None] + rr[None, :], mask=in_vocab[:, None] & r_ok[None, :],
                     other=0.0)
-        b = tl.load(w2_tile + (cols[None, :] * R + rr[:, None]),
-                    mask=r_ok[:, None] & col_ok[None, :], other=0.0)
+        if HINTS:
+            b = tl.load(w2_tile + (cols[None, :] * R + rr[:, None]),
+                        mask=r_ok[:, None] & col_ok[None, :], other=0.0,
+                        eviction_policy="evict_last")
+        else:
+            b = tl.load(w2_tile + (cols[None, :] * R + rr[:, None]),
+                        mask=r_ok[:, None] & col_ok[None, :], other=0.0)
         if IEEE:
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
     bias = acc.to(w2_ptr.dtype.element_ty).to(tl.float32)
-    x = tl.load(base_ptr + row_base[:, None] * stride_base + (s0 + cols)[None, :], mask=tile_ok,
-                other=float("-inf")).to(tl.float32)
-    z = x + bias
+    base_tile = base_ptr + row_base[:, None] * stride_base + (s0 + cols)[None, :]
+    if HINTS:
+        x = tl.load(base_tile, mask=tile_ok, other=float("-inf"), eviction_policy="evict_first")
+    else:
+        x = tl.load(base_tile, mask=tile_ok, other=float("-inf"))
+    z = x.to(tl.float32) + bias
     if STORE:
-        tl.store(out_ptr + row_base[:, None] * stride_out + (s0 + cols)[None, :], z,
-                 mask=tile_ok)
+        out_tile = out_ptr + row_base[:, None] * stride_out + (s0 + cols)[None, :]
+        if HINTS:
+            tl.store(out_tile, z, mask=tile_ok, eviction_policy="evict_first")
+        else:
+            tl.store(out_tile, z, mask=tile_ok)
     val, idx = tile_argmax_t(z, (s0 + cols)[None, :], tile_ok)
     part = row_base * num_tiles + pid_s
     tl.store(part_val_ptr + part, val, mask=row_ok)
@@ -229,6 +248,12 @@ replacement; these are the picks of the H200 sweep of 2026-11-30 (B = 128: 512 u
 _SIZE_OVERRIDE: tuple[int, int, int, int, int] | None = None
 """Set only by ``benchmarks/kernels.py --sweep`` to time an alternative stage-1 tiling."""
 
+_ALTERNATE = True
+"""``markov_chain`` walks ``w2`` backwards on odd positions (see ``_markov_step_kernel``);
+``benchmarks/kernels.py --sweep`` times both settings."""
+_HINTS = False
+"""Cache eviction hints in the stage-1 kernel; ``benchmarks/kernels.py --sweep`` times both."""
+
 _SWEEP_CONFIGS: tuple[tuple[int, int, int, int, int], ...] = (
     # the three defaults first
     (16, 128, 64, 4, 3), (32, 128, 32, 4, 3), (64, 128, 64, 8, 3),
@@ -255,7 +280,8 @@ class _StepScratch:
         self.part_idx = torch.empty((rows, self.num_tiles), dtype=_I64, device=device)
 
 
-def _run_step(base, prev, w1, w2, vocab_start, out_corrected, pair_val, pair_idx, scratch):
+def _run_step(base, prev, w1, w2, vocab_start, out_corrected, pair_val, pair_idx, scratch,
+              reverse=False):
     """Launch both stages; ``pair_idx`` may be a strided column (the chain's draft column)."""
     rows, shard = base.shape
     block_g, block_s, block_r, num_warps, num_stages = scratch.sizes
@@ -266,6 +292,7 @@ def _run_step(base, prev, w1, w2, vocab_start, out_corrected, pair_val, pair_idx
         rows, shard, w1.shape[1], w1.shape[0], base.stride(0), prev.stride(0),
         out_corrected.stride(0) if out_corrected is not None else 0, scratch.num_tiles,
         STORE=out_corrected is not None, IEEE=w2.dtype == torch.float32,
+        REVERSE=bool(reverse), HINTS=_HINTS,
         BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_R=block_r,
         num_warps=num_warps, num_stages=num_stages,
     )
@@ -292,8 +319,13 @@ def markov_step(
     w2: torch.Tensor,
     vocab_start: int,
     out_corrected: torch.Tensor | None = None,
+    *,
+    reverse: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused :func:`markov_step_reference` (tiled bias GEMM + add + pair, then a pair reduce).
+
+    ``reverse`` reads the ``w2`` tiles last to first; the result is the same. A chain that
+    flips it from one position to the next reuses the ``w2`` tiles still in L2.
 
     ``base: [G, S]`` fp32/bf16 and ``out_corrected: [G, S] fp32 | None`` may be row-strided
     views (unit stride along ``S``); ``prev: [G] int64`` any stride; ``w1: [V, r]`` and
@@ -319,7 +351,8 @@ def markov_step(
     pair_idx = torch.empty((rows,), dtype=_I64, device=dev)
     if rows:
         scratch = _StepScratch(rows, s["S"], s["r"], w2.dtype, dev)
-        _run_step(base, prev, w1, w2, vocab_start, out_corrected, pair_val, pair_idx, scratch)
+        _run_step(base, prev, w1, w2, vocab_start, out_corrected, pair_val, pair_idx, scratch,
+                  reverse)
     return pair_val, pair_idx
 
 
@@ -327,6 +360,9 @@ def markov_chain(
     base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused :func:`markov_chain_reference`: two launches per position, no host sync (graph-safe).
+
+    Odd positions read ``w2`` backwards, so each pass starts on the tiles still in L2 from the
+    previous one (``w2`` is larger than L2 at r = 256, V = 163840).
 
     ``base: [G, K, V]`` fp32 (bf16 widened), ``anchor: [G] int64``, ``w1, w2: [V, r]``
     contiguous, same dtype. Returns ``(drafts [G, K] int64, corrected [G, K, V] fp32)``;
@@ -350,7 +386,8 @@ def markov_chain(
     pair_val = torch.empty((rows,), dtype=torch.float32, device=dev)
     prev = anchor
     for j in range(k):
-        _run_step(base[:, j], prev, w1, w2, 0, corrected[:, j], pair_val, drafts[:, j], scratch)
+        _run_step(base[:, j], prev, w1, w2, 0, corrected[:, j], pair_val, drafts[:, j], scratch,
+                  _ALTERNATE and j % 2 == 1)
         prev = drafts[:, j]
     return drafts, corrected
 

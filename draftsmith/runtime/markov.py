@@ -136,7 +136,7 @@ class DraftChain:
             z = corrected[:, j]
             if self.mode == "fused" and self.collectives.world_size == 1:
                 _, idx = markov_step(base[:, j].contiguous(), prev, self.weights.w1,
-                                     self.weights.w2, vocab_start, z)
+                                     self.weights.w2, vocab_start, z, reverse=j % 2 == 1)
                 token = idx.to(torch.int64)
             else:
                 h = hidden[:, j] if hidden is not None else None

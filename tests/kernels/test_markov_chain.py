@@ -147,6 +147,33 @@ def test_fused_chain_sweep_tilings_cpu(
     assert drafts[5, 0] == 40
 
 
+@pytest.mark.parametrize("alternate,hints", [(False, False), (True, True), (False, True)])
+def test_tile_order_and_hints_do_not_change_the_chain_cpu(
+    alternate: bool, hints: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Walking ``w2`` backwards (odd positions by default) or with eviction hints gives the
+    default chain bit for bit: the tile pairs land at the same places, reduced in one order."""
+    from draftsmith.kernels import markov_chain as mc
+
+    vocab, rank, rows, k = 300, 19, 5, 4  # 3 vocabulary tiles of 128 (the last one ragged)
+    w1, w2 = _head(vocab, rank, 33)
+    base = _base(rows, k, vocab, 34)
+    base[1, 2, 17] = float("nan")
+    base[1, 0, :] = 7.0  # anchor -1: no bias, a row tied across every tile; index 0 wins
+    anchor = torch.tensor([3, -1, 299, 300, 150])
+    want = markov_chain(base, anchor, w1, w2)
+    monkeypatch.setattr(mc, "_ALTERNATE", alternate)
+    monkeypatch.setattr(mc, "_HINTS", hints)
+    got = markov_chain(base, anchor, w1, w2)
+    assert torch.equal(got[0], want[0]) and got[0][1, 0] == 0 and got[0][1, 2] == 17
+    assert torch.equal(got[1], want[1]) or torch.equal(got[1].nan_to_num(), want[1].nan_to_num())
+    for j in range(k):
+        fwd = markov_step(base[:, j], anchor, w1, w2, 0)
+        bwd = markov_step(base[:, j], anchor, w1, w2, 0, reverse=True)
+        assert torch.equal(fwd[1], bwd[1])
+        assert torch.equal(fwd[0].nan_to_num(), bwd[0].nan_to_num())
+
+
 def test_fused_step_pair_is_order_t_argmax_of_its_row() -> None:
     """NaN first, NaN over +inf, +inf ties, all -inf: the pair is ``torch.max`` of the corrected
     row the kernel itself stored (bitwise index, NaN-equal value)."""
@@ -285,6 +312,28 @@ def test_gpu_bf16_sweep_tilings_match_reference_away_from_ties(
         torch.testing.assert_close(out, ref_out, rtol=0, atol=float(bias_ulp.max()), msg=str(cfg))
         assert torch.equal(idx[clear], ref_idx[clear]), cfg
         assert torch.equal(idx, torch.argmax(out, dim=1)), cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [4, 37, 128])
+def test_gpu_tile_order_and_hints_are_bit_identical(
+    rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bf16 at the benchmark's shape: both directions and the eviction hints give the same
+    drafts and corrected rows as the forward walk without hints, bit for bit."""
+    from draftsmith.kernels import markov_chain as mc
+
+    vocab, rank, k = 163840, 256, 6
+    w1, w2 = _head(vocab, rank, 35, torch.bfloat16, "cuda")
+    base = _base(rows, k, vocab, 36, device="cuda")
+    anchor = torch.randint(-1, vocab + 1, (rows,), device="cuda")
+    monkeypatch.setattr(mc, "_ALTERNATE", False)
+    want = markov_chain(base, anchor, w1, w2)
+    for alternate, hints in ((True, False), (True, True), (False, True)):
+        monkeypatch.setattr(mc, "_ALTERNATE", alternate)
+        monkeypatch.setattr(mc, "_HINTS", hints)
+        got = markov_chain(base, anchor, w1, w2)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (alternate, hints)
 
 
 @pytest.mark.gpu
