@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ConfigError, check_tensor
+from draftsmith.kernels._launch import FastLaunch
 
 FORCED_POOL_SIZE = 65536
 """Number of fp32 uniforms in the forced-acceptance pool."""
@@ -128,6 +129,31 @@ def _ragged_cap_kernel(num_ptr, verify_ptr, committed_ptr, trim_ptr, G, BLOCK: t
     tl.store(trim_ptr + rows, n - committed, mask=ok)
 
 
+_LAUNCH = FastLaunch(_forced_accept_kernel)
+_I64, _F32, _T = torch.int64, torch.float32, torch.Tensor
+_BASES: dict[tuple[float, int], tuple[int, float, bool]] = {}
+"""``(forced, K) -> _forced_base(forced, K)`` for the values seen (validated on first sight)."""
+
+
+def _fast_forced_ok(num_accepted, verify_len, pool, counter) -> bool:
+    """The common case, by plain attribute comparisons (no message building); on ``False`` the
+    caller runs the ``check_tensor`` calls, which raise with a precise message."""
+    if (type(num_accepted) is not _T or type(pool) is not _T or type(counter) is not _T
+            or num_accepted.dtype is not _I64 or num_accepted.dim() != 1
+            or not num_accepted.is_contiguous() or pool.dtype is not _F32
+            or pool.shape[0] != FORCED_POOL_SIZE or pool.dim() != 1 or not pool.is_contiguous()
+            or counter.dtype is not _I64 or counter.shape != (1,)):
+        return False
+    dev = num_accepted.device
+    if pool.device != dev or counter.device != dev:
+        return False
+    if verify_len is None:
+        return True
+    return (type(verify_len) is _T and verify_len.dtype is _I64 and verify_len.dim() == 1
+            and verify_len.shape[0] == num_accepted.shape[0] and verify_len.is_contiguous()
+            and verify_len.device == dev)
+
+
 def _forced_launch_sizes(rows: int) -> int:
     """``BLOCK`` rows per loop step of the single forced-acceptance program."""
     return max(16, min(triton.next_power_of_2(max(rows, 1)), 1024))
@@ -146,20 +172,29 @@ def forced_accept(
     ``num_accepted: [G] int64`` overwritten, ``verify_len: [G] int64 | None``,
     ``pool: [65536] fp32``, ``counter: [1] int64`` bumped in place inside the kernel.
     """
-    sizes: dict[str, int] = {}
-    dev = num_accepted.device
-    check_tensor("num_accepted", num_accepted, ("G",), torch.int64, sizes, contiguous=True)
-    if verify_len is not None:
-        check_tensor("verify_len", verify_len, ("G",), torch.int64, sizes, dev, contiguous=True)
-    check_tensor("pool", pool, (FORCED_POOL_SIZE,), torch.float32, None, dev, contiguous=True)
-    check_tensor("counter", counter, (1,), torch.int64, None, dev, contiguous=True)
-    base, fraction, draws = _forced_base(forced, num_draft_tokens)
+    if not _fast_forced_ok(num_accepted, verify_len, pool, counter):
+        sizes: dict[str, int] = {}
+        dev = num_accepted.device
+        check_tensor("num_accepted", num_accepted, ("G",), torch.int64, sizes, contiguous=True)
+        if verify_len is not None:
+            check_tensor("verify_len", verify_len, ("G",), torch.int64, sizes, dev,
+                         contiguous=True)
+        check_tensor("pool", pool, (FORCED_POOL_SIZE,), torch.float32, None, dev,
+                     contiguous=True)
+        check_tensor("counter", counter, (1,), torch.int64, None, dev, contiguous=True)
+    key = (forced, num_draft_tokens)
+    known = _BASES.get(key) if type(forced) is float and type(num_draft_tokens) is int else None
+    if known is None:
+        known = _forced_base(forced, num_draft_tokens)
+        if type(forced) is float and type(num_draft_tokens) is int and len(_BASES) < 4096:
+            _BASES[key] = known
+    base, fraction, draws = known
     g = num_accepted.shape[0]
-    _forced_accept_kernel[(1,)](
-        num_accepted, verify_len if verify_len is not None else num_accepted, pool, counter,
-        g, base, fraction, num_draft_tokens,
-        DRAWS=draws, HAS_VERIFY=verify_len is not None, BLOCK=_forced_launch_sizes(g),
-    )
+    has_verify = verify_len is not None
+    _LAUNCH((1,), (
+        num_accepted, verify_len if has_verify else num_accepted, pool, counter,
+        g, base, fraction, num_draft_tokens, draws, has_verify, _forced_launch_sizes(g),
+    ))
     return num_accepted
 
 
