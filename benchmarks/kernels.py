@@ -33,6 +33,7 @@ import argparse
 import datetime as _dt
 import os
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -63,16 +64,25 @@ def emit(line: str = "") -> None:
 
 
 class Timer:
-    """CUDA-event timing of eager calls and of CUDA-graph replays (or wall clock on the CPU)."""
+    """CUDA-event timing of eager calls and of CUDA-graph replays (or wall clock on the CPU).
 
-    def __init__(self, device: str, iters: int, warmup: int) -> None:
+    Each figure is the median over ``repeats`` windows of ``iters`` calls (mean per call within
+    a window): the small spec-tail ops are bound by host time, and one window can catch a
+    scheduling hiccup of the host that would decide a ratio on its own.
+    """
+
+    def __init__(self, device: str, iters: int, warmup: int, repeats: int = 1) -> None:
         self.device, self.iters, self.warmup = device, iters, warmup
+        self.repeats = max(1, repeats)
         self.cuda = device == "cuda"
 
     def eager(self, fn: Callable[[], object]) -> float:
-        """Mean microseconds per call."""
+        """Median over the windows of the mean microseconds per call."""
         for _ in range(self.warmup):
             fn()
+        return statistics.median(self._eager_window(fn) for _ in range(self.repeats))
+
+    def _eager_window(self, fn: Callable[[], object]) -> float:
         if not self.cuda:
             t0 = time.perf_counter()
             for _ in range(self.iters):
@@ -110,14 +120,18 @@ class Timer:
             return None
         for _ in range(self.warmup):
             graph.replay()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(self.iters):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / self.iters / replays_per_graph * 1e3
+        windows = []
+        for _ in range(self.repeats):
+            torch.cuda.synchronize()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(self.iters):
+                graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            windows.append(start.elapsed_time(end) / self.iters / replays_per_graph * 1e3)
+        return statistics.median(windows)
 
     def copy_bandwidth(self) -> float:
         """Device copy bandwidth in bytes/s: (read + write bytes) / time of a large copy."""
@@ -592,7 +606,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", default=",".join(OPS), help=f"comma list of {sorted(OPS)}")
     parser.add_argument("--sweep", action="store_true",
                         help="sweep the strict_accept and Markov launch configurations")
-    parser.add_argument("--iters", type=int, default=None)
+    parser.add_argument("--iters", type=int, default=None, help="calls per timing window")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timing windows per figure; the median is reported (GPU default 5)")
     parser.add_argument("--ranks", default=None, help="Markov ranks, comma list (64,128,256)")
     parser.add_argument("--batches", default=None, help="Markov batches, comma list (1,4,32,128)")
     parser.add_argument("--order", action="store_true",
@@ -605,12 +621,14 @@ def main(argv: list[str] | None = None) -> int:
     if dev == "cpu" and not args.smoke:
         parser.error("no CUDA device; use --smoke for the CPU run")
     iters = args.iters or (2 if args.smoke else 50)
-    timer = Timer(dev, iters=iters, warmup=1 if args.smoke else 5)
+    repeats = args.repeats or (1 if args.smoke else 5)
+    timer = Timer(dev, iters=iters, warmup=1 if args.smoke else 5, repeats=repeats)
     machine = torch.cuda.get_device_name() if dev == "cuda" else platform.processor() or "cpu"
     stamp = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H%M%SZ")
     bw = timer.copy_bandwidth()
     emit(f"# draftsmith kernels benchmark on {machine} ({platform.node()}), {stamp}")
-    emit(f"# torch {torch.__version__}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write)")
+    emit(f"# torch {torch.__version__}; copy bandwidth {bw / 1e9:.1f} GB/s (read+write); "
+         f"each time: median of {repeats} windows of {iters} calls")
     emit(LEGEND)
     emit(HEADER)
     for name in args.ops.split(","):
