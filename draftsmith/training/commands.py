@@ -154,7 +154,8 @@ def train_data_command(args: argparse.Namespace) -> int:
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``draftsmith train``."""
     parser.add_argument("--target", default="smollm2-135m")
-    parser.add_argument("--data", required=True, type=Path, help="dataset from train-data")
+    parser.add_argument("--data", required=True, type=Path, nargs="+", metavar="DIR",
+                        help="dataset directories from train-data (several are concatenated)")
     parser.add_argument("--out", required=True, type=Path, help="run directory (resumable)")
     parser.add_argument("--family", default="dspark-gqa", choices=["dspark-gqa", "dflash"])
     parser.add_argument("--steps", type=int, default=None)
@@ -205,11 +206,12 @@ def train_command(args: argparse.Namespace) -> int:
         raise
     target, _tokenizer = load_target(
         TargetConfig(model=args.target, dtype=args.dtype, device=args.device), log=_log)
-    result = train(config, target.model, args.data, args.out, resume=not args.no_resume, log=_log,
+    data = args.data[0] if len(args.data) == 1 else list(args.data)
+    result = train(config, target.model, data, args.out, resume=not args.no_resume, log=_log,
                    time_limit_s=args.time_limit)
     if args.export is not None:
         best = args.out / "best" if (args.out / "best").is_dir() else args.out / "last"
-        result["calibration"] = calibrate_checkpoint(best, target.model, args.data, config,
+        result["calibration"] = calibrate_checkpoint(best, target.model, data, config,
                                                      log=_log)
         export_checkpoint(best, args.export)
         _log(f"exported {best} to {args.export} (bf16)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -215,7 +215,8 @@ def split_dataset(sequences: list[TrainingSequence], config: TrainConfig
     return [sequences[i] for i in order[:n_val]], [sequences[i] for i in order[n_val:]]
 
 
-def calibrate_checkpoint(directory: Path, target_model: torch.nn.Module, data_dir: Path,
+def calibrate_checkpoint(directory: Path, target_model: torch.nn.Module,
+                         data_dir: Path | Sequence[Path],
                          config: TrainConfig, log: Callable[[str], None] = print
                          ) -> dict[str, Any]:
     """Fit the STS table of the checkpoint in ``directory`` on the run's held-out split and
@@ -243,7 +244,7 @@ def calibrate_checkpoint(directory: Path, target_model: torch.nn.Module, data_di
 def train(
     config: TrainConfig,
     target_model: torch.nn.Module,
-    data_dir: Path,
+    data_dir: Path | Sequence[Path],
     out_dir: Path,
     resume: bool = True,
     log: Callable[[str], None] = print,

@@ -144,6 +144,26 @@ def test_parts_written_by_several_processes_share_one_directory(tiny, tmp_path: 
         "meta-part-000-of-002.json", "meta-part-001-of-002.json"}
 
 
+def test_several_dataset_directories_are_concatenated(tiny, dataset: Path,
+                                                      tmp_path: Path) -> None:
+    from draftsmith.contract import ConfigError
+
+    model, tok = tiny
+    other = generate_dataset(model, tok, list(training_prompts(4, seed=9)), tmp_path / "b",
+                             max_new_tokens=4, batch_size=2, meta={"target": "tiny"},
+                             log=lambda _m: None)
+    first, second = read_dataset(dataset), read_dataset(other)
+    both = read_dataset([dataset, other])
+    assert [s.tokens.tolist() for s in both] == [s.tokens.tolist() for s in first + second]
+    assert [s.prompt_len for s in both] == [s.prompt_len for s in first + second]
+    stranger = generate_dataset(model, tok, ["x y"], tmp_path / "c", max_new_tokens=2,
+                                batch_size=1, meta={"target": "another"}, log=lambda _m: None)
+    with pytest.raises(ConfigError, match="different targets"):
+        read_dataset([other, stranger])
+    with pytest.raises(ConfigError, match="at least one"):
+        read_dataset([])
+
+
 def test_part_flag_is_validated() -> None:
     from draftsmith.contract import ConfigError
     from draftsmith.training.commands import _parse_part
