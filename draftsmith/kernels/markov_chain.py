@@ -61,6 +61,8 @@ def markov_step_reference(
     w2: torch.Tensor,
     vocab_start: int,
     out_corrected: torch.Tensor | None = None,
+    *,
+    reverse: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One block position of the chain on one shard.
 
@@ -70,7 +72,11 @@ def markov_step_reference(
     ``z = base + markov_bias(prev)``. Returns the order-T pair of each row of ``z``:
     ``(pair_val [G] fp32, pair_idx [G] int64)`` with ``pair_idx`` global
     (``vocab_start + argmax_T(z)``), ready for a cross-shard pair reduction.
+
+    ``reverse`` is the fused step's ``w2`` tile order, which never changes the result; the
+    reference has no tiles and takes it only so the two signatures agree.
     """
+    del reverse
     z = base.float() + markov_bias_reference(w1, w2, prev)
     if out_corrected is not None:
         out_corrected.copy_(z)
