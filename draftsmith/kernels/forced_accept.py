@@ -140,8 +140,8 @@ def _fast_forced_ok(num_accepted, verify_len, pool, counter) -> bool:
     caller runs the ``check_tensor`` calls, which raise with a precise message."""
     if (type(num_accepted) is not _T or type(pool) is not _T or type(counter) is not _T
             or num_accepted.dtype is not _I64 or num_accepted.dim() != 1
-            or not num_accepted.is_contiguous() or pool.dtype is not _F32
-            or pool.shape[0] != FORCED_POOL_SIZE or pool.dim() != 1 or not pool.is_contiguous()
+            or not num_accepted.is_contiguous() or pool.dtype is not _F32 or pool.dim() != 1
+            or pool.shape[0] != FORCED_POOL_SIZE or not pool.is_contiguous()
             or counter.dtype is not _I64 or counter.shape != (1,)):
         return False
     dev = num_accepted.device

@@ -90,6 +90,19 @@ def test_forced_rejects_bad_values() -> None:
         forced_accept(n, None, pool[:100], counter, 1.5, K)
     with pytest.raises(ShapeError):
         forced_accept(n, torch.zeros(4, dtype=torch.int64), pool, counter, 1.5, K)
+    bad_inputs = (
+        (n, None, pool[0], counter),  # a 0-d pool
+        (n.float(), None, pool, counter),
+        (n[::2], None, pool, counter),  # not contiguous
+        (n, None, pool, torch.zeros(2, dtype=torch.int64)),
+        (n, torch.zeros(3, dtype=torch.int32), pool, counter),
+        (n[None], None, pool, counter),
+    )
+    for args in bad_inputs:
+        with pytest.raises(ShapeError):
+            forced_accept(*args, 1.5, K)
+    with pytest.raises(ConfigError):  # a value seen before is still validated with its K
+        forced_accept(n, None, pool, counter, 1.5, -1)
 
 
 def test_ragged_cap_spec_examples() -> None:
