@@ -140,11 +140,19 @@ PLACES = ("the farmers' market", "a bookstore", "the school fair", "a bakery", "
 VEHICLES = ("train", "bus", "car", "cyclist", "boat", "truck", "runner", "plane")
 
 
+def _chain(rng: random.Random, opening: str, steps, fewest: int, most: int,
+           questions: tuple[str, ...]) -> str:
+    """``opening``, then ``fewest .. most`` distinct ``steps`` (callables that draw their own
+    numbers) in random order, then one of ``questions``."""
+    clauses = [opening] + [fn() for fn in rng.sample(steps, rng.randint(fewest, most))]
+    return " ".join(clauses + [rng.choice(questions)])
+
+
 def _count_chain(rng: random.Random) -> str:
     """A quantity followed through three to five changes (GSM-style bookkeeping)."""
     a, b, c = rng.sample(NAMES, 3)
     item = rng.choice(ITEMS)
-    clauses = [f"{a} starts the week with {rng.randint(5, 90)} {item}."]
+    opening = f"{a} starts the week with {rng.randint(5, 90)} {item}."
     steps = (
         lambda: f"{b} gives {a} {rng.randint(2, 40)} more {item}.",
         lambda: f"{a} buys {rng.randint(2, 9)} packs of {item} with {rng.randint(3, 12)} in each "
@@ -156,20 +164,18 @@ def _count_chain(rng: random.Random) -> str:
         lambda: f"{c} borrows a third of what {a} has and returns {rng.randint(1, 5)} the next day.",
         lambda: f"{a} sells {rng.randint(2, 15)} {item} for ${rng.randint(1, 6)} each.",
     )
-    for fn in rng.sample(steps, rng.randint(3, 5)):
-        clauses.append(fn())
-    question = rng.choice((f"How many {item} does {a} have at the end of the week?",
-                           f"How many {item} are left, and how much money did {a} make?",
-                           f"How many more {item} does {a} have than at the start?"))
-    return " ".join(clauses + [question])
+    return _chain(rng, opening, steps, 3, 5, (
+        f"How many {item} does {a} have at the end of the week?",
+        f"How many {item} are left, and how much money did {a} make?",
+        f"How many more {item} does {a} have than at the start?"))
 
 
 def _money_chain(rng: random.Random) -> str:
     """Earnings, purchases, discounts and savings in a few steps."""
     a, b = rng.sample(NAMES, 2)
     item = rng.choice(ITEMS)
-    clauses = [f"{a} earns ${rng.randint(8, 30)} an hour and works {rng.randint(2, 9)} hours on "
-               f"Saturday and {rng.randint(1, 8)} hours on Sunday."]
+    opening = (f"{a} earns ${rng.randint(8, 30)} an hour and works {rng.randint(2, 9)} hours on "
+               f"Saturday and {rng.randint(1, 8)} hours on Sunday.")
     steps = (
         lambda: f"{a} spends ${rng.randint(5, 60)} on groceries.",
         lambda: f"{a} buys {rng.randint(2, 8)} {item} that cost ${rng.randint(2, 15)} each, with "
@@ -180,12 +186,10 @@ def _money_chain(rng: random.Random) -> str:
         lambda: f"A {rng.choice((5, 8, 10))}% tax is taken from the weekend's pay.",
         lambda: f"{a} shares ${rng.randint(6, 30)} equally with {rng.randint(2, 3)} cousins.",
     )
-    for fn in rng.sample(steps, rng.randint(2, 4)):
-        clauses.append(fn())
-    question = rng.choice((f"How much money does {a} have left?",
-                           f"How much money does {a} end the weekend with?",
-                           "What is left after everything, in dollars?"))
-    return " ".join(clauses + [question])
+    return _chain(rng, opening, steps, 2, 4, (
+        f"How much money does {a} have left?",
+        f"How much money does {a} end the weekend with?",
+        "What is left after everything, in dollars?"))
 
 
 def _rate_problem(rng: random.Random) -> str:
