@@ -131,8 +131,6 @@ def _ragged_cap_kernel(num_ptr, verify_ptr, committed_ptr, trim_ptr, G, BLOCK: t
 
 _LAUNCH = FastLaunch(_forced_accept_kernel)
 _I64, _F32, _T = torch.int64, torch.float32, torch.Tensor
-_BASES: dict[tuple[float, int], tuple[int, float, bool]] = {}
-"""``(forced, K) -> _forced_base(forced, K)`` for the values seen (validated on first sight)."""
 
 
 def _fast_forced_ok(num_accepted, verify_len, pool, counter) -> bool:
@@ -182,13 +180,7 @@ def forced_accept(
         check_tensor("pool", pool, (FORCED_POOL_SIZE,), torch.float32, None, dev,
                      contiguous=True)
         check_tensor("counter", counter, (1,), torch.int64, None, dev, contiguous=True)
-    key = (forced, num_draft_tokens)
-    known = _BASES.get(key) if type(forced) is float and type(num_draft_tokens) is int else None
-    if known is None:
-        known = _forced_base(forced, num_draft_tokens)
-        if type(forced) is float and type(num_draft_tokens) is int and len(_BASES) < 4096:
-            _BASES[key] = known
-    base, fraction, draws = known
+    base, fraction, draws = _forced_base(forced, num_draft_tokens)
     g = num_accepted.shape[0]
     has_verify = verify_len is not None
     _LAUNCH((1,), (

@@ -101,7 +101,7 @@ def test_forced_rejects_bad_values() -> None:
     for args in bad_inputs:
         with pytest.raises(ShapeError):
             forced_accept(*args, 1.5, K)
-    with pytest.raises(ConfigError):  # a value seen before is still validated with its K
+    with pytest.raises(ConfigError):
         forced_accept(n, None, pool, counter, 1.5, -1)
 
 
