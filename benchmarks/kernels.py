@@ -19,6 +19,9 @@ the end of the run prints the best per op/shape next to the default and paste-re
 ``_DEFAULT_BY_ROWS`` blocks for both files (sweep one Markov rank at a time: the block is
 keyed by batch only).
     python benchmarks/kernels.py --out benchmarks/results   # also write the raw output there
+    python benchmarks/kernels.py --ops markov --order  # also time the w2 walk order and hints
+
+Every time is the median of ``--repeats`` windows (5 on the GPU) of ``--iters`` calls.
 
 Targets (H200, V = 163840, r = 256, bf16 w2, fp32 logits, K = 6): at B = 4 the fused chain in a
 graph within 1.3x of the floor; at B = 128 at least 3x faster than the eager chain in a graph and
