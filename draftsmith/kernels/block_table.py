@@ -61,7 +61,8 @@ _BLOCKS: dict[int, int] = {}
 _PLANS: dict[tuple, tuple] = {}
 """Direct-launch plans: ``(B, max_blocks, strides, divisor, dtype, device)`` -> ``(trailing
 args, run, function, packed)``, recorded after a launch with a 16-byte aligned ``offsets``
-pointer and used only for such pointers (outputs from the caching allocator always are)."""
+pointer and used only for such pointers (outputs from the caching allocator always are; the
+``counts`` view sits ``B * max_blocks`` elements in, so its alignment is fixed by the key)."""
 _T = torch.Tensor
 _OFFSET_DTYPES = (torch.int32, torch.int64)
 _I64 = torch.int64
@@ -71,7 +72,8 @@ def decode_block_table(offsets: torch.Tensor, divisor: int) -> tuple[torch.Tenso
     """Kernel form of :func:`decode_block_table_reference`; identical output, one launch.
 
     ``offsets: [B, max_blocks] int32/int64`` (strided views allowed), ``divisor >= 1``.
-    Returns freshly allocated ``(table [B, max_blocks] int64, counts [B] int64)``.
+    Returns ``(table [B, max_blocks] int64, counts [B] int64)``, disjoint views of one fresh
+    allocation.
     """
     if type(offsets) is not _T or offsets.dim() != 2 or offsets.dtype not in _OFFSET_DTYPES:
         check_tensor("offsets", offsets, ("B", "max_blocks"), _OFFSET_DTYPES)
@@ -79,8 +81,10 @@ def decode_block_table(offsets: torch.Tensor, divisor: int) -> tuple[torch.Tenso
         raise ShapeError(f"divisor must be an int >= 1 (kv_factor or layers * kv_factor), "
                          f"got {divisor!r}")
     b, m = offsets.shape
-    table = offsets.new_empty((b, m), dtype=_I64)
-    counts = offsets.new_empty((b,), dtype=_I64)
+    # one allocation for both outputs: the launch is host-bound, and an allocation costs about
+    # as much as the launch itself
+    out = offsets.new_empty((b * m + b,), dtype=_I64)
+    table, counts = out[: b * m].view(b, m), out[b * m :]
     if not b:
         return table, counts
     stride_b, stride_m = offsets.stride()
