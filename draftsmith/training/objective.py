@@ -122,14 +122,20 @@ def drafter_hidden(
 
 @dataclass(frozen=True)
 class LossParts:
-    """Scalar loss terms and the block metric of one batch."""
+    """Scalar loss terms and the block metric of one batch.
+
+    The terms are detached 0-d fp32 tensors on the batch's device, so a training step never waits
+    for the device; ``float()`` one only where it is logged (that read does wait).
+    """
 
     total: torch.Tensor
-    ce: float
-    l1: float
-    conf: float
-    accept_len: float
-    """Mean greedy accepted length (bonus included) over blocks with all ``K`` labels valid."""
+    ce: torch.Tensor
+    l1: torch.Tensor
+    conf: torch.Tensor
+    """Zero when the drafter has no confidence head."""
+    accept_len: torch.Tensor
+    """Mean greedy accepted length (bonus included) over blocks with all ``K`` labels valid (NaN
+    when no block has them all)."""
     hits: torch.Tensor
     """``[B, N, K] bool``: teacher-forced draft ``j`` equals its label (for :func:`decode_walk_length`)."""
     conf_raw: torch.Tensor | None = None
@@ -162,7 +168,7 @@ def block_loss(
     l1_each = (p_d - p_t).abs().sum(-1)                                   # [B, N, K]
     l1 = (l1_each * weight).sum() / denom
     total = CE_WEIGHT * ce + L1_WEIGHT * l1
-    conf_val = 0.0
+    conf_val = torch.zeros((), device=hidden.device)
     conf_raw = None
     if model.confidence_proj is not None:
         feat = hidden.float()
@@ -173,14 +179,18 @@ def block_loss(
         bce = F.binary_cross_entropy_with_logits(raw.float(), target, reduction="none")
         conf = (bce * weight).sum() / denom
         total = total + CONF_WEIGHT * conf
-        conf_val = float(conf.detach())
+        conf_val = conf.detach()
         conf_raw = raw.detach().float()
     with torch.no_grad():
         hits = (z.argmax(-1) == blocks.labels) & blocks.mask
         accepted = hits.long().cumprod(-1).sum(-1)                        # [B, N]
         full = blocks.mask.all(-1)
-        accept_len = float((accepted[full].float() + 1).mean()) if full.any() else float("nan")
-    return LossParts(total=total, ce=float(ce.detach()), l1=float(l1.detach()), conf=conf_val,
+        # no boolean indexing or branch on a device value: either would wait for the device
+        n_full = full.sum()
+        accept_len = torch.where(n_full > 0,
+                                 ((accepted + 1) * full).sum() / n_full.clamp(min=1),
+                                 float("nan")).float()
+    return LossParts(total=total, ce=ce.detach(), l1=l1.detach(), conf=conf_val,
                      accept_len=accept_len, hits=hits, conf_raw=conf_raw)
 
 

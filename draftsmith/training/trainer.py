@@ -97,6 +97,7 @@ class TargetRunner:
 
     def __init__(self, model: torch.nn.Module, layer_ids: tuple[int, ...]) -> None:
         self.model = model.eval()
+        self.decoder = model.get_decoder()
         self.layer_ids = layer_ids
         self.head_weight = model.get_output_embeddings().weight.detach()
         self.embed_table = model.get_input_embeddings().weight.detach()
@@ -104,9 +105,16 @@ class TargetRunner:
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``tokens: [B, T]`` -> features ``[B, T, n_cap * H_t]``, final hidden ``[B, T, H_t]``."""
-        mask = (torch.arange(tokens.shape[1], device=tokens.device)[None] < lengths[:, None])
-        out = self.model(input_ids=tokens, attention_mask=mask.long(), output_hidden_states=True)
+        """``tokens: [B, T]`` right-padded to ``lengths: [B]`` -> features
+        ``[B, T, n_cap * H_t]``, final hidden ``[B, T, H_t]`` (rows past a length are padding).
+
+        No attention mask: under causal attention a real token never sees the padding after it,
+        and a padding mask would cost a device read (transformers checks whether it is all ones)
+        and the fused causal attention path. The decoder stack runs without the head, whose
+        ``[B, T, V]`` logits nothing here reads.
+        """
+        del lengths  # the padding is on the right; see above
+        out = self.decoder(input_ids=tokens, output_hidden_states=True, use_cache=False)
         hs = out.hidden_states
         feats = torch.cat([hs[i + 1] for i in self.layer_ids], dim=-1)
         return feats, hs[-1]
@@ -303,8 +311,8 @@ def train(
         if state["step"] % 25 == 0 or state["step"] == 1:
             rate = state["step"] / max(time.perf_counter() - start, 1e-9)
             log(f"step {state['step']}/{config.steps} loss {float(loss.total.detach()):.4f} "
-                f"ce {loss.ce:.3f} l1 {loss.l1:.3f} conf {loss.conf:.3f} "
-                f"train-accept {loss.accept_len:.2f} ({rate:.1f} step/s)")
+                f"ce {float(loss.ce):.3f} l1 {float(loss.l1):.3f} conf {float(loss.conf):.3f} "
+                f"train-accept {float(loss.accept_len):.2f} ({rate:.1f} step/s)")
         final = state["step"] == config.steps or out_of_time
         if state["step"] % config.eval_every == 0 or final:
             metric = evaluate(drafter, runner, val, config, device)
@@ -323,9 +331,16 @@ def train(
             "history": state["history"]}
 
 
+def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host batch tensors go through pinned memory, so the copy does not wait for the device."""
+    if device.type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
+
+
 def _step_loss(drafter, runner, tokens, lengths, blocks, device, autocast):
-    tokens, lengths = tokens.to(device), lengths.to(device)
-    blocks = type(blocks)(**{k: v.to(device) for k, v in vars(blocks).items()})
+    tokens, lengths = _to_device(tokens, device), _to_device(lengths, device)
+    blocks = type(blocks)(**{k: _to_device(v, device) for k, v in vars(blocks).items()})
     feats, final = runner(tokens, lengths)
     with autocast:
         hidden = drafter_hidden(drafter, feats, runner.embed_table, blocks,
@@ -372,10 +387,11 @@ def evaluate(drafter: GQADrafter, runner: TargetRunner, val: list[TrainingSequen
         walked, rounds = decode_walk_length(loss.hits.cpu(), blocks.anchors, blocks.keep,
                                             prompt_lens, lengths)
         tokens_sum, rounds_sum = tokens_sum + walked, rounds_sum + rounds
-        if not math.isnan(loss.accept_len):
-            totals["anchor_accept_len"] += loss.accept_len
-            totals["ce"] += loss.ce
-            totals["l1"] += loss.l1
+        anchor_len = float(loss.accept_len)
+        if not math.isnan(anchor_len):
+            totals["anchor_accept_len"] += anchor_len
+            totals["ce"] += float(loss.ce)
+            totals["l1"] += float(loss.l1)
             count += 1
     out = {k: v / max(count, 1) for k, v in totals.items()}
     out["accept_len"] = tokens_sum / max(rounds_sum, 1)

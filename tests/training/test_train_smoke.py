@@ -16,7 +16,7 @@ from draftsmith.runtime.targets.tiny import make_byte_tokenizer, make_tiny_causa
 from draftsmith.training.data import generate_dataset, read_dataset  # noqa: E402
 from draftsmith.training.objective import sample_blocks  # noqa: E402
 from draftsmith.training.prompts import training_prompts  # noqa: E402
-from draftsmith.training.trainer import TrainConfig, train  # noqa: E402
+from draftsmith.training.trainer import TargetRunner, TrainConfig, train  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +48,29 @@ def test_dataset_holds_prompt_plus_greedy_response(tiny, dataset: Path) -> None:
     n = min(len(ref), len(s.tokens))
     assert torch.equal(ref[:n], s.tokens[:n])
     assert json.loads((dataset / "meta.json").read_text())["count"] == 12
+
+
+def test_target_runner_needs_no_padding_mask(tiny) -> None:
+    """Right-padded rows under causal attention: the maskless decoder pass gives every real
+    position the features and final hidden of a masked full-model pass (and of its own row
+    run alone)."""
+    model, _ = tiny
+    gen = torch.Generator().manual_seed(5)
+    lengths = torch.tensor([17, 9, 13])
+    tokens = torch.randint(0, 256, (3, 17), generator=gen)
+    for r, n in enumerate(lengths.tolist()):
+        tokens[r, n:] = 0
+    runner = TargetRunner(model, (0, 2))
+    feats, final = runner(tokens, lengths)
+    mask = (torch.arange(17)[None] < lengths[:, None]).long()
+    with torch.no_grad():
+        ref = model(input_ids=tokens, attention_mask=mask, output_hidden_states=True).hidden_states
+    for r, n in enumerate(lengths.tolist()):
+        torch.testing.assert_close(feats[r, :n], torch.cat([ref[1][r, :n], ref[3][r, :n]], -1))
+        torch.testing.assert_close(final[r, :n], ref[-1][r, :n])
+        alone, alone_final = runner(tokens[r : r + 1, :n], lengths[r : r + 1])
+        torch.testing.assert_close(feats[r, :n], alone[0])
+        torch.testing.assert_close(final[r, :n], alone_final[0])
 
 
 def test_blocks_are_teacher_forced() -> None:
@@ -241,3 +264,42 @@ def test_init_from_a_mismatched_checkpoint_names_the_tensor(tiny, dataset: Path,
     plain = build_drafter(WARM.model_copy(update={"family": "dflash"}), info, torch.device("cpu"))
     with pytest.raises(ConfigError, match="--init-from"):
         warm_start(plain, tmp_path / "source" / "last", "dflash", info)
+
+
+@pytest.mark.gpu
+def test_a_training_step_never_waits_for_the_device(tiny, dataset: Path) -> None:
+    """Forward, loss, backward, clipping and the optimizer step queue work without one
+    device-to-host read (``set_sync_debug_mode("error")`` raises on any), so the host prepares
+    the next batch while the device computes this one."""
+    import copy
+
+    from draftsmith.training.data import batch_at
+    from draftsmith.training.trainer import _step_loss, build_drafter
+
+    model, _ = tiny
+    device = torch.device("cuda")
+    target = copy.deepcopy(model).to(device)
+    config = TrainConfig(num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                         intermediate_size=32, block_size=4, markov_rank=8, batch_size=4,
+                         num_anchors=6)
+    drafter = build_drafter(config, _target_info(target), device)
+    runner = TargetRunner(target, drafter.spec.target_layer_ids)
+    params = list(drafter.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16)
+    seqs = read_dataset(dataset)
+    for step in range(3):  # the first step compiles and allocates outside the check
+        tokens, lengths, prompt_lens = batch_at(seqs, step, 4, 640, 0, pad_id=0)
+        blocks = sample_blocks(tokens, lengths, prompt_lens, 4, 6,
+                               torch.Generator().manual_seed(step))
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error" if step else "default")
+        try:
+            loss = _step_loss(drafter, runner, tokens, lengths, blocks, device, autocast)
+            opt.zero_grad(set_to_none=True)
+            loss.total.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(loss.total).item() and loss.accept_len.item() >= 1.0
