@@ -306,7 +306,14 @@ class HFTarget:
         return require_transformers().DynamicCache()
 
     def _batched_cache(self, slots: list[int], c_max: int) -> Any:
-        """One ``DynamicCache`` of batch ``G``: each slot's entries left-padded to ``c_max``."""
+        """One ``DynamicCache`` of batch ``G``: each slot's entries left-padded to ``c_max``.
+
+        One slot's entries go in as they are (the cache's update concatenates into new tensors,
+        never into these), saving a copy of every layer per forward."""
+        if len(slots) == 1:
+            only = self._caches[slots[0]]
+            return require_transformers().DynamicCache(
+                ddp_cache_data=list(zip(only.keys, only.values, strict=True)))
         per_layer = []
         for layer in range(len(self._caches[slots[0]].keys)):
             ks, vs = [], []
