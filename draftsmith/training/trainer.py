@@ -103,17 +103,15 @@ class TargetRunner:
         self.embed_table = model.get_input_embeddings().weight.detach()
 
     @torch.no_grad()
-    def __call__(self, tokens: torch.Tensor, lengths: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``tokens: [B, T]`` right-padded to ``lengths: [B]`` -> features
-        ``[B, T, n_cap * H_t]``, final hidden ``[B, T, H_t]`` (rows past a length are padding).
+    def __call__(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``tokens: [B, T]``, each row right-padded after its length -> features
+        ``[B, T, n_cap * H_t]``, final hidden ``[B, T, H_t]`` (padding positions hold garbage).
 
         No attention mask: under causal attention a real token never sees the padding after it,
         and a padding mask would cost a device read (transformers checks whether it is all ones)
         and the fused causal attention path. The decoder stack runs without the head, whose
         ``[B, T, V]`` logits nothing here reads.
         """
-        del lengths  # the padding is on the right; see above
         out = self.decoder(input_ids=tokens, output_hidden_states=True, use_cache=False)
         hs = out.hidden_states
         feats = torch.cat([hs[i + 1] for i in self.layer_ids], dim=-1)
@@ -302,7 +300,7 @@ def train(
         gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
         blocks = sample_blocks(tokens, lengths, prompt_lens, config.block_size,
                                config.num_anchors, gen)
-        loss = _step_loss(drafter, runner, tokens, lengths, blocks, device, autocast)
+        loss = _step_loss(drafter, runner, tokens, blocks, device, autocast)
         opt.zero_grad(set_to_none=True)
         loss.total.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -338,10 +336,12 @@ def _to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     return x.to(device)
 
 
-def _step_loss(drafter, runner, tokens, lengths, blocks, device, autocast):
-    tokens, lengths = _to_device(tokens, device), _to_device(lengths, device)
+def _step_loss(drafter, runner, tokens, blocks, device, autocast):
+    """Loss parts of one batch: ``tokens: [B, T]`` right-padded; anchors lie inside the
+    lengths, and a slot past its row's length has weight zero, so padding never counts."""
+    tokens = _to_device(tokens, device)
     blocks = type(blocks)(**{k: _to_device(v, device) for k, v in vars(blocks).items()})
-    feats, final = runner(tokens, lengths)
+    feats, final = runner(tokens)
     with autocast:
         hidden = drafter_hidden(drafter, feats, runner.embed_table, blocks,
                                 drafter.spec.mask_token_id)
@@ -368,7 +368,7 @@ def _held_out_passes(drafter: GQADrafter, runner: TargetRunner, val: list[Traini
                                                     pad_id=0)
             blocks = sample_blocks(tokens, lengths, prompt_lens, config.block_size, 0,
                                    torch.Generator().manual_seed(index))
-            loss = _step_loss(drafter, runner, tokens, lengths, blocks, device, autocast)
+            loss = _step_loss(drafter, runner, tokens, blocks, device, autocast)
             yield loss, blocks, prompt_lens, lengths
     finally:
         drafter.train()

@@ -61,14 +61,14 @@ def test_target_runner_needs_no_padding_mask(tiny) -> None:
     for r, n in enumerate(lengths.tolist()):
         tokens[r, n:] = 0
     runner = TargetRunner(model, (0, 2))
-    feats, final = runner(tokens, lengths)
+    feats, final = runner(tokens)
     mask = (torch.arange(17)[None] < lengths[:, None]).long()
     with torch.no_grad():
         ref = model(input_ids=tokens, attention_mask=mask, output_hidden_states=True).hidden_states
     for r, n in enumerate(lengths.tolist()):
         torch.testing.assert_close(feats[r, :n], torch.cat([ref[1][r, :n], ref[3][r, :n]], -1))
         torch.testing.assert_close(final[r, :n], ref[-1][r, :n])
-        alone, alone_final = runner(tokens[r : r + 1, :n], lengths[r : r + 1])
+        alone, alone_final = runner(tokens[r : r + 1, :n])
         torch.testing.assert_close(feats[r, :n], alone[0])
         torch.testing.assert_close(final[r, :n], alone_final[0])
 
@@ -295,7 +295,7 @@ def test_a_training_step_never_waits_for_the_device(tiny, dataset: Path) -> None
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error" if step else "default")
         try:
-            loss = _step_loss(drafter, runner, tokens, lengths, blocks, device, autocast)
+            loss = _step_loss(drafter, runner, tokens, blocks, device, autocast)
             opt.zero_grad(set_to_none=True)
             loss.total.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
