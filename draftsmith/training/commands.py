@@ -206,7 +206,7 @@ def train_command(args: argparse.Namespace) -> int:
         raise
     target, _tokenizer = load_target(
         TargetConfig(model=args.target, dtype=args.dtype, device=args.device), log=_log)
-    data = args.data[0] if len(args.data) == 1 else list(args.data)
+    data = list(args.data)  # read_dataset takes one directory or several
     result = train(config, target.model, data, args.out, resume=not args.no_resume, log=_log,
                    time_limit_s=args.time_limit)
     if args.export is not None:

@@ -188,3 +188,38 @@ def test_progress_callback_sees_growing_tokens_and_is_removed() -> None:
     assert seen and seen[-1] == [len(r.tokens) for r in report.results] == [5, 5]
     assert all(a <= b for prev, cur in zip(seen, seen[1:], strict=False) for a, b in zip(prev, cur, strict=True))
     assert "step" not in vars(decoder.spec)  # the observer is gone after the call
+
+
+def test_train_reads_several_data_directories_and_exports(capsys, tiny_dir, tmp_path) -> None:
+    """``train-data`` twice (other seeds), then ``train --data A B --export``: the export loads
+    through the family; a data directory of another target is refused in one line."""
+    dirs = []
+    for seed in (1, 2):
+        out = tmp_path / f"data{seed}"
+        code, _out, err = _run(capsys, "train-data", "--target", str(tiny_dir), "--device", "cpu",
+                               "--dtype", "float32", "--out", str(out), "--count", "6",
+                               "--seed", str(seed), "--max-new-tokens", "12", "--batch-size", "6",
+                               "--exclude", str(tmp_path / "none.jsonl"))
+        assert code == 0, err
+        dirs.append(str(out))
+    small = ["--set", "num_layers=1", "--set", "num_heads=2", "--set", "num_kv_heads=1",
+             "--set", "head_dim=16", "--set", "intermediate_size=32", "--set", "block_size=3",
+             "--set", "markov_rank=4", "--set", "batch_size=2", "--set", "num_anchors=3",
+             "--set", "val_fraction=0.2", "--set", "eval_every=2", "--set", "warmup=1"]
+    code, out, err = _run(capsys, "train", "--target", str(tiny_dir), "--device", "cpu",
+                          "--dtype", "float32", "--data", *dirs, "--out", str(tmp_path / "run"),
+                          "--steps", "2", *small, "--export", str(tmp_path / "export"))
+    assert code == 0, err
+    assert json.loads(out[out.index("{"):])["step"] == 2
+    family = load_registry().family("dspark-gqa")
+    cfg = json.loads((tiny_dir / "config.json").read_text())
+    drafter = family.load(LoadRequest(options=family.options_model(),
+                                      checkpoint=tmp_path / "export",
+                                      target=TargetInfo(cfg["vocab_size"], cfg["hidden_size"],
+                                                        cfg["num_hidden_layers"])))
+    assert drafter.capabilities.markov_rank == 4
+    meta = Path(dirs[1]) / "meta.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "target": "another-model"}))
+    code, _out, err = _run(capsys, "train", "--target", str(tiny_dir), "--device", "cpu",
+                           "--data", *dirs, "--out", str(tmp_path / "run2"), "--steps", "1", *small)
+    assert code != 0 and "different targets" in err and len(err.strip().splitlines()) == 1
