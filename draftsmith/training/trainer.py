@@ -58,6 +58,9 @@ class TrainConfig(BaseModel):
     """Trained block width ``K``."""
     markov_rank: int = Field(default=64, ge=0)
     """Markov head rank (``dspark-gqa`` only)."""
+    target_layer_ids: tuple[int, ...] | None = None
+    """Target layers the drafter reads; none spreads ``num_layers`` ids over the target (spec
+    1.2). Set it to grow a checkpoint (``--init-from``) to more layers with the same inputs."""
     steps: int = Field(default=2000, ge=1)
     """Optimizer steps in total (a resumed run continues to this count)."""
     batch_size: int = Field(default=16, ge=1)
@@ -125,7 +128,7 @@ def build_drafter(config: TrainConfig, target: TargetInfo, device: torch.device)
         num_layers=config.num_layers, num_heads=config.num_heads,
         num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
         intermediate_size=config.intermediate_size, block_size=config.block_size,
-        max_position_embeddings=8192,
+        max_position_embeddings=8192, target_layer_ids=config.target_layer_ids,
     )
     if config.family == "dspark-gqa":
         opts.update(markov_rank=config.markov_rank, confidence_head=True,
@@ -144,7 +147,13 @@ def build_drafter(config: TrainConfig, target: TargetInfo, device: torch.device)
 def warm_start(drafter: GQADrafter, checkpoint: Path, family: str, target: TargetInfo) -> None:
     """Copy the weights of ``checkpoint`` (a ``family`` checkpoint, any float dtype) into the fp32
     ``drafter``. Every tensor must exist on both sides with one shape, and the checkpoint must
-    read the same target layers; otherwise a :class:`ConfigError` names what differs."""
+    read the same target layers; otherwise a :class:`ConfigError` names what differs.
+
+    One difference is allowed: ``drafter`` may have more decoder layers than the checkpoint (the
+    run grows the drafter). The checkpoint's layers fill the first ones; each further layer keeps
+    its fresh initialisation except its two residual-branch outputs (``o_proj`` and
+    ``down_proj``), which start at zero, so the grown drafter computes exactly what the
+    checkpoint computed and the new layers learn from there."""
     registered = load_registry().family(family)
     assert registered.load is not None
     origin = f"--init-from {checkpoint}"
@@ -162,8 +171,19 @@ def warm_start(drafter: GQADrafter, checkpoint: Path, family: str, target: Targe
         if have != want:
             raise ConfigError(f"{origin}: the checkpoint's {name} is {have}, this run's is "
                               f"{want}; match the checkpoint's config with --set")
+    grown = range(source.spec.num_layers, drafter.spec.num_layers)
+    if not grown and source.spec.num_layers > drafter.spec.num_layers:
+        raise ConfigError(f"{origin}: the checkpoint has {source.spec.num_layers} layers, this run "
+                          f"{drafter.spec.num_layers}; a run may grow a drafter, never shrink it "
+                          f"(--set num_layers={source.spec.num_layers} or more)")
+    kept = source.spec.num_layers
+    if source.spec.visibility != drafter.spec.visibility[:kept]:
+        raise ConfigError(f"{origin}: the checkpoint's per-layer visibility "
+                          f"{source.spec.visibility} differs from this run's first {kept} layers")
+    new_prefixes = tuple(f"layers.{i}." for i in grown)
     theirs, ours = source.state_dict(), drafter.state_dict()
-    for name in sorted(theirs.keys() | ours.keys()):
+    ours_kept = {k: v for k, v in ours.items() if not k.startswith(new_prefixes)}
+    for name in sorted(theirs.keys() | ours_kept.keys()):
         if name not in ours:
             raise ConfigError(f"{origin}: tensor {name!r} of the checkpoint has no place in this "
                               f"run's {family} drafter; match the checkpoint's config with --set")
@@ -176,8 +196,11 @@ def warm_start(drafter: GQADrafter, checkpoint: Path, family: str, target: Targe
                 f"checkpoint and {tuple(ours[name].shape)} in this run; match the checkpoint's "
                 "config with --set (num_layers, num_heads, head_dim, ...)")
     with torch.no_grad():
-        for name, tensor in ours.items():
+        for name, tensor in ours_kept.items():
             tensor.copy_(theirs[name].to(device=tensor.device, dtype=tensor.dtype))
+        for name, tensor in ours.items():
+            if name.startswith(new_prefixes) and name.rsplit(".", 2)[-2] in ("o_proj", "down_proj"):
+                tensor.zero_()
 
 
 def export_checkpoint(

@@ -266,6 +266,52 @@ def test_init_from_a_mismatched_checkpoint_names_the_tensor(tiny, dataset: Path,
         warm_start(plain, tmp_path / "source" / "last", "dflash", info)
 
 
+def test_init_from_grows_a_drafter_that_computes_what_the_checkpoint_did(
+        tiny, dataset: Path, tmp_path: Path) -> None:
+    from draftsmith.contract import ConfigError
+    from draftsmith.training.objective import drafter_hidden
+    from draftsmith.training.trainer import build_drafter, warm_start
+
+    model, _ = tiny
+    info = _target_info(model)
+    train(WARM, model, dataset, tmp_path / "source", log=lambda m: None)
+    source = build_drafter(WARM, info, torch.device("cpu"))
+    warm_start(source, tmp_path / "source" / "last", "dspark-gqa", info)
+    ids = source.spec.target_layer_ids
+    grown = build_drafter(WARM.model_copy(update={"num_layers": 3, "target_layer_ids": ids,
+                                                  "seed": 5}), info, torch.device("cpu"))
+    warm_start(grown, tmp_path / "source" / "last", "dspark-gqa", info)
+    assert grown.spec.num_layers == 3
+    weights = grown.state_dict()
+    assert torch.count_nonzero(weights["layers.2.self_attn.o_proj.weight"]) == 0
+    assert torch.count_nonzero(weights["layers.2.mlp.down_proj.weight"]) == 0
+    assert torch.count_nonzero(weights["layers.2.self_attn.q_proj.weight"]) > 0
+    assert torch.count_nonzero(weights["layers.1.mlp.gate_proj.weight"]) > 0
+
+    tokens = torch.randint(0, 256, (2, 30), generator=torch.Generator().manual_seed(1))
+    blocks = sample_blocks(tokens, torch.tensor([30, 24]), torch.tensor([3, 5]), 4, 5,
+                           torch.Generator().manual_seed(2))
+    features, _ = TargetRunner(model, ids)(tokens)
+    table = model.get_input_embeddings().weight.detach()
+    mask_id = source.spec.mask_token_id
+    with torch.no_grad():
+        want = drafter_hidden(source, features, table, blocks, mask_id)
+        got = drafter_hidden(grown, features, table, blocks, mask_id)
+    assert torch.equal(got, want)
+
+    with pytest.raises(ConfigError, match="never shrink"):
+        _shrink(grown, tmp_path, info)
+
+
+def _shrink(grown, tmp_path: Path, info: TargetInfo) -> None:
+    from draftsmith.training.trainer import build_drafter, warm_start
+
+    grown.save(tmp_path / "big")
+    small = build_drafter(WARM.model_copy(update={"target_layer_ids": grown.spec.target_layer_ids}),
+                          info, torch.device("cpu"))
+    warm_start(small, tmp_path / "big", "dspark-gqa", info)
+
+
 @pytest.mark.gpu
 def test_a_training_step_never_waits_for_the_device(tiny, dataset: Path) -> None:
     """Forward, loss, backward, clipping and the optimizer step queue work without one
