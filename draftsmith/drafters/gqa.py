@@ -642,7 +642,7 @@ class GQADrafter(nn.Module):
     @property
     def inv_freq(self) -> torch.Tensor:
         """RoPE inverse frequencies ``[hd / 2] fp32`` (kept fp32 whatever the weight dtype)."""
-        return rope_inv_freq(self.spec.head_dim, self.spec.rope_theta).to(self.fc.weight.device)
+        return self._inv_freq_on(self.fc.weight.device)
 
     def _inv_freq_on(self, device: torch.device) -> torch.Tensor:
         """:attr:`inv_freq` cached per device, so a captured forward copies nothing from the host.

@@ -104,18 +104,33 @@ class TargetRunner:
         self.layer_ids = layer_ids
         self.head_weight = model.get_output_embeddings().weight.detach()
         self.embed_table = model.get_input_embeddings().weight.detach()
+        # SDPA takes a ready boolean mask as it is; other attention kernels get none (see below)
+        self._sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
+        self._causal: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    def _causal_mask(self, width: int, device: torch.device) -> torch.Tensor:
+        """``[1, 1, T, T] bool``, true where the key position is not after the query's."""
+        key = (width, device)
+        if key not in self._causal:
+            self._causal[key] = torch.ones(width, width, dtype=torch.bool,
+                                           device=device).tril()[None, None]
+        return self._causal[key]
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``tokens: [B, T]``, each row right-padded after its length -> features
         ``[B, T, n_cap * H_t]``, final hidden ``[B, T, H_t]`` (padding positions hold garbage).
 
-        No attention mask: under causal attention a real token never sees the padding after it,
-        and a padding mask would cost a device read (transformers checks whether it is all ones)
-        and the fused causal attention path. The decoder stack runs without the head, whose
-        ``[B, T, V]`` logits nothing here reads.
+        Under causal attention a real token never sees the padding after it, so no padding mask
+        is needed. The mask given is the plain causal one, ready-made: transformers builds its own
+        from a 2D mask only after checking on the host whether it is all ones, and without any
+        mask it checks the positions for packed sequences on the host; either read waits for the
+        device, so the host could not queue the next step's work ahead of it. The decoder stack
+        runs without the head, whose ``[B, T, V]`` logits nothing here reads.
         """
-        out = self.decoder(input_ids=tokens, output_hidden_states=True, use_cache=False)
+        mask = self._causal_mask(tokens.shape[1], tokens.device) if self._sdpa else None
+        out = self.decoder(input_ids=tokens, attention_mask=mask, output_hidden_states=True,
+                           use_cache=False)
         hs = out.hidden_states
         feats = torch.cat([hs[i + 1] for i in self.layer_ids], dim=-1)
         return feats, hs[-1]
