@@ -80,6 +80,18 @@ def acceptance_by_position(lengths: Sequence[int], num_draft_tokens: int) -> lis
 
 
 @dataclass(frozen=True)
+class PromptEval:
+    """One prompt's share of a :class:`DatasetEval` (for per-prompt and per-category views)."""
+
+    rounds: int
+    tokens: int
+    accept_len: float
+    """This prompt's mean committed tokens per round (bonus included)."""
+    exact: bool | None
+    """Equal to plain greedy (``None`` when not compared)."""
+
+
+@dataclass(frozen=True)
 class DatasetEval:
     """Metrics of one prompt file."""
 
@@ -97,6 +109,8 @@ class DatasetEval:
     plain_tokens_per_s: float | None
     exact: bool | None
     """Greedy output equal to plain greedy for every prompt (``None`` when not compared)."""
+    per_prompt: list[PromptEval]
+    """The same measurements prompt by prompt, in file order."""
 
 
 def evaluate(
@@ -134,6 +148,9 @@ def evaluate(
             spec_tokens_per_s=report.spec_tokens_per_s,
             plain_tokens_per_s=report.plain_tokens_per_s,
             exact=report.exact,
+            per_prompt=[PromptEval(rounds=len(r.accepted_lengths), tokens=len(r.tokens),
+                                   accept_len=r.mean_accepted_length, exact=r.exact)
+                        for r in report.results],
         ))
     return out
 

@@ -84,6 +84,12 @@ def test_eval_writes_json_and_plot(capsys, tiny_dir, tmp_path) -> None:
     for d in report["datasets"]:
         assert d["prompts"] == 2 and d["tokens"] == 10 and d["exact"] is True
         assert d["accept_len"] >= 1.0 and len(d["accept_rate_by_position"]) == 3
+        each = d["per_prompt"]
+        assert len(each) == 2 and all(p["exact"] is True for p in each)
+        assert sum(p["tokens"] for p in each) == d["tokens"]
+        assert sum(p["rounds"] for p in each) == d["rounds"]
+        assert sum(p["accept_len"] * p["rounds"] for p in each) == pytest.approx(
+            d["accept_len"] * d["rounds"])
     png = (out_dir / "acceptance.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert "alpha" in out and "wrote" in out
