@@ -186,12 +186,12 @@ def warm_start(drafter: GQADrafter, checkpoint: Path, family: str, target: Targe
         if have != want:
             raise ConfigError(f"{origin}: the checkpoint's {name} is {have}, this run's is "
                               f"{want}; match the checkpoint's config with --set")
-    grown = range(source.spec.num_layers, drafter.spec.num_layers)
-    if not grown and source.spec.num_layers > drafter.spec.num_layers:
+    if source.spec.num_layers > drafter.spec.num_layers:
         raise ConfigError(f"{origin}: the checkpoint has {source.spec.num_layers} layers, this run "
                           f"{drafter.spec.num_layers}; a run may grow a drafter, never shrink it "
                           f"(--set num_layers={source.spec.num_layers} or more)")
     kept = source.spec.num_layers
+    grown = range(kept, drafter.spec.num_layers)
     if source.spec.visibility != drafter.spec.visibility[:kept]:
         raise ConfigError(f"{origin}: the checkpoint's per-layer visibility "
                           f"{source.spec.visibility} differs from this run's first {kept} layers")
