@@ -269,6 +269,7 @@ def test_init_from_a_mismatched_checkpoint_names_the_tensor(tiny, dataset: Path,
 def test_init_from_grows_a_drafter_that_computes_what_the_checkpoint_did(
         tiny, dataset: Path, tmp_path: Path) -> None:
     from draftsmith.contract import ConfigError
+    from draftsmith.drafters.gqa import LayerVisibility
     from draftsmith.training.objective import drafter_hidden
     from draftsmith.training.trainer import build_drafter, warm_start
 
@@ -301,6 +302,9 @@ def test_init_from_grows_a_drafter_that_computes_what_the_checkpoint_did(
 
     with pytest.raises(ConfigError, match="never shrink"):
         _shrink(grown, tmp_path, info)
+    source.with_visibility((LayerVisibility(window=4),)).save(tmp_path / "windowed")
+    with pytest.raises(ConfigError, match="per-layer visibility"):
+        warm_start(grown, tmp_path / "windowed", "dspark-gqa", info)
 
 
 def _shrink(grown, tmp_path: Path, info: TargetInfo) -> None:
