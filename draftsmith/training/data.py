@@ -169,20 +169,22 @@ def _meta_targets(directory: Path) -> set[str]:
 
 def batch_at(
     sequences: Sequence[TrainingSequence], step: int, batch_size: int, max_len: int, seed: int,
-    pad_id: int,
+    pad_id: int, pad_multiple: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Batch number ``step`` of a shuffled pass: a pure function of ``(step, seed)``, so a resumed
     run sees exactly the batches an uninterrupted one would.
 
     Returns ``tokens [B, T]`` (right padded with ``pad_id``, truncated to ``max_len``),
-    ``lengths [B]`` and ``prompt_lens [B]``.
+    ``lengths [B]`` and ``prompt_lens [B]``. ``T`` is the longest length rounded up to a multiple
+    of ``pad_multiple`` (at most ``max_len``): a device run then meets a handful of shapes
+    instead of one per length, so its kernels and caches warm up within a few steps.
     """
     per_epoch = max(len(sequences) // batch_size, 1)
     epoch, index = divmod(step, per_epoch)
     perm = torch.randperm(len(sequences), generator=torch.Generator().manual_seed(seed + epoch))
     chosen = [sequences[i] for i in perm[index * batch_size:(index + 1) * batch_size].tolist()]
     lengths = torch.tensor([min(len(s.tokens), max_len) for s in chosen])
-    width = int(lengths.max())
+    width = min(-(-int(lengths.max()) // pad_multiple) * pad_multiple, max_len)
     tokens = torch.full((len(chosen), width), pad_id, dtype=torch.long)
     for r, s in enumerate(chosen):
         tokens[r, : lengths[r]] = s.tokens[: lengths[r]]

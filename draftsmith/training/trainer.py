@@ -20,7 +20,13 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 
-from draftsmith.contract import ConfigError, DraftsmithError, LoadRequest, TargetInfo
+from draftsmith.contract import (
+    ConfigError,
+    DraftsmithError,
+    LoadRequest,
+    MarkovHeadKind,
+    TargetInfo,
+)
 from draftsmith.drafters.calibration import fit_sts, sts_ece
 from draftsmith.drafters.gqa import GQADrafter
 from draftsmith.runtime.registry import load_registry
@@ -69,6 +75,10 @@ class TrainConfig(BaseModel):
     """Sequences are truncated to this many tokens."""
     num_anchors: int = Field(default=48, ge=1)
     """Blocks sampled per sequence."""
+    pad_multiple: int = Field(default=64, ge=1)
+    """A batch's width is its longest sequence rounded up to a multiple of this (at most
+    ``max_len``); padding is never attended to, and few distinct shapes let a GPU run reach its
+    full step rate within a few steps instead of meeting a new shape on most of them."""
     lr: float = Field(default=6e-4, gt=0)
     """Peak learning rate."""
     warmup: int = Field(default=100, ge=0)
@@ -159,6 +169,17 @@ def build_drafter(config: TrainConfig, target: TargetInfo, device: torch.device)
     return model
 
 
+_RANK_GROWN = frozenset({"markov_w1.weight", "markov_w2.weight", "confidence_proj.weight"})
+"""Tensors whose last dimension follows ``markov_rank`` (the confidence head's when its feature
+carries ``w1[prev]``)."""
+
+
+def _leading_slice(ours: torch.Tensor, theirs: torch.Tensor, extra: int) -> bool:
+    """``theirs`` fits as the leading columns of ``ours``, which is ``extra`` columns wider."""
+    return (extra > 0 and ours.dim() == theirs.dim() == 2 and ours.shape[0] == theirs.shape[0]
+            and ours.shape[1] == theirs.shape[1] + extra)
+
+
 def warm_start(drafter: GQADrafter, checkpoint: Path, family: str, target: TargetInfo) -> None:
     """Copy the weights of ``checkpoint`` (a ``family`` checkpoint, any float dtype) into the fp32
     ``drafter``. Every tensor must exist on both sides with one shape, and the checkpoint must
@@ -168,7 +189,13 @@ def warm_start(drafter: GQADrafter, checkpoint: Path, family: str, target: Targe
     run grows the drafter). The checkpoint's layers fill the first ones; each further layer keeps
     its fresh initialisation except its two residual-branch outputs (``o_proj`` and
     ``down_proj``), which start at zero, so the grown drafter computes exactly what the
-    checkpoint computed and the new layers learn from there."""
+    checkpoint computed and the new layers learn from there.
+
+    A second growth is allowed for the vanilla Markov head: a larger ``markov_rank``. The
+    checkpoint's rank fills the leading columns of ``markov_w1`` and ``markov_w2`` (and the
+    confidence head's Markov inputs); the new ``w1`` columns keep their fresh initialisation and
+    the new ``w2`` columns (and confidence inputs) start at zero, so again the grown drafter
+    computes exactly what the checkpoint did."""
     registered = load_registry().family(family)
     assert registered.load is not None
     origin = f"--init-from {checkpoint}"
@@ -190,6 +217,15 @@ def warm_start(drafter: GQADrafter, checkpoint: Path, family: str, target: Targe
         raise ConfigError(f"{origin}: the checkpoint has {source.spec.num_layers} layers, this run "
                           f"{drafter.spec.num_layers}; a run may grow a drafter, never shrink it "
                           f"(--set num_layers={source.spec.num_layers} or more)")
+    r_have, r_want = source.spec.markov_rank, drafter.spec.markov_rank
+    if r_have > r_want:
+        raise ConfigError(f"{origin}: the checkpoint's markov_rank is {r_have}, this run's "
+                          f"{r_want}; a run may grow the Markov rank, never shrink it "
+                          f"(--set markov_rank={r_have} or more)")
+    if r_have < r_want and drafter.spec.markov_head is not MarkovHeadKind.VANILLA:
+        raise ConfigError(f"{origin}: growing markov_rank ({r_have} -> {r_want}) needs the "
+                          f"vanilla Markov head, not {drafter.spec.markov_head.value}; "
+                          f"--set markov_rank={r_have}")
     kept = source.spec.num_layers
     grown = range(kept, drafter.spec.num_layers)
     if source.spec.visibility != drafter.spec.visibility[:kept]:
@@ -205,14 +241,23 @@ def warm_start(drafter: GQADrafter, checkpoint: Path, family: str, target: Targe
         if name not in theirs:
             raise ConfigError(f"{origin}: the checkpoint lacks tensor {name!r} that this run's "
                               f"{family} drafter has; match the checkpoint's config with --set")
-        if theirs[name].shape != ours[name].shape:
+        if theirs[name].shape != ours[name].shape and not (
+                name in _RANK_GROWN and _leading_slice(ours[name], theirs[name], r_want - r_have)):
             raise ConfigError(
                 f"{origin}: tensor {name!r} has shape {tuple(theirs[name].shape)} in the "
                 f"checkpoint and {tuple(ours[name].shape)} in this run; match the checkpoint's "
                 "config with --set (num_layers, num_heads, head_dim, ...)")
     with torch.no_grad():
         for name, tensor in ours_kept.items():
-            tensor.copy_(theirs[name].to(device=tensor.device, dtype=tensor.dtype))
+            value = theirs[name].to(device=tensor.device, dtype=tensor.dtype)
+            if value.shape == tensor.shape:
+                tensor.copy_(value)
+                continue
+            # a grown Markov rank: the checkpoint's columns lead, the new ones add nothing yet
+            have = value.shape[1]
+            tensor[:, :have].copy_(value)
+            if name != "markov_w1.weight":
+                tensor[:, have:].zero_()
         for name, tensor in ours.items():
             if name.startswith(new_prefixes) and name.rsplit(".", 2)[-2] in ("o_proj", "down_proj"):
                 tensor.zero_()
@@ -334,7 +379,8 @@ def train(
         for group in opt.param_groups:
             group["lr"] = config.lr * _cosine(step, config)
         tokens, lengths, prompt_lens = batch_at(train_set, step, config.batch_size,
-                                                config.max_len, config.seed, pad_id=0)
+                                                config.max_len, config.seed, pad_id=0,
+                                                pad_multiple=config.pad_multiple)
         gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
         blocks = sample_blocks(tokens, lengths, prompt_lens, config.block_size,
                                config.num_anchors, gen)
@@ -403,7 +449,7 @@ def _held_out_passes(drafter: GQADrafter, runner: TargetRunner, val: list[Traini
     try:
         for index in range(max(1, len(val) // size)):
             tokens, lengths, prompt_lens = batch_at(val, index, size, config.max_len, 0,
-                                                    pad_id=0)
+                                                    pad_id=0, pad_multiple=config.pad_multiple)
             blocks = sample_blocks(tokens, lengths, prompt_lens, config.block_size, 0,
                                    torch.Generator().manual_seed(index))
             loss = _step_loss(drafter, runner, tokens, blocks, device, autocast)

@@ -88,6 +88,37 @@ def test_blocks_are_teacher_forced() -> None:
     assert row.sum() == min(4, 19 - int(last))
 
 
+def test_padding_the_batch_width_changes_shapes_only(tiny, dataset: Path) -> None:
+    """``pad_multiple`` rounds the width up (never past ``max_len``); rows, lengths, anchors and
+    the loss stay what the unpadded batch gives, since nothing attends to padding."""
+    from draftsmith.training.data import batch_at
+    from draftsmith.training.trainer import _step_loss, build_drafter
+
+    model, _ = tiny
+    seqs = read_dataset(dataset)
+    plain, lengths, prompt_lens = batch_at(seqs, 1, 4, 640, 0, pad_id=0)
+    padded, lengths2, prompt_lens2 = batch_at(seqs, 1, 4, 640, 0, pad_id=0, pad_multiple=64)
+    assert padded.shape[1] % 64 == 0 and padded.shape[1] > plain.shape[1]
+    assert torch.equal(padded[:, : plain.shape[1]], plain) and not padded[:, plain.shape[1]:].any()
+    assert torch.equal(lengths, lengths2) and torch.equal(prompt_lens, prompt_lens2)
+    capped, _, _ = batch_at(seqs, 1, 4, plain.shape[1] + 3, 0, pad_id=0, pad_multiple=64)
+    assert capped.shape[1] == plain.shape[1] + 3
+
+    config = TrainConfig(num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                         intermediate_size=32, block_size=4, markov_rank=8)
+    drafter = build_drafter(config, _target_info(model), torch.device("cpu"))
+    runner = TargetRunner(model, drafter.spec.target_layer_ids)
+    off = torch.autocast("cpu", enabled=False)
+    losses = []
+    for tokens in (plain, padded):
+        blocks = sample_blocks(tokens, lengths, prompt_lens, 4, 6,
+                               torch.Generator().manual_seed(3))
+        with torch.no_grad():
+            losses.append(_step_loss(drafter, runner, tokens, blocks, torch.device("cpu"), off))
+    for name in ("total", "ce", "l1", "conf", "accept_len"):
+        torch.testing.assert_close(getattr(losses[1], name), getattr(losses[0], name))
+
+
 def test_train_validate_save_and_resume(tiny, dataset: Path, tmp_path: Path) -> None:
     model, _ = tiny
     config = TrainConfig(num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
@@ -305,6 +336,49 @@ def test_init_from_grows_a_drafter_that_computes_what_the_checkpoint_did(
     source.with_visibility((LayerVisibility(window=4),)).save(tmp_path / "windowed")
     with pytest.raises(ConfigError, match="per-layer visibility"):
         warm_start(grown, tmp_path / "windowed", "dspark-gqa", info)
+
+
+def test_init_from_grows_the_markov_rank_and_keeps_the_losses(
+        tiny, dataset: Path, tmp_path: Path) -> None:
+    """A larger ``markov_rank`` takes the checkpoint's rank as its leading columns, new ``w2``
+    and confidence inputs at zero: every loss term of a batch is what the checkpoint gives,
+    while the new ``w1`` columns are live (so the new rank can learn). Shrinking is refused."""
+    from draftsmith.contract import ConfigError
+    from draftsmith.training.data import batch_at
+    from draftsmith.training.trainer import _step_loss, build_drafter, warm_start
+
+    model, _ = tiny
+    info = _target_info(model)
+    train(WARM, model, dataset, tmp_path / "source", log=lambda m: None)
+    source = build_drafter(WARM, info, torch.device("cpu"))
+    warm_start(source, tmp_path / "source" / "last", "dspark-gqa", info)
+    ids = source.spec.target_layer_ids
+    grown = build_drafter(WARM.model_copy(update={"markov_rank": 20, "target_layer_ids": ids,
+                                                  "seed": 6}), info, torch.device("cpu"))
+    warm_start(grown, tmp_path / "source" / "last", "dspark-gqa", info)
+    weights, before = grown.state_dict(), source.state_dict()
+    hidden = source.spec.hidden_size
+    assert torch.equal(weights["markov_w1.weight"][:, :8], before["markov_w1.weight"])
+    assert torch.count_nonzero(weights["markov_w1.weight"][:, 8:]) > 0
+    assert torch.equal(weights["markov_w2.weight"][:, :8], before["markov_w2.weight"])
+    assert torch.count_nonzero(weights["markov_w2.weight"][:, 8:]) == 0
+    assert torch.equal(weights["confidence_proj.weight"][:, : hidden + 8],
+                       before["confidence_proj.weight"])
+    assert torch.count_nonzero(weights["confidence_proj.weight"][:, hidden + 8:]) == 0
+
+    runner = TargetRunner(model, ids)
+    tokens, lengths, prompt_lens = batch_at(read_dataset(dataset), 0, 4, 640, 0, pad_id=0)
+    blocks = sample_blocks(tokens, lengths, prompt_lens, 4, 6, torch.Generator().manual_seed(1))
+    off = torch.autocast("cpu", enabled=False)
+    with torch.no_grad():
+        want = _step_loss(source, runner, tokens, blocks, torch.device("cpu"), off)
+        got = _step_loss(grown, runner, tokens, blocks, torch.device("cpu"), off)
+    for name in ("total", "ce", "l1", "conf", "accept_len"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name))
+
+    grown.save(tmp_path / "rank20")
+    with pytest.raises(ConfigError, match="never shrink"):
+        warm_start(source, tmp_path / "rank20", "dspark-gqa", info)
 
 
 def _shrink(grown, tmp_path: Path, info: TargetInfo) -> None:
