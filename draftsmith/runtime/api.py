@@ -410,6 +410,9 @@ def load_decoder(
                       num_layers=target.num_layers, dtype=target.dtype)
     source = config.drafter.checkpoint or f"random weights (seed {config.drafter.seed})"
     say(f"loading drafter {config.drafter.family} from {source}")
+    if config.drafter.checkpoint is None:
+        say("  untrained: it will accept next to nothing; for the smollm2-135m target pass "
+            "--checkpoint draftsmith/checkpoints/smollm2-135m-dspark-gqa (trained dspark-gqa)")
     if config.drafter.checkpoint is not None and not Path(config.drafter.checkpoint).is_dir():
         raise CheckpointError(
             f"drafter checkpoint {str(config.drafter.checkpoint)!r} is not a directory; pass a "

@@ -196,6 +196,22 @@ def test_progress_callback_sees_growing_tokens_and_is_removed() -> None:
     assert "step" not in vars(decoder.spec)  # the observer is gone after the call
 
 
+def test_a_drafter_without_checkpoint_is_announced_as_untrained() -> None:
+    """Random weights accept next to nothing: the load log says so and names the shipped
+    drafter, so ``draftsmith eval`` without ``--checkpoint`` is not mistaken for a result."""
+    from draftsmith.runtime.api import load_decoder
+    from draftsmith.runtime.config import SpecConfig
+    from draftsmith.runtime.targets.tiny import make_byte_tokenizer, tiny_target
+
+    config = SpecConfig.from_dict({"num_draft_tokens": 2,
+                                   "target": {"model": "toy", "device": "cpu"}})
+    lines: list[str] = []
+    load_decoder(config, target=tiny_target(), tokenizer=make_byte_tokenizer(), log=lines.append)
+    text = "\n".join(lines)
+    assert "random weights" in text and "untrained" in text
+    assert "--checkpoint draftsmith/checkpoints/smollm2-135m-dspark-gqa" in text
+
+
 def test_train_reads_several_data_directories_and_exports(capsys, tiny_dir, tmp_path) -> None:
     """``train-data`` twice (other seeds), then ``train --data A B --export``: the export loads
     through the family; a data directory of another target is refused in one line."""
