@@ -39,7 +39,7 @@ def demo_command(args: argparse.Namespace | None = None) -> int:
     })
     if shipped:
         print("draftsmith demo: target SmolLM2-135M-Instruct (embedded default), drafter "
-              f"dspark-gqa from {SHIPPED_DRAFTER.name} (v5), greedy selection.",
+              f"dspark-gqa from {SHIPPED_DRAFTER.name} (v6), greedy selection.",
               flush=True)
     else:
         print("draftsmith demo: target SmolLM2-135M-Instruct (embedded default), drafter "
