@@ -179,6 +179,9 @@ def batch_at(
     of ``pad_multiple`` (at most ``max_len``): a device run then meets a handful of shapes
     instead of one per length, so its kernels and caches warm up within a few steps.
     """
+    if pad_multiple < 1:
+        raise ConfigError(f"pad_multiple must be >= 1 (1 pads to the longest row), got "
+                          f"{pad_multiple}")
     per_epoch = max(len(sequences) // batch_size, 1)
     epoch, index = divmod(step, per_epoch)
     perm = torch.randperm(len(sequences), generator=torch.Generator().manual_seed(seed + epoch))

@@ -103,6 +103,9 @@ def test_padding_the_batch_width_changes_shapes_only(tiny, dataset: Path) -> Non
     assert torch.equal(lengths, lengths2) and torch.equal(prompt_lens, prompt_lens2)
     capped, _, _ = batch_at(seqs, 1, 4, plain.shape[1] + 3, 0, pad_id=0, pad_multiple=64)
     assert capped.shape[1] == plain.shape[1] + 3
+    from draftsmith.contract import ConfigError
+    with pytest.raises(ConfigError, match="pad_multiple must be >= 1"):
+        batch_at(seqs, 1, 4, 640, 0, pad_id=0, pad_multiple=0)
 
     config = TrainConfig(num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
                          intermediate_size=32, block_size=4, markov_rank=8)
