@@ -118,8 +118,7 @@ def test_padding_the_batch_width_changes_shapes_only(tiny, dataset: Path) -> Non
                                torch.Generator().manual_seed(3))
         with torch.no_grad():
             losses.append(_step_loss(drafter, runner, tokens, blocks, torch.device("cpu"), off))
-    for name in ("total", "ce", "l1", "conf", "accept_len"):
-        torch.testing.assert_close(getattr(losses[1], name), getattr(losses[0], name))
+    _assert_same_losses(losses[1], losses[0])
 
 
 def test_train_validate_save_and_resume(tiny, dataset: Path, tmp_path: Path) -> None:
@@ -300,22 +299,37 @@ def test_init_from_a_mismatched_checkpoint_names_the_tensor(tiny, dataset: Path,
         warm_start(plain, tmp_path / "source" / "last", "dflash", info)
 
 
+def _source_and_grown(model, dataset: Path, tmp_path: Path, **grow) -> tuple:
+    """Train ``WARM`` into ``tmp_path/source``; return the drafter loaded from it and one built
+    with ``grow`` applied to ``WARM`` (same target layers), warm-started from it."""
+    from draftsmith.training.trainer import build_drafter, warm_start
+
+    info = _target_info(model)
+    train(WARM, model, dataset, tmp_path / "source", log=lambda m: None)
+    source = build_drafter(WARM, info, torch.device("cpu"))
+    warm_start(source, tmp_path / "source" / "last", "dspark-gqa", info)
+    grown = build_drafter(WARM.model_copy(update={
+        **grow, "target_layer_ids": source.spec.target_layer_ids}), info, torch.device("cpu"))
+    warm_start(grown, tmp_path / "source" / "last", "dspark-gqa", info)
+    return source, grown
+
+
+def _assert_same_losses(got, want) -> None:
+    for name in ("total", "ce", "l1", "conf", "accept_len"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name))
+
+
 def test_init_from_grows_a_drafter_that_computes_what_the_checkpoint_did(
         tiny, dataset: Path, tmp_path: Path) -> None:
     from draftsmith.contract import ConfigError
     from draftsmith.drafters.gqa import LayerVisibility
     from draftsmith.training.objective import drafter_hidden
-    from draftsmith.training.trainer import build_drafter, warm_start
+    from draftsmith.training.trainer import warm_start
 
     model, _ = tiny
     info = _target_info(model)
-    train(WARM, model, dataset, tmp_path / "source", log=lambda m: None)
-    source = build_drafter(WARM, info, torch.device("cpu"))
-    warm_start(source, tmp_path / "source" / "last", "dspark-gqa", info)
+    source, grown = _source_and_grown(model, dataset, tmp_path, num_layers=3, seed=5)
     ids = source.spec.target_layer_ids
-    grown = build_drafter(WARM.model_copy(update={"num_layers": 3, "target_layer_ids": ids,
-                                                  "seed": 5}), info, torch.device("cpu"))
-    warm_start(grown, tmp_path / "source" / "last", "dspark-gqa", info)
     assert grown.spec.num_layers == 3
     weights = grown.state_dict()
     assert torch.count_nonzero(weights["layers.2.self_attn.o_proj.weight"]) == 0
@@ -348,17 +362,12 @@ def test_init_from_grows_the_markov_rank_and_keeps_the_losses(
     while the new ``w1`` columns are live (so the new rank can learn). Shrinking is refused."""
     from draftsmith.contract import ConfigError
     from draftsmith.training.data import batch_at
-    from draftsmith.training.trainer import _step_loss, build_drafter, warm_start
+    from draftsmith.training.trainer import _step_loss, warm_start
 
     model, _ = tiny
     info = _target_info(model)
-    train(WARM, model, dataset, tmp_path / "source", log=lambda m: None)
-    source = build_drafter(WARM, info, torch.device("cpu"))
-    warm_start(source, tmp_path / "source" / "last", "dspark-gqa", info)
+    source, grown = _source_and_grown(model, dataset, tmp_path, markov_rank=20, seed=6)
     ids = source.spec.target_layer_ids
-    grown = build_drafter(WARM.model_copy(update={"markov_rank": 20, "target_layer_ids": ids,
-                                                  "seed": 6}), info, torch.device("cpu"))
-    warm_start(grown, tmp_path / "source" / "last", "dspark-gqa", info)
     weights, before = grown.state_dict(), source.state_dict()
     hidden = source.spec.hidden_size
     assert torch.equal(weights["markov_w1.weight"][:, :8], before["markov_w1.weight"])
@@ -376,8 +385,7 @@ def test_init_from_grows_the_markov_rank_and_keeps_the_losses(
     with torch.no_grad():
         want = _step_loss(source, runner, tokens, blocks, torch.device("cpu"), off)
         got = _step_loss(grown, runner, tokens, blocks, torch.device("cpu"), off)
-    for name in ("total", "ce", "l1", "conf", "accept_len"):
-        torch.testing.assert_close(getattr(got, name), getattr(want, name))
+    _assert_same_losses(got, want)
 
     grown.save(tmp_path / "rank20")
     with pytest.raises(ConfigError, match="never shrink"):
