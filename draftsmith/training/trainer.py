@@ -20,13 +20,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 
-from draftsmith.contract import (
-    ConfigError,
-    DraftsmithError,
-    LoadRequest,
-    MarkovHeadKind,
-    TargetInfo,
-)
+from draftsmith.contract import ConfigError, DraftsmithError, LoadRequest, TargetInfo
 from draftsmith.drafters.calibration import fit_sts, sts_ece
 from draftsmith.drafters.gqa import GQADrafter
 from draftsmith.runtime.registry import load_registry
@@ -222,10 +216,6 @@ def warm_start(drafter: GQADrafter, checkpoint: Path, family: str, target: Targe
         raise ConfigError(f"{origin}: the checkpoint's markov_rank is {r_have}, this run's "
                           f"{r_want}; a run may grow the Markov rank, never shrink it "
                           f"(--set markov_rank={r_have} or more)")
-    if r_have < r_want and drafter.spec.markov_head is not MarkovHeadKind.VANILLA:
-        raise ConfigError(f"{origin}: growing markov_rank ({r_have} -> {r_want}) needs the "
-                          f"vanilla Markov head, not {drafter.spec.markov_head.value}; "
-                          f"--set markov_rank={r_have}")
     kept = source.spec.num_layers
     grown = range(kept, drafter.spec.num_layers)
     if source.spec.visibility != drafter.spec.visibility[:kept]:
