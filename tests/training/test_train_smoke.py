@@ -391,6 +391,21 @@ def test_init_from_grows_the_markov_rank_and_keeps_the_losses(
     with pytest.raises(ConfigError, match="never shrink"):
         warm_start(source, tmp_path / "rank20", "dspark-gqa", info)
 
+    # a gated head's projections follow the rank, so its rank cannot grow this way
+    family = load_registry().family("dspark-gqa")
+
+    def gated(rank: int):
+        options = family.options_model().model_copy(update={
+            "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16,
+            "intermediate_size": 32, "block_size": 4, "markov_rank": rank,
+            "markov_head_type": "gated"})
+        return family.load(LoadRequest(options=options, checkpoint=None, target=info,
+                                       device=torch.device("cpu"), dtype=torch.float32))
+
+    gated(8).save(tmp_path / "gated8")
+    with pytest.raises(ConfigError, match="markov_gate_proj"):
+        warm_start(gated(16), tmp_path / "gated8", "dspark-gqa", info)
+
 
 def _shrink(grown, tmp_path: Path, info: TargetInfo) -> None:
     from draftsmith.training.trainer import build_drafter, warm_start
