@@ -45,7 +45,9 @@ class LoadRequest:
     """Arguments of a family's loader.
 
     ``checkpoint`` is a directory (``config.json`` + ``*.safetensors``), or ``None`` to build
-    random weights from ``options`` (tests and benchmarks).
+    random weights from ``options`` (tests and benchmarks). With a checkpoint, its config decides
+    the architecture; a loader raises :class:`ConfigError` for an architecture option that was set
+    explicitly and disagrees with it, rather than ignoring it.
     """
 
     options: BaseModel

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from draftsmith.contract import CheckpointError
+from draftsmith.contract import CheckpointError, ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +188,40 @@ class TensorSource:
         return sorted(set(self._tensors) - self._used)
 
 
+def check_options_agree(options: Any, actual: Mapping[str, Any], origin: str,
+                        skip: Iterable[str] = ()) -> None:
+    """Options set explicitly beside a checkpoint must agree with the architecture it declares.
+
+    A checkpoint's ``config.json`` decides the architecture; an option the user set (``--set``, a
+    config file) that says otherwise would be ignored, so it raises :class:`ConfigError` instead.
+    Options not set explicitly, ``None`` values (derived from the target), names missing from
+    ``actual`` and names in ``skip`` are not compared.
+
+    :param options: the family's options model (anything else is not checked).
+    :param actual: option name -> the checkpoint's value.
+    """
+    if not hasattr(options, "model_fields_set"):
+        return
+    skipped = set(skip)
+    clashes = []
+    for name in sorted(options.model_fields_set - skipped):
+        value = getattr(options, name)
+        if name not in actual or value is None:
+            continue
+        if isinstance(value, list):
+            value = tuple(value)
+        if value != actual[name]:
+            clashes.append(f"{name}={value!r} (the checkpoint has {actual[name]!r})")
+    if clashes:
+        raise ConfigError(
+            f"drafter options disagree with checkpoint {origin}: {'; '.join(clashes)}. A "
+            "checkpoint's config.json decides the architecture: drop these options, or drop "
+            "the checkpoint to build random weights from them"
+        )
+
+
 __all__ = [
+    "check_options_agree",
     "CONFIG_FILE",
     "WEIGHTS_FILE",
     "TensorSource",

@@ -53,6 +53,7 @@ from draftsmith.drafters.checkpoint import (
     WEIGHTS_FILE,
     TensorSource,
     build_target_layer_ids,
+    check_options_agree,
     draft_value,
     draft_value_any,
     load_tensors,
@@ -1076,6 +1077,27 @@ def _check_markov_tensors(source: TensorSource, spec: GQADrafterSpec) -> None:
             )
 
 
+def _checkpoint_view(spec: GQADrafterSpec) -> dict[str, Any]:
+    """Option name -> the value the checkpoint's architecture stands for (``init_std`` and
+    other random-init-only options have none)."""
+    view: dict[str, Any] = {name: getattr(spec, name) for name in (
+        "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "block_size",
+        "mask_token_id", "target_layer_ids", "rope_theta", "rms_norm_eps", "attention_bias",
+        "max_position_embeddings", "input_embedding_scale", "output_multiplier",
+        "final_logit_softcapping", "markov_rank", "confidence_head", "confidence_head_with_markov",
+    )}
+    view["layer_types"] = tuple("full_attention" if v.window is None else "sliding_attention"
+                                for v in spec.visibility)
+    windows = {v.window for v in spec.visibility if v.window is not None}
+    view["sliding_window"] = windows.pop() if len(windows) == 1 else None
+    causal = {v.causal for v in spec.visibility}
+    view["is_causal"] = causal.pop() if len(causal) == 1 else None
+    view["shift_label"] = spec.block_convention is BlockConvention.SHIFT
+    if spec.markov_head is not MarkovHeadKind.NONE:
+        view["markov_head_type"] = spec.markov_head.value
+    return view
+
+
 def load_gqa_drafter(request: LoadRequest, family: str) -> GQADrafter:
     """Build a drafter of ``family`` from ``request.checkpoint`` or, when it is ``None``, from
     ``request.options`` with random weights drawn from ``request.seed``."""
@@ -1102,6 +1124,7 @@ def load_gqa_drafter(request: LoadRequest, family: str) -> GQADrafter:
     source = TensorSource(tensors, origin)
     own_embedding = source.has("embed_tokens.weight")
     spec = spec_from_config(config, family, own_embedding=own_embedding, target=target)
+    check_options_agree(request.options, _checkpoint_view(spec), origin)
     _check_markov_tensors(source, spec)
     declared = spec
     if target is not None:

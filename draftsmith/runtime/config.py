@@ -63,7 +63,8 @@ class DrafterConfig(_Strict):
     """Registered family name (see ``draftsmith plugins``)."""
     checkpoint: Path | None = None
     """Checkpoint directory (``config.json`` + ``*.safetensors``); ``None`` builds random weights
-    from ``options`` (tests and benchmarks)."""
+    from ``options`` (tests and benchmarks). With a checkpoint, architecture options set here
+    must agree with its ``config.json`` (the loader raises ``ConfigError`` otherwise)."""
     options: SerializeAsAny[BaseModel] = Field(default_factory=dict, validate_default=True)
     """Family-specific options, validated by the family's own options model."""
     seed: int = Field(default=0, ge=0)

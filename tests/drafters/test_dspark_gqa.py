@@ -263,6 +263,37 @@ def test_save_load_round_trip_is_identical(tmp_path, family, options):
     assert (ha is None and hb is None) or (torch.equal(ha.w1, hb.w1) and torch.equal(ha.w2, hb.w2))
 
 
+@pytest.mark.parametrize(
+    ("family", "options"),
+    [
+        (dspark_family, dict(markov_rank=R, layer_types=("sliding_attention", "full_attention"),
+                             sliding_window=4, block_size=K)),
+        (dflash_family, dict(layer_types=("full_attention", "sliding_attention"),
+                             sliding_window=3, is_causal=False, shift_label=True)),
+    ],
+)
+def test_options_given_with_a_checkpoint_must_agree_with_it(tmp_path, family, options):
+    """A checkpoint decides the architecture; an option set beside it is checked, not ignored."""
+    source = _random(family, **options)
+    source.save(tmp_path)
+    built = dict(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=24,
+                 init_std=0.5, **options)  # init_std only seeds random weights: not compared
+    again = family.load(LoadRequest(options=family.FAMILY.options_model(**built),
+                                    checkpoint=tmp_path, target=TARGET))
+    assert again.spec == source.spec
+    clashes = {"num_layers": 3, "head_dim": 4, "sliding_window": 5, "layer_types":
+               ("full_attention", "full_attention"), "shift_label": False} if family is \
+        dflash_family else {"num_layers": 3, "markov_rank": 2 * R, "markov_head_type": "gated",
+                            "block_size": K + 1, "confidence_head": False}
+    for name, value in clashes.items():
+        if name == "confidence_head":
+            opts = family.FAMILY.options_model(confidence_head=False)
+        else:
+            opts = family.FAMILY.options_model(**{**built, name: value})
+        with pytest.raises(ConfigError, match=rf"{name}=.*the checkpoint has.*drop these"):
+            family.load(LoadRequest(options=opts, checkpoint=tmp_path, target=TARGET))
+
+
 def test_random_init_is_seeded():
     a, b, c = _random(seed=1), _random(seed=1), _random(seed=2)
     assert torch.equal(a.fc.weight, b.fc.weight)

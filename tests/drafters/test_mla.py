@@ -421,6 +421,13 @@ def test_family_loads_checkpoint_and_random(tmp_path: Path) -> None:
                                                   loaded.state_dict().values(), strict=True))
     with pytest.raises(ConfigError, match="LoadRequest.target"):
         load_dspark_mla(LoadRequest(options=DSparkMLAOptions()))
+    # Options set beside a checkpoint are checked against it, not ignored; tp_fusions applies.
+    same = load_dspark_mla(LoadRequest(options=opts, checkpoint=tmp_path, target=target))
+    assert same.cfg == loaded.cfg and same.requested_tp_fusions == {TPFusion.AR_RESIDUAL_RMSNORM}
+    for clash in (dict(num_layers=2), dict(markov_rank=4), dict(target_layer_ids=(1, 2, 3))):
+        with pytest.raises(ConfigError, match=rf"{next(iter(clash))}=.*the checkpoint has"):
+            load_dspark_mla(LoadRequest(options=DSparkMLAOptions(**clash), checkpoint=tmp_path,
+                                        target=target))
 
 
 def test_options_fields_documented() -> None:

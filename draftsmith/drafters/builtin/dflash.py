@@ -21,7 +21,8 @@ NAME = "dflash"
 
 
 class DFlashOptions(GQAArchitectureOptions):
-    """Architecture of a random ``dflash`` drafter (used only when no checkpoint is given)."""
+    """Architecture of a random ``dflash`` drafter. With a checkpoint its ``config.json`` decides;
+    a field set explicitly must then agree with it (``init_std`` aside)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 

@@ -13,6 +13,7 @@ from pydantic import ConfigDict
 
 from draftsmith import hookimpl
 from draftsmith.contract import ConfigError, DrafterFamily, LoadRequest, Registrar, TPFusion
+from draftsmith.drafters.checkpoint import check_options_agree
 from draftsmith.drafters.mla import (
     FAMILY_NAME,
     DSparkMLADrafter,
@@ -26,8 +27,8 @@ class DSparkMLAOptions(MLAArchitecture):
     """Options of ``dspark-mla``.
 
     ``tp_fusions`` always applies. Every other field describes the architecture of randomly
-    initialised weights and is used only when no checkpoint is given (a checkpoint's own
-    ``config.json`` describes it otherwise).
+    initialised weights; with a checkpoint its own ``config.json`` describes it, and a field set
+    explicitly must agree with it (:class:`ConfigError` otherwise).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
@@ -48,7 +49,7 @@ def load_dspark_mla(request: LoadRequest) -> DSparkMLADrafter:
             "options with the family's options_model"
         )
     if request.checkpoint is not None:
-        return DSparkMLADrafter.load(
+        drafter = DSparkMLADrafter.load(
             request.checkpoint,
             target=request.target,
             collectives=request.collectives,
@@ -56,6 +57,9 @@ def load_dspark_mla(request: LoadRequest) -> DSparkMLADrafter:
             dtype=request.dtype,
             device=request.device,
         )
+        actual = {name: getattr(drafter.cfg, name) for name in MLAArchitecture.model_fields}
+        check_options_agree(options, actual, str(request.checkpoint), skip={"tp_fusions"})
+        return drafter
     if request.target is None:
         raise ConfigError(
             "dspark-mla random initialisation takes its hidden size and vocabulary from the "
