@@ -264,10 +264,15 @@ def eval_command(args: argparse.Namespace) -> int:
     config = build_config(args)
     decoder = _load(config)
     results = evaluate(decoder, files, args.limit, args.max_new_tokens, args.compare)
+    dumped = json.loads(config.model_dump_json())
+    if config.drafter.checkpoint is not None:  # the checkpoint decided: keep what was set only
+        dumped["drafter"]["options"] = json.loads(
+            config.drafter.options.model_dump_json(exclude_unset=True))
     meta = {
         "title": f"{config.drafter.family} on {config.target.model}, K = "
                  f"{config.num_draft_tokens}",
-        "config": json.loads(config.model_dump_json()),
+        "config": dumped,
+        "drafter": json.loads(decoder.spec.drafter.capabilities.model_dump_json()),
         "limit": args.limit,
         "max_new_tokens": args.max_new_tokens,
         "metric": "accept_len = committed tokens per verify round, bonus included (DSpark tau)",

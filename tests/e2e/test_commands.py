@@ -240,6 +240,25 @@ def test_train_reads_several_data_directories_and_exports(capsys, tiny_dir, tmp_
                                       target=TargetInfo(cfg["vocab_size"], cfg["hidden_size"],
                                                         cfg["num_hidden_layers"])))
     assert drafter.capabilities.markov_rank == 4
+    # eval of the export records the drafter it ran (not the unused default options) ...
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"turns": ["a b"]}) + "\n")
+    ev = ["eval", "--data", str(prompts), "--max-new-tokens", "3", "--out", str(tmp_path / "ev"),
+          "--target", str(tiny_dir), "--device", "cpu", "--num-draft-tokens", "3",
+          "--checkpoint", str(tmp_path / "export")]
+    code, _out, err = _run(capsys, *ev)
+    assert code == 0, err
+    report = json.loads((tmp_path / "ev" / "eval.json").read_text())["meta"]
+    assert report["drafter"]["markov_rank"] == 4 and report["drafter"]["trained_block_size"] == 3
+    assert report["config"]["drafter"]["options"] == {}
+    # ... and an option set beside the checkpoint that disagrees with it is refused in one line
+    clash = tmp_path / "clash.toml"
+    clash.write_text("[drafter.options]\nmarkov_rank = 8\n")
+    code, _out, err = _run(capsys, *ev, "--config", str(clash))
+    errors = [line for line in err.splitlines() if not line.startswith("[draftsmith]")]
+    assert code != 0 and len(errors) == 1, err
+    assert errors[0].startswith("draftsmith: error:") and "markov_rank=8 (the checkpoint has 4)" \
+        in errors[0]
     meta = Path(dirs[1]) / "meta.json"
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "target": "another-model"}))
     code, _out, err = _run(capsys, "train", "--target", str(tiny_dir), "--device", "cpu",
