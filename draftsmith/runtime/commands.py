@@ -15,10 +15,22 @@ from typing import Any, TextIO
 
 from draftsmith.contract import ConfigError
 from draftsmith.runtime.api import Decoder, GenerateReport, load_decoder
-from draftsmith.runtime.config import SpecConfig, apply_overrides, read_config_file
+from draftsmith.runtime.config import (
+    DrafterConfig,
+    SpecConfig,
+    TargetConfig,
+    apply_overrides,
+    read_config_file,
+)
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data"  # beside the checkout
 """Where ``draftsmith eval`` looks for ``*.jsonl`` prompt sets when ``--data`` is not given."""
+SHIPPED_DRAFTER = Path(__file__).resolve().parents[1] / "checkpoints" / "smollm2-135m-dspark-gqa"
+"""The drafter that ships with draftsmith for the embedded default target."""
+SHIPPED_TARGET, SHIPPED_FAMILY = "smollm2-135m", "dspark-gqa"
+"""The target and family ``SHIPPED_DRAFTER`` is made for."""
+DEFAULT_TARGET = TargetConfig.model_fields["model"].default
+DEFAULT_FAMILY = DrafterConfig.model_fields["family"].default
 
 
 # ---- shared flags -----------------------------------------------------------------------
@@ -31,7 +43,13 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device", help="auto (default), cpu or cuda[:N]")
     g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="target dtype")
     g.add_argument("--drafter", metavar="FAMILY", help="drafter family (see `draftsmith plugins`)")
-    g.add_argument("--checkpoint", metavar="DIR", help="drafter checkpoint directory")
+    pick = g.add_mutually_exclusive_group()
+    pick.add_argument("--checkpoint", metavar="DIR",
+                      help="drafter checkpoint directory (default for the smollm2-135m target "
+                           "and the dspark-gqa family: the shipped drafter)")
+    pick.add_argument("--random-drafter", action="store_true",
+                      help="build the drafter with random weights from its options (tests, "
+                           "benchmarks) instead of loading a checkpoint")
     g.add_argument("--num-draft-tokens", type=int, metavar="K", help="drafts per step")
     g.add_argument("--max-batch", type=int, help="requests decoded at once")
     s = parser.add_argument_group("selection")
@@ -60,10 +78,23 @@ def build_config(args: argparse.Namespace) -> SpecConfig:
     if getattr(args, "max_batch", None) is not None:
         overrides["runtime.max_batch"] = args.max_batch
     data = apply_overrides(base, overrides)
+    if not getattr(args, "random_drafter", False) and _wants_shipped_drafter(data):
+        data = apply_overrides(data, {"drafter.checkpoint": str(SHIPPED_DRAFTER)})
     selection = _selection(dict(data.get("selection") or {"kind": "greedy"}), args)
     if selection is not None:
         data["selection"] = selection
     return SpecConfig.from_dict(data)
+
+
+def _wants_shipped_drafter(data: dict[str, Any]) -> bool:
+    """The shipped drafter is the default for the embedded target with the ``dspark-gqa`` family
+    when no checkpoint and no drafter options are given (options describe random weights)."""
+    drafter = data.get("drafter") or {}
+    target = data.get("target") or {}
+    return (drafter.get("checkpoint") is None and not drafter.get("options")
+            and drafter.get("family", DEFAULT_FAMILY) == SHIPPED_FAMILY
+            and target.get("model", DEFAULT_TARGET) == SHIPPED_TARGET
+            and (SHIPPED_DRAFTER / "config.json").is_file())
 
 
 def _selection(current: dict[str, Any], args: argparse.Namespace) -> dict[str, Any] | None:
@@ -288,6 +319,7 @@ def eval_command(args: argparse.Namespace) -> int:
 
 __all__ = [
     "DEFAULT_DATA_DIR",
+    "SHIPPED_DRAFTER",
     "add_eval_arguments",
     "add_generate_arguments",
     "build_config",

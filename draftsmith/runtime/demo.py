@@ -12,17 +12,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from draftsmith.runtime.api import load_decoder
-from draftsmith.runtime.commands import run_generate
+from draftsmith.runtime.commands import SHIPPED_DRAFTER, run_generate
 from draftsmith.runtime.config import SpecConfig
 
 DEMO_PROMPT = "Write a short poem about the sea."
 DEMO_MAX_NEW_TOKENS = 32
 DEMO_NUM_DRAFT_TOKENS = 7
-SHIPPED_DRAFTER = Path(__file__).resolve().parents[1] / "checkpoints" / "smollm2-135m-dspark-gqa"
-"""The drafter that ships with draftsmith for the embedded default target."""
 
 
 def demo_command(args: argparse.Namespace | None = None) -> int:

@@ -264,3 +264,30 @@ def test_train_reads_several_data_directories_and_exports(capsys, tiny_dir, tmp_
     code, _out, err = _run(capsys, "train", "--target", str(tiny_dir), "--device", "cpu",
                            "--data", *dirs, "--out", str(tmp_path / "run2"), "--steps", "1", *small)
     assert code != 0 and "different targets" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_shipped_drafter_is_the_default_for_the_embedded_target(tmp_path) -> None:
+    """``generate`` / ``eval`` on smollm2-135m with dspark-gqa load the shipped checkpoint unless
+    told otherwise; any other target, family, explicit options or ``--random-drafter`` do not."""
+    import argparse
+
+    from draftsmith.runtime.commands import SHIPPED_DRAFTER, add_generate_arguments, build_config
+
+    parser = argparse.ArgumentParser()
+    add_generate_arguments(parser)
+
+    def checkpoint(*argv: str):
+        return build_config(parser.parse_args(list(argv))).drafter.checkpoint
+
+    assert (SHIPPED_DRAFTER / "config.json").is_file()
+    assert checkpoint() == SHIPPED_DRAFTER
+    assert checkpoint("--drafter", "dspark-gqa", "--target", "smollm2-135m") == SHIPPED_DRAFTER
+    assert checkpoint("--random-drafter") is None
+    assert checkpoint("--drafter", "dflash") is None
+    assert checkpoint("--target", str(tmp_path)) is None
+    assert checkpoint("--checkpoint", str(tmp_path)) == tmp_path
+    options = tmp_path / "random.toml"
+    options.write_text("[drafter.options]\nnum_layers = 1\n")
+    assert checkpoint("--config", str(options)) is None
+    with pytest.raises(SystemExit):  # argparse: not allowed with --checkpoint
+        parser.parse_args(["--checkpoint", str(tmp_path), "--random-drafter"])
