@@ -22,7 +22,7 @@ graph-replayed empty launch (the best any one-launch kernel can do).
 
 ``--sweep`` first prints the B = 1 probes (empty kernel / load-only / load + counter atomic over
 P programs: where the latency goes), then compiles the grid in ``--jobs`` processes, then times
-every configuration (pair, key, atomic and spin merges; bit-checked before and after its graph
+every configuration (pair, key and atomic merges; bit-checked before and after its graph
 replays) and prints the best per case, per merge form and per regime (``tiny`` < 4 MiB,
 ``latency`` < 24 MiB, ``bandwidth``), with a paste-ready ``ARGMAX_TUNING``.
     python benchmarks/selection.py --out benchmarks/results # also write the raw output there
@@ -58,7 +58,6 @@ from draftsmith.kernels.argmax_pair import (  # noqa: E402
     MERGE_ATOMIC,
     MERGE_KEYS,
     MERGE_PAIRS,
-    MERGE_SPIN,
     PairTuning,
     argmax_pair,
     argmax_pair_reference,
@@ -249,11 +248,8 @@ trip."""
 SMALL_SHAPES = [(512, 1), (1024, 1), (1024, 2), (2048, 1)]
 """``(block_bytes, unroll)`` of the small-program variants: 0.5-2 KiB per program, one trip, so
 that one row spreads over every SM and each program issues all its loads at once."""
-# The spin merge failed the adversarial GPU parity test on an H200 (2026-11-30): it is timed only
-# in --smoke runs (CPU interpreter) until fixed, so no GPU sweep can pick it.
 MERGES = (MERGE_PAIRS, MERGE_KEYS, MERGE_ATOMIC)
-MERGE_NAMES = {MERGE_PAIRS: "pairs", MERGE_KEYS: "keys", MERGE_ATOMIC: "atomic",
-               MERGE_SPIN: "spin"}
+MERGE_NAMES = {MERGE_PAIRS: "pairs", MERGE_KEYS: "keys", MERGE_ATOMIC: "atomic"}
 
 
 def sweep_grid(smoke: bool, which: str = "all") -> list[PairTuning]:
@@ -265,8 +261,7 @@ def sweep_grid(smoke: bool, which: str = "all") -> list[PairTuning]:
     * ``small``: B <= 32 ideas: 8-32 programs per SM of 0.5-2 KiB, 1-2 warps (no cross-warp
       barrier in the lane reduction, few registers), each in the pair, key and atomic merges;
     * ``merge``: the best base shapes with the key merge (int64 ``tl.max`` lane reduction and
-      merge) and the atomic merge (one 64-bit ``atomic_max`` per program, no merge pass); the
-      spin merge is left out of GPU sweeps (it failed GPU parity on 2026-11-30);
+      merge) and the atomic merge (one 64-bit ``atomic_max`` per program, no merge pass);
     * ``deep``: 8 tiles (8-32 KiB) in flight per loop trip (B = 32: without pipelining every
       trip of a program's loop is one dependent DRAM round trip);
     * ``all``: every group, without duplicates.
@@ -274,7 +269,7 @@ def sweep_grid(smoke: bool, which: str = "all") -> list[PairTuning]:
     if smoke:
         grid = [PairTuning(4, 4096, 2, 4, 1, False), PairTuning(2, 2048, 4, 4, 1, True)]
         grid += [PairTuning(8, 512, 1, 1, 1, False, m)
-                 for m in (MERGE_KEYS, MERGE_ATOMIC, MERGE_SPIN)]
+                 for m in (MERGE_KEYS, MERGE_ATOMIC)]
         return grid
     base = [PairTuning(pps, bb, un, nw, 1, True)
             for pps, (bb, un), nw in itertools.product((4, 6, 8, 16), SWEEP_SHAPES, (4, 8))]
@@ -295,12 +290,11 @@ def sweep_grid(smoke: bool, which: str = "all") -> list[PairTuning]:
 
 
 def _state_is_clean(device: torch.device) -> bool:
-    """Every row counter is 0 and every atomic/spin-merge slot empty (ready for a replay)."""
+    """Every row counter is 0 and every atomic-merge slot empty (ready for a replay)."""
     ws = ap._WORKSPACES.get(device)
     if ws is None:
         return True
-    return (not bool(ws.counts.any()) and bool((ws.row_key == KEY_EMPTY).all())
-            and bool((ws.spin_key == KEY_EMPTY).all()))
+    return not bool(ws.counts.any()) and bool((ws.row_key == KEY_EMPTY).all())
 
 
 def probes(vocab: int, device: torch.device, iters: int, smoke: bool) -> None:
@@ -416,7 +410,7 @@ def sweep(batches: list[int], vocab: int, device: torch.device, bandwidth: float
     emit(f"# sweep: argmax_pair in a CUDA graph, us per call; {len(grid)} configurations;"
          f" columns dtype/B; pps = programs per SM, bb = block bytes, un = unroll,"
          f" nw = num_warps, ns = num_stages, tr = tree reduction,"
-         f" mg = merge (0 pairs, 1 keys, 2 atomic, 3 spin)")
+         f" mg = merge (0 pairs, 1 keys, 2 atomic)")
     head = " ".join(f"{str(d).removeprefix('torch.')[:4] + '/' + str(b):>10}" for d, b in cases)
     emit(f"{'cfg':>4} {'pps':>4} {'bb':>5} {'un':>2} {'nw':>2} {'ns':>2} {'tr':>2} {'mg':>2}"
          f" | {head}")

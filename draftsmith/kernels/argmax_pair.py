@@ -11,15 +11,15 @@ that counts last merges the row's pairs in chunk order and resets the counter (t
 in a per-device workspace). So a handful of rows still spreads over the whole GPU, without a
 second launch. Launch sizes come from :func:`pick_pair_launch` / :func:`pair_launch_sizes`.
 
-The merge has four interchangeable forms (``PairTuning.merge``, identical bits; the sweep picks):
+The merge has three interchangeable forms (``PairTuning.merge``, identical bits; the sweep picks):
 ``MERGE_PAIRS`` (partial (value, index) pairs, order-T lane reduction), ``MERGE_KEYS`` (each
 pair packed into one order-T int64 key, :func:`pair_key`: the lane reductions become one
 ``tl.max`` and the merge loads one int64 per chunk) and ``MERGE_ATOMIC`` (each chunk folds its
 key into the row's slot with one 64-bit ``atomic_max``; the last program takes the slot with
 ``atomic_xchg``, which also resets it for the next launch or graph replay: no partials, no
-merge reduction) and ``MERGE_SPIN`` (each chunk publishes its key; the row's last chunk polls the
-row's slots and merges with no counter round trip, falling back to the counter after a bounded
-number of polls).
+merge reduction). A fourth form, in which the row's last chunk polled the other chunks' slots
+instead of taking the counter, was removed after it failed the adversarial parity test on an
+H200 (2026-11-30).
 """
 
 from __future__ import annotations
@@ -155,16 +155,6 @@ MERGE_KEYS = 1
 MERGE_ATOMIC = 2
 """Merge form: one 64-bit ``atomic_max`` per chunk into the row's key slot, taken (and reset to
 :data:`KEY_EMPTY`) by the last program with ``atomic_xchg``."""
-MERGE_SPIN = 3
-"""Merge form: each chunk publishes its key in its own slot; the row's LAST chunk polls the
-row's slots (bounded: :data:`SPIN_POLLS` volatile loads) and merges as soon as all are there,
-with no counter round trip on its path. If the polls run out (the other programs of the row
-were not scheduled yet) every program falls back to the counter protocol, so it cannot hang."""
-_MERGE_SPIN_FALLBACK = 4
-"""Test-only form of ``MERGE_SPIN``: the row's first chunk polls, zero times (always the
-counter fallback)."""
-SPIN_POLLS = tl.constexpr(4096)
-"""Poll limit of ``MERGE_SPIN`` (about 1-2 ms of L2 round trips before the fallback)."""
 KEY_EMPTY = -(2**63)
 """The int64 key below every real key: a lane or slot that holds no candidate."""
 
@@ -255,82 +245,29 @@ def finish_key(key, row, chunk, n_chunks, out_ptr, out_row_stride, C, vocab_star
                MERGE: tl.constexpr):
     """:func:`finish_pair` for a chunk's :func:`pair_key` ``key`` (``MERGE_KEYS``: ``key_ptr``
     holds the partial keys ``[rows * n_chunks]``; ``MERGE_ATOMIC``: the row slots ``[rows]``,
-    all :data:`KEY_EMPTY` between launches; ``MERGE_SPIN``: see :func:`finish_key_spin`)."""
+    all :data:`KEY_EMPTY` between launches)."""
     out_row = out_ptr + row.to(tl.int64) * out_row_stride
     part = row.to(tl.int64) * n_chunks
     if n_chunks == 1:
         val, idx = key_pair(key)
         write_pair_row(out_row, C, slot, idx + vocab_start, val, BLOCK_OUT)
     else:
-        if MERGE >= 3:
-            finish_key_spin(key, row, chunk, n_chunks, out_row, C, vocab_start, slot, key_ptr,
-                            count_ptr, BLOCK_C, BLOCK_OUT, MERGE)
+        if MERGE == 1:
+            tl.store(key_ptr + part + chunk, key)
         else:
-            if MERGE == 1:
-                tl.store(key_ptr + part + chunk, key)
-            else:
-                tl.atomic_max(key_ptr + row, key, sem="relaxed")
-            tl.debug_barrier()
-            done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
-            if done == n_chunks - 1:
-                if MERGE == 1:
-                    c = tl.arange(0, BLOCK_C)
-                    keys = tl.load(key_ptr + part + c, mask=c < n_chunks, other=_key_empty(),
-                                   cache_modifier=".cg")
-                    best = tl.max(keys, 0)
-                else:
-                    best = tl.atomic_xchg(key_ptr + row, _key_empty(), sem="relaxed")
-                val, idx = key_pair(best)
-                write_pair_row(out_row, C, slot, idx + vocab_start, val, BLOCK_OUT)
-                tl.store(count_ptr + row, 0)
-
-
-@triton.jit
-def finish_key_spin(key, row, chunk, n_chunks, out_row, C, vocab_start, slot, key_ptr,
-                    count_ptr, BLOCK_C: tl.constexpr, BLOCK_OUT: tl.constexpr,
-                    MERGE: tl.constexpr):
-    """``MERGE_SPIN`` for ``n_chunks > 1``: ``key_ptr`` holds the row slots
-    ``[rows * n_chunks] int64``, all :data:`KEY_EMPTY` between launches (a real key never is).
-
-    Fast path (the poller saw every slot filled): it merges, empties the slots and adds
-    ``1 - n_chunks`` to the counter, which the other ``n_chunks - 1`` programs each raise by 1,
-    so it ends at 0 and none of their adds returns ``n_chunks - 1``. Fallback (polls ran out):
-    the poller adds 1 like the others and the program whose add returns ``n_chunks - 1``
-    merges, empties the slots and zeroes the counter (every slot was written before each add,
-    acq_rel)."""
-    slots = key_ptr + row.to(tl.int64) * n_chunks
-    c = tl.arange(0, BLOCK_C)
-    m = c < n_chunks
-    tl.atomic_xchg(slots + chunk, key, sem="relaxed")  # a strong write: the poller reads it
-    if MERGE == 3:
-        poller = n_chunks - 1  # dispatched after the row's other programs
-        limit = SPIN_POLLS
-    else:
-        poller = 0
-        limit = 0
-    fast = chunk < 0
-    if chunk == poller:
-        keys = tl.load(slots + c, mask=m, other=0, volatile=True)
-        missing = tl.min(keys, 0) == _key_empty()
-        polls = tl.zeros([], tl.int32)
-        while missing & (polls < limit):
-            keys = tl.load(slots + c, mask=m, other=0, volatile=True)
-            missing = tl.min(keys, 0) == _key_empty()
-            polls += 1
-        if missing == 0:
-            fast = chunk >= 0
-            val, idx = key_pair(tl.max(keys, 0))
-            write_pair_row(out_row, C, slot, idx + vocab_start, val, BLOCK_OUT)
-            tl.store(slots + c, tl.zeros([BLOCK_C], tl.int64) + _key_empty(), mask=m)
-            tl.atomic_add(count_ptr + row, 1 - n_chunks, sem="relaxed")
-    if fast == 0:
+            tl.atomic_max(key_ptr + row, key, sem="relaxed")
         tl.debug_barrier()
         done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
         if done == n_chunks - 1:
-            keys = tl.load(slots + c, mask=m, other=0, cache_modifier=".cg")
-            val, idx = key_pair(tl.max(keys, 0))
+            if MERGE == 1:
+                c = tl.arange(0, BLOCK_C)
+                keys = tl.load(key_ptr + part + c, mask=c < n_chunks, other=_key_empty(),
+                               cache_modifier=".cg")
+                best = tl.max(keys, 0)
+            else:
+                best = tl.atomic_xchg(key_ptr + row, _key_empty(), sem="relaxed")
+            val, idx = key_pair(best)
             write_pair_row(out_row, C, slot, idx + vocab_start, val, BLOCK_OUT)
-            tl.store(slots + c, tl.zeros([BLOCK_C], tl.int64) + _key_empty(), mask=m)
             tl.store(count_ptr + row, 0)
 
 
@@ -341,8 +278,7 @@ def finish_lanes(best_val, best_idx, row, chunk, n_chunks, out_ptr, out_row_stri
                  MERGE: tl.constexpr):
     """Reduce the per-lane bests ``best_val: [BLOCK] fp32``, ``best_idx: [BLOCK] int32`` (shard
     columns, ``INT32_MAX`` = empty lane) of program ``(row, chunk)`` and publish the chunk's
-    winner with merge form ``MERGE`` (``MERGE_PAIRS``, ``MERGE_KEYS``, ``MERGE_ATOMIC`` or
-    ``MERGE_SPIN``)."""
+    winner with merge form ``MERGE`` (``MERGE_PAIRS``, ``MERGE_KEYS`` or ``MERGE_ATOMIC``)."""
     if MERGE == 0:
         val, idx = lane_argmax(best_val, best_idx, TREE)
         finish_pair(val, idx, row, chunk, n_chunks, out_ptr, out_row_stride, C, vocab_start,
@@ -434,8 +370,7 @@ class PairTuning(NamedTuple):
     """Lane reductions as one pair ``tl.reduce`` (:func:`lane_argmax_t_tree`; ``MERGE_PAIRS``
     only: the key forms reduce with one int64 ``tl.max``)."""
     merge: int = MERGE_PAIRS
-    """How the chunks of a row meet: ``MERGE_PAIRS``, ``MERGE_KEYS``, ``MERGE_ATOMIC`` or
-    ``MERGE_SPIN``."""
+    """How the chunks of a row meet: ``MERGE_PAIRS``, ``MERGE_KEYS`` or ``MERGE_ATOMIC``."""
 
 
 class PairLaunch(NamedTuple):
@@ -458,8 +393,8 @@ class PairLaunch(NamedTuple):
 # "tiny" did not exist then: it keeps the latency pick until a sweep with the merge forms).
 # From `benchmarks/selection.py --sweep` on one H200 (torch 2.11, triton 3.6), 2026-11-30,
 # benchmarks/results/selection-sweep2_nvidia-h200_2026-11-30T0857Z.log. Only the pairs merge
-# (merge=0) is used: some spin / low-warp variants failed the adversarial GPU parity test
-# (test_every_tuning_gpu) in that session and stay sweep-only until fixed.
+# (merge=0) is used. (The spin merge of that sweep failed the adversarial GPU parity test,
+# test_every_tuning_gpu, and has been removed.)
 ARGMAX_TUNING = {
     "tiny": PairTuning(programs_per_sm=4, block_bytes=1024, unroll=8, num_warps=4, num_stages=1,
                        tree_reduce=True, merge=0),
@@ -497,9 +432,9 @@ _tuning_override: dict[str, PairTuning] = {}
 def set_pair_tuning(tuning: PairTuning | None, op: str = "argmax") -> None:
     """Benchmark/test hook: use ``tuning`` for every regime of ``op`` (``"argmax"`` or
     ``"gumbel"``) on every device; ``None`` restores the defaults (the measured best)."""
-    if tuning is not None and (tuning.unroll not in (1, 2, 4, 8) or tuning.merge not in range(5)):
+    if tuning is not None and (tuning.unroll not in (1, 2, 4, 8) or tuning.merge not in range(3)):
         raise ConfigError(f"set_pair_tuning: unroll must be 1, 2, 4 or 8 and merge one of "
-                          f"MERGE_PAIRS/MERGE_KEYS/MERGE_ATOMIC/MERGE_SPIN (0..3), got {tuning}")
+                          f"MERGE_PAIRS/MERGE_KEYS/MERGE_ATOMIC (0..2), got {tuning}")
     if tuning is None:
         _tuning_override.pop(op, None)
     else:
@@ -562,8 +497,7 @@ class _Workspace:
     ``part_val: [parts_cap] float32``, ``part_idx: [parts_cap] int32``, the partial keys
     ``part_key: [parts_cap] int64`` (``MERGE_KEYS``) and the row slots
     ``row_key: [rows_cap] int64`` (``MERGE_ATOMIC``; all :data:`KEY_EMPTY` between launches: the
-    merging program takes its row's slot with ``atomic_xchg``) and the chunk slots
-    ``spin_key: [parts_cap] int64`` (``MERGE_SPIN``; all :data:`KEY_EMPTY` between launches).
+    merging program takes its row's slot with ``atomic_xchg``).
 
     Buffers are only ever replaced by larger ones, and the old ones are kept alive, because a
     captured CUDA graph holds their addresses. Launches of pair kernels on two streams of one
@@ -576,7 +510,6 @@ class _Workspace:
         self.part_idx: torch.Tensor | None = None
         self.part_key: torch.Tensor | None = None
         self.row_key: torch.Tensor | None = None
-        self.spin_key: torch.Tensor | None = None
         self.retired: list[torch.Tensor] = []
 
 
@@ -596,8 +529,8 @@ def _workspace(device: torch.device, rows: int, parts: int) -> _Workspace | None
     if ws is None:
         ws = _WORKSPACES[device] = _Workspace()
     else:
-        ws.retired += [t for t in (ws.counts, ws.part_val, ws.part_idx, ws.part_key, ws.row_key,
-                                   ws.spin_key) if t is not None]
+        ws.retired += [t for t in (ws.counts, ws.part_val, ws.part_idx, ws.part_key, ws.row_key)
+                       if t is not None]
     rows_cap = max(_MIN_ROWS_CAP, triton.next_power_of_2(rows),
                    2 * (ws.counts.numel() if ws.counts is not None else 0))
     parts_cap = max(_MIN_PARTS_CAP, triton.next_power_of_2(parts),
@@ -607,7 +540,6 @@ def _workspace(device: torch.device, rows: int, parts: int) -> _Workspace | None
     ws.part_idx = torch.empty(parts_cap, dtype=torch.int32, device=device)
     ws.part_key = torch.empty(parts_cap, dtype=torch.int64, device=device)
     ws.row_key = torch.full((rows_cap,), KEY_EMPTY, dtype=torch.int64, device=device)
-    ws.spin_key = torch.full((parts_cap,), KEY_EMPTY, dtype=torch.int64, device=device)
     return ws
 
 
@@ -634,8 +566,7 @@ def run_pair_reduction(launcher: FastLaunch, launch: PairLaunch, out: torch.Tens
     # aligned) tensors keeps it the same compiled kernel, so it can launch inside a capture
     if ws is not None:
         part_val, part_idx, counts = ws.part_val, ws.part_idx, ws.counts
-        keys = {MERGE_ATOMIC: ws.row_key, MERGE_SPIN: ws.spin_key,
-                _MERGE_SPIN_FALLBACK: ws.spin_key}.get(launch.merge, ws.part_key)
+        keys = ws.row_key if launch.merge == MERGE_ATOMIC else ws.part_key
         if keys is None:  # a hand-built workspace without key buffers (tests)
             keys = _dummy_keys(out.device)
     else:
@@ -762,11 +693,8 @@ __all__ = [
     "MERGE_ATOMIC",
     "MERGE_KEYS",
     "MERGE_PAIRS",
-    "MERGE_SPIN",
-    "SPIN_POLLS",
     "TINY_BYTES",
     "finish_key",
-    "finish_key_spin",
     "finish_lanes",
     "key_pair",
     "pair_key",

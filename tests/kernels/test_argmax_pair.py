@@ -17,7 +17,6 @@ from draftsmith.kernels.argmax_pair import (
     KEY_EMPTY,
     MERGE_ATOMIC,
     MERGE_KEYS,
-    MERGE_SPIN,
     PairTuning,
     argmax_pair,
     argmax_pair_reference,
@@ -150,16 +149,13 @@ TUNINGS = [
     PairTuning(16, 512, 1, 1, 1, False, MERGE_ATOMIC),  # one warp, one tile, 32 chunks per row
     PairTuning(1, 8192, 2, 4, 1, False, MERGE_ATOMIC),  # one chunk: the key decoded in place
     PairTuning(4, 1024, 8, 4, 1, False, MERGE_KEYS),  # 8 tiles in flight per trip
-    PairTuning(16, 512, 1, 1, 1, False, MERGE_SPIN),  # the last chunk polls: the fast path
-    PairTuning(8, 1024, 2, 2, 1, False, ap._MERGE_SPIN_FALLBACK),  # the counter fallback
 ]
 
 
 def counters_are_zero(device: torch.device | str) -> bool:
     """Row counters all 0 and atomic-merge row slots all empty: ready for the next launch."""
     ws = ap._WORKSPACES.get(torch.device(device))
-    return ws is None or (not bool(ws.counts.any()) and bool((ws.row_key == KEY_EMPTY).all())
-                          and bool((ws.spin_key == KEY_EMPTY).all()))
+    return ws is None or (not bool(ws.counts.any()) and bool((ws.row_key == KEY_EMPTY).all()))
 
 
 @pytest.fixture
@@ -258,7 +254,7 @@ def test_launch_sizes_cover_the_row_in_one_wave() -> None:
                                        (256, 163840, 4, 132), (7, 77, 4, 1), (2, 151936, 2, 132),
                                        (5000, 1000, 2, 132)]:
         sweep_small = [PairTuning(32, 512, 1, 1, 1, True, m)
-                       for m in (0, MERGE_KEYS, MERGE_ATOMIC, MERGE_SPIN)]
+                       for m in (0, MERGE_KEYS, MERGE_ATOMIC)]
         for cfg in TUNINGS + sweep_small + list(ap.ARGMAX_TUNING.values()):
             launch = pair_launch_sizes(rows, width, itemsize, sms, cfg)
             span = launch.tiles * launch.block
@@ -290,19 +286,8 @@ def test_workspace_grows_and_counters_reset(monkeypatch) -> None:
 # ---- GPU: bf16 / fp16 / fp32, large shapes, CUDA-graph replay ------------------------------
 
 
-_SPIN_BROKEN_ON_GPU = pytest.mark.xfail(
-    strict=True,
-    reason="the spin merge failed this adversarial parity test on one H200 (2026-11-30, torch "
-           "2.11 / triton 3.6); no default uses it and the sweep leaves it out until it is fixed")
-
-
-def _gpu_case(cfg: PairTuning):
-    spin = cfg.merge in (MERGE_SPIN, ap._MERGE_SPIN_FALLBACK)
-    return pytest.param(cfg, marks=_SPIN_BROKEN_ON_GPU if spin else ())
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [_gpu_case(t) for t in TUNINGS + [PairTuning(8, 4096, 2, 8, 3)]],
+@pytest.mark.parametrize("cfg", TUNINGS + [PairTuning(8, 4096, 2, 8, 3)],
                          ids=lambda t: "-".join(map(str, t)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_every_tuning_gpu(cfg: PairTuning, dtype: torch.dtype, tuning) -> None:
@@ -361,9 +346,8 @@ def test_adversarial_gpu(v: int, dtype: torch.dtype) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [None, PairTuning(16, 1024, 1, 1, 1, True, MERGE_KEYS),
-                                 PairTuning(32, 512, 1, 2, 1, True, MERGE_ATOMIC),
-                                 PairTuning(8, 2048, 1, 4, 1, True, MERGE_SPIN)],
-                         ids=["default", "keys", "atomic", "spin"])
+                                 PairTuning(32, 512, 1, 2, 1, True, MERGE_ATOMIC)],
+                         ids=["default", "keys", "atomic"])
 def test_graph_replay_equals_eager(cfg: PairTuning | None, tuning) -> None:
     tuning(cfg)
     x = torch.randn(32, 163840, device="cuda", dtype=torch.bfloat16)

@@ -15,7 +15,6 @@ from draftsmith.kernels.argmax_pair import (
     KEY_EMPTY,
     MERGE_ATOMIC,
     MERGE_KEYS,
-    MERGE_SPIN,
     PairTuning,
     argmax_pair_reference,
     set_pair_tuning,
@@ -76,8 +75,7 @@ def test_skip_equals_no_skip(rows: int, v: int) -> None:
         assert torch.equal(bits(a), bits(b))
 
 
-@pytest.mark.parametrize("merge", [MERGE_KEYS, MERGE_ATOMIC, MERGE_SPIN],
-                         ids=["keys", "atomic", "spin"])
+@pytest.mark.parametrize("merge", [MERGE_KEYS, MERGE_ATOMIC], ids=["keys", "atomic"])
 def test_key_merge_forms(merge: int) -> None:
     """The int64-key merge forms give the pair merge's bits, with skipped (empty) lanes."""
     x, temps, seeds, offsets = make_case(3, 8192, seed=4, scale=12.0)  # many dominated ids
@@ -92,7 +90,6 @@ def test_key_merge_forms(merge: int) -> None:
         set_pair_tuning(None, op="gumbel")
     ws = ap._WORKSPACES[torch.device("cpu")]
     assert not ws.counts.any() and bool((ws.row_key == KEY_EMPTY).all())
-    assert bool((ws.spin_key == KEY_EMPTY).all())
 
 
 def test_greedy_rows_equal_argmax_pair() -> None:
