@@ -9,7 +9,10 @@ Prompt sets are JSON-lines files of ``{"turns": [...]}`` objects (the DeepSpec p
   than j)``; every round proposes ``K`` drafts here, and a round of length ``n`` accepted
   ``n - 1`` drafts (a round cut by a stop token or the budget counts what it committed);
 * tokens per second with speculation, and for plain target greedy decoding when asked (after an
-  untimed warm-up generation, so graph capture and compilation are not counted).
+  untimed warm-up generation, so graph capture and compilation are not counted);
+* how many responses ran to the token budget (``capped``) and tau over the others alone
+  (``accept_len_ended``): a small target often repeats itself until the budget, and a repeating
+  answer is easy to draft, so the longer the budget, the more tau reflects those loops.
 
 Writes ``eval.json`` and ``acceptance.png`` (matplotlib, Agg backend).
 """
@@ -89,6 +92,8 @@ class PromptEval:
     """This prompt's mean committed tokens per round (bonus included)."""
     exact: bool | None
     """Equal to plain greedy (``None`` when not compared)."""
+    finish_reason: str
+    """``stop`` (a stop token ended the response) or ``length`` (it reached the budget)."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,10 @@ class DatasetEval:
     """Greedy output equal to plain greedy for every prompt (``None`` when not compared)."""
     per_prompt: list[PromptEval]
     """The same measurements prompt by prompt, in file order."""
+    capped: int
+    """Responses that reached ``max_new_tokens`` without a stop token."""
+    accept_len_ended: float | None
+    """tau over the responses a stop token ended (``None`` when every response was capped)."""
 
 
 def evaluate(
@@ -137,6 +146,7 @@ def evaluate(
         report = decoder.generate(prompts, max_new_tokens, compare_plain=compare_plain)
         lengths = report.accepted_lengths
         rounds = len(lengths)
+        ended = [n for r in report.results if r.finish_reason == "stop" for n in r.accepted_lengths]
         out.append(DatasetEval(
             name=Path(path).stem,
             prompts=len(prompts),
@@ -149,8 +159,11 @@ def evaluate(
             plain_tokens_per_s=report.plain_tokens_per_s,
             exact=report.exact,
             per_prompt=[PromptEval(rounds=len(r.accepted_lengths), tokens=len(r.tokens),
-                                   accept_len=r.mean_accepted_length, exact=r.exact)
+                                   accept_len=r.mean_accepted_length, exact=r.exact,
+                                   finish_reason=r.finish_reason)
                         for r in report.results],
+            capped=sum(r.finish_reason != "stop" for r in report.results),
+            accept_len_ended=sum(ended) / len(ended) if ended else None,
         ))
     return out
 
@@ -196,15 +209,17 @@ def plot_acceptance(results: Sequence[DatasetEval], path: Path, title: str = "")
 
 
 def format_table(results: Sequence[DatasetEval]) -> str:
-    """A plain-text table of the per-dataset metrics."""
+    """A plain-text table of the per-dataset metrics (``capped``: responses that reached the
+    budget; ``tau-end``: tau over the others)."""
     lines = [f"{'dataset':<14}{'prompts':>8}{'rounds':>8}{'tau':>7}{'tok/s':>9}{'plain':>9}"
-             f"{'exact':>7}  accept@1..K"]
+             f"{'exact':>7}{'capped':>8}{'tau-end':>8}  accept@1..K"]
     for r in results:
         plain = f"{r.plain_tokens_per_s:9.1f}" if r.plain_tokens_per_s is not None else f"{'-':>9}"
         exact = {True: "yes", False: "NO", None: "-"}[r.exact]
+        ended = f"{r.accept_len_ended:8.2f}" if r.accept_len_ended is not None else f"{'-':>8}"
         rates = " ".join(f"{x:.2f}" for x in r.accept_rate_by_position)
         lines.append(f"{r.name:<14}{r.prompts:>8}{r.rounds:>8}{r.accept_len:>7.2f}"
-                     f"{r.spec_tokens_per_s:>9.1f}{plain}{exact:>7}  {rates}")
+                     f"{r.spec_tokens_per_s:>9.1f}{plain}{exact:>7}{r.capped:>8}{ended}  {rates}")
     return "\n".join(lines)
 
 

@@ -32,3 +32,40 @@ def test_read_prompt_file_names_the_bad_line(tmp_path, text: str, message: str) 
     path.write_text(text)
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
         read_prompt_file(path)
+
+
+def test_capped_responses_and_tau_over_the_ended_ones(tmp_path) -> None:
+    """``capped`` counts responses that ran to the budget; ``accept_len_ended`` is tau over the
+    rounds of the others only (a looping answer that hits the cap would otherwise lift tau)."""
+    from types import SimpleNamespace
+
+    from draftsmith.runtime.api import GenerateReport, TextResult
+    from draftsmith.runtime.evaluate import evaluate, format_table
+
+    def result(lengths: tuple[int, ...], reason: str) -> TextResult:
+        return TextResult(prompt="p", prompt_ids=(1,), tokens=(5,) * sum(lengths), text="",
+                          accepted_lengths=lengths, finish_reason=reason, prefill_s=0.0,
+                          decode_s=0.0)
+
+    runs = [[result((8, 8, 8), "length"), result((1, 3), "stop"), result((2, 2, 1), "stop")],
+            [result((8, 8), "length")]]
+    calls = iter(runs)
+    decoder = SimpleNamespace(
+        config=SimpleNamespace(num_draft_tokens=7),
+        generate=lambda prompts, n, compare_plain=False: GenerateReport(
+            results=next(calls), spec_seconds=1.0, plain_seconds=None, greedy=True,
+            num_draft_tokens=7, family="x"),
+    )
+    files = []
+    for name, count in (("a", 3), ("b", 1)):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text('{"turns": ["q"]}\n' * count)
+        files.append(path)
+    a, b = evaluate(decoder, files, warmup=False)
+    assert (a.capped, b.capped) == (1, 1)
+    assert a.accept_len == pytest.approx(33 / 8)
+    assert a.accept_len_ended == pytest.approx(9 / 5) and b.accept_len_ended is None
+    assert [p.finish_reason for p in a.per_prompt] == ["length", "stop", "stop"]
+    table = format_table([a, b]).splitlines()
+    assert table[0].split()[7:9] == ["capped", "tau-end"]
+    assert table[1].split()[7:9] == ["1", "1.80"] and table[2].split()[7:9] == ["1", "-"]
