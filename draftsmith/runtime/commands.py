@@ -78,7 +78,9 @@ def build_config(args: argparse.Namespace) -> SpecConfig:
     if getattr(args, "max_batch", None) is not None:
         overrides["runtime.max_batch"] = args.max_batch
     data = apply_overrides(base, overrides)
-    if not getattr(args, "random_drafter", False) and _wants_shipped_drafter(data):
+    if getattr(args, "random_drafter", False):  # also over a checkpoint named in --config
+        data = apply_overrides(data, {"drafter.checkpoint": None})
+    elif _wants_shipped_drafter(data):
         data = apply_overrides(data, {"drafter.checkpoint": str(SHIPPED_DRAFTER)})
     selection = _selection(dict(data.get("selection") or {"kind": "greedy"}), args)
     if selection is not None:

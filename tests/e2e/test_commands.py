@@ -289,5 +289,9 @@ def test_the_shipped_drafter_is_the_default_for_the_embedded_target(tmp_path) ->
     options = tmp_path / "random.toml"
     options.write_text("[drafter.options]\nnum_layers = 1\n")
     assert checkpoint("--config", str(options)) is None
+    named = tmp_path / "named.toml"
+    named.write_text(f"[drafter]\ncheckpoint = {str(tmp_path)!r}\n")
+    assert checkpoint("--config", str(named)) == tmp_path
+    assert checkpoint("--config", str(named), "--random-drafter") is None
     with pytest.raises(SystemExit):  # argparse: not allowed with --checkpoint
         parser.parse_args(["--checkpoint", str(tmp_path), "--random-drafter"])
