@@ -264,15 +264,21 @@ def test_save_load_round_trip_is_identical(tmp_path, family, options):
 
 
 @pytest.mark.parametrize(
-    ("family", "options"),
+    ("family", "options", "clashes"),
     [
-        (dspark_family, dict(markov_rank=R, layer_types=("sliding_attention", "full_attention"),
-                             sliding_window=4, block_size=K)),
-        (dflash_family, dict(layer_types=("full_attention", "sliding_attention"),
-                             sliding_window=3, is_causal=False, shift_label=True)),
+        (dspark_family,
+         dict(markov_rank=R, layer_types=("sliding_attention", "full_attention"), sliding_window=4,
+              block_size=K),
+         dict(num_layers=3, markov_rank=2 * R, markov_head_type="gated", block_size=K + 1,
+              confidence_head_with_markov=False)),
+        (dflash_family,
+         dict(layer_types=("full_attention", "sliding_attention"), sliding_window=3,
+              is_causal=False, shift_label=True),
+         dict(num_layers=3, head_dim=4, sliding_window=5, shift_label=False,
+              layer_types=("full_attention", "full_attention"))),
     ],
 )
-def test_options_given_with_a_checkpoint_must_agree_with_it(tmp_path, family, options):
+def test_options_given_with_a_checkpoint_must_agree_with_it(tmp_path, family, options, clashes):
     """A checkpoint decides the architecture; an option set beside it is checked, not ignored."""
     source = _random(family, **options)
     source.save(tmp_path)
@@ -281,15 +287,8 @@ def test_options_given_with_a_checkpoint_must_agree_with_it(tmp_path, family, op
     again = family.load(LoadRequest(options=family.FAMILY.options_model(**built),
                                     checkpoint=tmp_path, target=TARGET))
     assert again.spec == source.spec
-    clashes = {"num_layers": 3, "head_dim": 4, "sliding_window": 5, "layer_types":
-               ("full_attention", "full_attention"), "shift_label": False} if family is \
-        dflash_family else {"num_layers": 3, "markov_rank": 2 * R, "markov_head_type": "gated",
-                            "block_size": K + 1, "confidence_head": False}
     for name, value in clashes.items():
-        if name == "confidence_head":
-            opts = family.FAMILY.options_model(confidence_head=False)
-        else:
-            opts = family.FAMILY.options_model(**{**built, name: value})
+        opts = family.FAMILY.options_model(**{**built, name: value})
         with pytest.raises(ConfigError, match=rf"{name}=.*the checkpoint has.*drop these"):
             family.load(LoadRequest(options=opts, checkpoint=tmp_path, target=TARGET))
 
