@@ -208,12 +208,15 @@ def count_launches(fn: Callable[[], object]) -> int | None:
 
 
 def measure(timer: Timer, op: str, shape: str, eager, fused, nbytes: float, bw: float,
-            eager_capturable: bool = True) -> Row:
+            eager_capturable: bool = True, launched=None) -> Row:
     """Time one op; ``eager_capturable=False`` skips capturing a reference that syncs with the
-    host (boolean-mask indexing), which would only invalidate the capture."""
+    host (boolean-mask indexing), which would only invalidate the capture. ``launched``: the
+    fused call alone, when ``fused`` also resets its inputs (launches are counted on it)."""
     eager_graph = timer.graph(eager) if eager_capturable else None
+    counted = fused if launched is None else launched
     row = Row(op, shape, timer.eager(eager), eager_graph, timer.eager(fused),
-              timer.graph(fused), nbytes / bw * 1e6, count_launches(fused) if timer.cuda else None)
+              timer.graph(fused), nbytes / bw * 1e6,
+              count_launches(counted) if timer.cuda else None)
     emit(row.line())
     return row
 
@@ -503,7 +506,7 @@ def bench_paging(timer: Timer, bw: float, dev: str, smoke: bool) -> None:
 
     nbytes = rows * (k1 * 8 * 8 + table.shape[1] * 16)
     measure(timer, "prepare_placement", f"G={rows} K+1={k1} W={width}", eager, fused, nbytes, bw,
-            eager_capturable=False)
+            eager_capturable=False, launched=lambda: pg.prepare_placement(ctx, *args))
 
     offsets = torch.randint(-1, 1 << 20, (rows, 2, 512), generator=g, dtype=torch.int32).to(dev)
     plane = offsets[:, 0]
@@ -575,6 +578,11 @@ def host_breakdown(dev: str) -> None:
          lambda: bt.decode_block_table_reference(plane, 2))
     host("  new_empty x2", lambda: (plane.new_empty((128, 512), dtype=torch.int64),
                                    plane.new_empty((128,), dtype=torch.int64)))
+    flat = plane.new_empty((128 * 512 + 128,), dtype=torch.int64)
+    host("  new_empty x1", lambda: plane.new_empty((128 * 512 + 128,), dtype=torch.int64))
+    host("  slice + view + slice", lambda: (flat[: 128 * 512].view(128, 512), flat[128 * 512:]))
+    host("  as_strided x2", lambda: (flat.as_strided((128, 512), (512, 1)),
+                                     flat.as_strided((128,), (1,), 128 * 512)))
     host("  hooks_installed()", _launch.hooks_installed)
     host("  raw_stream(dev)", lambda: _launch.raw_stream(0))
     key = next(iter(bt._PLANS), None)
@@ -584,8 +592,13 @@ def host_breakdown(dev: str) -> None:
         table = plane.new_empty((128, 512), dtype=torch.int64)
         counts = plane.new_empty((128,), dtype=torch.int64)
         stream = _launch.raw_stream(0)
-        host("  direct run(...) only", lambda: run(128, 1, 1, stream, function, packed, None,
-                                                   None, None, plane, table, counts, *tail))
+        host("  direct run(...), tensors", lambda: run(128, 1, 1, stream, function, packed,
+                                                       None, None, None, plane, table, counts,
+                                                       *tail))
+        src, dst, cnt = plane.data_ptr(), table.data_ptr(), counts.data_ptr()
+        host("  direct run(...), raw pointers", lambda: run(128, 1, 1, stream, function, packed,
+                                                            None, None, None, src, dst, cnt,
+                                                            *tail))
     logits = torch.randn(4, 8, 151936, device=dev)
     drafts = torch.randint(0, 151936, (4, 7), device=dev)
     host("strict_accept G=4 (fused)", lambda: sa.strict_accept(logits, drafts))

@@ -82,19 +82,24 @@ def decode_block_table(offsets: torch.Tensor, divisor: int) -> tuple[torch.Tenso
                          f"got {divisor!r}")
     b, m = offsets.shape
     # one allocation for both outputs: the launch is host-bound, and an allocation costs about
-    # as much as the launch itself
+    # as much as the launch itself; as_strided makes each view in one call
     out = offsets.new_empty((b * m + b,), dtype=_I64)
-    table, counts = out[: b * m].view(b, m), out[b * m :]
+    table = out.as_strided((b, m), (m, 1))
+    counts = out.as_strided((b,), (1,), b * m)
     if not b:
         return table, counts
     stride_b, stride_m = offsets.stride()
-    if offsets.is_cuda:
-        dev = offsets.get_device()
+    dev = offsets.get_device()
+    if dev >= 0:
         plan = _PLANS.get((b, m, stride_b, stride_m, divisor, offsets.dtype, dev))
-        if plan is not None and not offsets.data_ptr() & 15 and not hooks_installed():
+        src = offsets.data_ptr()
+        if plan is not None and not src & 15 and not hooks_installed():
             tail, run, function, packed = plan
+            # raw pointers: Triton's launcher then skips its per-tensor pointer query
+            # (cuPointerGetAttribute); all three live on device ``dev``
+            dst = out.data_ptr()
             run(b, 1, 1, raw_stream(dev), function, packed, None, None, None,
-                offsets, table, counts, *tail)
+                src, dst, dst + 8 * b * m, *tail)
             return table, counts
     block = _BLOCKS.get(m)
     if block is None:
@@ -102,8 +107,7 @@ def decode_block_table(offsets: torch.Tensor, divisor: int) -> tuple[torch.Tenso
     tail = (m, stride_b, stride_m, divisor, block)
     args = (offsets, table, counts, *tail)
     _LAUNCH((b,), args)
-    if offsets.is_cuda and not offsets.data_ptr() & 15:
-        dev = offsets.get_device()
+    if dev >= 0 and not offsets.data_ptr() & 15:
         hit = _LAUNCH.handle(dev, args)
         if hit is not None:
             _PLANS[(b, m, stride_b, stride_m, divisor, offsets.dtype, dev)] = (tail, *hit)
