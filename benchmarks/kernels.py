@@ -588,7 +588,7 @@ def host_breakdown(dev: str) -> None:
     key = next(iter(bt._PLANS), None)
     emit(f"  decode_block_table plans recorded: {len(bt._PLANS)}")
     if key is not None:
-        tail, run, function, packed = bt._PLANS[key]
+        *_, tail, run, function, packed = bt._PLANS[key]
         table = plane.new_empty((128, 512), dtype=torch.int64)
         counts = plane.new_empty((128,), dtype=torch.int64)
         stream = _launch.raw_stream(0)

@@ -59,10 +59,12 @@ def _decode_launch_sizes(max_blocks: int) -> int:
 _LAUNCH = FastLaunch(_decode_block_table_kernel)
 _BLOCKS: dict[int, int] = {}
 _PLANS: dict[tuple, tuple] = {}
-"""Direct-launch plans: ``(B, max_blocks, strides, divisor, dtype, device)`` -> ``(trailing
-args, run, function, packed)``, recorded after a launch with a 16-byte aligned ``offsets``
-pointer and used only for such pointers (outputs from the caching allocator always are; the
-``counts`` view sits ``B * max_blocks`` elements in, so its alignment is fixed by the key)."""
+"""Direct-launch plans: ``(shape, strides, divisor, dtype, device)`` of ``offsets`` ->
+``(B, out size, table geometry, counts geometry, counts byte offset, trailing args, run,
+function, packed)``, recorded after a checked launch with a 16-byte aligned ``offsets`` pointer and used
+only for such pointers (outputs from the caching allocator always are; the ``counts`` view sits
+``B * max_blocks`` elements in, so its alignment is fixed by the key). A hit implies the checks
+passed, so the direct path repeats none of them."""
 _T = torch.Tensor
 _OFFSET_DTYPES = (torch.int32, torch.int64)
 _I64 = torch.int64
@@ -75,42 +77,45 @@ def decode_block_table(offsets: torch.Tensor, divisor: int) -> tuple[torch.Tenso
     Returns ``(table [B, max_blocks] int64, counts [B] int64)``, disjoint views of one fresh
     allocation.
     """
+    # the call is host-bound (the kernel runs for about 5 us): a recorded plan skips the checks,
+    # one allocation holds both outputs, as_strided makes each view in one call, and raw
+    # pointers spare Triton's launcher its per-tensor pointer query (cuPointerGetAttribute)
+    if type(offsets) is _T and type(divisor) is int:
+        dev = offsets.get_device()
+        plan = _PLANS.get((offsets.shape, offsets.stride(), divisor, offsets.dtype, dev))
+        if plan is not None:
+            src = offsets.data_ptr()
+            if not src & 15 and not hooks_installed():
+                b, size, table_at, counts_at, counts_bytes, tail, run, function, packed = plan
+                out = offsets.new_empty(size, dtype=_I64)
+                dst = out.data_ptr()
+                run(b, 1, 1, raw_stream(dev), function, packed, None, None, None,
+                    src, dst, dst + counts_bytes, *tail)
+                return out.as_strided(*table_at), out.as_strided(*counts_at)
     if type(offsets) is not _T or offsets.dim() != 2 or offsets.dtype not in _OFFSET_DTYPES:
         check_tensor("offsets", offsets, ("B", "max_blocks"), _OFFSET_DTYPES)
     if type(divisor) is not int or divisor < 1:
         raise ShapeError(f"divisor must be an int >= 1 (kv_factor or layers * kv_factor), "
                          f"got {divisor!r}")
     b, m = offsets.shape
-    # one allocation for both outputs: the launch is host-bound, and an allocation costs about
-    # as much as the launch itself; as_strided makes each view in one call
-    out = offsets.new_empty((b * m + b,), dtype=_I64)
-    table = out.as_strided((b, m), (m, 1))
-    counts = out.as_strided((b,), (1,), b * m)
+    size, table_at, counts_at = (b * m + b,), ((b, m), (m, 1)), ((b,), (1,), b * m)
+    out = offsets.new_empty(size, dtype=_I64)
+    table, counts = out.as_strided(*table_at), out.as_strided(*counts_at)
     if not b:
         return table, counts
     stride_b, stride_m = offsets.stride()
-    dev = offsets.get_device()
-    if dev >= 0:
-        plan = _PLANS.get((b, m, stride_b, stride_m, divisor, offsets.dtype, dev))
-        src = offsets.data_ptr()
-        if plan is not None and not src & 15 and not hooks_installed():
-            tail, run, function, packed = plan
-            # raw pointers: Triton's launcher then skips its per-tensor pointer query
-            # (cuPointerGetAttribute); all three live on device ``dev``
-            dst = out.data_ptr()
-            run(b, 1, 1, raw_stream(dev), function, packed, None, None, None,
-                src, dst, dst + 8 * b * m, *tail)
-            return table, counts
     block = _BLOCKS.get(m)
     if block is None:
         block = _BLOCKS[m] = _decode_launch_sizes(m)
     tail = (m, stride_b, stride_m, divisor, block)
     args = (offsets, table, counts, *tail)
     _LAUNCH((b,), args)
+    dev = offsets.get_device()
     if dev >= 0 and not offsets.data_ptr() & 15:
         hit = _LAUNCH.handle(dev, args)
         if hit is not None:
-            _PLANS[(b, m, stride_b, stride_m, divisor, offsets.dtype, dev)] = (tail, *hit)
+            key = (offsets.shape, offsets.stride(), divisor, offsets.dtype, dev)
+            _PLANS[key] = (b, size, table_at, counts_at, 8 * b * m, tail, *hit)
     return table, counts
 
 
