@@ -61,10 +61,10 @@ _BLOCKS: dict[int, int] = {}
 _PLANS: dict[tuple, tuple] = {}
 """Direct-launch plans: ``(shape, strides, divisor, dtype, device)`` of ``offsets`` ->
 ``(B, out size, table geometry, counts geometry, counts byte offset, trailing args, run,
-function, packed)``, recorded after a checked launch with a 16-byte aligned ``offsets`` pointer and used
-only for such pointers (outputs from the caching allocator always are; the ``counts`` view sits
-``B * max_blocks`` elements in, so its alignment is fixed by the key). A hit implies the checks
-passed, so the direct path repeats none of them."""
+function, packed)``, recorded after a checked launch with a 16-byte aligned ``offsets`` pointer
+and used only for such pointers (outputs from the caching allocator always are; the ``counts``
+view sits ``B * max_blocks`` elements in, so its alignment is fixed by the key). A hit implies
+the checks passed, so the direct path repeats none of them."""
 _T = torch.Tensor
 _OFFSET_DTYPES = (torch.int32, torch.int64)
 _I64 = torch.int64
