@@ -8,6 +8,7 @@ decoder built at the end never calls a hook.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ from draftsmith.contract import (
     SingleRank,
     TargetInfo,
     TargetModel,
+    TokenSelector,
 )
 from draftsmith.runtime.acceptance import Acceptance
 from draftsmith.runtime.buffers import DecoderBuffers
@@ -33,6 +35,8 @@ from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager, SlotManager
 from draftsmith.runtime.plan import DraftPlan, PlanInputs, make_plan
 from draftsmith.runtime.registry import Registry, load_registry
+from draftsmith.selection.strategies import GreedySelector, SampleSelector
+from draftsmith.selection.vocab_parallel import ExchangeWorkspace
 
 _KNOWN_TARGETS = {
     "smollm2-135m": TargetInfo(vocab_size=49152, hidden_size=576, num_layers=30),
@@ -51,13 +55,22 @@ def target_info_from_config(config: TargetConfig) -> TargetInfo:
             f"target.model {config.model!r} is neither a known name "
             f"({', '.join(sorted(_KNOWN_TARGETS))}) nor a directory with a config.json"
         )
-    data = json.loads(path.read_text(encoding="utf-8"))
-    data = data.get("text_config", data)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path} is not a readable JSON config: {exc}") from None
+    if isinstance(data, dict):
+        data = data.get("text_config", data)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a JSON object (a Hugging Face config)")
     try:
         return TargetInfo(vocab_size=int(data["vocab_size"]), hidden_size=int(data["hidden_size"]),
                           num_layers=int(data["num_hidden_layers"]))
     except KeyError as exc:
         raise ConfigError(f"{path}: missing {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{path}: vocab_size, hidden_size and num_hidden_layers must be "
+                          f"positive integers ({exc})") from None
 
 
 def _device_of(target: TargetModel) -> torch.device:
@@ -70,7 +83,14 @@ def _resolve_device(name: str) -> str:
     return name
 
 
-def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str) -> PlanInputs:
+def _fused_kernels_available(device: str) -> bool:
+    """Triton launches on CUDA devices, and anywhere under its interpreter (``TRITON_INTERPRET=1``,
+    set before draftsmith's kernels are imported)."""
+    return device.startswith("cuda") or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str,
+                 selector: TokenSelector) -> PlanInputs:
     rt = config.runtime
     return PlanInputs(
         num_draft_tokens=config.num_draft_tokens,
@@ -84,15 +104,15 @@ def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str) -> P
         force_accepted=rt.force_accepted,
         allow_gather=rt.allow_gather,
         device=device,
+        greedy=bool(selector.is_greedy),
     )
 
 
-def _precheck(config: SpecConfig, mapping: ParallelMapping) -> None:
+def _precheck(config: SpecConfig, mapping: ParallelMapping, selector: TokenSelector) -> None:
     """Checks that need no weights: run before a drafter is loaded."""
     sel = config.selection
-    sampled = getattr(sel, "kind", "greedy") != "greedy" and float(
-        getattr(sel, "temperature", 0.0)) > 0
-    if (mapping.tp_size > 1 and sampled and getattr(sel, "acceptance", "strict") == "rejection"
+    if (mapping.tp_size > 1 and not selector.is_greedy
+            and getattr(sel, "acceptance", "strict") == "rejection"
             and not config.runtime.allow_gather):
         raise PlanError(
             "rejection sampling with a TP-sharded vocabulary needs full-vocabulary draft_probs "
@@ -124,12 +144,30 @@ def plan_only(
 ) -> DraftPlan:
     """The plan ``bind`` would make, without a target (for ``draftsmith plan``)."""
     mapping = config.parallel
-    _precheck(config, mapping)
+    registry = registry if registry is not None else load_registry()
+    selector = _build_selector(config, registry)
+    _precheck(config, mapping, selector)
     if capabilities is None:
-        registry = registry if registry is not None else load_registry()
         capabilities = load_drafter(config, target_info, registry, SingleRank()).capabilities
     device = _resolve_device(config.target.device)
-    return make_plan(_plan_inputs(config, mapping, device), capabilities, target_info)
+    return make_plan(_plan_inputs(config, mapping, device, selector), capabilities, target_info,
+                     fused_kernels_available=_fused_kernels_available(device))
+
+
+def _build_selector(config: SpecConfig, registry: Registry) -> TokenSelector:
+    """The configured strategy, built once; its ``is_greedy`` decides the acceptance rule."""
+    return registry.selector(getattr(config.selection, "kind", "greedy")).build(config.selection)
+
+
+def _bind_selector(selector: TokenSelector, plan: DraftPlan, device: torch.device) -> None:
+    """Give a built-in strategy the plan's kernel choice and an exchange workspace allocated now,
+    before any capture (a plugin strategy manages its own)."""
+    if not isinstance(selector, GreedySelector | SampleSelector):
+        return
+    selector.use_kernels = plan.kernels == "fused"
+    if plan.tp_size > 1:
+        rows = (plan.slot_capacity + 1) * max(plan.num_draft_tokens + 1, plan.block_width, 1)
+        selector.bind_workspace(ExchangeWorkspace(rows, device))
 
 
 def _check_markov(drafter: Drafter, plan: DraftPlan) -> None:
@@ -177,22 +215,34 @@ def bind(
     if collectives.world_size != mapping.tp_size:
         raise PlanError(f"the collectives group has {collectives.world_size} ranks but "
                         f"parallel.tp_size is {mapping.tp_size}")
+    if collectives.rank != mapping.tp_rank:
+        raise PlanError(f"the collectives group says this is rank {collectives.rank} but "
+                        f"parallel.tp_rank is {mapping.tp_rank}")
+    if mapping.attention_dp:
+        raise PlanError("parallel.attention_dp: the decoder does not implement attention data "
+                        "parallelism (ranks owning different requests); set it to false")
     registry = registry if registry is not None else load_registry()
-    _precheck(config, mapping)
-    selector_family = registry.selector(getattr(config.selection, "kind", "greedy"))
+    selector = _build_selector(config, registry)
+    _precheck(config, mapping, selector)
     device = _device_of(target)
     info = TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
                       num_layers=target.num_layers)
     if drafter is None:
         drafter = load_drafter(config, info, registry, collectives, device)
     caps = drafter.capabilities
-    plan = make_plan(_plan_inputs(config, mapping, device.type if device.type != "cuda"
-                                  else str(device)), caps, info)
+    where = device.type if device.type != "cuda" else str(device)
+    plan = make_plan(_plan_inputs(config, mapping, where, selector), caps, info,
+                     fused_kernels_available=_fused_kernels_available(where))
     _check_markov(drafter, plan)
+    max_slots = getattr(target, "max_slots", None)
+    if isinstance(max_slots, int) and plan.slot_capacity > max_slots:
+        raise PlanError(f"runtime.max_batch {plan.slot_capacity} exceeds the target's "
+                        f"{max_slots} request slots; lower max_batch or load the target with "
+                        "more slots")
     target.set_capture_layers(caps.target_layer_ids)
-    selector = selector_family.build(config.selection)
+    _bind_selector(selector, plan, device)
 
-    pool_dtype = getattr(torch, caps.dtype, torch.float32)
+    pool_dtype = getattr(torch, caps.dtype)
     buffers = DecoderBuffers.allocate(
         slot_capacity=plan.slot_capacity, num_draft_tokens=plan.num_draft_tokens,
         block_width=plan.block_width, vocab_size=plan.vocab_size, max_ctx=plan.max_ctx,

@@ -15,8 +15,9 @@ pluggy, the registry or bind.
 from __future__ import annotations
 
 import contextlib
+import operator
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -105,6 +106,20 @@ class _Request:
         return len(kept)
 
 
+def _token_ids(what: str, ids: Iterable[object], vocab_size: int) -> list[int]:
+    """``ids`` as a list of ints, each in ``0..vocab_size-1``; :class:`DraftsmithError` naming
+    ``what`` otherwise (an out-of-range id would index the embedding out of bounds)."""
+    try:
+        out = [operator.index(t) for t in ids]
+    except TypeError:
+        raise DraftsmithError(f"{what} must be integer token ids") from None
+    bad = [t for t in out if not 0 <= t < vocab_size]
+    if bad:
+        raise DraftsmithError(f"{what} hold {bad[:4]}, outside the vocabulary "
+                              f"0..{vocab_size - 1}")
+    return out
+
+
 class SpecDecoder:
     """A bound speculative decoder: the plan plus the components built from it."""
 
@@ -163,16 +178,21 @@ class SpecDecoder:
         reqs = self._requests(prompts, max_new_tokens, stop_token_ids, seeds)
         waiting = list(reqs)
         active: list[_Request] = []
-        while waiting or active:
-            if waiting and self.slots.num_free:
-                admitted = waiting[: self.slots.num_free]
-                waiting = waiting[len(admitted):]
-                active.extend(r for r in self._admit(admitted) if not r.finish)
-            if active:
-                self.step(active)
-                active = [r for r in active if not r.finish]
-                if progress is not None:
-                    progress([list(r.tokens) for r in reqs])
+        try:
+            while waiting or active:
+                if waiting and self.slots.num_free:
+                    admitted = waiting[: self.slots.num_free]
+                    waiting = waiting[len(admitted):]
+                    active.extend(r for r in self._admit(admitted) if not r.finish)
+                if active:
+                    self.step(active)
+                    active = [r for r in active if not r.finish]
+                    if progress is not None:
+                        progress([list(r.tokens) for r in reqs])
+        except BaseException:
+            # an error (or an interrupt) must not leave slots held: the decoder stays usable
+            self._abandon(reqs)
+            raise
         return [
             GenerationResult(tuple(r.tokens), tuple(r.lengths), r.finish, r.prefill_s, r.decode_s)
             for r in reqs
@@ -192,10 +212,24 @@ class SpecDecoder:
         seed_list = list(seeds) if seeds is not None else [self.default_seed + i for i in range(n)]
         if not len(budgets) == len(stops) == len(seed_list) == n:
             raise DraftsmithError("max_new_tokens, stop_token_ids and seeds need one entry per prompt")
+        vocab = self.plan.vocab_size
+        stops = [frozenset(_token_ids(f"stop token ids of prompt {i}", s, vocab))
+                 for i, s in enumerate(stops)]
+        for i, seed in enumerate(seed_list):
+            try:
+                seed_list[i] = seed = operator.index(seed)
+            except TypeError:
+                seed = None
+            if seed is None or not 0 <= seed < 2**63:
+                raise DraftsmithError(
+                    f"the seed of prompt {i} must be an int in 0..2**63-1, got {seed_list[i]!r}"
+                    + ("" if seeds is not None else " (the default is selection.seed plus the "
+                       "prompt index: lower selection.seed)"))
         out = []
         for i, prompt in enumerate(prompts):
-            if not prompt:
+            if not len(prompt):
                 raise DraftsmithError(f"prompt {i} is empty")
+            prompt = _token_ids(f"prompt {i}", prompt, vocab)
             if budgets[i] < 1:
                 raise DraftsmithError(f"max_new_tokens of prompt {i} must be >= 1")
             need = len(prompt) + budgets[i] + self.plan.num_draft_tokens + 1
@@ -205,11 +239,11 @@ class SpecDecoder:
                     f"block of {self.plan.num_draft_tokens + 1} needs {need} positions, more than "
                     f"max_ctx {self.plan.max_ctx}; raise runtime.max_context or shorten it"
                 )
-            out.append(_Request(i, list(prompt), budgets[i], stops[i], int(seed_list[i])))
+            out.append(_Request(i, prompt, budgets[i], stops[i], seed_list[i]))
         return out
 
     def _key(self, seeds: list[int], offsets: torch.Tensor) -> SamplingKey | None:
-        if self.selector.is_greedy:
+        if self.plan.greedy:
             return None
         return SamplingKey(seeds=torch.tensor(seeds, dtype=_I64, device=self.device),
                            offsets=offsets.to(self.device, _I64))
@@ -260,6 +294,16 @@ class SpecDecoder:
                 self._finish(r)
         return reqs
 
+    def _abandon(self, reqs: list[_Request]) -> None:
+        """Release the slots of every admitted request that did not finish."""
+        held = [r for r in reqs if r.slot >= 0 and not r.finish]
+        for r in held:
+            with contextlib.suppress(Exception):
+                self.slots.release(r.rid)
+        if held:
+            with contextlib.suppress(Exception):
+                self.target.release([r.slot for r in held])
+
     def _finish(self, r: _Request) -> None:
         self.target.release([r.slot])
         self.slots.release(r.rid)
@@ -274,7 +318,7 @@ class SpecDecoder:
         everything the next step needs on the device stays there.
         """
         g, k, plan = len(active), self.plan.num_draft_tokens, self.plan
-        greedy = self.selector.is_greedy
+        greedy = self.plan.greedy
         view = self.buffers.view(g)
         self.slots.prepare([r.rid for r in active], view.batch_to_slot)
         slots = [r.slot for r in active]

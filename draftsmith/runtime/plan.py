@@ -155,13 +155,19 @@ class PlanInputs(BaseModel):
     force_accepted: float
     allow_gather: bool = True
     device: str = "cpu"
+    greedy: bool | None = None
+    """The built selector's ``is_greedy`` (``bind`` passes it, so a plugin strategy decides);
+    ``None`` derives it from the config: kind ``greedy`` or temperature 0."""
 
 
-def _selection_facts(selection: BaseModel) -> tuple[str, bool, float, bool, str]:
-    """``(kind, greedy, temperature, filtered, acceptance)`` of a selection config."""
+def _selection_facts(selection: BaseModel,
+                     greedy: bool | None = None) -> tuple[str, bool, float, bool, str]:
+    """``(kind, greedy, temperature, filtered, acceptance)`` of a selection config; ``greedy``
+    from the built selector when known."""
     kind = str(getattr(selection, "kind", "greedy"))
     temperature = float(getattr(selection, "temperature", 0.0) or 0.0)
-    greedy = kind == "greedy" or temperature == 0.0
+    if greedy is None:
+        greedy = kind == "greedy" or temperature == 0.0
     top_k = int(getattr(selection, "top_k", 0) or 0)
     top_p = float(getattr(selection, "top_p", 1.0) or 1.0)
     filtered = (top_k > 0 or top_p < 1.0) and not greedy
@@ -169,6 +175,11 @@ def _selection_facts(selection: BaseModel) -> tuple[str, bool, float, bool, str]
     if greedy:
         acceptance = "strict"
     return kind, greedy, temperature, filtered, acceptance
+
+
+def _sampling_words(kind: str, selection: BaseModel, temperature: float) -> str:
+    """``T = ...`` for a config with a temperature, else the strategy's name."""
+    return f"T = {temperature}" if hasattr(selection, "temperature") else f"strategy {kind!r}"
 
 
 def check_capabilities(
@@ -245,14 +256,15 @@ def make_plan(
     )
 
     # ---- selection and acceptance ----
-    kind, greedy, temperature, filtered, acc = _selection_facts(inputs.selection)
+    kind, greedy, temperature, filtered, acc = _selection_facts(inputs.selection,
+                                                                inputs.greedy)
     if greedy:
         base = decide("acceptance_rule", "strict",
                       "greedy selection: a draft is accepted iff it equals the target argmax")
     elif acc == "rejection":
         base = decide("acceptance_rule", "rejection",
-                      f"sampling at T = {temperature} with acceptance = 'rejection': lossless "
-                      "rejection sampling u * q < p (3.6)")
+                      f"sampling ({_sampling_words(kind, inputs.selection, temperature)}) with "
+                      "acceptance = 'rejection': lossless rejection sampling u * q < p (3.6)")
     else:
         base = decide("acceptance_rule", "strict",
                       "sampling with acceptance = 'strict': one target sample per row, matched")

@@ -1,0 +1,171 @@
+"""What ``bind`` and ``generate`` refuse, and what the plan takes from the built selector:
+the acceptance rule of a plugin strategy, the kernel choice, parallel ranks, target slots,
+token ids and seeds, and a failed call leaving the decoder usable."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+import torch
+from pydantic import BaseModel, ConfigDict
+
+import draftsmith
+from draftsmith.contract import (
+    ConfigError,
+    DraftsmithError,
+    ParallelMapping,
+    PlanError,
+    SelectorFamily,
+    TargetInfo,
+)
+from draftsmith.runtime.bind import bind, plan_only, target_info_from_config
+from draftsmith.runtime.config import SpecConfig, TargetConfig
+from draftsmith.runtime.registry import load_registry, make_plugin_manager
+from draftsmith.runtime.targets import ToyTarget
+
+
+class SoftmaxDrawConfig(BaseModel):
+    """Test strategy: a draw from softmax(logits), with no temperature field."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    kind: Literal["softmax-draw"] = "softmax-draw"
+    """Strategy name."""
+    acceptance: Literal["rejection"] = "rejection"
+    """Verification rule."""
+
+
+class SoftmaxDraw:
+    def __init__(self, config: SoftmaxDrawConfig) -> None:
+        self.config = config
+
+    @property
+    def is_greedy(self) -> bool:
+        return False
+
+    def select(self, logits, key, stream, collectives) -> torch.Tensor:
+        seed = int(key.seeds.sum() + 7 * key.offsets.sum() + 131 * stream)
+        probs = self.probs(logits, collectives)
+        return torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(seed))[:, 0]
+
+    def probs(self, logits, collectives) -> torch.Tensor:
+        return torch.softmax(logits.logits.float(), dim=1)
+
+
+class SoftmaxDrawPlugin:
+    @draftsmith.hookimpl
+    def draftsmith_register_selectors(self, registrar) -> None:
+        registrar.add_selector(SelectorFamily(
+            name="softmax-draw", summary="test strategy", config_model=SoftmaxDrawConfig,
+            build=lambda cfg: SoftmaxDraw(cfg),
+        ))
+
+
+@pytest.fixture(scope="module")
+def target() -> ToyTarget:
+    return ToyTarget(max_slots=6, max_len=96, mixing=0.3)
+
+
+def _config(selection: dict | None = None, registry=None, parallel: dict | None = None,
+            **runtime) -> SpecConfig:
+    rt = {"max_batch": 4, "max_context": 64, "page_size": 8, **runtime}
+    return SpecConfig.from_dict({
+        "drafter": {"family": "dspark-gqa", "options": {"target_layer_ids": [0, 2]}, "seed": 3},
+        "num_draft_tokens": 3, "selection": selection or {"kind": "greedy"}, "runtime": rt,
+        **({"parallel": parallel} if parallel else {}),
+    }, registry=registry)
+
+
+def test_a_plugin_strategy_without_temperature_is_planned_by_its_is_greedy(target):
+    registry = load_registry(make_plugin_manager(extra_plugins=[SoftmaxDrawPlugin()],
+                                                 load_entrypoints=False))
+    cfg = _config({"kind": "softmax-draw"}, registry)
+    dec = bind(target, None, cfg, registry=registry)
+    assert not dec.plan.greedy
+    assert dec.plan.acceptance == "rejection"
+    assert "strategy 'softmax-draw'" in dec.plan.decision("acceptance_rule").reason
+    assert dec.buffers.draft_probs is not None  # rejection sampling needs q
+    (res,) = dec.generate([[1, 2, 3, 4]], 8)
+    assert len(res.tokens) == 8
+    assert plan_only(cfg, TargetInfo(vocab_size=64, hidden_size=32, num_layers=4),
+                     registry=registry).acceptance == "rejection"
+
+
+@pytest.mark.parametrize("kernels", ["eager", "fused"])
+def test_the_built_in_selector_follows_the_plans_kernel_choice(target, kernels):
+    dec = bind(target, None, _config(kernels=kernels))
+    assert dec.plan.kernels == kernels
+    assert dec.selector.use_kernels is (kernels == "fused")
+
+
+def test_fused_kernels_without_triton_fail_at_bind(target, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # a CPU device and no interpreter
+    with pytest.raises(PlanError, match="Triton kernels are unavailable"):
+        bind(target, None, _config(kernels="fused"))
+    assert bind(target, None, _config(kernels="auto")).plan.kernels == "eager"
+
+
+class _Rank1Of2:
+    rank, world_size = 1, 2
+
+
+def test_parallel_rank_and_attention_dp_are_checked_at_bind(target):
+    with pytest.raises(PlanError, match="rank 1 but parallel.tp_rank is 0"):
+        bind(target, None, _config(), ParallelMapping(tp_size=2, tp_rank=0),
+             collectives=_Rank1Of2())
+    with pytest.raises(PlanError, match="attention_dp"):
+        bind(target, None, _config(), ParallelMapping(tp_size=1, attention_dp=True))
+
+
+def test_more_batch_slots_than_the_target_has_fail_at_bind(target):
+    with pytest.raises(PlanError, match="max_batch 8 exceeds the target's 6 request slots"):
+        bind(target, None, _config(max_batch=8))
+
+
+@pytest.mark.parametrize("prompt,seeds,stops,match", [
+    ([1, 64], None, None, r"prompt 0 hold \[64\], outside the vocabulary 0\.\.63"),
+    ([-1, 3], None, None, r"prompt 0 hold \[-1\]"),
+    ([1.5, 3], None, None, "prompt 0 must be integer token ids"),
+    ([1, 2], [2**63], None, r"seed of prompt 0 must be an int in 0\.\.2\*\*63-1"),
+    ([1, 2], None, [70], r"stop token ids of prompt 0 hold \[70\]"),
+])
+def test_bad_requests_are_refused_before_anything_runs(target, prompt, seeds, stops, match):
+    dec = bind(target, None, _config())
+    with pytest.raises(DraftsmithError, match=match):
+        dec.generate([prompt], 4, seeds=seeds, stop_token_ids=stops)
+    assert dec.slots.num_free == dec.plan.slot_capacity
+
+
+def test_the_default_seed_near_the_limit_is_refused_by_name(target):
+    cfg = _config({"kind": "sample", "temperature": 1.0, "seed": 2**63 - 1})
+    dec = bind(target, None, cfg)
+    with pytest.raises(DraftsmithError, match="lower selection.seed"):
+        dec.generate([[1, 2], [3, 4]], 4)
+
+
+def test_a_failing_call_gives_its_slots_back(target, monkeypatch):
+    dec = bind(target, None, _config())
+    real = target.prefill
+
+    def broken(slots, prompts):
+        raise RuntimeError("injected prefill failure")
+
+    monkeypatch.setattr(target, "prefill", broken)
+    with pytest.raises(RuntimeError, match="injected"):
+        dec.generate([[1, 2, 3], [4, 5]], 4)
+    monkeypatch.setattr(target, "prefill", real)
+    assert dec.slots.num_free == dec.plan.slot_capacity
+    want = target.greedy_generate([1, 2, 3], 4, slot=5)
+    assert list(dec.generate([[1, 2, 3]], 4)[0].tokens) == want
+
+
+@pytest.mark.parametrize("text,match", [
+    ("[1, 2]", "must hold a JSON object"),
+    ('{"vocab_size": 64, "hidden_size": 32', "not a readable JSON config"),
+    ('{"vocab_size": "big", "hidden_size": 32, "num_hidden_layers": 4}', "positive integers"),
+])
+def test_a_malformed_target_config_is_a_config_error(tmp_path, text, match):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        target_info_from_config(TargetConfig(model=str(tmp_path)))
