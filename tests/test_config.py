@@ -97,7 +97,7 @@ def test_overrides_use_dotted_keys(tmp_path: Path) -> None:
         ({"selection": {"kind": "sample", "top_p": 0.0}}, "selection.top_p:"),
         ({"selection": {"kind": "sample", "top_k": -1}}, "selection.top_k:"),
         ({"selection": {"kind": "sample", "topk": 3}}, "selection.topk: unknown key; valid keys:"),
-        ({"parallel": {"tp_size": 2, "tp_rank": 2}}, "parallel.tp_rank 2 must be < tp_size 2"),
+        ({"parallel": {"tp_size": 2, "tp_rank": 2}}, "parallel: tp_rank 2 must be < tp_size 2"),
         ({"bogus": 1}, "unknown key 'bogus'; valid keys: drafter, num_draft_tokens"),
     ],
 )

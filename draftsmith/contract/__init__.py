@@ -10,6 +10,7 @@ from draftsmith.contract.capabilities import (
     DrafterCapabilities,
     MarkovHeadKind,
     TPFusion,
+    WeightDtype,
 )
 from draftsmith.contract.checks import check_tensor
 from draftsmith.contract.errors import (
@@ -78,5 +79,6 @@ __all__ = [
     "TargetModel",
     "TargetOutput",
     "TokenSelector",
+    "WeightDtype",
     "check_tensor",
 ]

@@ -8,8 +8,13 @@ Imports only pydantic and the stdlib.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+WeightDtype = Literal["float32", "bfloat16", "float16"]
+"""Names of the floating torch dtypes a drafter's weights may have (``torch.<name>``)."""
 
 
 class BlockConvention(StrEnum):
@@ -111,8 +116,20 @@ class DrafterCapabilities(BaseModel):
     """True when draft logits come from the target's output head."""
     max_position_embeddings: int = Field(default=32768, ge=1)
     """Largest position the drafter's RoPE table covers."""
-    dtype: str = "float32"
-    """Weight dtype name (``bfloat16``, ``float32``, ...)."""
+    dtype: WeightDtype = "float32"
+    """Weight dtype: the torch name ``float32``, ``bfloat16`` or ``float16`` (not ``bf16``)."""
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _dtype_name(cls, value: object) -> object:
+        names = get_args(WeightDtype)
+        if value not in names:
+            raise PydanticCustomError(
+                "dtype_name",
+                f"dtype {value!r} is not a weight dtype name; write one of "
+                f"{', '.join(map(repr, names))} (the torch name without 'torch.')",
+            )
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> DrafterCapabilities:
@@ -159,4 +176,5 @@ __all__ = [
     "DrafterCapabilities",
     "MarkovHeadKind",
     "TPFusion",
+    "WeightDtype",
 ]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from draftsmith.contract.protocols import Collectives, Drafter, SingleRank, TokenSelector
 
@@ -28,6 +28,15 @@ class ParallelMapping(BaseModel):
     """``rho``: this rank's index, ``0 <= tp_rank < tp_size``."""
     attention_dp: bool = False
     """Attention data parallelism: ranks own different requests (disables vocab-parallel exchange)."""
+
+    @model_validator(mode="after")
+    def _rank_in_group(self) -> ParallelMapping:
+        if self.tp_rank >= self.tp_size:
+            raise ValueError(
+                f"tp_rank {self.tp_rank} must be < tp_size {self.tp_size}; ranks of a group of "
+                f"{self.tp_size} are numbered 0..{self.tp_size - 1}"
+            )
+        return self
 
 
 @dataclass(frozen=True, eq=False)

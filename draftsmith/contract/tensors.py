@@ -20,6 +20,10 @@ _I64 = torch.int64
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def _dtype_name(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
+
+
 class _Record:
     """Shared helpers: ``replace`` and device moves of every tensor field."""
 
@@ -373,6 +377,15 @@ class MarkovHeadWeights(_Record):
             check_tensor("MarkovHeadWeights.joint_weight", self.joint_weight, (3 * r, None),
                          _FLOATS)
             check_tensor("MarkovHeadWeights.joint_bias", self.joint_bias, (3 * r,), _FLOATS)
+        # the chain mixes these tensors in one matmul chain: mismatches would fail there, late
+        for name in ("w2", "gate_weight", "gate_bias", "joint_weight", "joint_bias"):
+            t = getattr(self, name)
+            if t is not None and (t.dtype != self.w1.dtype or t.device != self.w1.device):
+                raise ShapeError(
+                    f"MarkovHeadWeights.{name} is {_dtype_name(t)} on {t.device} but w1 is "
+                    f"{_dtype_name(self.w1)} on {self.w1.device}; give every head tensor one "
+                    f"dtype and device (for example .to(w1.dtype) / .to(w1.device))"
+                )
 
     @property
     def rank(self) -> int:

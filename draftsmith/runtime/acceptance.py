@@ -122,7 +122,9 @@ class Acceptance:
         target_probs = self.selector.probs(logits, self.collectives).view(g, k + 1, -1)
         # row 0 samples the position after the anchor: offsets are that position (spec 5.5)
         row0 = SamplingKey(seeds=key.seeds, offsets=key.offsets + 1)
-        return rejection_sample(drafts, draft_probs, target_probs, row0, verify_len)
+        # the drafts come from this runtime's selector (ids in range): no value read-back
+        return rejection_sample(drafts, draft_probs, target_probs, row0, verify_len,
+                                check_values=False)
 
 
 __all__ = ["TARGET_STREAM", "Acceptance", "row_key"]

@@ -391,10 +391,11 @@ def load_decoder(
     :raises DraftsmithError: for a missing model directory, a checkpoint made for another target,
         or an impossible plan; the message says what to change.
     """
+    registry = load_registry()  # one registry: config validation and bind share its hooks
     if config is None:
-        config = SpecConfig()
+        config = SpecConfig.from_dict({}, registry)
     elif not isinstance(config, SpecConfig):
-        config = SpecConfig.load(config)
+        config = SpecConfig.load(config, registry=registry)
     say = log or (lambda _m: None)
     if target is None:
         from draftsmith.runtime.targets.smollm2 import load_target
@@ -405,7 +406,6 @@ def load_decoder(
         )
     elif tokenizer is None:
         raise ConfigError("load_decoder got a target without its tokenizer")
-    registry = load_registry()
     info = TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
                       num_layers=target.num_layers, dtype=target.dtype)
     source = config.drafter.checkpoint or f"random weights (seed {config.drafter.seed})"

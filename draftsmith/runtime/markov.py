@@ -22,11 +22,14 @@ from draftsmith.contract import (
     SamplingKey,
     ShapeError,
     TokenSelector,
+    check_tensor,
 )
 from draftsmith.kernels.markov_chain import markov_bias_reference, markov_step
 
 DRAFT_STREAM = 1
 """Counter stream of draft samples (spec 5.5)."""
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _prev_rows(w1: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
@@ -95,6 +98,26 @@ class DraftChain:
             return None
         return SamplingKey(seeds=key.seeds, offsets=key.offsets + j)
 
+    def _check_inputs(
+        self, base: torch.Tensor, vocab_start: int, anchor: torch.Tensor,
+        hidden: torch.Tensor | None, probs_out: torch.Tensor | None,
+    ) -> None:
+        """Shapes and dtypes only (no device sync): :class:`ShapeError` naming the tensor."""
+        sizes: dict[str, int] = {}
+        if self.weights is not None:
+            sizes["S"] = self.weights.shard_width
+            if vocab_start != self.weights.vocab_start:
+                raise ShapeError(
+                    f"base logits start at vocab id {vocab_start}, the Markov w2 rows at "
+                    f"{self.weights.vocab_start}; pass this rank's shard of both"
+                )
+        check_tensor("base", base, ("G", "K", "S"), _FLOATS, sizes)
+        check_tensor("anchor", anchor, ("G",), torch.int64, sizes)
+        if hidden is not None:
+            check_tensor("hidden", hidden, ("G", "K", None), _FLOATS, sizes)
+        if probs_out is not None:
+            check_tensor("probs_out", probs_out, ("G", "K", self.vocab_size), torch.float32, sizes)
+
     def run(
         self,
         base: torch.Tensor,
@@ -113,6 +136,7 @@ class DraftChain:
         for gated / RNN heads; ``probs_out: [G, K, V] fp32`` receives ``q_j`` when given.
         ``K == 0`` returns ``base`` itself and an empty ``[G, 0]`` draft tensor.
         """
+        self._check_inputs(base, vocab_start, anchor, hidden, probs_out)
         g, k, s = base.shape
         drafts = torch.empty(g, k, dtype=torch.int64, device=base.device)
         if k == 0:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+MIN_TEMPERATURE = 1e-5
+"""Smallest positive temperature; below it ``z / T`` overflows (DeepSpec treats it as greedy)."""
 
 
 class GreedyConfig(BaseModel):
@@ -24,7 +29,7 @@ class SampleConfig(BaseModel):
     kind: Literal["sample"] = "sample"
     """Strategy name."""
     temperature: float = Field(default=1.0, ge=0.0)
-    """``T >= 0``; logits are divided by it before the softmax; ``T == 0`` rows are greedy."""
+    """``T == 0`` (greedy) or finite ``T >= 1e-5``; logits are divided by it before the softmax."""
     top_k: int = Field(default=0, ge=0)
     """Keep the ``k`` largest logits; 0 disables the filter."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -35,5 +40,30 @@ class SampleConfig(BaseModel):
     """``rejection``: lossless rejection sampling (3.6); ``strict``: sample the target per row and
     match (also lossless, lower acceptance)."""
 
+    @field_validator("temperature", mode="before")
+    @classmethod
+    def _not_nan(cls, value: object) -> object:
+        # NaN would otherwise fail the ">= 0" bound with a message that does not say what to do
+        if isinstance(value, float) and math.isnan(value):
+            raise _temperature_error(value, "is not finite")
+        return value
 
-__all__ = ["GreedyConfig", "SampleConfig"]
+    @field_validator("temperature")
+    @classmethod
+    def _usable_temperature(cls, value: float) -> float:
+        # A tiny T makes z / T overflow to inf and the softmax NaN, so decoding would stop being
+        # lossless; refuse it rather than silently treating it as greedy.
+        if not math.isfinite(value):
+            raise _temperature_error(value, "is not finite")
+        if 0.0 < value < MIN_TEMPERATURE:
+            raise _temperature_error(value, "is too small")
+        return value
+
+
+def _temperature_error(value: float, problem: str) -> PydanticCustomError:
+    return PydanticCustomError(
+        "temperature", f"temperature {value!r} {problem}; use 0 for greedy or a temperature >= 1e-5"
+    )
+
+
+__all__ = ["MIN_TEMPERATURE", "GreedyConfig", "SampleConfig"]

@@ -28,6 +28,9 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
     ``p, q: [..., V] float32`` target and draft distributions. Returns ``[..., V] float32``.
     """
+    if check_tensor("p", p).dim() == 0:
+        raise ShapeError("p must have a last (vocabulary) dim [..., V], got a scalar")
+    check_tensor("q", q, tuple(p.shape))
     r = (p.to(torch.float32) - q.to(torch.float32)).clamp_min(0.0)
     mass = r.sum(dim=-1, keepdim=True)
     return torch.where(mass > RESIDUAL_MIN_MASS, r / mass.clamp_min(RESIDUAL_MIN_MASS),
@@ -55,6 +58,8 @@ def rejection_sample(
     target_probs: torch.Tensor,
     key: SamplingKey,
     verify_len: torch.Tensor | None = None,
+    *,
+    check_values: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Accept a prefix of the drafts and draw the bonus token, losslessly.
 
@@ -69,6 +74,10 @@ def rejection_sample(
         bonus  = sample(p_a)                              if a == verify_len_b (nothing rejected)
                = sample(residual(p_a, q_a))               otherwise
         bonus drawn on stream 0 at offset + a
+
+    ``check_values`` reads the ids and ``verify_len`` back to range-check them (one host sync,
+    skipped during CUDA-graph capture); the runtime passes ``False`` for drafts its own selector
+    produced, keeping its one read per step.
     """
     sizes: dict[str, int] = {}
     check_tensor("draft_tokens", draft_tokens, ("G", "K"), torch.int64, sizes)
@@ -77,13 +86,22 @@ def rejection_sample(
     check_tensor("target_probs", target_probs, ("G", k + 1, "V"), torch.float32, sizes)
     check_tensor("key.seeds", key.seeds, ("G",), torch.int64, sizes)
     device = draft_tokens.device
-    limit = torch.full((g,), k, dtype=torch.int64, device=device)
+    v = sizes["V"]
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     if verify_len is not None:
         check_tensor("verify_len", verify_len, ("G",), torch.int64, sizes)
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if not capturing and bool(((verify_len < 0) | (verify_len > k)).any()):  # host sync
+    if check_values and not capturing:  # one host sync; graph capture cannot read back
+        bad_ids = ((draft_tokens < 0) | (draft_tokens >= v)).any()
+        bad_len = (bad_ids.new_zeros(()) if verify_len is None
+                   else ((verify_len < 0) | (verify_len > k)).any())
+        ids_wrong, len_wrong = torch.stack((bad_ids, bad_len)).tolist()
+        if ids_wrong:
+            raise ShapeError(f"draft_tokens must be token ids in 0..V-1 = 0..{v - 1} "
+                             f"(V = draft_probs.shape[-1])")
+        if len_wrong:
             raise ShapeError(f"verify_len must lie in 0..K = 0..{k}")
-        limit = verify_len.to(torch.int64)
+    limit = (torch.full((g,), k, dtype=torch.int64, device=device) if verify_len is None
+             else verify_len.to(torch.int64))
     j = torch.arange(k, device=device)
     if k > 0:
         idx = draft_tokens[..., None]

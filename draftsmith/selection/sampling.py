@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.contract import SamplingKey
+from draftsmith.contract import SamplingKey, check_tensor
 from draftsmith.kernels.gumbel_pair import gumbel_from_uniform
 from draftsmith.kernels.philox import philox_uniform_reference
 from draftsmith.selection.vocab_parallel import local_top_k, order_t_sort
@@ -76,6 +76,11 @@ def sample_from_probs(probs: torch.Tensor, key: SamplingKey, stream: int,
     ``argmax_T(ln(probs_i) + g_i)`` with ``g_i`` the keyed Gumbel noise of id ``i``; zero-mass
     ids never win unless the whole row is zero (then id 0).
     """
+    rows: dict[str, int] = {}
+    check_tensor("probs", probs, ("rows", "V"), torch.float32, rows)
+    check_tensor("key.seeds", key.seeds, ("rows",), torch.int64, rows)
+    if offsets is not None:
+        check_tensor("offsets", offsets, ("rows",), torch.int64, rows)
     ids = torch.arange(probs.shape[1], device=probs.device)
     noisy = torch.log(probs) + keyed_gumbel(key, ids, stream, offsets)
     return torch.argmax(noisy, dim=1)
