@@ -8,11 +8,13 @@ asserts ``data_ptr`` identity); nothing is allocated inside a capture. Imports `
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 
 import torch
 
-from draftsmith.contract import ContextEntrySpec, PagedContextCache, ShapeError
+from draftsmith.contract import ContextEntrySpec, PagedContextCache, PlanError, ShapeError
 
 _I64 = torch.int64
 
@@ -87,7 +89,11 @@ class DecoderBuffers:
         with_draft_probs: bool,
         device: torch.device | str = "cpu",
     ) -> DecoderBuffers:
-        """Allocate every buffer once for ``slot_capacity`` requests."""
+        """Allocate every buffer once for ``slot_capacity`` requests.
+
+        :raises PlanError: when the buffers would not fit in the device's memory (estimated
+            before anything is allocated), naming ``runtime.max_batch`` and ``max_context``.
+        """
         if slot_capacity < 1:
             raise ShapeError(f"slot_capacity must be >= 1, got {slot_capacity}")
         dev = torch.device(device)
@@ -96,25 +102,36 @@ class DecoderBuffers:
         num_slots = c + 1
         pool_shape = (entry.num_layers, num_slots * pages_per_slot, entry.planes, entry.heads,
                       page_size, entry.width)
+        needed = math.prod(pool_shape) * pool_dtype.itemsize + 8 * (
+            num_slots * (pages_per_slot + 1) + c * (k + w + 3))
+        if with_draft_probs:
+            needed += 4 * num_slots * k * vocab_size
+        _check_fits(needed, dev, slot_capacity=c, max_ctx=max_ctx, page_size=page_size)
         zeros = lambda *shape: torch.zeros(shape, dtype=_I64, device=dev)  # noqa: E731
-        return cls(
-            slot_capacity=c,
-            num_draft_tokens=k,
-            block_width=block_width,
-            vocab_size=vocab_size,
-            ctx_len=zeros(num_slots),
-            page_table=torch.arange(num_slots * pages_per_slot, dtype=_I64, device=dev).view(
-                num_slots, pages_per_slot),
-            cache=PagedContextCache(
-                pool=torch.zeros(pool_shape, dtype=pool_dtype, device=dev), page_size=page_size),
-            batch_to_slot=torch.full((c,), c, dtype=_I64, device=dev),
-            accepted=zeros(c, k + 1),
-            num_accepted=torch.ones(c, dtype=_I64, device=dev),
-            block_ids=zeros(c, w),
-            draft_probs=(torch.zeros((num_slots, k, vocab_size), dtype=torch.float32, device=dev)
-                         if with_draft_probs else None),
-            dummy_slot_row=c,
-        )
+        try:
+            return cls(
+                slot_capacity=c,
+                num_draft_tokens=k,
+                block_width=block_width,
+                vocab_size=vocab_size,
+                ctx_len=zeros(num_slots),
+                page_table=torch.arange(num_slots * pages_per_slot, dtype=_I64, device=dev).view(
+                    num_slots, pages_per_slot),
+                cache=PagedContextCache(
+                    pool=torch.zeros(pool_shape, dtype=pool_dtype, device=dev), page_size=page_size),
+                batch_to_slot=torch.full((c,), c, dtype=_I64, device=dev),
+                accepted=zeros(c, k + 1),
+                num_accepted=torch.ones(c, dtype=_I64, device=dev),
+                block_ids=zeros(c, w),
+                draft_probs=(torch.zeros((num_slots, k, vocab_size), dtype=torch.float32, device=dev)
+                             if with_draft_probs else None),
+                dummy_slot_row=c,
+            )
+        except torch.OutOfMemoryError:  # the estimate fitted, but the memory was taken
+            raise PlanError(
+                f"out of memory allocating about {needed / 2**30:.1f} GiB of decoder buffers on "
+                f"{dev} (runtime.max_batch {c}, runtime.max_context {max_ctx}); lower either"
+            ) from None
 
     def view(self, g: int) -> BucketView:
         """Slices for ``g <= slot_capacity`` rows; shares storage with these buffers."""
@@ -145,4 +162,36 @@ class DecoderBuffers:
         self.page_table.copy_(permutation.to(self.page_table.device)[self.page_table])
 
 
-__all__ = ["BucketView", "DecoderBuffers"]
+def available_bytes(device: torch.device) -> int | None:
+    """Memory an allocation on ``device`` can use: free CUDA memory, or the host's physical RAM
+    for a CPU device; ``None`` where it cannot be told (the allocation is then not checked)."""
+    try:
+        if device.type == "cuda":
+            free, _total = torch.cuda.mem_get_info(device)
+            return int(free)
+        if device.type == "cpu":
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError, RuntimeError):
+        pass
+    return None
+
+
+def _check_fits(needed: int, device: torch.device, *, slot_capacity: int, max_ctx: int,
+                page_size: int) -> None:
+    """Raise :class:`PlanError` before allocating buffers that cannot fit on ``device``, so a
+    typo in ``runtime.max_batch`` reads as a config problem instead of an allocator crash."""
+    available = available_bytes(device)
+    if available is None or needed <= available:
+        return
+    gib = 2**30
+    where = "free on" if device.type == "cuda" else "of RAM on"
+    raise PlanError(
+        f"the decoder buffers need about {needed / gib:.1f} GiB for runtime.max_batch "
+        f"{slot_capacity} with a context of {max_ctx} tokens (runtime.max_context) in pages of "
+        f"{page_size}, but only "
+        f"{available / gib:.1f} GiB are {where} {device}; lower runtime.max_batch or "
+        "runtime.max_context"
+    )
+
+
+__all__ = ["BucketView", "DecoderBuffers", "available_bytes"]

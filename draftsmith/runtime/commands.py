@@ -120,6 +120,11 @@ def _selection(current: dict[str, Any], args: argparse.Namespace) -> dict[str, A
     return current
 
 
+def _check_max_new_tokens(value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ConfigError(f"--max-new-tokens must be >= 1, got {value}")
+
+
 def _load(config: SpecConfig) -> Decoder:
     return load_decoder(config, log=lambda m: print(f"[draftsmith] {m}", file=sys.stderr))
 
@@ -149,8 +154,9 @@ def generate_command(args: argparse.Namespace) -> int:
     """Run ``draftsmith generate``: stream text, then print the summary (or ``--json``)."""
     from draftsmith.runtime.evaluate import read_prompt_file
 
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        raise ConfigError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    _check_max_new_tokens(args.max_new_tokens)
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be >= 1, got {args.limit}")
     if args.prompts:
         prompts = read_prompt_file(args.prompts, args.limit)
     else:
@@ -292,6 +298,7 @@ def eval_command(args: argparse.Namespace) -> int:
         raise ConfigError(f"no prompt sets: pass --data FILE.jsonl ({DEFAULT_DATA_DIR} is empty)")
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {args.limit}")
+    _check_max_new_tokens(args.max_new_tokens)
     for path in files:  # fail on a bad file before any model is loaded
         read_prompt_file(path, args.limit)
     config = build_config(args)

@@ -12,6 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -91,6 +92,33 @@ class DrafterConfig(_Strict):
         return _validate_part(family.options_model, raw)
 
 
+def parse_device(name: str) -> torch.device | None:
+    """The device a ``target.device`` string names (``None`` for ``auto``), checked for syntax
+    only: a config written for a GPU host validates on a CPU host.
+
+    :raises ConfigError: when ``name`` is not a device string torch understands.
+    """
+    if name == "auto":
+        return None
+    try:
+        return torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(
+            f"target.device {name!r} is not a device; use auto, cpu or cuda[:N]"
+        ) from None
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; anything else as given (validated), and a
+    CUDA device only where CUDA is available."""
+    device = parse_device(name)
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"target.device {name!r} asks for CUDA but none is available; use cpu")
+    return device
+
+
 class TargetConfig(_Strict):
     """The verifying target model."""
 
@@ -99,7 +127,17 @@ class TargetConfig(_Strict):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weight and activation dtype."""
     device: str = "auto"
-    """``auto`` (CUDA when available), ``cpu`` or ``cuda[:N]``."""
+    """``auto`` (CUDA when available), ``cpu`` or ``cuda[:N]``; whether CUDA is present is
+    checked when the target loads, not here."""
+
+    @field_validator("device")
+    @classmethod
+    def _device_string(cls, name: str) -> str:
+        try:
+            parse_device(name)
+        except ConfigError as exc:
+            raise ValueError(str(exc).removeprefix("target.device ")) from None
+        return name
 
 
 class RuntimeOptions(_Strict):
@@ -110,17 +148,27 @@ class RuntimeOptions(_Strict):
     max_context: int = Field(default=4096, ge=1)
     """Largest sequence length (also capped by the drafter's RoPE table)."""
     page_size: int = Field(default=16, ge=1)
-    """``P_sz``: tokens per drafter context page."""
+    """``P_sz``: tokens per drafter context page; at most ``max_context``."""
     kernels: Literal["auto", "fused", "eager"] = "auto"
     """``auto`` picks fused Triton kernels where eligible; ``eager`` forces the references."""
     cuda_graphs: Literal["auto", "on", "off"] | bool = "auto"
     """Capture the drafting step in a CUDA graph: ``auto`` does so on a CUDA device with a
     single rank; ``on`` / ``true`` asks for it wherever possible; ``off`` / ``false`` never."""
-    force_accepted: float = Field(default=0.0, ge=0.0)
-    """Benchmarks only: override the accepted count (section 3.5); 0 disables."""
+    force_accepted: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    """Benchmarks only: override the accepted count (section 3.5); 0 disables. Finite."""
     allow_gather: bool = True
     """Allow all-gathering full-vocabulary logits where a path needs them (rejection sampling,
     top-k/top-p under TP, section 5.7); false makes such configurations fail at bind."""
+
+    @model_validator(mode="after")
+    def _page_fits_context(self) -> RuntimeOptions:
+        # a page larger than the context only wastes memory: every slot owns whole pages
+        if self.page_size > self.max_context:
+            raise ValueError(
+                f"page_size {self.page_size} exceeds max_context {self.max_context}; lower "
+                f"page_size to at most {self.max_context} (16 is the usual choice)"
+            )
+        return self
 
 
 class SpecConfig(_Strict):
@@ -156,14 +204,6 @@ class SpecConfig(_Strict):
                 f"unknown strategy {kind!r}; valid kinds: {', '.join(sorted(registry.selectors))}"
             )
         return _validate_part(registry.selector(kind).config_model, value)
-
-    @model_validator(mode="after")
-    def _rank_in_range(self) -> SpecConfig:
-        if self.parallel.tp_rank >= self.parallel.tp_size:
-            raise ValueError(
-                f"parallel.tp_rank {self.parallel.tp_rank} must be < tp_size {self.parallel.tp_size}"
-            )
-        return self
 
     # ---- constructors -------------------------------------------------------------------
 
@@ -208,9 +248,21 @@ _SUBFIELD = "\x1f"
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """Parse a TOML or JSON config file into a dict; :class:`ConfigError` if unreadable."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {str(path)!r} is a directory; give a TOML or JSON file")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {str(path)!r} is not UTF-8 text (byte {exc.start}); give a TOML or "
+            "JSON file"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read config file {str(path)!r}: {exc.strerror or exc}"
+        ) from None
     try:
         if path.suffix == ".json":
             data = json.loads(text)
@@ -259,5 +311,7 @@ __all__ = [
     "TargetConfig",
     "apply_overrides",
     "format_validation_error",
+    "parse_device",
     "read_config_file",
+    "resolve_device",
 ]

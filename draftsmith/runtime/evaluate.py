@@ -32,24 +32,37 @@ def read_prompt_file(path: str | Path, limit: int | None = None) -> list[str]:
     """First user turn of every line of a JSON-lines prompt file.
 
     A line is ``{"turns": [first, ...]}``, ``{"prompt": text}`` or a JSON string; blank lines
-    are skipped. Raises :class:`ConfigError` naming the line of a malformed entry, or when the
-    file holds no prompt.
+    are skipped. ``limit`` (at least 1) keeps the first prompts only. Raises
+    :class:`ConfigError` naming the line of a malformed entry, when the file cannot be read as
+    UTF-8 text, or when it holds no prompt.
     """
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit must be >= 1, got {limit}")
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"prompt file {str(path)!r} is a directory; give a JSON-lines file")
     if not path.is_file():
         raise ConfigError(f"prompt file {str(path)!r} does not exist")
     prompts: list[str] = []
-    with path.open(encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            prompts.append(_first_turn(entry, path, lineno))
-            if limit is not None and len(prompts) >= limit:
-                break
+    try:
+        with path.open(encoding="utf-8") as handle:
+            for lineno, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+                prompts.append(_first_turn(entry, path, lineno))
+                if limit is not None and len(prompts) >= limit:
+                    break
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"prompt file {str(path)!r} is not UTF-8 text ({exc.reason}); give a JSON-lines "
+            "file in UTF-8"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read prompt file {str(path)!r}: {exc.strerror or exc}") from None
     if not prompts:
         raise ConfigError(f"prompt file {path} holds no prompts")
     return prompts

@@ -46,6 +46,21 @@ def add_train_data_arguments(parser: argparse.ArgumentParser) -> None:
                    help="share of self-generated rows started from a fixed opener")
 
 
+def target_config(args: argparse.Namespace) -> TargetConfig:
+    """The :class:`TargetConfig` of ``--target``, ``--dtype`` and ``--device``; a bad value is a
+    :class:`ConfigError` naming the flag."""
+    from pydantic import ValidationError
+
+    from draftsmith.runtime.config import format_validation_error
+
+    flags = {"model": "--target", "dtype": "--dtype", "device": "--device"}
+    try:
+        return TargetConfig(model=args.target, dtype=args.dtype, device=args.device)
+    except ValidationError as exc:
+        field, sep, message = format_validation_error(exc).partition(": ")
+        raise ConfigError(f"{flags.get(field, field)}{sep}{message}") from None
+
+
 def _parse_part(text: str) -> tuple[int, int]:
     index, sep, parts = text.partition("/")
     try:
@@ -110,8 +125,7 @@ def train_data_command(args: argparse.Namespace) -> int:
                                     steer_fraction=args.sample_steer, batch_size=args.batch_size)
     except ValidationError as exc:
         raise ConfigError(f"self-generated prompts: {format_validation_error(exc)}") from None
-    target, tokenizer = load_target(
-        TargetConfig(model=args.target, dtype=args.dtype, device=args.device), log=_log)
+    target, tokenizer = load_target(target_config(args), log=_log)
     recipe = list(training_prompts(n_recipe, args.seed))[index::parts] if n_recipe else []
     meta: dict[str, object] = {
         "target": args.target, "dtype": args.dtype, "source": args.source,
@@ -204,8 +218,7 @@ def train_command(args: argparse.Namespace) -> int:
         if isinstance(exc, ValidationError):
             raise ConfigError(format_validation_error(exc)) from None
         raise
-    target, _tokenizer = load_target(
-        TargetConfig(model=args.target, dtype=args.dtype, device=args.device), log=_log)
+    target, _tokenizer = load_target(target_config(args), log=_log)
     data = list(args.data)  # read_dataset takes one directory or several
     result = train(config, target.model, data, args.out, resume=not args.no_resume, log=_log,
                    time_limit_s=args.time_limit)
@@ -220,4 +233,4 @@ def train_command(args: argparse.Namespace) -> int:
 
 
 __all__ = ["add_train_arguments", "add_train_data_arguments", "default_exclusions", "plan_sources",
-           "train_command", "train_data_command"]
+           "target_config", "train_command", "train_data_command"]

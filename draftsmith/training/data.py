@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from draftsmith.contract import ConfigError
@@ -146,11 +147,40 @@ def read_dataset(directory: Path | Sequence[Path]) -> list[TrainingSequence]:
         raise ConfigError(f"{directory} holds no shard-*.safetensors; run `draftsmith train-data`")
     out: list[TrainingSequence] = []
     for shard in shards:
-        data = load_file(str(shard))
-        tokens, offsets, prompt_lens = data["tokens"].long(), data["offsets"], data["prompt_lens"]
+        tokens, offsets, prompt_lens = _read_shard(shard)
         for i in range(len(prompt_lens)):
             out.append(TrainingSequence(tokens[offsets[i]:offsets[i + 1]], int(prompt_lens[i])))
     return out
+
+
+_SHARD_KEYS = ("tokens", "offsets", "prompt_lens")
+
+
+def _read_shard(shard: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(tokens [N] int64, offsets [n + 1], prompt_lens [n])`` of one shard, checked so that a
+    truncated or foreign file reads as a :class:`ConfigError`, not a safetensors or index error."""
+    redo = "regenerate it with `draftsmith train-data`"
+    try:
+        data = load_file(str(shard))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise ConfigError(f"dataset shard {shard} is corrupt ({exc}); {redo}") from None
+    missing = [key for key in _SHARD_KEYS if key not in data]
+    if missing:
+        raise ConfigError(f"dataset shard {shard} lacks {', '.join(map(repr, missing))} (it holds "
+                          f"{', '.join(map(repr, sorted(data))) or 'nothing'}); {redo}")
+    tokens, offsets, prompt_lens = (data[key] for key in _SHARD_KEYS)
+    n = prompt_lens.numel()
+    if (tokens.dim() != 1 or offsets.dim() != 1 or prompt_lens.dim() != 1
+            or tokens.is_floating_point() or offsets.is_floating_point()
+            or prompt_lens.is_floating_point() or offsets.numel() != n + 1):
+        raise ConfigError(f"dataset shard {shard} has tokens {tuple(tokens.shape)}, offsets "
+                          f"{tuple(offsets.shape)}, prompt_lens {tuple(prompt_lens.shape)}; "
+                          f"expected integer [N], [n + 1], [n]; {redo}")
+    if n and (int(offsets[0]) != 0 or int(offsets[-1]) != tokens.numel()
+              or bool((offsets[1:] < offsets[:-1]).any())):
+        raise ConfigError(f"dataset shard {shard} has offsets that do not cover its "
+                          f"{tokens.numel()} tokens in order; {redo}")
+    return tokens.long(), offsets, prompt_lens
 
 
 def _meta_targets(directory: Path) -> set[str]:

@@ -18,9 +18,16 @@ from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from draftsmith.contract import ConfigError, DraftsmithError, LoadRequest, TargetInfo
+from draftsmith.contract import (
+    CheckpointError,
+    ConfigError,
+    DraftsmithError,
+    LoadRequest,
+    TargetInfo,
+)
 from draftsmith.drafters.calibration import fit_sts, sts_ece
 from draftsmith.drafters.gqa import GQADrafter
 from draftsmith.runtime.registry import load_registry
@@ -35,6 +42,9 @@ from draftsmith.training.objective import (
 
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
+CONFIG_FILE = "train_config.json"
+"""The run's :class:`TrainConfig`: written in the run directory when a run starts, and in each
+checkpoint's state directory when it is saved (what a resumed run is compared with)."""
 
 
 class TrainConfig(BaseModel):
@@ -351,6 +361,7 @@ def train(
     state = {"step": 0, "best_accept_len": 0.0, "history": []}
     last = out_dir / "last"
     if resume and (_state_dir(last) / STATE_FILE).is_file():
+        _check_resumable(out_dir, config)
         state = _load(last, drafter, opt)
         log(f"resumed from {last} at step {state['step']}")
         if config.init_from is not None:
@@ -359,7 +370,7 @@ def train(
         warm_start(drafter, config.init_from, config.family, info)
         log(f"initialised the drafter from {config.init_from} (fresh optimizer and schedule)")
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "train_config.json").write_text(config.model_dump_json(indent=2) + "\n")
+    (out_dir / CONFIG_FILE).write_text(config.model_dump_json(indent=2) + "\n")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     drafter.train()
     start = time.perf_counter()
@@ -523,20 +534,98 @@ def _save(directory: Path, drafter: GQADrafter, opt: torch.optim.Optimizer, stat
             if isinstance(value, torch.Tensor):
                 flat[f"{i}.{key}"] = value.detach().cpu().contiguous().reshape(value.shape)
     save_file(flat, str(directory / OPTIMIZER_FILE))
+    (directory / CONFIG_FILE).write_text(config.model_dump_json(indent=2) + "\n")
     (directory / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
 
+_ARCHITECTURE_FIELDS = ("family", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                       "intermediate_size", "block_size", "markov_rank", "target_layer_ids")
+""":class:`TrainConfig` fields that decide the drafter's tensors: a run resumes only under the
+same values (the schedule, data and other fields may change between sessions)."""
+
+
+def _start_over(out_dir: Path) -> str:
+    return f"pass --no-resume to start over in {out_dir}, or use another --out"
+
+
+def _check_resumable(out_dir: Path, config: TrainConfig) -> None:
+    """Refuse to resume ``out_dir/last`` under a config whose drafter has other tensors than the
+    one saved with it (``last.state/train_config.json``, or for a run saved before that file
+    existed, ``out_dir/train_config.json``); without either, :func:`_load` compares tensors."""
+    saved_file = next((f for f in (_state_dir(out_dir / "last") / CONFIG_FILE,
+                                   out_dir / CONFIG_FILE) if f.is_file()), None)
+    if saved_file is None:
+        return
+    try:
+        saved = json.loads(saved_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        raise CheckpointError(f"{saved_file} is not readable JSON; {_start_over(out_dir)}") from None
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"{saved_file} is not a JSON object; {_start_over(out_dir)}")
+    current = json.loads(config.model_dump_json())
+    defaults = json.loads(TrainConfig().model_dump_json())
+    changed = [f"{name} {saved.get(name, defaults[name])!r} -> {current[name]!r}"
+               for name in _ARCHITECTURE_FIELDS if saved.get(name, defaults[name]) != current[name]]
+    if changed:
+        raise ConfigError(f"{out_dir / 'last'} was written by a different config "
+                          f"({'; '.join(changed)}); {_start_over(out_dir)}")
+
+
 def _load(directory: Path, drafter: GQADrafter, opt: torch.optim.Optimizer) -> dict:
-    weights = load_file(str(directory / "model.safetensors"))
+    """Restore the drafter, optimizer and trainer state saved by :func:`_save`; a
+    :class:`CheckpointError` names the file that is missing, corrupt or does not fit."""
+    out_dir = directory.parent
+    state_dir = _state_dir(directory)
+    model_file, opt_file = directory / "model.safetensors", state_dir / OPTIMIZER_FILE
+    weights = _read_tensors(model_file, out_dir)
+    ours = drafter.state_dict()
+    differences = [f"missing {name!r}" for name in sorted(ours.keys() - weights.keys())]
+    differences += [f"unexpected {name!r}" for name in sorted(weights.keys() - ours.keys())]
+    differences += [f"{name!r} is {tuple(weights[name].shape)}, this run's "
+                    f"{tuple(ours[name].shape)}" for name in sorted(ours.keys() & weights.keys())
+                    if weights[name].shape != ours[name].shape]
+    if differences:
+        more = f" and {len(differences) - 2} more" if len(differences) > 2 else ""
+        raise CheckpointError(f"{directory} was written by a different config "
+                              f"({'; '.join(differences[:2])}{more}); {_start_over(out_dir)}")
     drafter.load_state_dict({k: v.to(drafter.fc.weight.device) for k, v in weights.items()})
-    directory = _state_dir(directory)
-    flat = load_file(str(directory / OPTIMIZER_FILE))
+    flat = _read_tensors(opt_file, out_dir)
+    params = [p for group in opt.param_groups for p in group["params"]]
     sd = opt.state_dict()
     for key, value in flat.items():
-        idx, name = key.split(".", 1)
+        idx, _, name = key.partition(".")
+        fits = idx.isdigit() and int(idx) < len(params) and (
+            value.dim() == 0 or value.shape == params[int(idx)].shape)
+        if not fits:
+            raise CheckpointError(f"{opt_file} holds {key!r} {tuple(value.shape)}, which no "
+                                  f"parameter of this run's drafter matches; "
+                                  f"{_start_over(out_dir)}")
         sd["state"].setdefault(int(idx), {})[name] = value
-    opt.load_state_dict(sd)
-    return json.loads((directory / STATE_FILE).read_text())
+    try:
+        opt.load_state_dict(sd)
+    except (ValueError, RuntimeError, KeyError) as exc:
+        raise CheckpointError(f"{opt_file} does not fit this run's drafter ({exc}); "
+                              f"{_start_over(out_dir)}") from None
+    state_file = state_dir / STATE_FILE
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        raise CheckpointError(f"{state_file} is not readable JSON; {_start_over(out_dir)}") from None
+    if not (isinstance(state, dict) and isinstance(state.get("step"), int)
+            and isinstance(state.get("best_accept_len"), (int, float))
+            and isinstance(state.get("history"), list)):
+        raise CheckpointError(f"{state_file} lacks step, best_accept_len or history; "
+                              f"{_start_over(out_dir)}")
+    return state
+
+
+def _read_tensors(path: Path, out_dir: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing; {_start_over(out_dir)}") from None
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is corrupt ({exc}); {_start_over(out_dir)}") from None
 
 
 __all__ = ["TargetRunner", "TrainConfig", "build_drafter", "evaluate", "train", "warm_start"]

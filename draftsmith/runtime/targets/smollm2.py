@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from draftsmith.contract import ConfigError, DraftsmithError
-from draftsmith.runtime.config import TargetConfig
+from draftsmith.runtime.config import TargetConfig, resolve_device
 from draftsmith.runtime.targets.hf import HFTarget, load_hf_target, quiet_transformers
 
 DEFAULT_TARGET = "smollm2-135m"
@@ -144,21 +144,6 @@ def _convert_gguf(gguf_dir: Path, gguf_name: str, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; anything else as given (validated)."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(
-            f"target.device {name!r} is not a device; use auto, cpu or cuda[:N]"
-        ) from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"target.device {name!r} asks for CUDA but none is available; use cpu")
-    return device
 
 
 def load_target(
