@@ -130,7 +130,7 @@ def test_gpu_graph_replay_draws_fresh_values() -> None:
     pool = forced_accept_pool("cuda")
     counter = torch.zeros(1, dtype=torch.int64, device="cuda")
     n = torch.zeros(128, dtype=torch.int64, device="cuda")
-    verify_len = torch.randint(0, K + 1, (128,), device="cuda")
+    verify_len = torch.randint(0, K + 1, (128,), generator=torch.Generator().manual_seed(2)).cuda()
     forced_accept(n, verify_len, pool, counter, 3.5, K)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

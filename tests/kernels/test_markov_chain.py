@@ -51,6 +51,13 @@ def _base(rows: int, k: int, vocab: int, seed: int, device="cpu"):
     return torch.randn(rows, k, vocab, generator=torch.Generator().manual_seed(seed)).to(device)
 
 
+def _ids(rows: int, low: int, high: int, seed: int, device="cpu"):
+    """``[rows] int64`` token ids (anchors / previous tokens) in ``low .. high - 1``, drawn on
+    the CPU so a GPU test sees the same inputs on every run."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high, (rows,), generator=gen).to(device)
+
+
 def test_reference_equals_deepspec_loop() -> None:
     vocab, rank, rows, k = 512, 16, 3, 7
     w1, w2 = _head(vocab, rank, 0)
@@ -261,7 +268,7 @@ def test_gpu_fp32_chain_matches_reference() -> None:
     vocab, rank, rows, k = 32768, 64, 33, 6
     w1, w2 = _head(vocab, rank, 20, device="cuda")
     base = _base(rows, k, vocab, 21, device="cuda")
-    anchor = torch.randint(-1, vocab + 1, (rows,), device="cuda")
+    anchor = _ids(rows, -1, vocab + 1, 41, device="cuda")
     want = markov_chain_reference(base, anchor, w1, w2)
     got = markov_chain(base, anchor, w1, w2)
     torch.testing.assert_close(got[1], want[1])
@@ -276,7 +283,7 @@ def test_gpu_bf16_steps_match_reference_away_from_ties(rows: int) -> None:
     vocab, rank = 163840, 256
     w1, w2 = _head(vocab, rank, 22, torch.bfloat16, "cuda")
     base = _base(rows, 1, vocab, 23, device="cuda")[:, 0] * 4
-    prev = torch.randint(0, vocab, (rows,), device="cuda")
+    prev = _ids(rows, 0, vocab, 42, device="cuda")
     out = torch.empty_like(base)
     ref_out = torch.empty_like(base)
     val, idx = markov_step(base, prev, w1, w2, 0, out)
@@ -301,7 +308,7 @@ def test_gpu_bf16_sweep_tilings_match_reference_away_from_ties(
     vocab, rank = 163840, 256
     w1, w2 = _head(vocab, rank, 27, torch.bfloat16, "cuda")
     base = _base(rows, 1, vocab, 28, device="cuda")[:, 0] * 4
-    prev = torch.randint(0, vocab, (rows,), device="cuda")
+    prev = _ids(rows, 0, vocab, 43, device="cuda")
     ref_out = torch.empty_like(base)
     _, ref_idx = markov_step_reference(base, prev, w1, w2, 0, ref_out)
     bias_ulp = markov_bias_reference(w1, w2, prev).abs().amax(dim=1) * 2**-7
@@ -330,7 +337,7 @@ def test_gpu_tile_order_and_hints_are_bit_identical(
     vocab, rank, k = 163840, 256, 6
     w1, w2 = _head(vocab, rank, 35, torch.bfloat16, "cuda")
     base = _base(rows, k, vocab, 36, device="cuda")
-    anchor = torch.randint(-1, vocab + 1, (rows,), device="cuda")
+    anchor = _ids(rows, -1, vocab + 1, 44, device="cuda")
     monkeypatch.setattr(mc, "_ALTERNATE", False)
     want = markov_chain(base, anchor, w1, w2)
     for alternate, hints in ((True, False), (True, True), (False, True)):
@@ -345,7 +352,7 @@ def test_gpu_graph_replay_equals_eager() -> None:
     vocab, rank, rows, k = 163840, 256, 4, 6
     w1, w2 = _head(vocab, rank, 24, torch.bfloat16, "cuda")
     base = _base(rows, k, vocab, 25, device="cuda")
-    anchor = torch.randint(0, vocab, (rows,), device="cuda")
+    anchor = _ids(rows, 0, vocab, 45, device="cuda")
     eager = markov_chain(base, anchor, w1, w2)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

@@ -138,8 +138,11 @@ def test_chunk_layouts_cpu(sizes, monkeypatch: pytest.MonkeyPatch) -> None:
     for col in (5, 20, 40):  # the same value in one lane, BLOCK_V columns apart
         logits[col % logits.shape[0], 1, col] = 70.0
         logits[col % logits.shape[0], 1, col + sizes[0]] = 70.0
-    logits[4, 2, 7] = NAN  # a later NaN in the same lane as an earlier +inf
-    logits[4, 2, 7 - sizes[0] if sizes[0] <= 7 else 0] = INF
+    # a later NaN in the same lane as an earlier +inf (columns BLOCK_V apart, in one chunk when
+    # the chunk holds two steps; else across the chunk edge, where the chunk merge orders them)
+    logits[4, 2, 7] = INF
+    logits[4, 2, 7 + sizes[0]] = NAN  # 7 + 64 < V = 111 for every layout here
+    assert int(torch.argmax(logits[4, 2])) == 7 + sizes[0]  # the row was all -inf before
     drafts, verify_len = _drafts_matching(logits, True, seed=5)
     _check_parity(logits, drafts, verify_len)
     for scratch in sa._Scratch._cache.values():

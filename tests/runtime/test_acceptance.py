@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftsmith.contract import LogitsShard, SamplingKey, SingleRank
+from draftsmith.contract import LogitsShard, SamplingKey, ShapeError, SingleRank
 from draftsmith.runtime.acceptance import Acceptance
 from draftsmith.selection.configs import SampleConfig
 from draftsmith.selection.strategies import GreedySelector, SampleSelector
@@ -101,5 +101,5 @@ def test_rejection_with_equal_distributions_accepts_everything():
     accepted, n = acc.accept(LogitsShard.full(logits), drafts, key, draft_probs=p[:, :k].contiguous())
     assert n.tolist() == [k + 1] * g
     assert torch.equal(accepted[:, :k], drafts)
-    with pytest.raises(Exception, match="draft_probs"):
+    with pytest.raises(ShapeError, match="draft_probs"):
         acc.accept(LogitsShard.full(logits), drafts, key)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from draftsmith.runtime.bind import bind
@@ -42,17 +44,30 @@ def test_bucket_views_share_storage_before_first_prepare():
     assert views[4].batch_to_slot[:2].tolist() == [0, 6]
 
 
-def test_padding_rows_write_only_the_dummy_row():
+def test_padding_rows_write_only_the_dummy_row(monkeypatch):
+    """Spec 7, failure 1: the decoder's padding rows write ``draft_probs`` at the dummy row, never
+    at a real slot outside the batch."""
     dec = _decoder(max_batch=3)
     bufs = dec.buffers
-    assert bufs.draft_probs is not None
+    assert bufs.draft_probs is not None and bufs.dummy_slot_row == 3
     bufs.draft_probs.fill_(7.0)
-    b2s = torch.tensor([1, 3, 3])  # one live request in slot 1, two padding rows
-    probs = torch.rand(3, 3, 64)
-    bufs.draft_probs.index_copy_(0, b2s[:1], probs[:1])
-    bufs.draft_probs[b2s[1:]] = probs[1:]
-    assert torch.equal(bufs.draft_probs[1], probs[0])
-    assert bool((bufs.draft_probs[0] == 7.0).all()) and bool((bufs.draft_probs[2] == 7.0).all())
+    dummy = bufs.dummy_slot_row
+    b2s = torch.tensor([1, dummy, dummy])  # one live request in slot 1, two padding rows
+    probs = torch.rand(3, 3, 64, generator=torch.Generator().manual_seed(0))
+    drafts = torch.zeros(3, 3, dtype=torch.int64)
+    placement = SimpleNamespace(num_requests=3)  # all _draft reads of it outside draft_core
+    with monkeypatch.context() as patch:
+        # the block forward is not under test: it hands _draft these per-row probabilities
+        patch.setattr(dec, "draft_core", lambda placement, key: (drafts, probs))
+        got_drafts, got_probs = dec._draft(placement, None, b2s)
+    assert got_drafts is drafts
+    assert torch.equal(bufs.draft_probs[1], probs[0])  # the live row, at its slot
+    assert torch.equal(got_probs[0], probs[0])
+    assert torch.equal(got_probs, bufs.draft_probs[b2s])
+    for slot in (0, 2):  # real slots outside the batch keep what they held
+        assert bool((bufs.draft_probs[slot] == 7.0).all()), slot
+    # the padding rows landed on the dummy row (which of the two wins is unspecified)
+    assert any(torch.equal(bufs.draft_probs[dummy], probs[row]) for row in (1, 2))
     # the decoder itself: run a batch smaller than the capacity, then check slot rows
     out = dec.generate([[1, 2, 3]], 4, seeds=[0])
     assert len(out[0].tokens) == 4

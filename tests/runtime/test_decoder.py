@@ -8,6 +8,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from draftsmith.contract import DraftsmithError
 from draftsmith.runtime.bind import bind
 from draftsmith.runtime.config import SpecConfig
 from draftsmith.runtime.reference_loop import reference_generate
@@ -28,6 +29,14 @@ def greedy_oracle(target) -> list[list[int]]:
     return [target.greedy_generate(p, n, slot=11) for p, n in zip(PROMPTS, BUDGETS, strict=True)]
 
 
+@pytest.fixture(scope="module")
+def nudged(nudged_toy_target) -> tuple[ToyTarget, list[list[int]]]:
+    """A target whose drafts get accepted (see ``nudged_toy_target``) and its greedy texts."""
+    target = nudged_toy_target(max_slots=12, max_len=128, mixing=0.3)
+    oracle = [target.greedy_generate(p, n, slot=11) for p, n in zip(PROMPTS, BUDGETS, strict=True)]
+    return target, oracle
+
+
 def _config(family: str, k: int, selection: dict | None = None, **runtime) -> SpecConfig:
     rt = {"max_batch": 8, "max_context": 96, "page_size": 8, **runtime}
     return SpecConfig.from_dict({
@@ -44,7 +53,8 @@ def _reference(dec, target, prompt, budget, k, *, seed=0, stops=(), rejection=Fa
 
 @pytest.mark.parametrize("k", [1, 3, 7])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_speculative_equals_target_greedy(target, greedy_oracle, family, k):
+def test_greedy_speculative_equals_target_greedy(nudged, family, k):
+    target, greedy_oracle = nudged
     dec = bind(target, None, _config(family, k))
     results = dec.generate(PROMPTS, BUDGETS)
     for res, want, budget in zip(results, greedy_oracle, BUDGETS, strict=True):
@@ -53,10 +63,16 @@ def test_greedy_speculative_equals_target_greedy(target, greedy_oracle, family, 
         assert sum(res.accepted_lengths) == budget - 1  # first token comes from the prefill
         assert all(1 <= n <= k + 1 for n in res.accepted_lengths)
     # the composed decoder proposes exactly what the golden loop proposes (same accepted lengths)
-    for i in (0, 5):
+    compared: list[int] = []
+    for i in (5, 7):
         ref = _reference(dec, target, PROMPTS[i], BUDGETS[i], k)
         assert ref.tokens == list(results[i].tokens)
         assert ref.accepted_lengths == list(results[i].accepted_lengths)
+        compared += ref.accepted_lengths
+    # informative only if drafts past the first were accepted; dspark-mla ships its own
+    # embedding table, so the nudge does not reach it and its drafts rarely survive one token
+    want_len = 2 if family == "dspark-mla" else min(k + 1, 3)
+    assert max(compared) >= want_len, f"accepted lengths {compared} carry too little information"
 
 
 @pytest.mark.parametrize(
@@ -148,20 +164,30 @@ def test_failed_step_rolls_ctx_len_back(target, monkeypatch):
     def step(active):
         seen["before"] = dec.buffers.ctx_len.clone()
         seen["target"] = {r.slot: target.lengths[r.slot] for r in active}
-        return real_step(active)
+        try:
+            return real_step(active)
+        except RuntimeError:  # the state the failed step left, before generate frees the slots
+            seen["after"] = dec.buffers.ctx_len.clone()
+            seen["target_after"] = {r.slot: target.lengths[r.slot] for r in active}
+            raise
 
     monkeypatch.setattr(target, "verify", flaky)
     monkeypatch.setattr(dec, "step", step)
     with pytest.raises(RuntimeError, match="injected"):
         dec.generate(PROMPTS[:4], 20)
-    assert torch.equal(dec.buffers.ctx_len, seen["before"])
-    assert {slot: target.lengths[slot] for slot in seen["target"]} == seen["target"]
+    assert torch.equal(seen["after"], seen["before"])
+    assert seen["target_after"] == seen["target"]
     assert int(seen["before"][:4].max()) > 0  # a real carried context was restored
+    # generate gave every slot back: the decoder serves the next call
+    assert dec.slots.num_free == dec.plan.slot_capacity
+    monkeypatch.setattr(target, "verify", real)
+    monkeypatch.setattr(dec, "step", real_step)
+    assert [len(r.tokens) for r in dec.generate(PROMPTS[:4], 6)] == [6] * 4
 
 
 def test_prompt_too_long_is_refused(target):
     dec = bind(target, None, _config("dspark-gqa", 3, max_context=32))
-    with pytest.raises(Exception, match="max_ctx 32"):
+    with pytest.raises(DraftsmithError, match="max_ctx 32"):
         dec.generate([[1] * 20], 10)
 
 
@@ -202,10 +228,19 @@ def test_forced_acceptance_through_the_decoder(target):
     dec = bind(target, None, _config("dspark-gqa", 4, force_accepted=2.5))
     assert dec.plan.acceptance == "forced"
     results = dec.generate(PROMPTS[:3], 30)
+    rounds: list[int] = []  # every round but the last, which the budget may cut short
     for r in results:
         assert len(r.tokens) == 30
         assert set(r.accepted_lengths[:-1]) <= {3, 4}  # base 3, +1 with probability 0.5
-        assert 3 <= sum(r.accepted_lengths[:-1]) / len(r.accepted_lengths[:-1]) <= 4
+        rounds += r.accepted_lengths[:-1]
+    # the fraction 0.5 is really drawn: both counts occur, 4 in about half the rounds
+    # (a binomial(n, 0.5) count within 3.5 standard deviations of n / 2)
+    fours = rounds.count(4)
+    assert 0 < fours < len(rounds), rounds
+    assert abs(fours - len(rounds) / 2) <= 3.5 * (len(rounds) / 4) ** 0.5, rounds
+    # one draw per step for the whole batch: the device counter advanced once per round
+    steps = max(len(r.accepted_lengths) for r in results)
+    assert int(dec.acceptance.forced_counter) == steps
 
 
 def test_a_step_reads_the_device_once(target):

@@ -3,6 +3,8 @@ bit-identical to eager (GPU), and the static context width the capture uses (CPU
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -103,20 +105,29 @@ def test_static_context_width_matches_dynamic_on_cpu(family):
 def test_graph_load_copies_every_field_and_the_key():
     """``DraftGraph.load`` (grouped multi-tensor copies) leaves the static inputs equal to the
     step's placement and key, int64 fields and the bool mask alike; CPU, no capture needed."""
+    # every tensor field the contract declares, read from the dataclass, not from the runtime
+    fields = tuple(f.name for f in dataclasses.fields(DraftBlockPlacement)
+                   if "Tensor" in str(f.type))
     first = DraftBlockPlacement.make_dummy(num_requests=3, width=4, num_draft_tokens=3)
+    assert {f.name for f in dataclasses.fields(first)} - set(fields) == {
+        "rows_start", "page_size", "context_width"}  # the scalars; all else is copied
     nxt = DraftBlockPlacement.make_dummy(num_requests=3, width=4, num_draft_tokens=3)
-    for name in ("bonus", "query_positions", "dest_cols", "num_ctx", "block_tables"):
-        getattr(nxt, name).add_(1)
-    nxt.write_mask[:, 1] = True
-    graph = DraftGraph.__new__(DraftGraph)
+    for name in fields:  # the next step differs from the first in every tensor field
+        value = getattr(nxt, name)
+        if value.dtype == torch.bool:
+            value.logical_not_()
+        else:
+            value.add_(1)
+    graph = DraftGraph.__new__(DraftGraph)  # load needs no capture: skip __init__ (CUDA only)
     graph.placement = DraftGraph.static_placement(first, 12)
     graph.key = SamplingKey(seeds=torch.zeros(3, dtype=torch.int64),
                             offsets=torch.zeros(3, dtype=torch.int64))
-    graph._tensor_fields = tuple(f for f in first.__dataclass_fields__
-                                 if isinstance(getattr(first, f), torch.Tensor))
+    graph._tensor_fields = fields
+    for name in fields:
+        assert not torch.equal(getattr(graph.placement, name), getattr(nxt, name)), name
     key = SamplingKey(seeds=torch.tensor([4, 5, 6]), offsets=torch.tensor([7, 8, 9]))
     graph.load(nxt, key)
-    for name in graph._tensor_fields:
+    for name in fields:
         assert torch.equal(getattr(graph.placement, name), getattr(nxt, name)), name
     assert torch.equal(graph.key.seeds, key.seeds) and torch.equal(graph.key.offsets, key.offsets)
     assert graph.placement.context_width == 12

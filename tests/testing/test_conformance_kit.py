@@ -14,6 +14,7 @@ import torch
 
 from draftsmith.contract import (
     CheckpointError,
+    ConfigError,
     DrafterFamily,
     LoadRequest,
     OutputHead,
@@ -327,12 +328,12 @@ def test_build_paged_batch_rejects_bad_layouts() -> None:
     drafter = load_good(_request())
     probe = make_probe(drafter.capabilities, CASE)
     kw = dict(committed=CASE.committed, num_draft_tokens=3, page_size=4)
-    with pytest.raises(Exception, match="permutation"):
+    with pytest.raises(ConfigError, match="permutation"):
         build_paged_batch(drafter, probe.features, probe.bonus, **kw,
                           page_permutation=torch.zeros(20, dtype=torch.int64))
-    with pytest.raises(Exception, match="distinct slots"):
+    with pytest.raises(ConfigError, match="distinct slots"):
         build_paged_batch(drafter, probe.features, probe.bonus, **kw, slots=[0, 0, 1])
-    with pytest.raises(Exception, match="committed"):
+    with pytest.raises(ConfigError, match="committed"):
         ConformanceCase(context_lengths=(2,), committed=(3,))
 
 

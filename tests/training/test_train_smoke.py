@@ -40,13 +40,12 @@ def test_dataset_holds_prompt_plus_greedy_response(tiny, dataset: Path) -> None:
     model, tok = tiny
     seqs = read_dataset(dataset)
     assert len(seqs) == 12
-    s = seqs[0]
-    prompt = s.tokens[: s.prompt_len]
-    ref = model.generate(input_ids=prompt[None], attention_mask=torch.ones_like(prompt[None]),
-                         do_sample=False, max_new_tokens=24, pad_token_id=256,
-                         eos_token_id=258)[0]
-    n = min(len(ref), len(s.tokens))
-    assert torch.equal(ref[:n], s.tokens[:n])
+    for i, s in enumerate(seqs):
+        prompt = s.tokens[: s.prompt_len]
+        ref = model.generate(input_ids=prompt[None], attention_mask=torch.ones_like(prompt[None]),
+                             do_sample=False, max_new_tokens=24, pad_token_id=256,
+                             eos_token_id=258)[0]
+        assert torch.equal(ref, s.tokens), i  # the prompt and the whole greedy response
     assert json.loads((dataset / "meta.json").read_text())["count"] == 12
 
 
