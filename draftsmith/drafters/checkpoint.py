@@ -2,8 +2,9 @@
 target-layer defaults, and tensor presence/shape checks.
 
 Checkpoints load with ``safetensors`` only: a pickled ``*.bin`` is never opened. Every problem
-(missing file or tensor, wrong shape, mismatch with the target) raises :class:`CheckpointError`
-with a message that names the tensor or key and says what was expected.
+(missing file or tensor, wrong shape or dtype, a malformed config value, mismatch with the target)
+raises :class:`CheckpointError` with a message that names the tensor or key and says what was
+expected. The ``config_*`` readers and :func:`truthy` turn JSON values into typed ones that way.
 
 May import ``contract`` only; never ``runtime`` or ``selection``.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,109 @@ _SECTIONS = ("dspark_config", "dflash_config")
 """Nested config dicts searched before the top level, in this order (spec 9, item 10)."""
 
 _MISSING = object()
+
+WEIGHT_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+"""Dtypes a drafter may be built in, by their ``torch_dtype`` spelling in ``config.json``."""
+
+_STORED_DTYPES = (*WEIGHT_DTYPES.values(), torch.float64)
+"""Dtypes a checkpoint tensor may be stored in (float64 converts to the model dtype exactly
+enough; integer, bool and float8 tensors are not weights draftsmith can use)."""
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def truthy(value: Any, name: str = "flag") -> bool:
+    """A config flag as a bool: JSON booleans, numbers, ``None`` and the strings
+    ``"true"/"false"`` (``"1"/"0"``, ``"yes"/"no"``, ``"on"/"off"``). ``bool("false")`` is
+    true, so strings are never passed to ``bool``; any other string raises
+    :class:`CheckpointError` naming ``name``."""
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+        raise CheckpointError(f"config {name} is {value!r}; use true or false")
+    if value is not None and not isinstance(value, (bool, int, float)):
+        raise CheckpointError(f"config {name} is {value!r}; use true or false")
+    return bool(value)
+
+
+def config_int(value: Any, name: str, minimum: int | None = None) -> int:
+    """An integer config value (an integral float or a numeral string is accepted);
+    :class:`CheckpointError` naming ``name`` and the value otherwise, or when it is below
+    ``minimum``."""
+    number: int | None = None
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str):
+        try:
+            number = int(value.strip())
+        except ValueError:
+            number = None
+    if number is None:
+        raise CheckpointError(f"config {name} is {value!r}; it must be an integer")
+    if minimum is not None and number < minimum:
+        raise CheckpointError(f"config {name} is {number}; it must be >= {minimum}")
+    return number
+
+
+def config_float(value: Any, name: str) -> float:
+    """A finite float config value; :class:`CheckpointError` naming ``name`` otherwise."""
+    number: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = None
+    if number is None or not math.isfinite(number):
+        raise CheckpointError(f"config {name} is {value!r}; it must be a finite number")
+    return number
+
+
+def config_mapping(value: Any, name: str) -> Mapping[str, Any]:
+    """A JSON-object config value (``None`` reads as empty); :class:`CheckpointError`
+    naming ``name`` otherwise."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise CheckpointError(f"config {name} is {value!r}; it must be a JSON object")
+    return value
+
+
+def config_layer_ids(value: Any, name: str = "target_layer_ids") -> list[int]:
+    """A list of integer layer ids; :class:`CheckpointError` naming ``name`` otherwise."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise CheckpointError(
+            f"config {name} is {value!r}; it must be a list of target layer indices"
+        )
+    return [config_int(i, f"{name} entry") for i in value]
+
+
+def config_dtype(config: Mapping[str, Any], origin: str) -> torch.dtype | None:
+    """The dtype named by ``torch_dtype`` (or ``dtype``), ``None`` when neither is set;
+    :class:`CheckpointError` when it names a dtype a drafter cannot be built in."""
+    name = config.get("torch_dtype") or config.get("dtype")
+    if name is None:
+        return None
+    dtype = WEIGHT_DTYPES.get(str(name).removeprefix("torch."))
+    if dtype is None:
+        raise CheckpointError(
+            f"{origin}: torch_dtype {name!r} is not supported; set it to one of "
+            f"{list(WEIGHT_DTYPES)} (or pass LoadRequest.dtype)"
+        )
+    return dtype
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -54,7 +159,7 @@ def validate_target_layer_ids(layer_ids: Sequence[int], num_target_layers: int) 
     """Check DeepSpec's rules (spec 1.2, 1.3): non-empty, strictly increasing, each id in
     ``{-1} ∪ [0, L_t - 2]`` (``-1`` is the embedding output; the last layer holds a final-normed
     state in Hugging Face outputs, so it is refused)."""
-    ids = [int(i) for i in layer_ids]
+    ids = config_layer_ids(layer_ids)
     if not ids:
         raise CheckpointError("target_layer_ids is empty; name at least one target layer")
     for prev, cur in zip(ids, ids[1:], strict=False):
@@ -75,11 +180,20 @@ def read_config(directory: Path) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"{directory} has no {CONFIG_FILE}; pass a checkpoint directory")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path} is not UTF-8 text ({exc}); write it as UTF-8 JSON") from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read {path}: {exc}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} must hold a JSON object")
+    for section in _SECTIONS:
+        if section in data and not isinstance(data[section], Mapping):
+            raise CheckpointError(
+                f"{path}: {section} is {data[section]!r}; it must be a JSON object of drafter keys"
+            )
     return data
 
 
@@ -176,6 +290,13 @@ class TensorSource:
                 f"{self.origin}: tensor {found!r} has shape {shape_str(tensor.shape)}, expected "
                 f"{shape_str(shape)}{f' ({why})' if why else ''}"
             )
+        if tensor.dtype not in _STORED_DTYPES:
+            raise CheckpointError(
+                f"{self.origin}: tensor {found!r} is stored as "
+                f"{str(tensor.dtype).removeprefix('torch.')}; drafter weights must be floating "
+                f"point ({', '.join(WEIGHT_DTYPES)} or float64): re-export the checkpoint with "
+                "float weights"
+            )
         self._used.add(found)
         return tensor
 
@@ -224,13 +345,20 @@ __all__ = [
     "check_options_agree",
     "CONFIG_FILE",
     "WEIGHTS_FILE",
+    "WEIGHT_DTYPES",
     "TensorSource",
     "build_target_layer_ids",
+    "config_dtype",
+    "config_float",
+    "config_int",
+    "config_layer_ids",
+    "config_mapping",
     "draft_value",
     "draft_value_any",
     "load_tensors",
     "read_config",
     "require",
     "shape_str",
+    "truthy",
     "validate_target_layer_ids",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -50,22 +51,30 @@ from draftsmith.contract import (
 from draftsmith.drafters.calibration import check_temperatures
 from draftsmith.drafters.checkpoint import (
     CONFIG_FILE,
+    WEIGHT_DTYPES,
     WEIGHTS_FILE,
     TensorSource,
     build_target_layer_ids,
     check_options_agree,
+    config_dtype,
+    config_float,
+    config_int,
+    config_layer_ids,
+    config_mapping,
     draft_value,
     draft_value_any,
     load_tensors,
     read_config,
     require,
     shape_str,
+    truthy,
     validate_target_layer_ids,
 )
 from draftsmith.drafters.nn import (
     RMSNorm,
     SwiGLU,
     apply_rope_neox,
+    check_token_range,
     context_columns,
     gather_context,
     rope_cos_sin,
@@ -177,6 +186,10 @@ class GQADrafterSpec:
 
 def _architecture(config: Mapping[str, Any]) -> str:
     archs = config.get("architectures") or [DFLASH_ARCH]
+    if isinstance(archs, str):
+        archs = [archs]
+    if not isinstance(archs, list):
+        raise CheckpointError(f"config architectures is {archs!r}; it must be a list of names")
     arch = str(archs[0])
     if arch == DFLASH2_ARCH:
         raise CheckpointError(
@@ -192,22 +205,19 @@ def _architecture(config: Mapping[str, Any]) -> str:
 
 
 def _rope_theta(config: Mapping[str, Any]) -> float:
-    params = config.get("rope_parameters") or {}
-    scaling = config.get("rope_scaling") or {}
+    params = config_mapping(config.get("rope_parameters"), "rope_parameters")
+    scaling = config_mapping(config.get("rope_scaling"), "rope_scaling")
     for table in (params, scaling):
         kind = table.get("rope_type", table.get("type", "default"))
         if kind not in (None, "default"):
             raise CheckpointError(
                 f"rope type {kind!r} is not supported by the GQA drafters; only default RoPE is"
             )
-    theta = config.get("rope_theta", params.get("rope_theta", 10000.0))
-    return float(theta)
-
-
-def _truthy(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
+    theta = config_float(config.get("rope_theta", params.get("rope_theta", 10000.0)),
+                         "rope_theta")
+    if theta <= 0:
+        raise CheckpointError(f"config rope_theta is {theta}; it must be > 0")
+    return theta
 
 
 def resolve_visibility(
@@ -223,6 +233,12 @@ def resolve_visibility(
       non-causal and symmetric, as TensorRT-LLM's ``dspark_layer_window_size`` reads it.
     """
     layer_types = config.get("layer_types")
+    if layer_types is not None and (
+        isinstance(layer_types, str) or not isinstance(layer_types, (list, tuple))
+    ):
+        raise CheckpointError(
+            f"config layer_types is {layer_types!r}; it must be a list with one entry per layer"
+        )
     if layer_types is not None and len(layer_types) != num_layers:
         raise CheckpointError(
             f"config layer_types has {len(layer_types)} entries for {num_layers} drafter layers"
@@ -233,16 +249,16 @@ def resolve_visibility(
                 f"layer type {kind!r} is not supported; use full_attention or sliding_attention"
             )
     if flavour is Flavour.DSPARK:
-        if _truthy(draft_value(config, "causal", False)):
+        if truthy(draft_value(config, "causal", False), "causal"):
             raise CheckpointError(
                 "DSpark config sets causal = true; DSpark drafters attend non-causally over the "
                 "block (spec 2.9). Set causal to false or remove it"
             )
         if native:
             window = config.get("sliding_window")
-        elif _truthy(draft_value(config, "use_swa", False)):
+        elif truthy(draft_value(config, "use_swa", False), "use_swa"):
             window = draft_value(config, "swa_window_size")
-            if window is None or int(window) < 1:
+            if window is None or config_int(window, "swa_window_size") < 1:
                 raise CheckpointError(
                     f"DSpark config sets use_swa but swa_window_size is {window!r}; give a "
                     "window >= 1 or set use_swa to false"
@@ -250,20 +266,58 @@ def resolve_visibility(
             layer_types = layer_types or ["sliding_attention"] * num_layers
         else:
             return tuple(LayerVisibility() for _ in range(num_layers))
+        width = None if window is None else config_int(window, "sliding_window", minimum=1)
         return tuple(
-            LayerVisibility(False, int(window))
-            if window is not None and layer_types is not None and kind == "sliding_attention"
+            LayerVisibility(False, width)
+            if width is not None and layer_types is not None and kind == "sliding_attention"
             else LayerVisibility()
             for kind in (layer_types or ["full_attention"] * num_layers)
         )
     is_causal = config.get("is_causal")
     window = config.get("sliding_window")
+    width = None if not window else config_int(window, "sliding_window", minimum=1)
     out = []
     for i in range(num_layers):
         sliding = layer_types is not None and layer_types[i] == "sliding_attention"
-        causal = sliding if is_causal is None else bool(is_causal)
-        out.append(LayerVisibility(causal, int(window) if sliding and window else None))
+        causal = sliding if is_causal is None else truthy(is_causal, "is_causal")
+        out.append(LayerVisibility(causal, width if sliding else None))
     return tuple(out)
+
+
+def _has_dspark_heads(config: Mapping[str, Any]) -> bool:
+    rank = config_int(draft_value(config, "markov_rank", 0) or 0, "markov_rank")
+    confidence = truthy(
+        draft_value_any(config, ("enable_confidence_head", "use_confidence_head"), False),
+        "use_confidence_head",
+    )
+    return rank > 0 or confidence
+
+
+def resolve_flavour(config: Mapping[str, Any], family: str, arch: str) -> Flavour:
+    """Spec 9 item 8: which reference a checkpoint follows, from the checkpoint alone.
+
+    DeepSpec architectures and ``projector_type == "dspark"`` are DSpark. A DFlash-style DSpark
+    export that omits ``projector_type`` still says what it is (a ``dspark_config`` section,
+    DSpark heads, ``shift_label = true``), which a ``dspark-gqa`` load accepts. A plain z-lab
+    DFlash config is not read as DSpark: that would shift its block and turn its causal sliding
+    layers into symmetric windows, so ``dspark-gqa`` refuses it.
+    """
+    if arch.endswith(DEEPSPEC_SUFFIX) or draft_value(config, "projector_type") == "dspark":
+        return Flavour.DSPARK
+    if family != "dspark-gqa":
+        return Flavour.ZLAB
+    if (
+        isinstance(config.get("dspark_config"), Mapping)
+        or _has_dspark_heads(config)
+        or truthy(draft_value(config, "shift_label", False), "shift_label")
+    ):
+        return Flavour.DSPARK
+    raise CheckpointError(
+        f"config describes a z-lab DFlash drafter ({arch} without projector_type = \"dspark\", "
+        "shift_label, a dspark_config section or DSpark heads), not a DSpark one; load it with "
+        "family 'dflash', or add a dspark_config section with projector_type = \"dspark\" if it "
+        "really is a DSpark export"
+    )
 
 
 def resolve_block_convention(
@@ -273,13 +327,14 @@ def resolve_block_convention(
     only when ``shift_label`` (or ``projector_type == "dspark"``) says so. The decision is logged."""
     shift_label = draft_value(config, "shift_label")
     if shift_label is not None:
-        shift, why = _truthy(shift_label), f"shift_label = {shift_label!r}"
+        shift, why = truthy(shift_label, "shift_label"), f"shift_label = {shift_label!r}"
     elif arch.endswith(DEEPSPEC_SUFFIX):
         shift, why = True, f"DeepSpec architecture {arch}"
     elif flavour is Flavour.DSPARK:
-        shift, why = True, 'projector_type = "dspark"'
-    elif family == "dspark-gqa":
-        shift, why = True, "family dspark-gqa"
+        shift, why = True, (
+            'projector_type = "dspark"' if draft_value(config, "projector_type") == "dspark"
+            else "DSpark export"
+        )
     else:
         shift, why = False, f"z-lab {arch} without shift_label"
     if family == "dspark-gqa" and not shift:
@@ -297,29 +352,57 @@ def spec_from_config(
     family: str,
     own_embedding: bool = False,
     target: TargetInfo | None = None,
+    origin: str = CONFIG_FILE,
 ) -> GQADrafterSpec:
-    """Resolve a checkpoint config (z-lab, DeepSpec native or DFlash-style export) for ``family``."""
+    """Resolve a checkpoint config (z-lab, DeepSpec native or DFlash-style export) for ``family``.
+
+    Every unusable value raises :class:`CheckpointError` that names ``origin`` and the key.
+    """
+    try:
+        return _spec_from_config(config, family, own_embedding, target)
+    except CheckpointError as exc:
+        message = str(exc)
+        if message.startswith(origin):
+            raise
+        raise CheckpointError(f"{origin}: {message}") from None
+    except (TypeError, ValueError, AttributeError, ArithmeticError) as exc:
+        # A value of the wrong JSON type that no explicit check anticipated.
+        raise CheckpointError(
+            f"{origin}: config.json holds a malformed value ({type(exc).__name__}: {exc}); fix "
+            "the value of the key involved"
+        ) from None
+
+
+def _spec_from_config(
+    config: Mapping[str, Any],
+    family: str,
+    own_embedding: bool,
+    target: TargetInfo | None,
+) -> GQADrafterSpec:
     arch = _architecture(config)
-    projector = draft_value(config, "projector_type")
-    flavour = (
-        Flavour.DSPARK
-        if arch.endswith(DEEPSPEC_SUFFIX) or projector == "dspark" or family == "dspark-gqa"
-        else Flavour.ZLAB
-    )
+    flavour = resolve_flavour(config, family, arch)
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise CheckpointError(f"hidden_act {act!r} is not supported; GQA drafters use silu")
-    hidden = int(require(config, "hidden_size"))
-    num_layers = int(require(config, "num_hidden_layers"))
-    num_heads = int(require(config, "num_attention_heads"))
-    num_kv = int(config.get("num_key_value_heads") or num_heads)
-    head_dim = int(config.get("head_dim") or hidden // num_heads)
+    hidden = config_int(require(config, "hidden_size"), "hidden_size", minimum=1)
+    num_layers = config_int(require(config, "num_hidden_layers"), "num_hidden_layers", minimum=1)
+    num_heads = config_int(require(config, "num_attention_heads"), "num_attention_heads",
+                           minimum=1)
+    num_kv = config_int(config.get("num_key_value_heads") or num_heads, "num_key_value_heads",
+                        minimum=1)
+    head_dim = config_int(config.get("head_dim") or hidden // num_heads, "head_dim", minimum=2)
+    if head_dim % 2:
+        raise CheckpointError(f"config head_dim is {head_dim}; rotate-half RoPE needs it even")
     if num_heads % num_kv:
         raise CheckpointError(
             f"num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv}"
         )
+    intermediate = config_int(require(config, "intermediate_size"), "intermediate_size",
+                              minimum=1)
     num_target_layers = config.get("num_target_layers")
-    if num_target_layers is None and target is not None:
+    if num_target_layers is not None:
+        num_target_layers = config_int(num_target_layers, "num_target_layers", minimum=1)
+    elif target is not None:
         num_target_layers = target.num_layers
     ids = draft_value(config, "target_layer_ids")
     if ids is None:
@@ -327,16 +410,27 @@ def spec_from_config(
             raise CheckpointError(
                 "config has neither target_layer_ids nor num_target_layers; add one of them"
             )
-        ids = build_target_layer_ids(int(num_target_layers), num_layers)
+        ids = build_target_layer_ids(num_target_layers, num_layers)
+    ids = config_layer_ids(ids)
     if num_target_layers is not None:
-        ids = validate_target_layer_ids(ids, int(num_target_layers))
+        ids = validate_target_layer_ids(ids, num_target_layers)
+    elif not ids:
+        raise CheckpointError("target_layer_ids is empty; name at least one target layer")
+    vocab = config_int(require(config, "vocab_size"), "vocab_size", minimum=1)
     mask_token_id = draft_value(config, "mask_token_id")
     if mask_token_id is None:
         raise CheckpointError("config lacks mask_token_id (in dflash_config or at top level)")
+    mask_token_id = config_int(mask_token_id, "mask_token_id")
+    if not 0 <= mask_token_id < vocab:
+        raise CheckpointError(
+            f"config mask_token_id {mask_token_id} is outside the vocabulary 0..{vocab - 1}; "
+            "set it to the id the drafter was trained to use for mask slots"
+        )
     softcap = draft_value(config, "final_logit_softcapping")
-    softcap = float(softcap) if softcap is not None and float(softcap) > 0 else None
+    softcap = None if softcap is None else config_float(softcap, "final_logit_softcapping")
+    softcap = softcap if softcap is not None and softcap > 0 else None
 
-    markov_rank = int(draft_value(config, "markov_rank", 0) or 0)
+    markov_rank = config_int(draft_value(config, "markov_rank", 0) or 0, "markov_rank")
     if markov_rank < 0:
         raise CheckpointError(f"markov_rank must be >= 0, got {markov_rank}")
     markov = MarkovHeadKind.NONE
@@ -350,10 +444,12 @@ def spec_from_config(
             ) from None
         if markov is MarkovHeadKind.NONE:
             raise CheckpointError("markov_head_type 'none' needs markov_rank 0")
-    confidence = _truthy(
-        draft_value_any(config, ("enable_confidence_head", "use_confidence_head"), False)
+    confidence = truthy(
+        draft_value_any(config, ("enable_confidence_head", "use_confidence_head"), False),
+        "use_confidence_head",
     )
-    with_markov = confidence and _truthy(draft_value(config, "confidence_head_with_markov", False))
+    with_markov = confidence and truthy(
+        draft_value(config, "confidence_head_with_markov", False), "confidence_head_with_markov")
     if with_markov and markov_rank == 0:
         raise CheckpointError(
             "confidence_head_with_markov is true but markov_rank is 0; the confidence feature "
@@ -364,32 +460,37 @@ def spec_from_config(
             f"checkpoint has a DSpark head (markov_rank {markov_rank}, confidence head "
             f"{confidence}); load it with family 'dspark-gqa'"
         )
-    vocab = int(require(config, "vocab_size"))
-    block_size = int(draft_value(config, "block_size", 16))
+    block_size = config_int(draft_value(config, "block_size", 16), "block_size", minimum=1)
     sts = _sts_from_config(draft_value(config, "sts_temperatures"), block_size, confidence)
+    rms_norm_eps = config_float(config.get("rms_norm_eps", 1e-6), "rms_norm_eps")
+    if rms_norm_eps <= 0:
+        raise CheckpointError(f"config rms_norm_eps is {rms_norm_eps}; it must be > 0")
     return GQADrafterSpec(
         hidden_size=hidden,
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=num_kv,
         head_dim=head_dim,
-        intermediate_size=int(require(config, "intermediate_size")),
+        intermediate_size=intermediate,
         vocab_size=vocab,
         target_hidden_size=int(target.hidden_size) if target is not None else hidden,
-        target_layer_ids=tuple(int(i) for i in ids),
-        num_target_layers=None if num_target_layers is None else int(num_target_layers),
+        target_layer_ids=tuple(ids),
+        num_target_layers=num_target_layers,
         block_size=block_size,
-        mask_token_id=int(mask_token_id),
+        mask_token_id=mask_token_id,
         visibility=resolve_visibility(config, num_layers, flavour,
                                       native=arch.endswith(DEEPSPEC_SUFFIX)),
         block_convention=resolve_block_convention(config, family, arch, flavour),
         flavour=flavour,
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        rms_norm_eps=rms_norm_eps,
         rope_theta=_rope_theta(config),
-        attention_bias=bool(config.get("attention_bias", False)),
-        max_position_embeddings=int(config.get("max_position_embeddings", 32768)),
-        input_embedding_scale=float(draft_value(config, "input_embedding_scale", 1.0)),
-        output_multiplier=float(draft_value(config, "output_multiplier", 1.0)),
+        attention_bias=truthy(config.get("attention_bias", False), "attention_bias"),
+        max_position_embeddings=config_int(config.get("max_position_embeddings", 32768),
+                                           "max_position_embeddings", minimum=1),
+        input_embedding_scale=config_float(draft_value(config, "input_embedding_scale", 1.0),
+                                           "input_embedding_scale"),
+        output_multiplier=config_float(draft_value(config, "output_multiplier", 1.0),
+                                       "output_multiplier"),
         final_logit_softcapping=softcap,
         markov_head=markov,
         markov_rank=markov_rank,
@@ -684,9 +785,11 @@ class GQADrafter(nn.Module):
         self, token_ids: torch.Tensor, target_embedding: torch.Tensor | None
     ) -> torch.Tensor:
         """``token_ids: [G, W] int64`` -> ``[G, W, H]``: rows of the drafter's own table when the
-        checkpoint ships one, else of ``target_embedding: [V, H]``, times input_embedding_scale."""
+        checkpoint ships one, else of ``target_embedding: [V, H]``, times input_embedding_scale.
+        An id outside ``0 .. V-1`` raises :class:`ShapeError` (not checked during graph capture)."""
         check_tensor("token_ids", token_ids, ("G", "W"), torch.int64)
         s = self.spec
+        check_token_range(token_ids, s.vocab_size)
         if self.embed_tokens is not None:
             table = self.embed_tokens.weight
         else:
@@ -1022,6 +1125,10 @@ class GQAArchitectureOptions(BaseModel):
 # Loading
 # --------------------------------------------------------------------------------------------
 
+_IGNORED = ("lm_head.weight",)
+"""Tensors a checkpoint may carry that a GQA drafter never uses: DeepSpec's frozen copy of the
+target head (the target's own head is always used)."""
+
 _ALIASES: dict[str, tuple[str, ...]] = {
     "markov_w1.weight": ("markov_head.markov_w1.weight", "markov_w1.weight"),
     "markov_w2.weight": ("markov_head.markov_w2.weight", "markov_w2.weight"),
@@ -1112,7 +1219,8 @@ def load_gqa_drafter(request: LoadRequest, family: str) -> GQADrafter:
             )
         if target is None:
             raise ConfigError(f"{family} random init needs LoadRequest.target (H, V, L_t)")
-        spec = spec_from_config(options.to_config(target, family), family, target=target)
+        spec = spec_from_config(options.to_config(target, family), family, target=target,
+                                origin=f"{family} options")
         model = GQADrafter(spec, family, tp_rank, tp_size)
         _random_init(model, options.init_std, request.seed)
         return _finish(model, request.device, request.dtype or target.dtype)
@@ -1123,7 +1231,8 @@ def load_gqa_drafter(request: LoadRequest, family: str) -> GQADrafter:
     tensors = load_tensors(directory)
     source = TensorSource(tensors, origin)
     own_embedding = source.has("embed_tokens.weight")
-    spec = spec_from_config(config, family, own_embedding=own_embedding, target=target)
+    spec = spec_from_config(config, family, own_embedding=own_embedding, target=target,
+                            origin=str(directory / CONFIG_FILE))
     check_options_agree(request.options, _checkpoint_view(spec), origin)
     _check_markov_tensors(source, spec)
     declared = spec
@@ -1135,15 +1244,57 @@ def load_gqa_drafter(request: LoadRequest, family: str) -> GQADrafter:
     state = {}
     for name, shape in _expected_shapes(spec, model).items():
         state[name] = source.take(_ALIASES.get(name, (name,)), shape)
-    if own_embedding:
-        source.ignore("lm_head.weight")  # a frozen copy of the target head; the target's is used
-    leftover = source.unused()
-    if leftover:
-        logger.warning("%s: ignoring %d unexpected tensors, e.g. %s", origin, len(leftover),
-                       leftover[:3])
+    if source.has(*_IGNORED):
+        logger.info("%s: ignoring %s (the target's output head is used)", origin, _IGNORED)
+    source.ignore(*_IGNORED)
+    _check_leftovers(source, spec, family)
     _check_against_target(declared, target, origin)
+    dtype = request.dtype or _checkpoint_dtype(config, state["fc.weight"], origin)
     model.load_state_dict(state)
-    return _finish(model, request.device, request.dtype or tensors["fc.weight"].dtype)
+    return _finish(model, request.device, dtype)
+
+
+def _check_leftovers(source: TensorSource, spec: GQADrafterSpec, family: str) -> None:
+    """Tensors the config leaves unused mean the config describes a different network (fewer
+    layers, a head switched off): loading would drop trained weights silently, so it fails."""
+    leftover = source.unused()
+    if not leftover:
+        return
+    hints = []
+    layers = sorted({int(m.group(1)) for name in leftover
+                     if (m := re.match(r"layers\.(\d+)\.", name))})
+    if layers and layers[-1] >= spec.num_layers:
+        hints.append(f"the checkpoint has tensors of layers up to {layers[-1]} but "
+                     f"num_hidden_layers is {spec.num_layers}: set num_hidden_layers (and "
+                     f"layer_types) to {layers[-1] + 1}")
+    if any(name.startswith(("confidence_head.", "confidence_proj.")) for name in leftover):
+        hints.append("confidence head tensors are present but use_confidence_head is false: set "
+                     "use_confidence_head (or enable_confidence_head) to true")
+    if any(name.startswith(("markov_head.", "markov_")) for name in leftover):
+        hints.append("Markov head tensors are left over: check markov_rank and markov_head_type")
+    if not hints:
+        hints.append("remove them, or fix config.json so that it describes them")
+    raise CheckpointError(
+        f"{source.origin}: {len(leftover)} tensors are not used by the {family} drafter that "
+        f"config.json describes, e.g. {leftover[:4]}; loading would drop trained weights. "
+        + "; ".join(hints)
+    )
+
+
+def _checkpoint_dtype(config: Mapping[str, Any], fc_weight: torch.Tensor,
+                      origin: str) -> torch.dtype:
+    """The dtype to build a checkpoint's drafter in when the request names none: the config's
+    ``torch_dtype``, else the dtype ``fc.weight`` is stored in (which must be a weight dtype)."""
+    declared = config_dtype(config, f"{origin}/{CONFIG_FILE}")
+    if declared is not None:
+        return declared
+    if fc_weight.dtype not in WEIGHT_DTYPES.values():
+        stored = str(fc_weight.dtype).removeprefix("torch.")
+        raise CheckpointError(
+            f"{origin}: weights are stored as {stored} and config.json has no torch_dtype; set "
+            f"torch_dtype to one of {list(WEIGHT_DTYPES)} (or pass LoadRequest.dtype)"
+        )
+    return fc_weight.dtype
 
 
 def _finish(model: GQADrafter, device: torch.device, dtype: torch.dtype) -> GQADrafter:
@@ -1173,6 +1324,7 @@ __all__ = [
     "LayerVisibility",
     "load_gqa_drafter",
     "resolve_block_convention",
+    "resolve_flavour",
     "resolve_visibility",
     "spec_from_config",
     "spec_to_config",

@@ -66,15 +66,22 @@ from draftsmith.drafters.checkpoint import (
     WEIGHTS_FILE,
     TensorSource,
     build_target_layer_ids,
+    config_dtype,
+    config_float,
+    config_int,
+    config_layer_ids,
+    config_mapping,
     draft_value,
     draft_value_any,
     load_tensors,
     read_config,
+    truthy,
     validate_target_layer_ids,
 )
 from draftsmith.drafters.nn import (
     RMSNorm,
     apply_rope_interleaved,
+    check_token_range,
     context_columns,
     gather_context,
     rms_norm,
@@ -358,8 +365,6 @@ def random_mla_tensors(cfg: MLAConfig, seed: int = 0) -> dict[str, torch.Tensor]
 # config.json
 # --------------------------------------------------------------------------------------------
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
@@ -418,7 +423,8 @@ def _required(raw: Mapping[str, Any], key: str, origin: str) -> Any:
 
 
 def _rope_from_json(raw: Mapping[str, Any], origin: str) -> YarnRope:
-    scaling = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    key = "rope_parameters" if raw.get("rope_parameters") else "rope_scaling"
+    scaling = config_mapping(raw.get(key), key)
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
     if kind != "yarn":
         raise CheckpointError(
@@ -448,26 +454,56 @@ def mla_config_from_json(
 ) -> MLAConfig:
     """Resolve a ``config.json`` (drafter keys: ``dspark_config``, then ``dflash_config``, then
     the top level) into an :class:`MLAConfig`; :class:`CheckpointError` on anything unusable."""
+    try:
+        return _mla_config_from_json(raw, target, origin)
+    except CheckpointError as exc:
+        message = str(exc)
+        if message.startswith(origin):
+            raise
+        raise CheckpointError(f"{origin}: {message}") from None
+    except (TypeError, ValueError, AttributeError, ArithmeticError) as exc:
+        # A value of the wrong JSON type that no explicit check anticipated.
+        raise CheckpointError(
+            f"{origin} holds a malformed value ({type(exc).__name__}: {exc}); fix the value of "
+            "the key involved"
+        ) from None
+
+
+def _mla_config_from_json(
+    raw: Mapping[str, Any], target: TargetInfo | None, origin: str
+) -> MLAConfig:
     if raw.get("q_lora_rank") is None:
         raise CheckpointError(
             f"{origin}: q_lora_rank is missing or null; the dspark-mla drafter needs the "
             "q_a_proj/q_b_proj low-rank query path"
         )
-    if draft_value(raw, "shift_label", True) is False:
+    if not truthy(draft_value(raw, "shift_label", True), "shift_label"):
         raise CheckpointError(f"{origin}: shift_label = false; dspark-mla uses the shift convention")
-    if draft_value(raw, "causal", False):
+    if truthy(draft_value(raw, "causal", False), "causal"):
         raise CheckpointError(f"{origin}: causal = true; DSpark block attention is non-causal")
-    markov_rank = int(draft_value(raw, "markov_rank", 0) or 0)
+    markov_rank = config_int(draft_value(raw, "markov_rank", 0) or 0, "markov_rank")
     head_type = str(draft_value(raw, "markov_head_type", "vanilla") or "vanilla").lower()
     if markov_rank and head_type != "vanilla":
         raise CheckpointError(
             f"{origin}: markov_head_type {head_type!r} is not supported by dspark-mla "
             "(only 'vanilla')"
         )
-    confidence = bool(draft_value_any(raw, ("use_confidence_head", "enable_confidence_head"), False))
-    with_markov = confidence and bool(draft_value(raw, "confidence_head_with_markov", False))
-    num_layers = int(_required(raw, "num_hidden_layers", origin))
-    num_target_layers = raw.get("num_target_layers") or (target.num_layers if target else None)
+    confidence = truthy(
+        draft_value_any(raw, ("use_confidence_head", "enable_confidence_head"), False),
+        "use_confidence_head",
+    )
+    with_markov = confidence and truthy(
+        draft_value(raw, "confidence_head_with_markov", False), "confidence_head_with_markov")
+
+    def integer(key: str) -> int:
+        return config_int(_required(raw, key, origin), key)
+
+    num_layers = integer("num_hidden_layers")
+    num_target_layers = raw.get("num_target_layers")
+    if num_target_layers:
+        num_target_layers = config_int(num_target_layers, "num_target_layers", minimum=1)
+    else:
+        num_target_layers = target.num_layers if target else None
     ids = draft_value(raw, "target_layer_ids")
     if ids is None:
         if num_target_layers is None:
@@ -475,45 +511,60 @@ def mla_config_from_json(
                 f"{origin} has neither target_layer_ids nor num_target_layers, and no target "
                 "was given to derive them from"
             )
-        ids = build_target_layer_ids(int(num_target_layers), num_layers)
+        ids = build_target_layer_ids(num_target_layers, num_layers)
+    ids = config_layer_ids(ids)
     if num_target_layers is not None:
-        ids = validate_target_layer_ids(ids, int(num_target_layers))
+        ids = validate_target_layer_ids(ids, num_target_layers)
     mask = draft_value(raw, "mask_token_id")
     if mask is None:
         raise CheckpointError(f"{origin} lacks mask_token_id (in dspark_config or top level)")
-    hidden = int(_required(raw, "hidden_size", origin))
-    vocab = int(_required(raw, "vocab_size", origin))
+    hidden = integer("hidden_size")
+    vocab = integer("vocab_size")
     if target is not None and vocab != target.vocab_size:
         raise CheckpointError(
             f"{origin}: vocab_size {vocab} (tensor 'embed_tokens.weight' of shape ({vocab}, "
             f"{hidden})) does not match the target's vocabulary: expected shape "
             f"({target.vocab_size}, {hidden})"
         )
-    target_hidden = draft_value(raw, "target_hidden_size") or (
-        target.hidden_size if target is not None else hidden
+    if target is not None and hidden != target.hidden_size:
+        raise CheckpointError(
+            f"{origin}: hidden_size {hidden} differs from the target's {target.hidden_size}; "
+            "draft logits come from the target's output head [V, H_target], so the drafter's "
+            "hidden size must match it (use a checkpoint trained for this target)"
+        )
+    target_hidden = config_int(
+        draft_value(raw, "target_hidden_size")
+        or (target.hidden_size if target is not None else hidden),
+        "target_hidden_size",
     )
+    if target is not None and target_hidden != target.hidden_size:
+        raise CheckpointError(
+            f"{origin}: target_hidden_size {target_hidden} differs from the target's hidden size "
+            f"{target.hidden_size}; the drafter reads captured target layers of that width"
+        )
     try:
         return MLAConfig(
             num_layers=num_layers,
-            num_heads=int(_required(raw, "num_attention_heads", origin)),
-            q_lora_rank=int(raw["q_lora_rank"]),
-            kv_lora_rank=int(_required(raw, "kv_lora_rank", origin)),
-            qk_nope_head_dim=int(_required(raw, "qk_nope_head_dim", origin)),
-            qk_rope_head_dim=int(_required(raw, "qk_rope_head_dim", origin)),
-            v_head_dim=int(_required(raw, "v_head_dim", origin)),
-            intermediate_size=int(_required(raw, "intermediate_size", origin)),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            num_heads=integer("num_attention_heads"),
+            q_lora_rank=config_int(raw["q_lora_rank"], "q_lora_rank"),
+            kv_lora_rank=integer("kv_lora_rank"),
+            qk_nope_head_dim=integer("qk_nope_head_dim"),
+            qk_rope_head_dim=integer("qk_rope_head_dim"),
+            v_head_dim=integer("v_head_dim"),
+            intermediate_size=integer("intermediate_size"),
+            rms_norm_eps=config_float(raw.get("rms_norm_eps", 1e-6), "rms_norm_eps"),
             rope=_rope_from_json(raw, origin),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 16384)),
-            block_size=int(draft_value(raw, "block_size", 16)),
-            mask_token_id=int(mask),
-            target_layer_ids=tuple(int(i) for i in ids),
+            max_position_embeddings=config_int(raw.get("max_position_embeddings", 16384),
+                                               "max_position_embeddings"),
+            block_size=config_int(draft_value(raw, "block_size", 16), "block_size"),
+            mask_token_id=config_int(mask, "mask_token_id"),
+            target_layer_ids=tuple(ids),
             markov_rank=markov_rank,
             confidence_head=confidence,
             confidence_head_with_markov=with_markov,
             hidden_size=hidden,
             vocab_size=vocab,
-            target_hidden_size=int(target_hidden),
+            target_hidden_size=target_hidden,
         )
     except ValidationError as exc:
         raise CheckpointError(f"{origin} describes an invalid dspark-mla drafter: {exc}") from None
@@ -534,9 +585,7 @@ def read_mla_checkpoint(
     raw = read_config(directory)
     origin = str(directory / CONFIG_FILE)
     cfg = mla_config_from_json(raw, target, origin)
-    dtype_name = raw.get("torch_dtype") or raw.get("dtype") or "float32"
-    if dtype_name not in _DTYPES:
-        raise CheckpointError(f"{origin}: torch_dtype {dtype_name!r} is not one of {list(_DTYPES)}")
+    dtype = config_dtype(raw, origin) or torch.float32
     tensors = {k.removeprefix("model."): t for k, t in load_tensors(directory).items()}
     source = TensorSource(tensors, str(directory))
     if source.has(*_IGNORED):
@@ -570,7 +619,7 @@ def read_mla_checkpoint(
             f"{directory}: tensors not used by a dspark-mla drafter: {unused[:8]}"
             f"{' ...' if len(unused) > 8 else ''}; remove them or fix the config"
         )
-    return cfg, full, _DTYPES[dtype_name]
+    return cfg, full, dtype
 
 
 # --------------------------------------------------------------------------------------------
@@ -883,7 +932,10 @@ class DSparkMLADrafter(nn.Module):
                 raise CheckpointError(
                     f"tensor {name!r} has shape {tuple(full.shape)}, expected {shapes[name]}"
                 )
-            local[name] = model._local_shard(name, full, dim).to(device=device, dtype=dtype)
+            # The confidence head stays fp32 whatever the weight dtype (spec 2.5 and 9 item 9:
+            # it is computed in fp32, and an fp32 checkpoint weight must not be rounded).
+            keep = torch.float32 if name.startswith("confidence_head.") else dtype
+            local[name] = model._local_shard(name, full, dim).to(device=device, dtype=keep)
         model.load_state_dict(local, strict=True, assign=True)
         model.requires_grad_(False)
         model.eval()
@@ -957,13 +1009,7 @@ class DSparkMLADrafter(nn.Module):
         """``token_ids: [G, W] int64 -> [G, W, H]`` from the drafter's own table
         (``target_embedding`` is ignored: ``shares_target_embedding`` is False)."""
         check_tensor("token_ids", token_ids, (None, None), torch.int64)
-        # The range check reads back to the host, which a CUDA graph capture forbids; captured
-        # steps get their ids from the runtime, which has already validated them.
-        capturing = token_ids.is_cuda and torch.cuda.is_current_stream_capturing()
-        if token_ids.numel() and not capturing and (
-            token_ids.min() < 0 or token_ids.max() >= self.cfg.vocab_size
-        ):
-            raise ShapeError(f"token_ids must lie in 0 .. {self.cfg.vocab_size - 1}")
+        check_token_range(token_ids, self.cfg.vocab_size)
         return F.embedding(token_ids, self.embed_tokens.weight)
 
     @torch.no_grad()

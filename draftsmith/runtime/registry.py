@@ -37,7 +37,12 @@ def make_plugin_manager(
     if load_entrypoints:
         _load_entrypoints(pm)
     for plugin in extra_plugins:
-        pm.register(plugin)
+        try:
+            pm.register(plugin)
+        except ValueError as exc:  # pluggy: the same object or plugin name registered twice
+            raise PluginError(
+                f"plugin {plugin!r} cannot be registered: {exc}; pass each plugin object once"
+            ) from None
     pm.check_pending()
     return pm
 
@@ -119,17 +124,29 @@ def load_registry(pm: pluggy.PluginManager | None = None) -> Registry:
     pm = pm if pm is not None else make_plugin_manager()
     dists = {id(plugin): dist.project_name for plugin, dist in pm.list_plugin_distinfo()}
     registrar = _Registrar()
+    arguments = {"registrar": registrar}
     for hook_name in ("draftsmith_register_drafters", "draftsmith_register_selectors"):
         for impl in _registration_order(pm, hook_name):
             registrar.distribution = dists.get(id(impl.plugin), _builtin_or_extra(impl.plugin))
-            impl.function(registrar=registrar)
+            # As pluggy calls an impl: only the spec arguments it names (a subset is valid).
+            impl.function(*(arguments[name] for name in impl.argnames))
     return Registry(families=registrar.families, selectors=registrar.selectors)
 
 
 def _registration_order(pm: pluggy.PluginManager, hook_name: str) -> Iterator[pluggy.HookImpl]:
     # get_hookimpls() lists plugins in registration order (pluggy *calls* them in reverse);
     # walking in registration order blames a duplicate name on the plugin that came later.
-    yield from getattr(pm.hook, hook_name).get_hookimpls()
+    # Each impl is called on its own so that a registration is tagged with its distribution,
+    # which leaves nothing for a wrapper to wrap: refuse wrappers rather than drop them.
+    for impl in getattr(pm.hook, hook_name).get_hookimpls():
+        if impl.wrapper or impl.hookwrapper:
+            name = pm.get_name(impl.plugin) or repr(impl.plugin)
+            raise PluginError(
+                f"plugin {name}: {hook_name} is declared with "
+                f"{'wrapper' if impl.wrapper else 'hookwrapper'}=True; registration hooks do not "
+                "support wrappers. Declare it with a plain @hookimpl and register directly"
+            )
+        yield impl
 
 
 def _builtin_or_extra(plugin: object) -> str:

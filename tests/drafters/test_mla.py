@@ -342,8 +342,11 @@ def test_block_logits_markov_and_confidence() -> None:
     w1 = tensors["markov_head.markov_w1.weight"].to(torch.bfloat16).float()
     rows = torch.where(((prev >= 0) & (prev < 64))[..., None], w1[prev.clamp(0, 63)], 0.0)
     feat = torch.cat((hidden.float(), rows), -1)
-    w = tensors["confidence_head.proj.weight"].to(torch.bfloat16).float()
-    b = tensors["confidence_head.proj.bias"].to(torch.bfloat16).float()
+    # The confidence head keeps its fp32 weights on a bf16 load (spec 2.5, 9 item 9).
+    proj = drafter._modules["confidence_head"].proj
+    assert proj.weight.dtype == proj.bias.dtype == torch.float32
+    w = tensors["confidence_head.proj.weight"]
+    b = tensors["confidence_head.proj.bias"]
     torch.testing.assert_close(raw, (feat @ w.T + b)[..., 0], rtol=1e-6, atol=1e-6)
     plain = build(make_config(confidence_head=False, confidence_head_with_markov=False))
     with pytest.raises(PlanError, match="no confidence head"):
