@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from draftsmith.contract import DraftsmithError
+from draftsmith.contract import ConfigError, PlanError
 
 
 class ProcessGroupCollectives:
@@ -80,7 +80,7 @@ def init_rank(rank: int, world_size: int, backend: str) -> None:
     if backend == "nccl":
         os.environ.update(NCCL_ENV)
         if rank >= torch.cuda.device_count():
-            raise DraftsmithError(
+            raise PlanError(
                 f"NCCL rank {rank} needs GPU {rank}, but only {torch.cuda.device_count()} are "
                 "visible; use world_size <= the GPU count or backend='gloo'"
             )
@@ -91,7 +91,7 @@ def init_rank(rank: int, world_size: int, backend: str) -> None:
         dist.all_reduce(warm)
         torch.cuda.synchronize(device)
         if int(warm.item()) != world_size:
-            raise DraftsmithError(f"NCCL warm-up all-reduce gave {warm.item()}, not {world_size}")
+            raise PlanError(f"NCCL warm-up all-reduce gave {warm.item()}, not {world_size}")
     else:
         dist.init_process_group(backend, rank=rank, world_size=world_size)
 
@@ -143,9 +143,9 @@ class RankPool:
     def __init__(self, world_size: int, backend: str = "gloo", timeout_s: float = 300.0,
                  error_grace_s: float = 60.0) -> None:
         if world_size < 1:
-            raise DraftsmithError(f"world_size must be >= 1, got {world_size}")
+            raise ConfigError(f"world_size must be >= 1, got {world_size}")
         if backend not in ("gloo", "nccl"):
-            raise DraftsmithError(f"RankPool backend must be 'gloo' or 'nccl', got {backend!r}")
+            raise ConfigError(f"RankPool backend must be 'gloo' or 'nccl', got {backend!r}")
         self.world_size = world_size
         self.backend = backend
         self.timeout_s = timeout_s
@@ -220,7 +220,7 @@ class RankPool:
 def world_collectives() -> ProcessGroupCollectives:
     """The default process group (inside a :class:`RankPool` task or a ``torchrun`` process)."""
     if not dist.is_initialized():
-        raise DraftsmithError("torch.distributed is not initialised; start under torchrun or RankPool")
+        raise PlanError("torch.distributed is not initialised; start under torchrun or RankPool")
     return ProcessGroupCollectives()
 
 

@@ -24,10 +24,10 @@ import torch
 
 from draftsmith.contract import (
     Collectives,
+    ConfigError,
     DraftBlockInputs,
     DraftBlockPlacement,
     Drafter,
-    DraftsmithError,
     SamplingKey,
     TargetModel,
     TokenSelector,
@@ -107,15 +107,15 @@ class _Request:
 
 
 def _token_ids(what: str, ids: Iterable[object], vocab_size: int) -> list[int]:
-    """``ids`` as a list of ints, each in ``0..vocab_size-1``; :class:`DraftsmithError` naming
+    """``ids`` as a list of ints, each in ``0..vocab_size-1``; :class:`ConfigError` naming
     ``what`` otherwise (an out-of-range id would index the embedding out of bounds)."""
     try:
         out = [operator.index(t) for t in ids]
     except TypeError:
-        raise DraftsmithError(f"{what} must be integer token ids") from None
+        raise ConfigError(f"{what} must be integer token ids") from None
     bad = [t for t in out if not 0 <= t < vocab_size]
     if bad:
-        raise DraftsmithError(f"{what} hold {bad[:4]}, outside the vocabulary "
+        raise ConfigError(f"{what} hold {bad[:4]}, outside the vocabulary "
                               f"0..{vocab_size - 1}")
     return out
 
@@ -211,7 +211,7 @@ class SpecDecoder:
             stops = [frozenset(s) for s in stop_token_ids]  # type: ignore[arg-type]
         seed_list = list(seeds) if seeds is not None else [self.default_seed + i for i in range(n)]
         if not len(budgets) == len(stops) == len(seed_list) == n:
-            raise DraftsmithError("max_new_tokens, stop_token_ids and seeds need one entry per prompt")
+            raise ConfigError("max_new_tokens, stop_token_ids and seeds need one entry per prompt")
         vocab = self.plan.vocab_size
         stops = [frozenset(_token_ids(f"stop token ids of prompt {i}", s, vocab))
                  for i, s in enumerate(stops)]
@@ -221,20 +221,20 @@ class SpecDecoder:
             except TypeError:
                 seed = None
             if seed is None or not 0 <= seed < 2**63:
-                raise DraftsmithError(
+                raise ConfigError(
                     f"the seed of prompt {i} must be an int in 0..2**63-1, got {seed_list[i]!r}"
                     + ("" if seeds is not None else " (the default is selection.seed plus the "
                        "prompt index: lower selection.seed)"))
         out = []
         for i, prompt in enumerate(prompts):
             if not len(prompt):
-                raise DraftsmithError(f"prompt {i} is empty")
+                raise ConfigError(f"prompt {i} is empty")
             prompt = _token_ids(f"prompt {i}", prompt, vocab)
             if budgets[i] < 1:
-                raise DraftsmithError(f"max_new_tokens of prompt {i} must be >= 1")
+                raise ConfigError(f"max_new_tokens of prompt {i} must be >= 1")
             need = len(prompt) + budgets[i] + self.plan.num_draft_tokens + 1
             if need > self.plan.max_ctx:
-                raise DraftsmithError(
+                raise ConfigError(
                     f"prompt {i} ({len(prompt)} tokens) plus {budgets[i]} new tokens and a verify "
                     f"block of {self.plan.num_draft_tokens + 1} needs {need} positions, more than "
                     f"max_ctx {self.plan.max_ctx}; raise runtime.max_context or shorten it"

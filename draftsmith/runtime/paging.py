@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from draftsmith.contract import DraftBlockPlacement, DraftsmithError, ShapeError
+from draftsmith.contract import ConfigError, DraftBlockPlacement, PlanError, ShapeError
 from draftsmith.kernels.context_store import (
     store_context,
     store_context_reference,
@@ -50,9 +50,9 @@ class SlotManager:
     def assign(self, request_id: int) -> int:
         """Give ``request_id`` a slot (its context starts empty)."""
         if request_id in self._slots:
-            raise DraftsmithError(f"request {request_id} already holds slot {self._slots[request_id]}")
+            raise PlanError(f"request {request_id} already holds slot {self._slots[request_id]}")
         if not self._free:
-            raise DraftsmithError(
+            raise PlanError(
                 f"all {self.slot_capacity} slots are taken; raise runtime.max_batch or wait for a "
                 "request to finish"
             )
@@ -121,7 +121,7 @@ class ContextPager:
         """
         t = int(entries.shape[0])
         if start + t > self.max_ctx:
-            raise DraftsmithError(
+            raise ConfigError(
                 f"a prefill of {start + t} positions exceeds the drafter context limit "
                 f"{self.max_ctx}; shorten the prompt or raise runtime.max_context"
             )

@@ -12,9 +12,9 @@ import torch
 
 from draftsmith.contract import (
     Collectives,
-    DraftsmithError,
     LogitsShard,
     SamplingKey,
+    ShapeError,
     SingleRank,
 )
 from draftsmith.selection.configs import GreedyConfig, SampleConfig
@@ -130,12 +130,12 @@ class SampleSelector(_Selector):
             return self._argmax(logits, collectives)
         rows = logits.logits.shape[0]
         if key is None:
-            raise DraftsmithError(
+            raise ShapeError(
                 "SampleSelector.select needs a SamplingKey (seeds and offsets per row) when "
                 "temperature > 0; build one from the request seeds and positions"
             )
         if key.seeds.shape[0] != rows:
-            raise DraftsmithError(f"SamplingKey has {key.seeds.shape[0]} rows, logits {rows}")
+            raise ShapeError(f"SamplingKey has {key.seeds.shape[0]} rows, logits {rows}")
         collectives = local_group(logits, collectives)
         route = self.route(collectives.world_size, logits.vocab_size)
         filtered = (0 < cfg.top_k < logits.vocab_size) or cfg.top_p < 1.0

