@@ -29,8 +29,12 @@ from draftsmith.drafters.builtin import dflash as dflash_family
 from draftsmith.drafters.builtin import dspark_gqa as dspark_family
 from draftsmith.drafters.gqa import LayerVisibility
 
-zlab = pytest.importorskip("dflash.model")
-transformers = pytest.importorskip("transformers")
+try:  # the z-lab oracle of spec items 3-5: `make test` installs it; a skip would hide them
+    import dflash.model as zlab
+except ImportError:
+    pytest.fail("the z-lab DFlash oracle is missing: pip install --no-deps dflash==0.1.0 "
+                "(make test does)", pytrace=False)
+import transformers  # noqa: E402
 
 V, H, L_T = 97, 32, 8
 LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention"]
@@ -220,9 +224,13 @@ def test_save_load_round_trip_is_identical(tmp_path, world):
 
 
 def test_bf16_drafter_stays_close_to_fp32_reference(world):
-    """Spec 8 item 3 in bf16: weights and activations in bf16 against the fp32 oracle. These
-    random weights are far from unit scale, so the error is measured relative to the largest
-    final hidden value (about 1.5% here) rather than as the spec's absolute 0.02."""
+    """Spec 8 item 3 in bf16: weights and activations in bf16 against the fp32 oracle.
+
+    The spec's absolute bound (max abs < 0.02) assumes unit-scale activations; with these random
+    weights (final hidden values up to about 3.7) the z-lab reference's own bf16 forward misses
+    it (about 0.09 on the hidden state, 0.4 on the logits). The bound here: our bf16 block is at
+    least as close to the fp32 oracle as the reference run in bf16 on the same inputs, on the
+    hidden state and on the logits, and within 3% of the largest hidden value."""
     request = LoadRequest(options=dflash_family.DFlashOptions(), checkpoint=world["path"],
                           target=_target(), dtype=torch.bfloat16)
     drafter = dflash_family.load(request)
@@ -230,8 +238,15 @@ def test_bf16_drafter_stays_close_to_fp32_reference(world):
     want, want_hidden = _reference_logits(world)
     got, hidden = _drafter_run(drafter, world)
     assert hidden.dtype == torch.bfloat16 and got.dtype == torch.float32
-    err = (hidden.float() - want_hidden).abs().max() / want_hidden.abs().max()
-    assert err < 0.03
+    bf16_world = dict(world, features=[f.to(torch.bfloat16) for f in world["features"]],
+                      embedding=world["embedding"].to(torch.bfloat16),
+                      head=copy.deepcopy(world["head"]).to(torch.bfloat16))
+    ref_logits, ref_hidden = _reference_logits(
+        bf16_world, copy.deepcopy(world["model"]).to(torch.bfloat16))
+    ours = (hidden.float() - want_hidden).abs().max()
+    assert ours <= (ref_hidden.float() - want_hidden).abs().max()
+    assert (got - want).abs().max() <= (ref_logits.float() - want).abs().max()
+    assert ours / want_hidden.abs().max() < 0.03
 
 
 @pytest.mark.gpu

@@ -119,7 +119,7 @@ def test_read_prompt_file_rejects_a_limit_below_one(tmp_path: Path, limit: int) 
 
 @pytest.fixture
 def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    commands = pytest.importorskip("draftsmith.runtime.commands")
+    from draftsmith.runtime import commands
 
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the flags must be checked before any model loads")
@@ -168,7 +168,7 @@ def test_device_validation_and_resolution_share_one_rule() -> None:
         TargetConfig(device="tpu")
     with pytest.raises(ConfigError, match="not a device"):
         resolve_device("tpu")
-    smollm2 = pytest.importorskip("draftsmith.runtime.targets.smollm2")
+    from draftsmith.runtime.targets import smollm2
     assert smollm2.resolve_device is resolve_device
 
 

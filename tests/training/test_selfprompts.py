@@ -8,15 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("transformers")
-
-from draftsmith.contract import ConfigError  # noqa: E402
-from draftsmith.runtime.targets.tiny import (  # noqa: E402
+from draftsmith.contract import ConfigError
+from draftsmith.runtime.targets.tiny import (
     make_byte_tokenizer,
     make_tiny_causal_lm,
     save_tiny_model,
 )
-from draftsmith.training.selfprompts import (  # noqa: E402
+from draftsmith.training.selfprompts import (
     EvalExclusion,
     SelfPromptConfig,
     sample_user_prompts,

@@ -8,15 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("transformers")
-
-from draftsmith.contract import LoadRequest, TargetInfo  # noqa: E402
-from draftsmith.runtime.registry import load_registry  # noqa: E402
-from draftsmith.runtime.targets.tiny import make_byte_tokenizer, make_tiny_causal_lm  # noqa: E402
-from draftsmith.training.data import generate_dataset, read_dataset  # noqa: E402
-from draftsmith.training.objective import sample_blocks  # noqa: E402
-from draftsmith.training.prompts import training_prompts  # noqa: E402
-from draftsmith.training.trainer import TargetRunner, TrainConfig, train  # noqa: E402
+from draftsmith.contract import LoadRequest, TargetInfo
+from draftsmith.runtime.registry import load_registry
+from draftsmith.runtime.targets.tiny import make_byte_tokenizer, make_tiny_causal_lm
+from draftsmith.training.data import generate_dataset, read_dataset
+from draftsmith.training.objective import sample_blocks
+from draftsmith.training.prompts import training_prompts
+from draftsmith.training.trainer import TargetRunner, TrainConfig, train
 
 
 @pytest.fixture(scope="module")

@@ -80,7 +80,6 @@ CONFIG = TrainConfig(num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, int
 
 @pytest.fixture(scope="module")
 def tiny():
-    pytest.importorskip("transformers")
     from draftsmith.runtime.targets.tiny import make_byte_tokenizer, make_tiny_causal_lm
 
     model = make_tiny_causal_lm(vocab_size=300, hidden_size=32, num_layers=4, num_heads=4,
