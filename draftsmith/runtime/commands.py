@@ -183,12 +183,17 @@ def run_generate(
     as_json: bool = False,
     out: TextIO | None = None,
     err: TextIO | None = None,
+    warmup: bool = False,
 ) -> GenerateReport:
     """Generate with live output: one prompt streams its text to ``out``; several show a
     progress line on ``err``. Prints the texts (several prompts) and the summary unless
-    ``as_json``."""
+    ``as_json``. ``warmup``: an untimed short generation of the first prompt runs first, so the
+    tokens per second leave out one-time costs (CUDA graph capture, kernel compilation)."""
     out = out or sys.stdout
     err = err or sys.stderr
+    if warmup and prompts:
+        decoder.generate(prompts[:1], min(8, max_new_tokens), chat=chat,
+                         compare_plain=compare_plain)
     stream = _Stream(decoder, len(prompts), out, err, quiet=as_json)
     report = decoder.generate(prompts, max_new_tokens, chat=chat, compare_plain=compare_plain,
                               progress=stream)
