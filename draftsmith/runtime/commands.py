@@ -53,7 +53,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--num-draft-tokens", type=int, metavar="K", help="drafts per step")
     g.add_argument("--max-batch", type=int, help="requests decoded at once")
     s = parser.add_argument_group("selection")
-    s.add_argument("--temperature", type=float, help="0 = greedy (default); > 0 samples")
+    s.add_argument("--temperature", type=float,
+                   help="0 = greedy (default); >= 1e-5 samples (values in between are refused)")
     s.add_argument("--top-k", type=int, help="keep the k largest logits (sampling)")
     s.add_argument("--top-p", type=float, help="nucleus mass (sampling)")
     s.add_argument("--seed", type=int, help="sampling seed (request i uses seed + i)")
@@ -115,7 +116,7 @@ def _selection(current: dict[str, Any], args: argparse.Namespace) -> dict[str, A
     given = {k: v for k, v in flags.items() if v is not None}
     if given and current.get("kind", "greedy") == "greedy":
         names = ", ".join("--" + k.replace("_", "-") for k in given)
-        raise ConfigError(f"{names} apply to sampling; add --temperature > 0")
+        raise ConfigError(f"{names} apply to sampling; add --temperature >= 1e-5")
     current.update(given)
     return current
 

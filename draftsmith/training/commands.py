@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
 from pathlib import Path
 
@@ -130,7 +131,7 @@ def train_data_command(args: argparse.Namespace) -> int:
     meta: dict[str, object] = {
         "target": args.target, "dtype": args.dtype, "source": args.source,
         "recipe": "draftsmith.training.prompts", "recipe_seed": args.seed,
-        "recipe_count": len(recipe)}
+        "recipe_count": len(recipe), "python": platform.python_version()}
     self_made: list[str] = []
     if n_self:
         excluded = list(args.exclude) if args.exclude is not None else default_exclusions()

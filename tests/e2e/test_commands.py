@@ -133,7 +133,7 @@ def _random_checkpoint(path: Path, vocab: int, hidden: int) -> Path:
     [
         (["--target", "/nonexistent/model"], "neither 'smollm2-135m' nor an existing directory"),
         (["--checkpoint", "/nonexistent/ckpt"], "is not a directory"),
-        (["--top-k", "5"], "--top-k apply to sampling; add --temperature > 0"),
+        (["--top-k", "5"], "--top-k apply to sampling; add --temperature >= 1e-5"),
         (["--drafter", "nope"], "unknown drafter family 'nope'"),
     ],
 )
