@@ -7,9 +7,9 @@ specialization and afterwards calls the compiled kernel's C launcher directly.
 
 The cache key is strictly finer than Triton's specialization (stable in 3.3 .. 3.9): tensors by
 dtype and data-pointer alignment (``ptr % 16``), every other argument (ints, floats, bools,
-constexprs, ``None``) by value, plus the CUDA device and the launch options; a key seen for the
-first time goes through ``kernel[grid]`` (which compiles or finds the right binary) and records
-it. Arguments are passed positionally in the kernel's signature order, constexprs included,
+constexprs, ``None``) by type and value, plus the CUDA device and the launch options; a key seen
+for the first time goes through ``kernel[grid]`` (which compiles or finds the right binary) and
+records it. Arguments are passed positionally in the kernel's signature order, constexprs included,
 exactly as ``JITFunction.run`` (Triton >= 3.3) hands them to ``CompiledKernel.run``.
 
 The direct path is used only on CUDA tensors, outside the interpreter and with no Triton launch
@@ -36,8 +36,10 @@ _Tensor = torch.Tensor
 
 
 def specialization_key(args: Sequence[object]) -> tuple:
-    """Tensors as ``(dtype, data_ptr % 16)``, everything else by value."""
-    return tuple([(a.dtype, a.data_ptr() & 15) if isinstance(a, _Tensor) else a for a in args])
+    """Tensors as ``(dtype, data_ptr % 16)``, everything else by type and value (``True``, ``1``
+    and ``1.0`` compile differently; floats by ``repr``, so a NaN finds its own entry)."""
+    return tuple([(a.dtype, a.data_ptr() & 15) if isinstance(a, _Tensor)
+                  else (float, repr(a)) if type(a) is float else (type(a), a) for a in args])
 
 
 def _hook_active(hook: object) -> bool:

@@ -668,6 +668,9 @@ def _check_args_full(op: str, logits: torch.Tensor, vocab_start: int, out: torch
     check_tensor(f"{op}: out", out, ("rows", "C"), torch.float32, sizes, device=logits.device)
     if out.stride(1) != 1:
         raise ShapeError(f"{op}: out must have unit stride along its columns")
+    if out.shape[0] > 1 and out.stride(0) < out.shape[1]:
+        raise ShapeError(f"{op}: out rows overlap in memory (row stride {out.stride(0)} < "
+                         f"{out.shape[1]} columns); pass a tensor with distinct rows")
     if out.shape[1] % 2 or 2 * slot + 2 > out.shape[1]:
         raise ShapeError(
             f"{op}: out has {out.shape[1]} columns; it needs an even count >= 2 * slot + 2 = "

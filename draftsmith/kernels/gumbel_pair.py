@@ -47,8 +47,13 @@ SKIP_REL = 2.0**-20
 
 
 def gumbel_from_uniform(u: torch.Tensor) -> torch.Tensor:
-    """``clamp(-ln(-ln(u)), G_MIN, G_MAX)`` in fp32 for ``u`` in ``(0, 1)``."""
-    return (-torch.log(-torch.log(u))).clamp(G_MIN, G_MAX)
+    """``clamp(-ln(-ln(u)), G_MIN, G_MAX)`` for ``u: fp32`` in ``(0, 1)``, returned in fp32.
+
+    Both logarithms run in fp64 and the result is rounded once: fp32 ``log`` differs by an ulp
+    between libraries (torch, CUDA's libdevice, numpy under the Triton interpreter), which can
+    flip a tie between two scores; the fp64 results agree after rounding to fp32.
+    """
+    return (-torch.log(-torch.log(u.double()))).float().clamp(G_MIN, G_MAX)
 
 
 def skip_threshold(m: torch.Tensor) -> torch.Tensor:
@@ -146,7 +151,8 @@ def _gumbel_pair_kernel(
                 word = philox_word0(k0, k1, (vocab_start + cols).to(tl.uint32), zero + off_lo,
                                     zero + off_hi, zero + STREAM)
                 u = centred_uniform(word)
-                g = -tl.log(-tl.log(u))
+                # fp64 logs rounded once, as gumbel_from_uniform: identical across libraries
+                g = (-tl.log(-tl.log(u.to(tl.float64)))).to(tl.float32)
                 g = tl.minimum(tl.maximum(g, G_LO), G_HI)
                 scores = z + g
         best_val, best_idx = lane_update(best_val, best_idx, scores, cols, keep)

@@ -77,6 +77,7 @@ def markov_step_reference(
     reference has no tiles and takes it only so the two signatures agree.
     """
     del reverse
+    _check_width("base", base.shape[-1])
     z = base.float() + markov_bias_reference(w1, w2, prev)
     if out_corrected is not None:
         out_corrected.copy_(z)
@@ -99,7 +100,8 @@ def markov_chain_reference(
     Returns ``(drafts [G, K] int64, corrected [G, K, V] fp32)``. ``K == 0`` returns an empty
     ``[G, 0]`` draft tensor and the ``base`` object itself.
     """
-    g, k, _ = base.shape
+    g, k, vocab = base.shape
+    _check_width("base", vocab)
     drafts = torch.empty((g, k), dtype=_I64, device=base.device)
     if k == 0:
         return drafts, base
@@ -315,6 +317,19 @@ def _check_rows(name: str, t: torch.Tensor) -> None:
         raise ShapeError(f"{name} must have unit stride along the vocabulary; call .contiguous()")
 
 
+def _check_width(name: str, width: int) -> None:
+    """An empty vocabulary has no argmax (the fused reduce would read past its scratch)."""
+    if width < 1:
+        raise ShapeError(f"{name} has no vocabulary column; the chain needs at least one")
+
+
+def _check_distinct_rows(name: str, t: torch.Tensor) -> None:
+    """Rows written by the kernel must not overlap (an expanded view would take every row)."""
+    if t.shape[0] > 1 and t.stride(0) < t.shape[-1]:
+        raise ShapeError(f"{name} rows overlap in memory (row stride {t.stride(0)} < "
+                         f"{t.shape[-1]} columns); pass a tensor with distinct rows")
+
+
 def _check_weights(w1: torch.Tensor, w2: torch.Tensor, s: dict[str, int], device) -> None:
     check_tensor("w1", w1, ("V", "r"), _WEIGHTS, s, device, contiguous=True)
     check_tensor("w2", w2, ("S", "r"), w1.dtype, s, device, contiguous=True)
@@ -346,9 +361,11 @@ def markov_step(
     check_tensor("prev", prev, ("G",), _I64, s, dev)
     _check_weights(w1, w2, s, dev)
     _check_rows("base", base)
+    _check_width("base", s["S"])
     if out_corrected is not None:
         check_tensor("out_corrected", out_corrected, ("G", "S"), torch.float32, s, dev)
         _check_rows("out_corrected", out_corrected)
+        _check_distinct_rows("out_corrected", out_corrected)
     if not isinstance(vocab_start, int) or not 0 <= vocab_start <= s["V"] - s["S"]:
         raise ShapeError(
             f"vocab_start must be an int in 0..V-S = {s['V'] - s['S']} so the shard of {s['S']} "
@@ -383,6 +400,7 @@ def markov_chain(
     check_tensor("w1", w1, ("V", "r"), _WEIGHTS, s, dev, contiguous=True)
     check_tensor("w2", w2, ("V", "r"), w1.dtype, s, dev, contiguous=True)
     _check_rows("base", base)
+    _check_width("base", s["V"])
     rows, k, vocab = base.shape
     drafts = torch.empty((rows, k), dtype=_I64, device=dev)
     if k == 0:

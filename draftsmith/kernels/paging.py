@@ -96,9 +96,11 @@ def prepare_placement_reference(
         query_pos = new_len + i
         ctx_len[slot] = new_len for real slots;  ctx_len[dummy_slot] = 0
 
-    A host-bound row with no allocated page (``counts == 0``) has nowhere to write: its
-    ``write_mask`` is all False and its ``dest_pages`` are ``-1`` (the store skips negative pages),
-    so a clamped ``-1`` entry can never redirect a write into page 0 of another request.
+    ``counts = min(alloc_counts, P)``: a count beyond the table's ``P`` columns would index the
+    next row's pages. A host-bound row with no allocated page (``counts == 0``) has nowhere to
+    write: its ``write_mask`` is all False and its ``dest_pages`` are ``-1`` (the store skips
+    negative pages), so a clamped ``-1`` entry can never redirect a write into page 0 of another
+    request.
     ``block_tables = page_table[cache_rows]``.
     """
     if rows_start is not None and (type(rows_start) is not int or rows_start < 0):
@@ -119,9 +121,11 @@ def prepare_placement_reference(
         num_ctx = new_len.clone()
         no_pages = torch.zeros_like(is_dummy)
     else:
-        limit = alloc_counts * page_size - 1
-        num_ctx = torch.minimum(new_len, torch.clamp(alloc_counts * page_size - width, min=0))
-        no_pages = alloc_counts <= 0
+        # a count beyond the table's width would index the next row's pages: clamp it to P
+        counts = alloc_counts.clamp(max=page_table.shape[1])
+        limit = counts * page_size - 1
+        num_ctx = torch.minimum(new_len, torch.clamp(counts * page_size - width, min=0))
+        no_pages = counts <= 0
     dest_cols = torch.clamp(torch.minimum(ctx_positions, limit[:, None]), min=0)
     dest_pages = page_table[cache_rows[:, None], dest_cols // page_size]
     dest_pages = torch.where(no_pages[:, None], -1, dest_pages)
@@ -179,7 +183,7 @@ def _prepare_placement_kernel(
     ctx_pos = c + j
     write = j < n
     if HOST_BOUND:
-        counts = tl.load(counts_ptr + b)
+        counts = tl.minimum(tl.load(counts_ptr + b), P)  # never past this row's table
         limit = counts * page_size - 1
         num_ctx = tl.minimum(new_len, tl.maximum(counts * page_size - W, 0))
         has_pages = (tl.zeros((BLOCK_K1,), tl.int64) + counts) > 0
@@ -240,6 +244,8 @@ def _check_placement_inputs(
         check_tensor("alloc_counts", alloc_counts, ("G",), _I64, s, dev, contiguous=True)
     for name, value in (("max_ctx", max_ctx), ("width", width), ("page_size", page_size)):
         check_positive(name, value)
+    if s["K1"] < 1:
+        raise ShapeError("accepted needs at least one column per request (the bonus token)")
     if type(dummy_slot) is not int or not 0 <= dummy_slot < s["num_slots"]:
         raise ShapeError(f"dummy_slot {dummy_slot!r} must be an int indexing ctx_len of "
                          f"{s['num_slots']} slots")
@@ -258,7 +264,7 @@ def _fast_ok(ctx_len, batch_to_slot, accepted, num_accepted, page_table, cache_r
     ):
         return False
     if (ctx_len.dim() != 1 or batch_to_slot.dim() != 1 or accepted.dim() != 2
-            or page_table.dim() != 2):
+            or page_table.dim() != 2 or accepted.shape[1] < 1):
         return False
     g = batch_to_slot.shape
     if accepted.shape[0] != g[0] or num_accepted.shape != g or cache_rows.shape != g:

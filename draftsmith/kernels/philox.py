@@ -140,7 +140,7 @@ def _philox_uniform_kernel(
     n, ids_row_stride,
     STREAM: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # row * n passes 2**31 at large rows x vocabularies
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n
     k0, k1 = split_u64(tl.load(seeds_ptr + row))
@@ -150,6 +150,10 @@ def _philox_uniform_kernel(
     zero = tl.zeros_like(c0)
     word = philox_word0(k0, k1, c0, zero + off_lo, zero + off_hi, zero + STREAM)
     tl.store(out_ptr + row * n + cols, centred_uniform(word), mask=mask)
+
+
+_MAX_GRID_Y = 65535
+"""CUDA's limit on the second grid axis (the column blocks of a row)."""
 
 
 def _uniform_launch(n: int) -> int:
@@ -172,7 +176,7 @@ def philox_uniform(
         row_stride = 0
     else:
         check_tensor("ids", ids, ("rows", "n"), torch.int64, sizes, device=seeds.device)
-        if ids.stride(1) != 1:
+        if ids.shape[1] > 1 and ids.stride(1) != 1:
             raise ShapeError("ids must have unit stride along the last dim; call .contiguous()")
         row_stride = ids.stride(0)
     rows, n = seeds.shape[0], ids.shape[-1]
@@ -180,6 +184,9 @@ def philox_uniform(
     if rows == 0 or n == 0:
         return out
     block = _uniform_launch(n)
+    if triton.cdiv(n, block) > _MAX_GRID_Y:
+        raise ShapeError(f"ids has {n} columns; philox_uniform launches at most "
+                         f"{_MAX_GRID_Y * block} per row (split the columns)")
     _philox_uniform_kernel[(rows, triton.cdiv(n, block))](
         seeds, offsets, ids, out, n, row_stride, STREAM=stream, BLOCK=block
     )

@@ -1,0 +1,95 @@
+"""Edge inputs the kernels refuse or clamp, kernel and reference alike: empty vocabularies,
+a placement without a bonus column, allocation counts past the page table, output rows that
+overlap, ``[rows, 1]`` ids of any stride, and the launch cache's key."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from draftsmith.contract import ShapeError
+from draftsmith.kernels._launch import specialization_key
+from draftsmith.kernels.argmax_pair import argmax_pair
+from draftsmith.kernels.markov_chain import (
+    markov_chain,
+    markov_chain_reference,
+    markov_step,
+    markov_step_reference,
+)
+from draftsmith.kernels.paging import prepare_placement, prepare_placement_reference
+from draftsmith.kernels.philox import philox_uniform, philox_uniform_reference
+
+
+@pytest.mark.parametrize("fn", [markov_step, markov_step_reference])
+def test_a_markov_step_over_no_vocabulary_is_refused(fn) -> None:
+    w1 = torch.randn(5, 4)
+    with pytest.raises(ShapeError, match="no vocabulary column"):
+        fn(torch.zeros(2, 0), torch.tensor([0, 1]), w1, torch.zeros(0, 4), 0)
+
+
+@pytest.mark.parametrize("fn", [markov_chain, markov_chain_reference])
+def test_a_markov_chain_over_no_vocabulary_is_refused(fn) -> None:
+    with pytest.raises(ShapeError, match="no vocabulary column"):
+        fn(torch.zeros(2, 3, 0), torch.tensor([0, 1]), torch.zeros(0, 4), torch.zeros(0, 4))
+
+
+def test_markov_step_output_rows_must_not_overlap() -> None:
+    w1, w2 = torch.randn(9, 4), torch.randn(9, 4)
+    shared = torch.zeros(1, 9).expand(3, 9)
+    with pytest.raises(ShapeError, match="rows overlap"):
+        markov_step(torch.randn(3, 9), torch.tensor([0, 1, 2]), w1, w2, 0, shared)
+
+
+def test_pair_output_rows_must_not_overlap() -> None:
+    shared = torch.zeros(1, 2).expand(3, 2)
+    with pytest.raises(ShapeError, match="rows overlap"):
+        argmax_pair(torch.randn(3, 10), 0, shared, 0)
+
+
+def _placement_inputs(k1: int, counts: list[int] | None = None):
+    g, p, page = 2, 2, 4
+    table = torch.arange(3 * p, dtype=torch.int64).view(3, p) + 10
+    return dict(
+        ctx_len=torch.tensor([6, 7, 0], dtype=torch.int64),
+        batch_to_slot=torch.tensor([0, 1], dtype=torch.int64),
+        accepted=torch.arange(g * k1, dtype=torch.int64).view(g, k1),
+        num_accepted=torch.full((g,), min(k1, 2), dtype=torch.int64),
+        page_table=table, cache_rows=torch.tensor([0, 1], dtype=torch.int64),
+        alloc_counts=None if counts is None else torch.tensor(counts, dtype=torch.int64),
+        max_ctx=p * page, width=2, page_size=page, dummy_slot=2, rows_start=None,
+    )
+
+
+def test_a_placement_needs_the_bonus_column() -> None:
+    with pytest.raises(ShapeError, match="at least one column"):
+        prepare_placement(**_placement_inputs(0))
+
+
+def test_allocation_counts_past_the_table_stay_in_their_row() -> None:
+    """``alloc_counts`` of 5 pages on a 2-page table row: the kernel used to read the next row's
+    pages, the reference to raise; both now clamp to the row."""
+    a, b = _placement_inputs(3, [5, 7]), _placement_inputs(3, [5, 7])
+    want = prepare_placement_reference(**a)
+    got = prepare_placement(**b)
+    assert torch.equal(got.dest_pages, want.dest_pages)
+    assert torch.equal(got.write_mask, want.write_mask)
+    table = a["page_table"]
+    for r in range(2):
+        pages = want.dest_pages[r][want.write_mask[r]]
+        assert set(pages.tolist()) <= set(table[r].tolist())
+    assert torch.equal(a["ctx_len"], b["ctx_len"])
+
+
+def test_single_column_ids_may_have_any_stride() -> None:
+    seeds, offsets = torch.tensor([3, 4]), torch.tensor([0, 7])
+    ids = torch.tensor([5, 9]).as_strided((2, 1), (1, 5))  # [rows, 1], column stride 5
+    want = philox_uniform_reference(seeds, offsets, ids, 1)
+    assert torch.equal(philox_uniform(seeds, offsets, ids, 1), want)
+
+
+def test_launch_cache_keys_values_by_type() -> None:
+    assert len({specialization_key([v]) for v in (True, 1, 1.0)}) == 3
+    assert specialization_key([math.nan]) == specialization_key([math.nan])
+    assert specialization_key([None]) != specialization_key([0])
