@@ -127,3 +127,17 @@ def test_kernel_equals_reference_gpu() -> None:
     ref = philox_uniform_reference(seeds, offsets, ids, 1)
     out = philox_uniform(seeds.cuda(), offsets.cuda(), ids.cuda(), 1).cpu()
     assert torch.equal(out.view(torch.int32), ref.view(torch.int32))
+
+
+@pytest.mark.gpu
+def test_rows_past_two_to_the_31_elements_gpu() -> None:
+    """14200 rows of 151936 ids hold more than 2**31 elements: the last rows' offsets need int64
+    (in int32 they wrapped to an illegal address)."""
+    rows, n = 14_200, 151_936
+    seeds = torch.arange(rows, dtype=torch.int64) * 7919 + 3
+    offsets = torch.arange(rows, dtype=torch.int64)
+    ids = torch.arange(n, dtype=torch.int64)
+    out = philox_uniform(seeds.cuda(), offsets.cuda(), ids.cuda(), 2)
+    tail = slice(rows - 2, rows)
+    want = philox_uniform_reference(seeds[tail], offsets[tail], ids, 2)
+    assert torch.equal(out[tail].cpu().view(torch.int32), want.view(torch.int32))
