@@ -49,10 +49,13 @@ SKIP_REL = 2.0**-20
 def gumbel_from_uniform(u: torch.Tensor) -> torch.Tensor:
     """``clamp(-ln(-ln(u)), G_MIN, G_MAX)`` for ``u: fp32`` in ``(0, 1)``, returned in fp32.
 
-    Both logarithms run in fp64 and the result is rounded once: fp32 ``log`` differs by an ulp
-    between libraries (torch, CUDA's libdevice, numpy under the Triton interpreter), which can
-    flip a tie between two scores; the fp64 results agree after rounding to fp32.
+    On CUDA both logarithms run in fp32: torch and Triton call the same libdevice ``logf``
+    (0 differing draws in 17M on an H200). Elsewhere they run in fp64, rounded once: torch's CPU
+    ``log`` and numpy's (the Triton interpreter's) differ by an ulp on about a third of fp32
+    draws, which can flip an exact tie between two scores; in fp64 they agree after rounding.
     """
+    if u.is_cuda:
+        return (-torch.log(-torch.log(u))).clamp(G_MIN, G_MAX)
     return (-torch.log(-torch.log(u.double()))).float().clamp(G_MIN, G_MAX)
 
 
@@ -118,7 +121,7 @@ def _gumbel_pair_kernel(
     BLOCK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_OUT: tl.constexpr, TREE: tl.constexpr,
     MERGE: tl.constexpr, STREAM: tl.constexpr, SKIP: tl.constexpr,
     G_LO: tl.constexpr, G_HI: tl.constexpr, SPAN: tl.constexpr,
-    SLACK: tl.constexpr, REL: tl.constexpr,
+    SLACK: tl.constexpr, REL: tl.constexpr, WIDE_LOG: tl.constexpr,
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -151,8 +154,10 @@ def _gumbel_pair_kernel(
                 word = philox_word0(k0, k1, (vocab_start + cols).to(tl.uint32), zero + off_lo,
                                     zero + off_hi, zero + STREAM)
                 u = centred_uniform(word)
-                # fp64 logs rounded once, as gumbel_from_uniform: identical across libraries
-                g = (-tl.log(-tl.log(u.to(tl.float64)))).to(tl.float32)
+                if WIDE_LOG:  # off CUDA, as gumbel_from_uniform: fp64 logs rounded once
+                    g = (-tl.log(-tl.log(u.to(tl.float64)))).to(tl.float32)
+                else:  # CUDA: libdevice logf, as torch's
+                    g = -tl.log(-tl.log(u))
                 g = tl.minimum(tl.maximum(g, G_LO), G_HI)
                 scores = z + g
         best_val, best_idx = lane_update(best_val, best_idx, scores, cols, keep)
@@ -177,10 +182,9 @@ def gumbel_pair(
 ) -> torch.Tensor:
     """Triton form of :func:`gumbel_pair_reference` (same arguments).
 
-    The winning index equals the reference's; the winning score equals it to the last bit when
-    the platform's fp32 ``ln`` rounds like torch's (the CPU interpreter does), else within a few
-    ulp. The kernel skips Philox for a whole tile whose elements are all dominated by the running
-    maximum of its chunk.
+    The winning index and score equal the reference's to the last bit (the noise is computed
+    as in :func:`gumbel_from_uniform` on each device). The kernel skips Philox for a whole tile
+    whose elements are all dominated by the running maximum of its chunk.
     """
     out = _check_args("gumbel_pair", logits, vocab_start, out, slot)
     _check_key(logits, temperatures, seeds, offsets, stream)
@@ -195,7 +199,8 @@ def gumbel_pair(
     return run_pair_reduction(
         _GUMBEL_LAUNCH, launch, out, rows, shard_width, vocab_start, slot,
         (logits, logits.stride(0), shard_width, temperatures, seeds, offsets),
-        (stream, bool(skip_dominated), G_MIN, G_MAX, GUMBEL_SPAN, SKIP_SLACK, SKIP_REL),
+        (stream, bool(skip_dominated), G_MIN, G_MAX, GUMBEL_SPAN, SKIP_SLACK, SKIP_REL,
+         not logits.is_cuda),
     )
 
 
