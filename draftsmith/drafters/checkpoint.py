@@ -11,10 +11,11 @@ May import ``contract`` only; never ``runtime`` or ``selection``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -341,6 +342,24 @@ def check_options_agree(options: Any, actual: Mapping[str, Any], origin: str,
         )
 
 
+@contextlib.contextmanager
+def config_errors(origin: str) -> Iterator[None]:
+    """Parse a ``config.json`` inside this block: a :class:`CheckpointError` gains the ``origin``
+    prefix, and what a value of the wrong JSON type raises on the way (``TypeError``,
+    ``ValueError``, ``AttributeError``, ``ArithmeticError``) becomes one naming it."""
+    try:
+        yield
+    except CheckpointError as exc:
+        if str(exc).startswith(origin):
+            raise
+        raise CheckpointError(f"{origin}: {exc}") from None
+    except (TypeError, ValueError, AttributeError, ArithmeticError) as exc:
+        raise CheckpointError(
+            f"{origin}: config.json holds a malformed value ({type(exc).__name__}: {exc}); fix "
+            "the value of the key involved"
+        ) from None
+
+
 __all__ = [
     "check_options_agree",
     "CONFIG_FILE",
@@ -349,6 +368,7 @@ __all__ = [
     "TensorSource",
     "build_target_layer_ids",
     "config_dtype",
+    "config_errors",
     "config_float",
     "config_int",
     "config_layer_ids",

@@ -57,6 +57,7 @@ from draftsmith.drafters.checkpoint import (
     build_target_layer_ids,
     check_options_agree,
     config_dtype,
+    config_errors,
     config_float,
     config_int,
     config_layer_ids,
@@ -358,19 +359,8 @@ def spec_from_config(
 
     Every unusable value raises :class:`CheckpointError` that names ``origin`` and the key.
     """
-    try:
+    with config_errors(origin):
         return _spec_from_config(config, family, own_embedding, target)
-    except CheckpointError as exc:
-        message = str(exc)
-        if message.startswith(origin):
-            raise
-        raise CheckpointError(f"{origin}: {message}") from None
-    except (TypeError, ValueError, AttributeError, ArithmeticError) as exc:
-        # A value of the wrong JSON type that no explicit check anticipated.
-        raise CheckpointError(
-            f"{origin}: config.json holds a malformed value ({type(exc).__name__}: {exc}); fix "
-            "the value of the key involved"
-        ) from None
 
 
 def _spec_from_config(

@@ -67,6 +67,7 @@ from draftsmith.drafters.checkpoint import (
     TensorSource,
     build_target_layer_ids,
     config_dtype,
+    config_errors,
     config_float,
     config_int,
     config_layer_ids,
@@ -454,19 +455,8 @@ def mla_config_from_json(
 ) -> MLAConfig:
     """Resolve a ``config.json`` (drafter keys: ``dspark_config``, then ``dflash_config``, then
     the top level) into an :class:`MLAConfig`; :class:`CheckpointError` on anything unusable."""
-    try:
+    with config_errors(origin):
         return _mla_config_from_json(raw, target, origin)
-    except CheckpointError as exc:
-        message = str(exc)
-        if message.startswith(origin):
-            raise
-        raise CheckpointError(f"{origin}: {message}") from None
-    except (TypeError, ValueError, AttributeError, ArithmeticError) as exc:
-        # A value of the wrong JSON type that no explicit check anticipated.
-        raise CheckpointError(
-            f"{origin} holds a malformed value ({type(exc).__name__}: {exc}); fix the value of "
-            "the key involved"
-        ) from None
 
 
 def _mla_config_from_json(
