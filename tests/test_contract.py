@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from draftsmith.contract import (
     CheckpointError,
@@ -21,6 +22,7 @@ from draftsmith.contract import (
     MarkovHeadWeights,
     OutputHead,
     PagedContextCache,
+    ParallelMapping,
     PlanError,
     SamplingKey,
     ShapeError,
@@ -126,3 +128,55 @@ def test_single_rank_is_identity() -> None:
     t = torch.arange(3.0)
     col = SingleRank()
     assert col.all_reduce(t) is t and col.all_gather(t) is t and col.world_size == 1
+
+
+# ---- values refused early, with a message that says what to write ----------------------------
+
+
+@pytest.mark.parametrize("name", ["float32", "bfloat16", "float16"])
+def test_capabilities_accept_torch_dtype_names(name: str) -> None:
+    assert _caps(dtype=name).dtype == name == str(getattr(torch, name)).removeprefix("torch.")
+
+
+@pytest.mark.parametrize("bad", ["bf16", "fp16", "int8", "torch.bfloat16", "", 16])
+def test_capabilities_reject_unknown_dtype_names(bad: object) -> None:
+    # bind would otherwise fall back to float32 silently (getattr(torch, "bf16", float32))
+    with pytest.raises(ValidationError, match="write one of 'float32', 'bfloat16', 'float16'"):
+        _caps(dtype=bad)
+
+
+@pytest.mark.parametrize(("size", "rank"), [(1, 1), (2, 2), (4, 7)])
+def test_parallel_mapping_rank_must_be_below_size(size: int, rank: int) -> None:
+    with pytest.raises(ValidationError, match=f"tp_rank {rank} must be < tp_size {size}"):
+        ParallelMapping(tp_size=size, tp_rank=rank)
+
+
+def test_parallel_mapping_valid_ranks() -> None:
+    assert [ParallelMapping(tp_size=4, tp_rank=r).tp_rank for r in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(ValidationError, match="tp_rank"):
+        ParallelMapping(tp_size=2, tp_rank=-1)
+
+
+def test_markov_weights_need_one_dtype() -> None:
+    w = MarkovHeadWeights.make_dummy(vocab_size=16, rank=4)
+    with pytest.raises(ShapeError, match="w2 is bfloat16 on cpu but w1 is float32 on cpu"):
+        MarkovHeadWeights(kind=MarkovHeadKind.VANILLA, w1=w.w1, w2=w.w2.to(torch.bfloat16))
+    with pytest.raises(ShapeError, match="gate_bias is float16 .* w1 is bfloat16"):
+        MarkovHeadWeights(
+            kind=MarkovHeadKind.GATED, w1=w.w1.bfloat16(), w2=w.w2.bfloat16(),
+            gate_weight=torch.zeros(4, 12, dtype=torch.bfloat16),
+            gate_bias=torch.zeros(4, dtype=torch.float16),
+        )
+    same = MarkovHeadWeights(kind=MarkovHeadKind.VANILLA, w1=w.w1.bfloat16(), w2=w.w2.bfloat16())
+    assert same.w2.dtype == torch.bfloat16
+
+
+def test_markov_weights_need_one_device() -> None:
+    w = MarkovHeadWeights.make_dummy(vocab_size=16, rank=4)
+    with pytest.raises(ShapeError, match="w2 is float32 on meta but w1 is float32 on cpu"):
+        MarkovHeadWeights(kind=MarkovHeadKind.VANILLA, w1=w.w1, w2=w.w2.to("meta"))
+    with pytest.raises(ShapeError, match="joint_weight .* on meta"):
+        MarkovHeadWeights(
+            kind=MarkovHeadKind.RNN, w1=w.w1, w2=w.w2,
+            joint_weight=torch.zeros(12, 14, device="meta"), joint_bias=torch.zeros(12),
+        )

@@ -10,19 +10,10 @@ import torch
 
 from draftsmith.contract import LoadRequest, TargetInfo
 from draftsmith.runtime.registry import load_registry
-from draftsmith.runtime.targets.tiny import make_byte_tokenizer, make_tiny_causal_lm
 from draftsmith.training.data import generate_dataset, read_dataset
 from draftsmith.training.objective import sample_blocks
 from draftsmith.training.prompts import training_prompts
 from draftsmith.training.trainer import TargetRunner, TrainConfig, train
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    model = make_tiny_causal_lm(vocab_size=300, hidden_size=32, num_layers=4, num_heads=4,
-                                num_kv_heads=2, intermediate_size=64, seed=3)
-    model.generation_config.eos_token_id = 258
-    return model, make_byte_tokenizer(300)
 
 
 @pytest.fixture(scope="module")

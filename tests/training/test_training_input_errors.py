@@ -79,16 +79,6 @@ CONFIG = TrainConfig(num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, int
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    from draftsmith.runtime.targets.tiny import make_byte_tokenizer, make_tiny_causal_lm
-
-    model = make_tiny_causal_lm(vocab_size=300, hidden_size=32, num_layers=4, num_heads=4,
-                                num_kv_heads=2, intermediate_size=64, seed=3)
-    model.generation_config.eos_token_id = 258
-    return model, make_byte_tokenizer(300)
-
-
-@pytest.fixture(scope="module")
 def finished(tiny, tmp_path_factory) -> tuple[Path, Path]:
     """``(dataset, run directory)`` of a one-step run; tests copy the run before breaking it."""
     from draftsmith.training.data import generate_dataset
