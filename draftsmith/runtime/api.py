@@ -283,16 +283,18 @@ class _step_observer:
 def plain_greedy(
     target: HFTarget,
     prompt_ids: Sequence[Sequence[int]],
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     stop_token_ids: Sequence[int] = (),
     batch: int = 8,
 ) -> list[list[int]]:
     """Plain target greedy decoding (one token per forward), ``batch`` prompts at a time.
 
-    Stops a prompt at the first stop token (kept) or after ``max_new_tokens``. Uses slots
-    ``0 .. batch - 1`` of ``target`` and releases them.
+    Stops a prompt at the first stop token (kept) or after its budget: ``max_new_tokens``, one
+    for all or one per prompt. Uses slots ``0 .. batch - 1`` of ``target`` and releases them.
     """
     stops = set(int(s) for s in stop_token_ids)
+    budgets = ([max_new_tokens] * len(prompt_ids) if isinstance(max_new_tokens, int)
+               else list(max_new_tokens))
     out: list[list[int]] = []
     for lo in range(0, len(prompt_ids), batch):
         chunk = [torch.tensor(list(p), dtype=torch.int64) for p in prompt_ids[lo:lo + batch]]
@@ -301,7 +303,7 @@ def plain_greedy(
         ends = torch.tensor([len(p) for p in chunk]).cumsum(0) - 1
         nxt = first[ends.to(first.device)].argmax(-1).tolist()
         gen: list[list[int]] = [[t] for t in nxt]
-        live = [b for b in slots if not _done(gen[b], stops, max_new_tokens)]
+        live = [b for b in slots if not _done(gen[b], stops, budgets[lo + b])]
         lengths = [len(p) for p in chunk]
         while live:
             tokens = torch.tensor([[gen[b][-1]] for b in live], dtype=torch.int64)
@@ -311,7 +313,7 @@ def plain_greedy(
             picks = logits.argmax(-1).tolist()
             for b, tok in zip(live, picks, strict=True):
                 gen[b].append(int(tok))
-            live = [b for b in live if not _done(gen[b], stops, max_new_tokens)]
+            live = [b for b in live if not _done(gen[b], stops, budgets[lo + b])]
         target.release(slots)
         out.extend(gen)
     return out

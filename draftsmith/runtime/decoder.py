@@ -225,6 +225,8 @@ class SpecDecoder:
                     f"the seed of prompt {i} must be an int in 0..2**63-1, got {seed_list[i]!r}"
                     + ("" if seeds is not None else " (the default is selection.seed plus the "
                        "prompt index: lower selection.seed)"))
+        # checked here, before admission: the target itself would refuse mid-generation
+        target_limit = getattr(self.target, "max_position_embeddings", None)
         out = []
         for i, prompt in enumerate(prompts):
             if not len(prompt):
@@ -233,6 +235,13 @@ class SpecDecoder:
             if budgets[i] < 1:
                 raise ConfigError(f"max_new_tokens of prompt {i} must be >= 1")
             need = len(prompt) + budgets[i] + self.plan.num_draft_tokens + 1
+            if target_limit is not None and need > target_limit:
+                raise ConfigError(
+                    f"prompt {i} ({len(prompt)} tokens) plus {budgets[i]} new tokens and a verify "
+                    f"block of {self.plan.num_draft_tokens + 1} needs {need} positions, more than "
+                    f"the target's max_position_embeddings {target_limit}; lower max_new_tokens "
+                    "or shorten it"
+                )
             if need > self.plan.max_ctx:
                 raise ConfigError(
                     f"prompt {i} ({len(prompt)} tokens) plus {budgets[i]} new tokens and a verify "

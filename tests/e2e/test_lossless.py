@@ -16,6 +16,7 @@ import pytest
 import torch
 from _e2e_helpers import PET, encode_all, first_turns, nudged_model
 
+from draftsmith.contract import ConfigError
 from draftsmith.runtime.api import Decoder, load_decoder, plain_greedy
 from draftsmith.runtime.config import SpecConfig
 from draftsmith.runtime.targets.hf import HFTarget
@@ -88,3 +89,33 @@ def test_stop_token_ends_requests_like_hf(world) -> None:
         assert list(result.tokens) == want, f"prompt {i}"
         stopped += result.finish_reason == "stop"
     assert stopped >= 3
+
+
+def test_per_prompt_budgets_with_the_plain_comparison(world) -> None:
+    """One budget per prompt reaches the plain greedy pass too (it compared an int to a list)."""
+    model, tokenizer, ids, reference = world
+    decoder = _decoder(model, tokenizer, "dspark-gqa", 2)
+    decoder.stop_token_ids = ()
+    budgets = [5, 9, 3]
+    report = decoder.generate_ids(ids[:3], budgets, compare_plain=True)
+    assert [len(r.tokens) for r in report.results] == budgets
+    assert report.exact
+    for result, want, n in zip(report.results, reference[:3], budgets, strict=True):
+        assert list(result.tokens) == want[:n]
+
+
+def test_the_targets_position_limit_is_checked_before_admission(world, monkeypatch) -> None:
+    """A request that would outrun the target's max_position_embeddings is refused before any
+    request runs (it failed mid-generation, losing the whole batch)."""
+    model, tokenizer, ids, _ = world
+    decoder = _decoder(model, tokenizer, "dspark-gqa", 2)
+    limit = decoder.target.max_position_embeddings
+    short, long = ids[0], [5] * (limit - K - 3)
+    prefills = []
+    real = decoder.target.prefill
+    monkeypatch.setattr(decoder.target, "prefill",
+                        lambda slots, prompts: prefills.append(slots) or real(slots, prompts))
+    with pytest.raises(ConfigError, match="target's max_position_embeddings"):
+        decoder.generate_ids([short, long], 8, compare_plain=False)
+    assert prefills == []  # refused before anything ran
+    assert decoder.spec.slots.num_free == decoder.spec.plan.slot_capacity

@@ -150,6 +150,25 @@ def test_sliding_window_configs_are_refused() -> None:
         HFTarget(model)
 
 
+def test_a_mistral_style_window_alone_is_refused() -> None:
+    """Mistral configs carry only ``sliding_window``: the ragged verify mask would ignore it."""
+    model = make_tiny_causal_lm(architecture="llama")
+    model.config.sliding_window = 8  # no layer_types, no use_sliding_window flag
+    with pytest.raises(ConfigError, match="sliding-window"):
+        HFTarget(model)
+    model.config.sliding_window = model.config.max_position_embeddings  # a window that never cuts
+    HFTarget(model)
+
+
+@pytest.mark.parametrize("key,value", [("logit_scale", 0.0625), ("logits_scaling", 2.0),
+                                       ("final_logit_softcapping", 30.0)])
+def test_configs_that_rescale_the_logits_are_refused(key: str, value: float) -> None:
+    model = make_tiny_causal_lm(architecture="llama")
+    setattr(model.config, key, value)
+    with pytest.raises(ConfigError, match=key):
+        HFTarget(model)
+
+
 def test_load_hf_target_round_trip(tmp_path) -> None:
     directory = save_tiny_model(tmp_path / "tiny", seed=5)
     target, tokenizer = load_hf_target(str(directory))

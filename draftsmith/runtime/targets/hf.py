@@ -31,8 +31,11 @@ from draftsmith.contract import (
     check_tensor,
 )
 
-_UNSUPPORTED_CONFIG_KEYS = ("final_logit_softcapping", "attn_logit_softcapping", "logits_scaling")
+_UNSUPPORTED_CONFIG_KEYS = ("final_logit_softcapping", "attn_logit_softcapping", "logits_scaling",
+                            "logit_scale")
 """Config keys that change the logits away from ``lm_head(h)``; a target setting any is refused."""
+_SCALE_KEYS = ("logits_scaling", "logit_scale")
+"""Of those, the multipliers (neutral at 1)."""
 
 
 def require_transformers() -> Any:
@@ -388,7 +391,7 @@ def _check_supported(config: Any) -> None:
     name = type(config).__name__
     for key in _UNSUPPORTED_CONFIG_KEYS:
         value = getattr(config, key, None)
-        neutral = (None, 1, 1.0) if key == "logits_scaling" else (None, 0, 0.0)
+        neutral = (None, 1, 1.0) if key in _SCALE_KEYS else (None, 0, 0.0)
         if value not in neutral:
             raise ConfigError(
                 f"{name} sets {key}={value!r}; the Hugging Face target adapter supports only "
@@ -396,7 +399,12 @@ def _check_supported(config: Any) -> None:
             )
     layer_types = getattr(config, "layer_types", None) or ()
     sliding = any(t != "full_attention" for t in layer_types)
-    if sliding or getattr(config, "use_sliding_window", False):
+    # Mistral-style configs set only sliding_window (no layer_types, no use_sliding_window flag)
+    window = getattr(config, "sliding_window", None)
+    limit = getattr(config, "max_position_embeddings", None)
+    windowed = (window is not None and getattr(config, "use_sliding_window", True) is not False
+                and (limit is None or window < limit))
+    if sliding or windowed or getattr(config, "use_sliding_window", False):
         raise ConfigError(
             f"{name} uses sliding-window or non-full attention layers; the Hugging Face target "
             "adapter supports full-attention decoders only"
