@@ -109,7 +109,8 @@ class DrafterCapabilities(BaseModel):
     context_entry: ContextEntrySpec
     """Layout of one context entry in the paged pool."""
     tp_fusions: frozenset[TPFusion] = frozenset()
-    """TP fusions the family implements (taken only when the plan says so)."""
+    """TP fusions this drafter takes when ``TP > 1`` (the plan records them; at ``TP = 1`` they
+    degenerate to the stock path)."""
     shares_target_embedding: bool = True
     """True when block slots are embedded with the target's input table (else its own copy)."""
     shares_target_lm_head: bool = True

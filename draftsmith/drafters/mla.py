@@ -800,8 +800,11 @@ class DSparkMLADrafter(nn.Module):
         self.fc_columns = None
         if tp > 1 and TPFusion.FC_SPLIT_HIDDEN_NORM in self.requested_tp_fusions:
             self.fc_columns = fc_split_columns(cfg.feature_width, tp, rank)
-        if tp > 1 and TPFusion.FC_SPLIT_HIDDEN_NORM in self.requested_tp_fusions and (
-                self.fc_columns is None):
+        # what this drafter takes at TP > 1, declared in its capabilities so that the plan
+        # records it: a requested fc split that the feature width cannot take is dropped there
+        declared = set(self.requested_tp_fusions)
+        if tp > 1 and TPFusion.FC_SPLIT_HIDDEN_NORM in declared and self.fc_columns is None:
+            declared.discard(TPFusion.FC_SPLIT_HIDDEN_NORM)
             logger.info("dspark-mla: fc input width %d does not split over TP %d; fc stays "
                         "replicated", cfg.feature_width, tp)
         active = set()
@@ -852,7 +855,7 @@ class DSparkMLADrafter(nn.Module):
                 heads=1,
                 width=cfg.latent_width,
             ),
-            tp_fusions=frozenset(TPFusion),
+            tp_fusions=frozenset(declared),
             shares_target_embedding=False,
             shares_target_lm_head=True,
             max_position_embeddings=cfg.max_position_embeddings,

@@ -358,13 +358,19 @@ def make_plan(
         fusions: frozenset[TPFusion] = frozenset()
         decide("tp_fusions", (), "TP = 1: fusions degenerate to the stock path (6.3)")
     elif caps.dtype != "bfloat16":
+        if caps.tp_fusions:
+            raise PlanError(
+                f"the drafter takes the TP fusions {sorted(f.value for f in caps.tp_fusions)} "
+                f"but its weights are {caps.dtype}; the fused all-reduce + RMSNorm needs bf16 "
+                "weights (6.1, 6.2): load it in bf16 or without tp_fusions"
+            )
         fusions = frozenset()
         decide("tp_fusions", (), f"drafter dtype {caps.dtype}: the fused all-reduce + RMSNorm "
                                  "needs bf16 weights (6.1, 6.2)")
     else:
         fusions = frozenset(caps.tp_fusions)
         decide("tp_fusions", tuple(sorted(f.value for f in fusions)),
-               "declared by the family and eligible: bf16, TP > 1" if fusions
+               "taken by the drafter and eligible: bf16, TP > 1" if fusions
                else f"family {caps.family} declares no TP fusion")
 
     # ---- confidence ----

@@ -263,12 +263,13 @@ def test_capabilities_and_protocol() -> None:
     entry = caps.context_entry
     assert entry.kind is ContextCacheKind.PAGED_MLA_LATENT
     assert (entry.num_layers, entry.planes, entry.heads, entry.width) == (2, 1, 1, 16 + 6)
-    assert caps.tp_fusions == ALL_FUSIONS
     assert not caps.shares_target_embedding and caps.shares_target_lm_head
     assert drafter.active_tp_fusions == frozenset()  # one rank: nothing to fuse
-    # unless asked, fusions follow the plan's rule: both for bf16 weights, none otherwise
-    assert drafter.requested_tp_fusions == frozenset()
-    assert build(cfg, fusions=None, dtype=torch.bfloat16).requested_tp_fusions == ALL_FUSIONS
+    # unless asked, fusions follow the plan's rule: both for bf16 weights, none otherwise; the
+    # capabilities declare what the drafter takes, so the plan records it
+    assert drafter.requested_tp_fusions == frozenset() == caps.tp_fusions
+    bf16 = build(cfg, fusions=None, dtype=torch.bfloat16)
+    assert bf16.requested_tp_fusions == ALL_FUSIONS == bf16.capabilities.tp_fusions
     markov = drafter.markov_head()
     assert markov is not None and markov.w2.shape == (64, 4) and markov.vocab_start == 0
 
@@ -606,6 +607,7 @@ def _tp_against_single(hidden: int, n_cap: int, fusions: frozenset[TPFusion],
     markov = tp_model.markov_head()
     w2 = coll.all_gather(markov.w2.contiguous(), dim=0)
     full_state = tp_model.full_state_dict()
+    assert tp_model.capabilities.tp_fusions == tp_model.active_tp_fusions  # what the plan sees
     return {
         "active": tp_model.active_tp_fusions,
         "fc_columns": tp_model.fc_columns,

@@ -155,6 +155,9 @@ def test_graphs_fusions_and_k0_decisions():
     taken = make_plan(_inputs(mapping=ParallelMapping(tp_size=2)), bf16, TOY)
     assert taken.tp_fusions == frozenset({TPFusion.FC_SPLIT_HIDDEN_NORM})
     assert taken.decision("tp_fusions").value == ("fc-split-hidden-norm",)
+    forced = bf16.model_copy(update={"dtype": "float32"})  # fusions taken on fp32 weights
+    with pytest.raises(PlanError, match="needs bf16"):
+        make_plan(_inputs(mapping=ParallelMapping(tp_size=2)), forced, TOY)
 
 
 def test_geometry_decisions():
