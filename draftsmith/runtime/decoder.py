@@ -115,8 +115,7 @@ def _token_ids(what: str, ids: Iterable[object], vocab_size: int) -> list[int]:
         raise ConfigError(f"{what} must be integer token ids") from None
     bad = [t for t in out if not 0 <= t < vocab_size]
     if bad:
-        raise ConfigError(f"{what} hold {bad[:4]}, outside the vocabulary "
-                              f"0..{vocab_size - 1}")
+        raise ConfigError(f"{what} hold {bad[:4]}, outside the vocabulary 0..{vocab_size - 1}")
     return out
 
 
