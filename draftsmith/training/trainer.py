@@ -9,6 +9,7 @@ a run resumes exactly where it stopped.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -397,11 +398,15 @@ def train(
                 f"ce {float(loss.ce):.3f} l1 {float(loss.l1):.3f} conf {float(loss.conf):.3f} "
                 f"train-accept {float(loss.accept_len):.2f} ({rate:.1f} step/s)")
         final = state["step"] == config.steps or out_of_time
-        if state["step"] % config.eval_every == 0 or final:
+        scheduled = state["step"] % config.eval_every == 0 or state["step"] == config.steps
+        if scheduled or final:
             metric = evaluate(drafter, runner, val, config, device)
-            state["history"].append({"step": state["step"], **metric})
             log(f"validation at step {state['step']}: accept_len {metric['accept_len']:.3f} "
                 f"(per anchor {metric['anchor_accept_len']:.3f}, ce {metric['ce']:.3f})")
+        # only scheduled evaluations choose `best`: a run stopped by its time limit and resumed
+        # then picks (and exports) the checkpoint an uninterrupted run would
+        if scheduled:
+            state["history"].append({"step": state["step"], **metric})
             if metric["accept_len"] > state["best_accept_len"]:
                 state["best_accept_len"] = metric["accept_len"]
                 _save(out_dir / "best", drafter, opt, state, config)
@@ -526,6 +531,7 @@ def _save(directory: Path, drafter: GQADrafter, opt: torch.optim.Optimizer, stat
           config: TrainConfig) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     drafter.save(directory)
+    weights = directory / "model.safetensors"
     directory = _state_dir(directory)
     directory.mkdir(parents=True, exist_ok=True)
     flat: dict[str, torch.Tensor] = {}
@@ -535,7 +541,19 @@ def _save(directory: Path, drafter: GQADrafter, opt: torch.optim.Optimizer, stat
                 flat[f"{i}.{key}"] = value.detach().cpu().contiguous().reshape(value.shape)
     save_file(flat, str(directory / OPTIMIZER_FILE))
     (directory / CONFIG_FILE).write_text(config.model_dump_json(indent=2) + "\n")
-    (directory / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+    # written last, with the digests of the files written before it: a save interrupted
+    # between files leaves a state that _load refuses instead of mixing two steps
+    sums = {"model": _digest(weights), "optimizer": _digest(directory / OPTIMIZER_FILE)}
+    (directory / STATE_FILE).write_text(json.dumps({**state, "checksums": sums}, indent=2) + "\n")
+
+
+def _digest(path: Path) -> str:
+    """sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 _ARCHITECTURE_FIELDS = ("family", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -577,6 +595,23 @@ def _load(directory: Path, drafter: GQADrafter, opt: torch.optim.Optimizer) -> d
     out_dir = directory.parent
     state_dir = _state_dir(directory)
     model_file, opt_file = directory / "model.safetensors", state_dir / OPTIMIZER_FILE
+    state_file = state_dir / STATE_FILE
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        raise CheckpointError(f"{state_file} is not readable JSON; {_start_over(out_dir)}") from None
+    if not (isinstance(state, dict) and isinstance(state.get("step"), int)
+            and isinstance(state.get("best_accept_len"), (int, float))
+            and isinstance(state.get("history"), list)):
+        raise CheckpointError(f"{state_file} lacks step, best_accept_len or history; "
+                              f"{_start_over(out_dir)}")
+    sums = state.pop("checksums", None)  # absent in checkpoints written before they existed
+    if isinstance(sums, dict):
+        for key, path in (("model", model_file), ("optimizer", opt_file)):
+            if path.is_file() and sums.get(key) != _digest(path):
+                raise CheckpointError(
+                    f"{path} does not belong to step {state['step']} of {state_file} (a save was "
+                    f"interrupted); {_start_over(out_dir)}")
     weights = _read_tensors(model_file, out_dir)
     ours = drafter.state_dict()
     differences = [f"missing {name!r}" for name in sorted(ours.keys() - weights.keys())]
@@ -606,16 +641,6 @@ def _load(directory: Path, drafter: GQADrafter, opt: torch.optim.Optimizer) -> d
     except (ValueError, RuntimeError, KeyError) as exc:
         raise CheckpointError(f"{opt_file} does not fit this run's drafter ({exc}); "
                               f"{_start_over(out_dir)}") from None
-    state_file = state_dir / STATE_FILE
-    try:
-        state = json.loads(state_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        raise CheckpointError(f"{state_file} is not readable JSON; {_start_over(out_dir)}") from None
-    if not (isinstance(state, dict) and isinstance(state.get("step"), int)
-            and isinstance(state.get("best_accept_len"), (int, float))
-            and isinstance(state.get("history"), list)):
-        raise CheckpointError(f"{state_file} lacks step, best_accept_len or history; "
-                              f"{_start_over(out_dir)}")
     return state
 
 

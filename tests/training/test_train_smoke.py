@@ -124,6 +124,14 @@ def test_train_validate_save_and_resume(tiny, dataset: Path, tmp_path: Path) -> 
     a = (out / "last" / "model.safetensors").read_bytes()
     b = (tmp_path / "straight" / "last" / "model.safetensors").read_bytes()
     assert a == b, "a resumed run must end exactly where an uninterrupted one does"
+    # a run stopped by its time limit (after step 1, off the evaluation schedule) and resumed
+    # keeps the uninterrupted run's history, hence picks and exports the same `best`
+    cut = tmp_path / "cut"
+    assert train(config, model, dataset, cut, time_limit_s=0.0, log=lambda m: None)["step"] == 1
+    again = train(config, model, dataset, cut, log=lambda m: None)
+    assert [h["step"] for h in again["history"]] == [h["step"] for h in straight["history"]]
+    assert ((cut / "best" / "model.safetensors").read_bytes()
+            == (tmp_path / "straight" / "best" / "model.safetensors").read_bytes())
     # the checkpoint loads back through the family
     family = load_registry().family("dspark-gqa")
     cfg = model.config

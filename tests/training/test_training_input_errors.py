@@ -134,10 +134,27 @@ def test_a_truncated_checkpoint_is_a_checkpoint_error(tiny, finished, tmp_path: 
     out = _copy(run, tmp_path)
     path = out / name
     path.write_bytes(path.read_bytes()[:100])
-    with pytest.raises(CheckpointError, match=rf"{name} is corrupt \(.*\); pass --no-resume"):
+    with pytest.raises(CheckpointError, match=rf"{name} (is corrupt \(.*\)|does not belong to "
+                                              r"step \d+ .*); pass --no-resume"):
         train(CONFIG.model_copy(update={"steps": 2}), tiny[0], data, out, log=lambda _m: None)
     # --no-resume starts over
     assert train(CONFIG, tiny[0], data, out, resume=False, log=lambda _m: None)["step"] == 1
+
+
+def test_weights_from_another_step_are_refused(tiny, finished, tmp_path: Path) -> None:
+    """A save interrupted after the weights but before the state leaves weights of one step
+    beside the optimizer and step of another: resuming refuses instead of mixing them."""
+    from safetensors.torch import load_file, save_file
+
+    data, run = finished
+    out = _copy(run, tmp_path)
+    path = out / "last" / "model.safetensors"
+    weights = load_file(str(path))
+    name = sorted(weights)[0]
+    weights[name] = weights[name] + 1.0  # a readable file with other values
+    save_file(weights, str(path), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"does not belong to step \d+ .*interrupted"):
+        train(CONFIG.model_copy(update={"steps": 2}), tiny[0], data, out, log=lambda _m: None)
 
 
 def test_a_broken_trainer_state_is_a_checkpoint_error(tiny, finished, tmp_path: Path) -> None:
