@@ -17,6 +17,7 @@ import socket
 import time
 import traceback
 from collections.abc import Callable
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -44,8 +45,13 @@ class ProcessGroupCollectives:
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over the group, in place; returns ``tensor``."""
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self._group)
-        return tensor
+        if tensor.is_contiguous():
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self._group)
+            return tensor
+        # gloo reduces a strided view as if it were dense (it wrote past the view's elements)
+        dense = tensor.contiguous()
+        dist.all_reduce(dense, op=dist.ReduceOp.SUM, group=self._group)
+        return tensor.copy_(dense)
 
     def all_gather(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
         """Concatenate every rank's ``tensor`` along ``dim`` in rank order."""
@@ -122,7 +128,11 @@ def _worker(rank: int, world_size: int, backend: str, port: int, tasks: Any, res
                 break
             fn, args, kwargs = task
             try:
-                results.put((rank, True, fn(*args, **kwargs)))
+                value = fn(*args, **kwargs)
+                # pickled here: the queue pickles in a feeder thread, where a failure is only
+                # printed and the parent would wait for an answer that never comes
+                ForkingPickler.dumps(value)
+                results.put((rank, True, value))
             except BaseException:  # noqa: BLE001 - reported to the parent with its traceback
                 results.put((rank, False, traceback.format_exc()))
     finally:
@@ -180,12 +190,21 @@ class RankPool:
         deadline = time.monotonic() + self.timeout_s
         answered: set[int] = set()
         while len(answered) < self.world_size:
+            remaining = deadline - time.monotonic()
             try:
-                rank, ok, value = self._results.get(timeout=max(0.0, deadline - time.monotonic()))
+                rank, ok, value = self._results.get(timeout=max(0.0, min(remaining, 1.0)))
             except queue.Empty:
                 silent = sorted(set(range(self.world_size)) - answered)
-                why = (f"ranks {silent} did not answer {getattr(fn, '__name__', fn)!r} within "
-                       f"{'the error grace period' if errors else f'{self.timeout_s:.0f} s'}")
+                dead = [(r, self._procs[r].exitcode) for r in silent
+                        if self._procs[r].exitcode is not None]
+                if dead:  # a rank process died (killed, os._exit, a crash): do not wait it out
+                    why = (f"rank process(es) {', '.join(f'{r} (exit code {c})' for r, c in dead)}"
+                           f" died running {getattr(fn, '__name__', fn)!r}")
+                elif remaining > 1.0:
+                    continue
+                else:
+                    why = (f"ranks {silent} did not answer {getattr(fn, '__name__', fn)!r} within "
+                           f"{'the error grace period' if errors else f'{self.timeout_s:.0f} s'}")
                 self._stop(why)
                 raise RuntimeError("\n".join([why, *errors])) from None
             answered.add(rank)

@@ -432,9 +432,9 @@ def _code_prompt(rng: random.Random, functions: list[tuple[str, str]]) -> str:
 def training_prompts(count: int, seed: int = 0) -> Iterator[str]:
     """Yield ``count`` distinct prompts, the same ones for the same ``(count, seed)``.
 
-    Mix of draws: 25% instructions, 25% word problems (templated, or chains of three to five
-    bookkeeping, money or rate steps), 25% code, 25% chat (writing, roleplay,
-    reasoning, extraction over documentation passages); repeats are redrawn. The code and
+    Mix of draws: 15% instructions, 35% word problems (templated, or chains of three to five
+    bookkeeping, money or rate steps), 30% code, 20% chat (writing, roleplay, reasoning,
+    extraction over documentation passages); repeats are redrawn. The code and
     passage pools come from the running interpreter's standard library, so the recipe is fixed
     for a given Python version.
     """
