@@ -12,12 +12,12 @@ result. Starting processes costs seconds, so tests keep one pool per module.
 from __future__ import annotations
 
 import os
+import pickle
 import queue
 import socket
 import time
 import traceback
 from collections.abc import Callable
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
@@ -129,9 +129,11 @@ def _worker(rank: int, world_size: int, backend: str, port: int, tasks: Any, res
             fn, args, kwargs = task
             try:
                 value = fn(*args, **kwargs)
-                # pickled here: the queue pickles in a feeder thread, where a failure is only
-                # printed and the parent would wait for an answer that never comes
-                ForkingPickler.dumps(value)
+                # pickled here first: the queue pickles in a feeder thread, where a failure is
+                # only printed and the parent would wait for an answer that never comes (plain
+                # pickle: torch's ForkingPickler would move tensors to shared memory and leave
+                # a file descriptor registered for a receiver that never comes)
+                pickle.dumps(value)
                 results.put((rank, True, value))
             except BaseException:  # noqa: BLE001 - reported to the parent with its traceback
                 results.put((rank, False, traceback.format_exc()))
