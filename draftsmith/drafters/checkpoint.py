@@ -17,12 +17,12 @@ import logging
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import torch
 from safetensors.torch import load_file
 
-from draftsmith.contract import CheckpointError, ConfigError
+from draftsmith.contract import CheckpointError, ConfigError, WeightDtype
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +36,9 @@ _SECTIONS = ("dspark_config", "dflash_config")
 
 _MISSING = object()
 
-WEIGHT_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
-"""Dtypes a drafter may be built in, by their ``torch_dtype`` spelling in ``config.json``."""
+WEIGHT_DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in get_args(WeightDtype)}
+"""Dtypes a drafter may be built in, by their ``torch_dtype`` spelling in ``config.json`` (the
+names of the contract's :data:`~draftsmith.contract.WeightDtype`)."""
 
 _STORED_DTYPES = (*WEIGHT_DTYPES.values(), torch.float64)
 """Dtypes a checkpoint tensor may be stored in (float64 converts to the model dtype exactly
@@ -123,6 +120,19 @@ def config_layer_ids(value: Any, name: str = "target_layer_ids") -> list[int]:
             f"config {name} is {value!r}; it must be a list of target layer indices"
         )
     return [config_int(i, f"{name} entry") for i in value]
+
+
+def confidence_flags(config: Mapping[str, Any]) -> tuple[bool, bool]:
+    """``(confidence head, its feature reads the Markov state)`` from the drafter section:
+    ``enable_confidence_head`` (DeepSpec) or ``use_confidence_head`` (the export), and
+    ``confidence_head_with_markov`` (only with a confidence head)."""
+    confidence = truthy(
+        draft_value_any(config, ("enable_confidence_head", "use_confidence_head"), False),
+        "use_confidence_head",
+    )
+    with_markov = confidence and truthy(
+        draft_value(config, "confidence_head_with_markov", False), "confidence_head_with_markov")
+    return confidence, with_markov
 
 
 def config_dtype(config: Mapping[str, Any], origin: str) -> torch.dtype | None:
@@ -367,6 +377,7 @@ __all__ = [
     "WEIGHT_DTYPES",
     "TensorSource",
     "build_target_layer_ids",
+    "confidence_flags",
     "config_dtype",
     "config_errors",
     "config_float",

@@ -56,6 +56,7 @@ from draftsmith.drafters.checkpoint import (
     TensorSource,
     build_target_layer_ids,
     check_options_agree,
+    confidence_flags,
     config_dtype,
     config_errors,
     config_float,
@@ -63,7 +64,6 @@ from draftsmith.drafters.checkpoint import (
     config_layer_ids,
     config_mapping,
     draft_value,
-    draft_value_any,
     load_tensors,
     read_config,
     require,
@@ -287,11 +287,7 @@ def resolve_visibility(
 
 def _has_dspark_heads(config: Mapping[str, Any]) -> bool:
     rank = config_int(draft_value(config, "markov_rank", 0) or 0, "markov_rank")
-    confidence = truthy(
-        draft_value_any(config, ("enable_confidence_head", "use_confidence_head"), False),
-        "use_confidence_head",
-    )
-    return rank > 0 or confidence
+    return rank > 0 or confidence_flags(config)[0]
 
 
 def resolve_flavour(config: Mapping[str, Any], family: str, arch: str) -> Flavour:
@@ -434,12 +430,7 @@ def _spec_from_config(
             ) from None
         if markov is MarkovHeadKind.NONE:
             raise CheckpointError("markov_head_type 'none' needs markov_rank 0")
-    confidence = truthy(
-        draft_value_any(config, ("enable_confidence_head", "use_confidence_head"), False),
-        "use_confidence_head",
-    )
-    with_markov = confidence and truthy(
-        draft_value(config, "confidence_head_with_markov", False), "confidence_head_with_markov")
+    confidence, with_markov = confidence_flags(config)
     if with_markov and markov_rank == 0:
         raise CheckpointError(
             "confidence_head_with_markov is true but markov_rank is 0; the confidence feature "

@@ -66,6 +66,7 @@ from draftsmith.drafters.checkpoint import (
     WEIGHTS_FILE,
     TensorSource,
     build_target_layer_ids,
+    confidence_flags,
     config_dtype,
     config_errors,
     config_float,
@@ -73,7 +74,6 @@ from draftsmith.drafters.checkpoint import (
     config_layer_ids,
     config_mapping,
     draft_value,
-    draft_value_any,
     load_tensors,
     read_config,
     truthy,
@@ -478,12 +478,7 @@ def _mla_config_from_json(
             f"{origin}: markov_head_type {head_type!r} is not supported by dspark-mla "
             "(only 'vanilla')"
         )
-    confidence = truthy(
-        draft_value_any(raw, ("use_confidence_head", "enable_confidence_head"), False),
-        "use_confidence_head",
-    )
-    with_markov = confidence and truthy(
-        draft_value(raw, "confidence_head_with_markov", False), "confidence_head_with_markov")
+    confidence, with_markov = confidence_flags(raw)
 
     def integer(key: str) -> int:
         return config_int(_required(raw, key, origin), key)
@@ -800,11 +795,8 @@ class DSparkMLADrafter(nn.Module):
         self.fc_columns = None
         if tp > 1 and TPFusion.FC_SPLIT_HIDDEN_NORM in self.requested_tp_fusions:
             self.fc_columns = fc_split_columns(cfg.feature_width, tp, rank)
-        # what this drafter takes at TP > 1, declared in its capabilities so that the plan
-        # records it: a requested fc split that the feature width cannot take is dropped there
-        declared = set(self.requested_tp_fusions)
-        if tp > 1 and TPFusion.FC_SPLIT_HIDDEN_NORM in declared and self.fc_columns is None:
-            declared.discard(TPFusion.FC_SPLIT_HIDDEN_NORM)
+        if tp > 1 and TPFusion.FC_SPLIT_HIDDEN_NORM in self.requested_tp_fusions and (
+                self.fc_columns is None):
             logger.info("dspark-mla: fc input width %d does not split over TP %d; fc stays "
                         "replicated", cfg.feature_width, tp)
         active = set()
@@ -813,6 +805,9 @@ class DSparkMLADrafter(nn.Module):
         if tp > 1 and TPFusion.AR_RESIDUAL_RMSNORM in self.requested_tp_fusions:
             active.add(TPFusion.AR_RESIDUAL_RMSNORM)
         self.active_tp_fusions = frozenset(active)
+        # the capabilities declare what this drafter takes at TP > 1, so the plan records it
+        # (an fc split the feature width cannot take is not among them)
+        declared = self.active_tp_fusions if tp > 1 else self.requested_tp_fusions
         self.w2_rows = (0, cfg.vocab_size)
         if cfg.markov_rank and tp > 1 and cfg.vocab_size % tp == 0:
             self.w2_rows = shard_range(cfg.vocab_size, tp, rank, "vocab_size")
