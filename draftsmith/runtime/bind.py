@@ -29,7 +29,7 @@ from draftsmith.contract import (
 )
 from draftsmith.runtime.acceptance import Acceptance
 from draftsmith.runtime.buffers import DecoderBuffers
-from draftsmith.runtime.config import SpecConfig, TargetConfig
+from draftsmith.runtime.config import SpecConfig, TargetConfig, parse_device, resolve_device
 from draftsmith.runtime.decoder import SpecDecoder
 from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager, SlotManager
@@ -77,10 +77,11 @@ def _device_of(target: TargetModel) -> torch.device:
     return target.input_embedding().device
 
 
-def _resolve_device(name: str) -> str:
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
+def _plan_device(name: str) -> str:
+    """``auto`` resolved as the target loader does; an explicit device as given, so that a plan
+    for a CUDA host can be shown on a CPU host."""
+    device = parse_device(name)
+    return str(resolve_device(name) if device is None else device)
 
 
 def _fused_kernels_available(device: str) -> bool:
@@ -149,7 +150,7 @@ def plan_only(
     _precheck(config, mapping, selector)
     if capabilities is None:
         capabilities = load_drafter(config, target_info, registry, SingleRank()).capabilities
-    device = _resolve_device(config.target.device)
+    device = _plan_device(config.target.device)
     return make_plan(_plan_inputs(config, mapping, device, selector), capabilities, target_info,
                      fused_kernels_available=_fused_kernels_available(device))
 
