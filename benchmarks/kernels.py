@@ -513,6 +513,12 @@ def bench_paging(timer: Timer, bw: float, dev: str, smoke: bool) -> None:
     measure(timer, "decode_block_table", f"B={rows} max_blocks=512 int32",
             lambda: bt.decode_block_table_reference(plane, 2),
             lambda: bt.decode_block_table(plane, 2), rows * 512 * (4 + 8), bw)
+    # the graph-safe form of spec 4.5 / 7: rows :B of bind-time buffers sized by slot capacity
+    table = torch.empty(rows + 1, 512, dtype=torch.int64, device=dev)
+    counts = torch.empty(rows + 1, dtype=torch.int64, device=dev)
+    measure(timer, "decode_block_table", f"B={rows} max_blocks=512 int32, into buffers",
+            lambda: bt.decode_block_table_reference(plane, 2, table, counts),
+            lambda: bt.decode_block_table(plane, 2, table, counts), rows * 512 * (4 + 8), bw)
 
     pool = fa.forced_accept_pool(dev)
     counter = torch.zeros(1, dtype=torch.int64, device=dev)
@@ -576,6 +582,12 @@ def host_breakdown(dev: str) -> None:
     host("decode_block_table (fused)", lambda: bt.decode_block_table(plane, 2))
     host("decode_block_table_reference (eager chain)",
          lambda: bt.decode_block_table_reference(plane, 2))
+    table_buf = plane.new_empty((129, 512), dtype=torch.int64)
+    counts_buf = plane.new_empty((129,), dtype=torch.int64)
+    host("decode_block_table (fused, into buffers)",
+         lambda: bt.decode_block_table(plane, 2, table_buf, counts_buf))
+    host("decode_block_table_reference (eager chain, into buffers)",
+         lambda: bt.decode_block_table_reference(plane, 2, table_buf, counts_buf))
     host("  new_empty x2", lambda: (plane.new_empty((128, 512), dtype=torch.int64),
                                    plane.new_empty((128,), dtype=torch.int64)))
     flat = plane.new_empty((128 * 512 + 128,), dtype=torch.int64)

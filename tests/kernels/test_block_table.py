@@ -95,3 +95,84 @@ def test_gpu_graph_replay_equals_eager() -> None:
     offsets.copy_(fresh.cuda())
     graph.replay()
     assert torch.equal(table.cpu(), fresh_blocks) and torch.equal(counts.cpu(), fresh_counts)
+
+
+def _buffers(rows: int, max_blocks: int, device: str = "cpu"):
+    """Bind-time buffers with spare rows and strided layouts, filled with a sentinel."""
+    table = torch.full((rows, max_blocks + 3), -7, dtype=torch.int64, device=device)[:, 2:-1]
+    counts = torch.full((rows, 2), -7, dtype=torch.int64, device=device)[:, 1]
+    assert not table.is_contiguous() and counts.stride(0) == 2
+    return table, counts
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_buffered_form_writes_rows_in_place(dtype: torch.dtype) -> None:
+    fields, blocks, counts = _encoded(9, 13, 3, seed=7)
+    offsets = fields.to(dtype)[:, 0]
+    for decode in (decode_block_table, decode_block_table_reference):
+        table_buf, counts_buf = _buffers(12, 13)
+        table, got = decode(offsets, 3, table_buf, counts_buf)
+        assert table is table_buf and got is counts_buf
+        assert torch.equal(table[:9], blocks) and torch.equal(got[:9], counts)
+        assert (table[9:] == -7).all() and (got[9:] == -7).all(), "rows past B are left alone"
+    table_buf, counts_buf = _buffers(9, 13)
+    decode_block_table(offsets[:0], 3, table_buf, counts_buf)
+    assert (table_buf == -7).all() and (counts_buf == -7).all()
+
+
+def test_buffered_form_refuses_bad_buffers() -> None:
+    offsets = torch.zeros(4, 5, dtype=torch.int64)
+    table, counts = torch.empty(6, 5, dtype=torch.int64), torch.empty(6, dtype=torch.int64)
+    for decode in (decode_block_table, decode_block_table_reference):
+        with pytest.raises(ShapeError, match="both table and counts"):
+            decode(offsets, 1, table, None)
+        with pytest.raises(ShapeError, match="both table and counts"):
+            decode(offsets, 1, None, counts)
+    cases = [
+        (table[:3], counts, "table has 3 rows, fewer than the 4"),
+        (table, counts[:2], "counts has 2 rows"),
+        (table.int(), counts, "table must have dtype int64"),
+        (table[:, :4], counts, "table dim 1 must be 5"),
+        (table, counts[None], "counts must have 1 dims"),
+        (table, table[:, 0], "table shares memory with counts"),
+        (table, offsets[:, 1], "counts shares memory with offsets"),
+        (offsets, counts, "table shares memory with offsets"),
+        (torch.zeros(6, 1, dtype=torch.int64).expand(6, 5), counts, "one element per entry"),
+        (table, torch.zeros(1, dtype=torch.int64).expand(6), "one element per entry"),
+    ]
+    for bad_table, bad_counts, message in cases:
+        with pytest.raises(ShapeError, match=message):
+            decode_block_table(offsets, 1, bad_table, bad_counts)
+
+
+@pytest.mark.gpu
+def test_gpu_buffered_form_recorded_plans() -> None:
+    """The direct path keys buffered plans by every pointer: alternating buffers, offsets views
+    and divisors each decode correctly, and a graph capture allocates nothing."""
+    fields, _, _ = _encoded(32, 257, 2, seed=8)
+    big = fields.to(torch.int32).cuda()
+    pairs = [_buffers(40, 257, "cuda"), _buffers(33, 257, "cuda")]
+    narrow = _buffers(40, 16, "cuda")
+    for _ in range(3):
+        for view, divisor, (table, counts) in ((big[:, 0], 2, pairs[0]), (big[:, 1], 2, pairs[1]),
+                                               (big[:, 0], 1, pairs[1]),
+                                               (big[:, 0, :16], 2, narrow)):
+            want = decode_block_table_reference(view, divisor)
+            got = decode_block_table(view, divisor, table, counts)
+            assert got[0] is table and got[1] is counts
+            assert torch.equal(table[:32], want[0]) and torch.equal(counts[:32], want[1])
+            assert (table[32:] == -7).all() and (counts[32:] == -7).all()
+    table, counts = pairs[0]
+    offsets = big[:, 0].clone()
+    decode_block_table(offsets, 2, table, counts)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    before = torch.cuda.memory_allocated()
+    with torch.cuda.graph(graph):
+        decode_block_table(offsets, 2, table, counts)
+    assert torch.cuda.memory_allocated() == before
+    fresh, fresh_blocks, fresh_counts = _encoded(32, 257, 2, seed=9)
+    offsets.copy_(fresh[:, 0].cuda())
+    graph.replay()
+    assert torch.equal(table[:32].cpu(), fresh_blocks)
+    assert torch.equal(counts[:32].cpu(), fresh_counts)
