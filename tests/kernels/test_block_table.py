@@ -172,6 +172,12 @@ def test_gpu_buffered_form_recorded_plans() -> None:
         decode_block_table(offsets, 2, table, counts)
         allocated = torch.cuda.memory_allocated() - before
     assert allocated == 0
+    probe = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(probe):  # the same measure sees the allocating form's outputs
+        before = torch.cuda.memory_allocated()
+        outputs = decode_block_table(offsets, 2)
+        assert torch.cuda.memory_allocated() > before
+    del outputs, probe
     fresh, fresh_blocks, fresh_counts = _encoded(32, 257, 2, seed=9)
     offsets.copy_(fresh[:, 0].cuda())
     graph.replay()
