@@ -27,7 +27,11 @@ Targets (H200, V = 163840, r = 256, bf16 w2, fp32 logits, K = 6): at B = 4 the f
 graph within 1.3x of the floor; at B = 128 at least 3x faster than the eager chain in a graph and
 within 1.6x of the floor. Spec-tail ops (strict_accept, decode_block_table, prepare_placement,
 forced_accept, store_context): fused at least 5x faster than the eager chain, both launched
-eagerly (column ``eag/fus``), in one launch (column ``launches``).
+eagerly (column ``eag/fus``), in one launch (column ``launches``). ``decode_block_table`` is
+timed in both forms: fresh outputs, and rows ``:B`` of bind-time buffers (spec 4.5, the
+graph-safe form of spec 7). ``strict_accept`` at B = 32 and 128 reads 19 and 78 MB of logits:
+the eager chain there is itself within about 3.7x and 1.4x of the floor, so no kernel can be 5x
+faster than it, and those rows measure the distance to the floor instead.
 """
 
 from __future__ import annotations
