@@ -25,6 +25,7 @@ H200 (2026-11-30).
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import NamedTuple
 
 import torch
@@ -32,7 +33,7 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ConfigError, ShapeError, check_tensor
-from draftsmith.kernels._launch import FastLaunch
+from draftsmith.kernels._launch import FastLaunch, hooks_installed, raw_stream
 
 EXCHANGE_COLUMNS = 128
 """Width of the zero-padded fp32 staging row of the SUM exchange (spec 5.3); ``2 * TP <= 128``."""
@@ -439,6 +440,7 @@ def set_pair_tuning(tuning: PairTuning | None, op: str = "argmax") -> None:
         _tuning_override.pop(op, None)
     else:
         _tuning_override[op] = tuning
+    clear_pair_plans()
 
 
 @functools.lru_cache(maxsize=1024)
@@ -526,6 +528,7 @@ def _workspace(device: torch.device, rows: int, parts: int) -> _Workspace | None
         return ws
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return None
+    clear_pair_plans()  # recorded launches hold the old buffers' addresses
     if ws is None:
         ws = _WORKSPACES[device] = _Workspace()
     else:
@@ -543,16 +546,53 @@ def _workspace(device: torch.device, rows: int, parts: int) -> _Workspace | None
     return ws
 
 
+_PAIR_PLANS: dict[tuple, tuple] = {}
+"""Direct-launch plans of the pair ops (``argmax_pair``, ``gumbel_pair``). The key fixes every
+fact the checks and the launch sizes depend on: op, geometry, dtype, device and 16-byte pointer
+alignment of each caller tensor, and the values of the int arguments. The value is
+``(grid rows, grid chunks, run, function, packed, device, *segments)``: the compiled kernel and
+the fixed arguments between the caller's tensors (workspace tensors as raw pointers). Cleared
+when a workspace grows or a tuning is set, the two things that change a launch for a key."""
+_MAX_PAIR_PLANS = 4096
+
+
+def clear_pair_plans() -> None:
+    """Forget every recorded pair launch (the next call of each layout takes the checked path)."""
+    _PAIR_PLANS.clear()
+
+
+def _record_pair_plan(key: tuple, launcher: FastLaunch, grid: tuple[int, int], args: tuple,
+                      num_warps: int, num_stages: int | None, varying: tuple[int, ...]) -> None:
+    """Record the launch just made under ``key``: ``varying`` are the positions of the caller's
+    per-call tensors in ``args`` (the first is 0), passed by pointer on each direct launch."""
+    first = args[0]
+    if not first.is_cuda or torch.cuda.is_current_stream_capturing():
+        return
+    dev = first.get_device()
+    hit = launcher.handle(dev, args, num_warps, num_stages)
+    if hit is None:
+        return
+    fixed = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+    bounds = (*varying, len(args))
+    segments = tuple(tuple(fixed[lo + 1:hi]) for lo, hi in itertools.pairwise(bounds))
+    if len(_PAIR_PLANS) >= _MAX_PAIR_PLANS:
+        _PAIR_PLANS.clear()
+    _PAIR_PLANS[key] = (grid[0], grid[1], *hit, dev, *segments)
+
+
 def run_pair_reduction(launcher: FastLaunch, launch: PairLaunch, out: torch.Tensor, rows: int,
                        shard_width: int, vocab_start: int, slot: int, args: tuple,
-                       constexprs: tuple) -> torch.Tensor:
+                       constexprs: tuple, plan_key: tuple | None = None,
+                       varying: tuple[int, ...] = ()) -> torch.Tensor:
     """Launch a pair kernel once over ``(rows, n_chunks)`` through ``launcher``.
 
     The kernel's signature is ``*args, out_ptr, out_row_stride, C, vocab_start, slot, part_val,
     part_idx, counts, keys, tiles, n_chunks, BLOCK, BLOCK_C, BLOCK_OUT, TREE, MERGE, *constexprs``
     (``keys``: the workspace's ``part_key`` or ``row_key`` as ``launch.merge`` needs; all passed
     positionally: :class:`~draftsmith.kernels._launch.FastLaunch` skips Triton's binder after
-    the first launch of a specialization)."""
+    the first launch of a specialization). With ``plan_key`` the launch is recorded in
+    ``_PAIR_PLANS`` (``varying``: positions of the caller's tensors in ``args``; ``out`` is
+    added)."""
     C = out.shape[1]
     if launch.n_chunks > 1:
         ws = _workspace(out.device, rows, rows * launch.n_chunks)
@@ -573,13 +613,14 @@ def run_pair_reduction(launcher: FastLaunch, launch: PairLaunch, out: torch.Tens
         part_val, part_idx = out, out.view(torch.int32)
         counts = part_idx
         keys = _dummy_keys(out.device)
-    launcher(
-        (rows, launch.n_chunks),
-        (*args, out, out.stride(0), C, vocab_start, slot, part_val, part_idx, counts, keys,
-         launch.tiles, launch.n_chunks, launch.block, launch.block_c, _block_out(C),
-         launch.tree_reduce, launch.merge, *constexprs),
-        num_warps=launch.num_warps, num_stages=launch.num_stages,
-    )
+    grid = (rows, launch.n_chunks)
+    full = (*args, out, out.stride(0), C, vocab_start, slot, part_val, part_idx, counts, keys,
+            launch.tiles, launch.n_chunks, launch.block, launch.block_c, _block_out(C),
+            launch.tree_reduce, launch.merge, *constexprs)
+    launcher(grid, full, num_warps=launch.num_warps, num_stages=launch.num_stages)
+    if plan_key is not None:
+        _record_pair_plan(plan_key, launcher, grid, full, launch.num_warps, launch.num_stages,
+                          (*varying, len(args)))
     return out
 
 
@@ -601,12 +642,28 @@ def _block_out(columns: int) -> int:
 
 
 _ARGMAX_LAUNCH = FastLaunch(_argmax_pair_kernel)
+_T = torch.Tensor
 
 
 def argmax_pair(
     logits: torch.Tensor, vocab_start: int = 0, out: torch.Tensor | None = None, slot: int = 0
 ) -> torch.Tensor:
     """Triton form of :func:`argmax_pair_reference` (same arguments, identical bits)."""
+    # a decode loop calls this with one layout over and over: a recorded plan skips the checks,
+    # the launch-size choice and Triton's argument specialization (host time of ~2 launches)
+    key = None
+    if (type(logits) is _T and type(out) is _T and type(vocab_start) is int
+            and type(slot) is int):
+        lp, op = logits.data_ptr(), out.data_ptr()
+        key = ("argmax", logits.shape, logits.stride(), logits.dtype, logits.get_device(),
+               lp & 15, out.shape, out.stride(), out.dtype, out.get_device(), op & 15,
+               vocab_start, slot)
+        plan = _PAIR_PLANS.get(key)
+        if plan is not None and not hooks_installed():
+            g0, g1, run, function, packed, dev, mid, tail = plan
+            run(g0, g1, 1, raw_stream(dev), function, packed, None, None, None,
+                lp, *mid, op, *tail)
+            return out
     out = _check_args("argmax_pair", logits, vocab_start, out, slot)
     rows, shard_width = logits.shape
     if rows == 0:
@@ -615,7 +672,7 @@ def argmax_pair(
                               logits.element_size(), logits.device)
     return run_pair_reduction(
         _ARGMAX_LAUNCH, launch, out, rows, shard_width, vocab_start, slot,
-        (logits, logits.stride(0), shard_width), (launch.unroll,),
+        (logits, logits.stride(0), shard_width), (launch.unroll,), key, (0,),
     )
 
 
@@ -686,6 +743,7 @@ __all__ = [
     "argmax_pair",
     "argmax_pair_reference",
     "canonical_nan",
+    "clear_pair_plans",
     "lane_argmax",
     "lane_argmax_t",
     "lane_argmax_t_tree",

@@ -17,8 +17,9 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
-from draftsmith.kernels._launch import FastLaunch
+from draftsmith.kernels._launch import FastLaunch, hooks_installed, raw_stream
 from draftsmith.kernels.argmax_pair import (
+    _PAIR_PLANS,
     PairTuning,
     _check_args,
     argmax_pair_reference,
@@ -166,6 +167,7 @@ def _gumbel_pair_kernel(
                  BLOCK_OUT, TREE, MERGE)
 
 
+_T = torch.Tensor
 _GUMBEL_LAUNCH = FastLaunch(_gumbel_pair_kernel)
 
 
@@ -186,6 +188,26 @@ def gumbel_pair(
     as in :func:`gumbel_from_uniform` on each device). The kernel skips Philox for a whole tile
     whose elements are all dominated by the running maximum of its chunk.
     """
+    # the argmax_pair plan, with the sampling key's tensors also passed by pointer
+    key = None
+    if (type(logits) is _T and type(out) is _T and type(temperatures) is _T
+            and type(seeds) is _T and type(offsets) is _T and type(vocab_start) is int
+            and type(slot) is int and type(stream) is int):
+        lp, op = logits.data_ptr(), out.data_ptr()
+        tp, sp, fp = temperatures.data_ptr(), seeds.data_ptr(), offsets.data_ptr()
+        key = ("gumbel", logits.shape, logits.stride(), logits.dtype, logits.get_device(),
+               lp & 15, out.shape, out.stride(), out.dtype, out.get_device(), op & 15,
+               vocab_start, slot, stream, bool(skip_dominated),
+               temperatures.shape, temperatures.stride(), temperatures.dtype,
+               temperatures.get_device(), tp & 15, seeds.shape, seeds.stride(), seeds.dtype,
+               seeds.get_device(), sp & 15, offsets.shape, offsets.stride(), offsets.dtype,
+               offsets.get_device(), fp & 15)
+        plan = _PAIR_PLANS.get(key)
+        if plan is not None and not hooks_installed():
+            g0, g1, run, function, packed, dev, mid, _, _, _, tail = plan
+            run(g0, g1, 1, raw_stream(dev), function, packed, None, None, None,
+                lp, *mid, tp, sp, fp, op, *tail)
+            return out
     out = _check_args("gumbel_pair", logits, vocab_start, out, slot)
     _check_key(logits, temperatures, seeds, offsets, stream)
     for name, t in (("temperatures", temperatures), ("seeds", seeds), ("offsets", offsets)):
@@ -201,6 +223,7 @@ def gumbel_pair(
         (logits, logits.stride(0), shard_width, temperatures, seeds, offsets),
         (stream, bool(skip_dominated), G_MIN, G_MAX, GUMBEL_SPAN, SKIP_SLACK, SKIP_REL,
          not logits.is_cuda),
+        key, (0, 3, 4, 5),
     )
 
 

@@ -310,9 +310,11 @@ def test_capture_with_too_small_workspace_falls_back(monkeypatch) -> None:
     small.part_key = torch.empty(1, dtype=torch.int64, device="cuda")
     small.row_key = torch.full((1,), KEY_EMPTY, dtype=torch.int64, device="cuda")
     monkeypatch.setattr(ap, "_WORKSPACES", {torch.device("cuda", 0): small, x.device: small})
+    ap.clear_pair_plans()  # the recorded launch holds the real workspace
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         argmax_pair(x, 0, out, 0)
+    ap.clear_pair_plans()
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
@@ -362,3 +364,80 @@ def test_graph_replay_equals_eager(cfg: PairTuning | None, tuning) -> None:
         torch.cuda.synchronize()
         assert torch.equal(bits(out), bits(argmax_pair_reference(x, 0, torch.zeros_like(out), 1)))
         assert counters_are_zero(x.device)  # the merging programs reset their rows' counters
+
+
+@pytest.mark.gpu
+def test_recorded_plans_respecialize_and_skip_the_checks(monkeypatch) -> None:
+    """Once each layout has run, calls take the recorded direct launch (the checked path is
+    made to fail); misaligned views, other vocab starts, slots and out views each keep their own
+    plan, and every result equals the reference bit for bit."""
+    ap.clear_pair_plans()
+    base = random_logits(6, 19361, torch.float32, seed=3).cuda()
+    half = random_logits(6, 19361, torch.bfloat16, seed=4).cuda()
+    out = torch.full((6, EXCHANGE_COLUMNS + 2), float("nan"), device="cuda")
+    layouts = [(base[:, :19360], 0, out[:, :EXCHANGE_COLUMNS], 0),
+               (base[:, 1:], 0, out[:, :EXCHANGE_COLUMNS], 0),     # logits 4 bytes off
+               (base[:, 1:], 64, out[:, 2:], 5),                   # out 8 bytes off
+               (half[:, 1:], 7, out[:, :EXCHANGE_COLUMNS], 3),
+               (base[:4, :77], 0, out[:4, :EXCHANGE_COLUMNS], 1)]
+
+    def run_all() -> None:
+        for logits, start, dest, slot in layouts:
+            dest.fill_(float("nan"))
+            got = argmax_pair(logits, start, dest, slot).clone()
+            want = argmax_pair_reference(logits, start, torch.full_like(dest, float("nan")),
+                                         slot)
+            assert torch.equal(bits(got), bits(want))
+
+    run_all()
+    assert len(ap._PAIR_PLANS) == len(layouts)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a recorded layout went through the checks")
+
+    monkeypatch.setattr(ap, "_check_args", refuse)
+    for _ in range(2):
+        base.copy_(random_logits(6, 19361, torch.float32, seed=5).cuda())
+        run_all()
+
+
+@pytest.mark.gpu
+def test_recorded_plans_follow_workspace_growth_and_tuning() -> None:
+    x = random_logits(2, 151936, torch.bfloat16, seed=6).cuda()
+    out = torch.zeros(2, EXCHANGE_COLUMNS, device="cuda")
+    argmax_pair(x, 0, out, 0)
+    assert ap._PAIR_PLANS
+    ws = ap._WORKSPACES[x.device]
+    parts = ws.part_val.numel()
+    rows = parts // 16  # 32 chunks of 256 columns each: twice the partials there is room for
+    per_sm = triton.next_power_of_2(-(-64 * rows // ap._sm_count(x.device)))
+    big = random_logits(rows, 8192, torch.float32, seed=7).cuda()
+    set_pair_tuning(PairTuning(per_sm, 1024, 1, 1, 1))
+    try:
+        assert not ap._PAIR_PLANS, "set_pair_tuning clears the plans"
+        argmax_pair(x, 0, out, 0)
+        argmax_pair(big, 0)
+        assert ap._WORKSPACES[x.device].part_val.numel() > parts
+        assert not ap._PAIR_PLANS, "a growing workspace clears the plans"
+        for _ in range(2):
+            assert torch.equal(bits(argmax_pair(x, 0, out, 0)),
+                               bits(argmax_pair_reference(x, 0, torch.zeros_like(out), 0)))
+    finally:
+        set_pair_tuning(None)
+    assert counters_are_zero("cuda:0")
+
+
+@pytest.mark.gpu
+def test_recorded_plan_in_a_graph() -> None:
+    x = random_logits(4, 163840, torch.bfloat16, seed=8).cuda()
+    out = torch.zeros(4, EXCHANGE_COLUMNS, device="cuda")
+    argmax_pair(x, 0, out, 0)
+    argmax_pair(x, 0, out, 0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        argmax_pair(x, 0, out, 0)
+    x.copy_(random_logits(4, 163840, torch.bfloat16, seed=9).cuda())
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(bits(out), bits(argmax_pair_reference(x, 0, torch.zeros_like(out), 0)))

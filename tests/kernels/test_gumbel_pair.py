@@ -221,3 +221,29 @@ def test_graph_replay_draws_fresh_noise() -> None:
         assert torch.equal(bits(out[:, :2]), bits(eager))
         seen.append(out[:, 0].clone())
     assert not torch.equal(seen[0], seen[1])
+
+
+@pytest.mark.gpu
+def test_recorded_plans_take_fresh_keys_by_pointer(monkeypatch) -> None:
+    """Fresh key tensors each call (new pointers, one layout) reuse the recorded launch, and
+    a misaligned temperature view gets its own; the draws equal the reference bit for bit."""
+    from draftsmith.kernels import gumbel_pair as gp
+
+    ap.clear_pair_plans()
+    x, temps, _, _ = make_case(6, 19360, seed=11)
+    x = x.cuda()
+    padded = torch.cat([torch.ones(1), temps]).cuda()
+    out = torch.zeros(6, EXCHANGE_COLUMNS, device="cuda")
+    for step in range(6):
+        if step == 2:
+            monkeypatch.setattr(gp, "_check_args", lambda *a, **k: (_ for _ in ()).throw(
+                AssertionError("a recorded layout went through the checks")))
+        g = torch.Generator().manual_seed(step)
+        seeds = torch.randint(0, 2**62, (6,), generator=g).cuda()
+        offsets = torch.randint(0, 2**40, (6,), generator=g).cuda()
+        for t in (padded[1:], padded[:6]):  # 4 bytes apart: two plans
+            got = gumbel_pair(x, t, seeds, offsets, 1, 0, out, 0).clone()
+            want = gumbel_pair_reference(x, t, seeds, offsets, 1, 0,
+                                         torch.zeros_like(out), 0)
+            assert torch.equal(bits(got), bits(want))
+    assert sum(key[0] == "gumbel" for key in ap._PAIR_PLANS) == 2
