@@ -368,8 +368,8 @@ def test_graph_replay_equals_eager(cfg: PairTuning | None, tuning) -> None:
 
 @pytest.mark.gpu
 def test_recorded_plans_respecialize_and_skip_the_checks(monkeypatch) -> None:
-    """Once each layout has run, calls take the recorded direct launch (the checked path is
-    made to fail); misaligned views, other vocab starts, slots and out views each keep their own
+    """Once each layout has run, calls take the recorded direct launch (the checked path's
+    launch-size choice is made to fail); misaligned views, other vocab starts, slots and out views each keep their own
     plan, and every result equals the reference bit for bit."""
     ap.clear_pair_plans()
     base = random_logits(6, 19361, torch.float32, seed=3).cuda()
@@ -393,9 +393,9 @@ def test_recorded_plans_respecialize_and_skip_the_checks(monkeypatch) -> None:
     assert len(ap._PAIR_PLANS) == len(layouts)
 
     def refuse(*args, **kwargs):
-        raise AssertionError("a recorded layout went through the checks")
+        raise AssertionError("a recorded layout went through the checked launch path")
 
-    monkeypatch.setattr(ap, "_check_args", refuse)
+    monkeypatch.setattr(ap, "pick_pair_launch", refuse)  # the reference never calls it
     for _ in range(2):
         base.copy_(random_logits(6, 19361, torch.float32, seed=5).cuda())
         run_all()

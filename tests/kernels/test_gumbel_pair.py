@@ -236,8 +236,8 @@ def test_recorded_plans_take_fresh_keys_by_pointer(monkeypatch) -> None:
     out = torch.zeros(6, EXCHANGE_COLUMNS, device="cuda")
     for step in range(6):
         if step == 2:
-            monkeypatch.setattr(gp, "_check_args", lambda *a, **k: (_ for _ in ()).throw(
-                AssertionError("a recorded layout went through the checks")))
+            monkeypatch.setattr(gp, "pick_pair_launch", lambda *a, **k: (_ for _ in ()).throw(
+                AssertionError("a recorded layout went through the checked launch path")))
         g = torch.Generator().manual_seed(step)
         seeds = torch.randint(0, 2**62, (6,), generator=g).cuda()
         offsets = torch.randint(0, 2**40, (6,), generator=g).cuda()
