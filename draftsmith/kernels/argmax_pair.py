@@ -594,22 +594,23 @@ def run_pair_reduction(launcher: FastLaunch, launch: PairLaunch, out: torch.Tens
     ``_PAIR_PLANS`` (``varying``: positions of the caller's tensors in ``args``; ``out`` is
     added)."""
     C = out.shape[1]
-    if launch.n_chunks > 1:
-        ws = _workspace(out.device, rows, rows * launch.n_chunks)
-        if ws is None:  # capture with a too-small workspace: one program per row instead
-            tiles = triton.cdiv(triton.cdiv(shard_width, launch.block), launch.unroll)
-            launch = launch._replace(tiles=tiles * launch.unroll, n_chunks=1)
-            ws = _WORKSPACES.get(out.device)
-    else:
+    # a one-chunk launch never touches the scratch, but it still gets the workspace's (kept)
+    # tensors, so a recorded launch never holds the address of a caller's freed tensor
+    split = launch.n_chunks > 1
+    ws = _workspace(out.device, rows if split else 1, rows * launch.n_chunks if split else 1)
+    if ws is None and split:  # capture with a too-small workspace: one program per row instead
+        tiles = triton.cdiv(triton.cdiv(shard_width, launch.block), launch.unroll)
+        launch = launch._replace(tiles=tiles * launch.unroll, n_chunks=1)
+    if ws is None:
         ws = _WORKSPACES.get(out.device)
-    # a one-chunk launch never touches the scratch; passing the workspace's own (typed,
-    # aligned) tensors keeps it the same compiled kernel, so it can launch inside a capture
+    # passing the workspace's own (typed, aligned) tensors keeps a one-chunk launch the same
+    # compiled kernel, so it can launch inside a capture
     if ws is not None:
         part_val, part_idx, counts = ws.part_val, ws.part_idx, ws.counts
         keys = ws.row_key if launch.merge == MERGE_ATOMIC else ws.part_key
         if keys is None:  # a hand-built workspace without key buffers (tests)
             keys = _dummy_keys(out.device)
-    else:
+    else:  # inside a capture before any workspace exists (nothing is recorded then)
         part_val, part_idx = out, out.view(torch.int32)
         counts = part_idx
         keys = _dummy_keys(out.device)

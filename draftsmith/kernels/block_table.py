@@ -33,17 +33,26 @@ def decode_block_table_reference(
     Without buffers the result is ``(table [B, max_blocks], counts [B])``, freshly allocated.
     With ``table: [R, max_blocks] int64`` and ``counts: [R'] int64`` (``R, R' >= B``, bind-time
     buffers) rows ``:B`` are written in place, the rest are left alone, and the buffers
-    themselves are returned (as a torch ``out=`` does).
+    themselves are returned (as a torch ``out=`` does). Buffers the kernel refuses are refused
+    here too (each layout is checked once).
 
     A negative entry (unallocated) decodes to page 0, which belongs to another request; callers
     bound every write with ``counts`` (spec 4.6).
     """
-    enc = offsets.to(torch.int64)
     if table is None and counts is None:
+        enc = offsets.to(torch.int64)
         counts = (enc >= 0).sum(dim=1, dtype=torch.int64)
         return torch.div(enc.clamp(min=0), divisor, rounding_mode="floor"), counts
-    if table is None or counts is None:
-        raise ShapeError("decode_block_table: pass both table and counts buffers, or neither")
+    # torch's out= would resize a short buffer (moving it away from a captured graph's pointer)
+    # and cast a wrong dtype: the reference refuses the buffers the kernel refuses
+    layout = None
+    if type(offsets) is _T and type(table) is _T and type(counts) is _T:
+        layout = _buffer_layout(offsets, divisor, table, counts)
+    if layout is None or layout not in _CHECKED_LAYOUTS:
+        _check_offsets(offsets, divisor)
+        _check_buffers(offsets, table, counts)
+        _remember(_CHECKED_LAYOUTS, layout, True)
+    enc = offsets.to(torch.int64)
     b = enc.shape[0]
     torch.sum(enc >= 0, dim=1, dtype=torch.int64, out=counts[:b])
     torch.div(enc.clamp(min=0), divisor, rounding_mode="floor", out=table[:b])
@@ -75,7 +84,7 @@ def _decode_launch_sizes(max_blocks: int) -> int:
 
 
 def _byte_span(t: torch.Tensor) -> tuple[int, int]:
-    """``[first, last)`` bytes a non-empty tensor can touch (a conservative interval)."""
+    """``[first, last)`` bytes a non-empty tensor can touch: its address range."""
     reach = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
     return t.data_ptr(), t.data_ptr() + (reach + 1) * t.element_size()
 
@@ -92,13 +101,27 @@ def _distinct_elements(t: torch.Tensor) -> bool:
     return True
 
 
+def _check_offsets(offsets: object, divisor: object) -> None:
+    if type(offsets) is not _T or offsets.dim() != 2 or offsets.dtype not in _OFFSET_DTYPES:
+        check_tensor("decode_block_table: offsets", offsets, ("B", "max_blocks"),
+                     _OFFSET_DTYPES)
+    if type(divisor) is not int or divisor < 1:
+        raise ShapeError(f"decode_block_table: divisor must be an int >= 1 (kv_factor or "
+                         f"layers * kv_factor), got {divisor!r}")
+
+
 def _check_buffers(offsets: torch.Tensor, table: object, counts: object) -> None:
-    """Refuse buffers of the wrong kind, too few rows, another device, or shared memory."""
+    """Refuse buffers of the wrong kind, too few rows, another device, or shared addresses."""
     if table is None or counts is None:
         raise ShapeError("decode_block_table: pass both table and counts buffers, or neither")
     b, m = offsets.shape
-    check_tensor("table", table, (None, m), torch.int64, None, offsets.device)
-    check_tensor("counts", counts, (None,), torch.int64, None, offsets.device)
+    check_tensor("decode_block_table: table", table, (None, None), torch.int64, None,
+                 offsets.device)
+    check_tensor("decode_block_table: counts", counts, (None,), torch.int64, None,
+                 offsets.device)
+    if table.shape[1] != m:
+        raise ShapeError(f"decode_block_table: table has {table.shape[1]} columns; it needs "
+                         f"max_blocks = {m}, the width of offsets")
     for name, buf in (("table", table), ("counts", counts)):
         if buf.shape[0] < b:
             raise ShapeError(f"decode_block_table: {name} has {buf.shape[0]} rows, fewer than "
@@ -114,11 +137,36 @@ def _check_buffers(offsets: torch.Tensor, table: object, counts: object) -> None
     for x, y in (("table", "counts"), ("table", "offsets"), ("counts", "offsets")):
         (lo1, hi1), (lo2, hi2) = spans[x], spans[y]
         if lo1 < hi2 and lo2 < hi1:
-            raise ShapeError(f"decode_block_table: {x} shares memory with {y}; give each "
-                             "output its own buffer")
+            raise ShapeError(f"decode_block_table: the address ranges of {x} and {y} overlap; "
+                             "give each its own range (columns of one buffer interleave and "
+                             "are refused too)")
+
+
+def _buffer_layout(offsets: torch.Tensor, divisor: int, table: torch.Tensor,
+                   counts: torch.Tensor) -> tuple:
+    """Everything the buffer checks and the launch depend on, pointers included (a CUDA
+    address names its device, and bind-time buffers keep theirs)."""
+    return (offsets.shape, offsets.stride(), divisor, offsets.dtype, offsets.data_ptr(),
+            table.shape, table.stride(), table.dtype, table.data_ptr(),
+            counts.shape, counts.stride(), counts.dtype, counts.data_ptr())
+
+
+_SRC, _DST, _CNT = 4, 8, 12
+"""Positions of the three data pointers in a :func:`_buffer_layout` key."""
+
+
+def _remember(cache: dict, key: tuple | None, value: object) -> None:
+    """Store with a bound: callers that pass fresh tensors each step would grow it forever."""
+    if key is None:
+        return
+    if len(cache) >= _MAX_BUFFER_PLANS:
+        cache.clear()
+    cache[key] = value
 
 
 _LAUNCH = FastLaunch(_decode_block_table_kernel)
+_T = torch.Tensor
+_OFFSET_DTYPES = (torch.int32, torch.int64)
 _BLOCKS: dict[int, int] = {}
 _PLANS: dict[tuple, tuple] = {}
 """Direct-launch plans of the allocating form: ``(shape, strides, divisor, dtype, device)`` of
@@ -128,12 +176,13 @@ args, run, function, packed)``, recorded after a checked launch with a 16-byte a
 are; the ``counts`` view sits ``B * max_blocks`` elements in, so its alignment is fixed by the
 key). A hit implies the checks passed, so the direct path repeats none of them."""
 _BUFFER_PLANS: dict[tuple, tuple] = {}
-"""Direct-launch plans of the buffered form, keyed by the geometry, dtype and data pointer of all
-three tensors (bind-time buffers keep their pointers, so the overlap and alignment checks of the
-recording call hold for every hit) -> ``(B, trailing args, run, function, packed)``."""
+"""Direct-launch plans of the buffered form, keyed by :func:`_buffer_layout` (bind-time buffers
+keep their pointers, so the overlap and alignment checks of the recording call hold for every
+hit) -> ``(B, trailing args, run, function, packed, device)``."""
+_CHECKED_LAYOUTS: dict[tuple, bool] = {}
+"""Buffered layouts the reference has checked (it validates each layout once, as the kernel's
+plans do)."""
 _MAX_BUFFER_PLANS = 256
-_T = torch.Tensor
-_OFFSET_DTYPES = (torch.int32, torch.int64)
 _I64 = torch.int64
 
 
@@ -148,7 +197,7 @@ def decode_block_table(
     ``offsets: [B, max_blocks] int32/int64`` (strided views allowed), ``divisor >= 1``.
     Without buffers, returns ``(table [B, max_blocks] int64, counts [B] int64)``, disjoint views
     of one fresh allocation. With ``table: [R, max_blocks] int64`` and ``counts: [R'] int64``
-    (``R, R' >= B``, any strides, sharing no memory with ``offsets`` or each other) it writes
+    (``R, R' >= B``, any strides, address ranges disjoint from ``offsets`` and each other) it writes
     rows ``:B`` and returns the buffers: no allocation, so the call is graph-safe (spec 7).
     """
     # the call is host-bound (the kernel runs for about 5 us): a recorded plan skips the checks,
@@ -170,21 +219,14 @@ def decode_block_table(
                             src, dst, dst + counts_bytes, *tail)
                         return out.as_strided(*table_at), out.as_strided(*counts_at)
         elif type(table) is _T and type(counts) is _T:
-            src, dst, cnt = offsets.data_ptr(), table.data_ptr(), counts.data_ptr()
-            plan = _BUFFER_PLANS.get((
-                offsets.shape, offsets.stride(), divisor, offsets.dtype, src,
-                table.shape, table.stride(), table.dtype, dst,
-                counts.shape, counts.stride(), counts.dtype, cnt))
+            key = _buffer_layout(offsets, divisor, table, counts)
+            plan = _BUFFER_PLANS.get(key)
             if plan is not None and not hooks_installed():
                 b, tail, run, function, packed, dev = plan
                 run(b, 1, 1, raw_stream(dev), function, packed, None, None, None,
-                    src, dst, cnt, *tail)
+                    key[_SRC], key[_DST], key[_CNT], *tail)
                 return table, counts
-    if type(offsets) is not _T or offsets.dim() != 2 or offsets.dtype not in _OFFSET_DTYPES:
-        check_tensor("offsets", offsets, ("B", "max_blocks"), _OFFSET_DTYPES)
-    if type(divisor) is not int or divisor < 1:
-        raise ShapeError(f"divisor must be an int >= 1 (kv_factor or layers * kv_factor), "
-                         f"got {divisor!r}")
+    _check_offsets(offsets, divisor)
     b, m = offsets.shape
     buffered = table is not None or counts is not None
     if buffered:
@@ -208,12 +250,8 @@ def decode_block_table(
     if buffered:
         hit = _LAUNCH.handle(dev, args)
         if hit is not None:
-            if len(_BUFFER_PLANS) >= _MAX_BUFFER_PLANS:
-                _BUFFER_PLANS.clear()  # callers that pass fresh tensors each step
-            key = (offsets.shape, offsets.stride(), divisor, offsets.dtype, offsets.data_ptr(),
-                   table.shape, table.stride(), table.dtype, table.data_ptr(),
-                   counts.shape, counts.stride(), counts.dtype, counts.data_ptr())
-            _BUFFER_PLANS[key] = (b, tail, *hit, dev)
+            _remember(_BUFFER_PLANS, _buffer_layout(offsets, divisor, table, counts),
+                      (b, tail, *hit, dev))
     elif not offsets.data_ptr() & 15:
         hit = _LAUNCH.handle(dev, args)
         if hit is not None:

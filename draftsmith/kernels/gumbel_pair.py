@@ -17,9 +17,9 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
+from draftsmith.kernels import argmax_pair as _pairs
 from draftsmith.kernels._launch import FastLaunch, hooks_installed, raw_stream
 from draftsmith.kernels.argmax_pair import (
-    _PAIR_PLANS,
     PairTuning,
     _check_args,
     argmax_pair_reference,
@@ -202,7 +202,7 @@ def gumbel_pair(
                temperatures.get_device(), tp & 15, seeds.shape, seeds.stride(), seeds.dtype,
                seeds.get_device(), sp & 15, offsets.shape, offsets.stride(), offsets.dtype,
                offsets.get_device(), fp & 15)
-        plan = _PAIR_PLANS.get(key)
+        plan = _pairs._PAIR_PLANS.get(key)  # through the module: one table, cleared in one place
         if plan is not None and not hooks_installed():
             g0, g1, run, function, packed, dev, mid, _, _, _, tail = plan
             run(g0, g1, 1, raw_stream(dev), function, packed, None, None, None,

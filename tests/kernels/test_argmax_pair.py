@@ -441,3 +441,45 @@ def test_recorded_plan_in_a_graph() -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(bits(out), bits(argmax_pair_reference(x, 0, torch.zeros_like(out), 0)))
+
+
+def test_pair_ops_share_one_plan_table(monkeypatch) -> None:
+    """gumbel_pair looks its plans up through this module, so the table that set_pair_tuning
+    and a growing workspace clear is the one both ops read."""
+    from draftsmith.kernels.gumbel_pair import gumbel_pair
+
+    seen: list[str] = []
+
+    class Recording(dict):
+        def get(self, key, default=None):
+            seen.append(key[0])
+            return super().get(key, default)
+
+    monkeypatch.setattr(ap, "_PAIR_PLANS", Recording())
+    x = random_logits(2, 77, torch.float32)
+    out = torch.zeros(2, EXCHANGE_COLUMNS)
+    argmax_pair(x, 0, out, 0)
+    gumbel_pair(x, torch.ones(2), torch.zeros(2, dtype=torch.int64),
+                torch.zeros(2, dtype=torch.int64), 0, 0, out, 0)
+    assert seen == ["argmax", "gumbel"]
+
+
+def test_one_chunk_launch_gets_the_workspace(monkeypatch) -> None:
+    """A launch that never touches the scratch still passes the kept workspace tensors, never
+    the caller's ``out`` (a recorded launch would hold its address after it is freed)."""
+    monkeypatch.setattr(ap, "_WORKSPACES", {})
+    x = random_logits(3, 77, torch.float32)
+    assert pair_launch_sizes(3, 77, 4, 1, ap._INTERPRETER_TUNING).n_chunks == 1
+    argmax_pair(x, 0)
+    assert torch.device("cpu") in ap._WORKSPACES
+
+
+@pytest.mark.gpu
+def test_recorded_one_chunk_plan_holds_no_caller_pointer() -> None:
+    x = random_logits(3, 77, torch.float32).cuda()
+    out = torch.zeros(3, EXCHANGE_COLUMNS, device="cuda")
+    ap.clear_pair_plans()
+    argmax_pair(x, 0, out, 0)
+    (plan,) = ap._PAIR_PLANS.values()
+    assert plan[1] == 1, "one chunk per row"
+    assert out.data_ptr() not in plan[-1] and x.data_ptr() not in plan[-1]

@@ -121,49 +121,73 @@ def test_buffered_form_writes_rows_in_place(dtype: torch.dtype) -> None:
 
 
 def test_buffered_form_refuses_bad_buffers() -> None:
+    """Kernel and reference refuse the same buffers (torch's out= would resize a short one,
+    moving it away from a captured graph's pointer, or cast a wrong dtype)."""
     offsets = torch.zeros(4, 5, dtype=torch.int64)
     table, counts = torch.empty(6, 5, dtype=torch.int64), torch.empty(6, dtype=torch.int64)
-    for decode in (decode_block_table, decode_block_table_reference):
-        with pytest.raises(ShapeError, match="both table and counts"):
-            decode(offsets, 1, table, None)
-        with pytest.raises(ShapeError, match="both table and counts"):
-            decode(offsets, 1, None, counts)
+    packed = torch.empty(6, 6, dtype=torch.int64)
     cases = [
+        (table, None, "both table and counts"),
+        (None, counts, "both table and counts"),
         (table[:3], counts, "table has 3 rows, fewer than the 4"),
         (table, counts[:2], "counts has 2 rows"),
         (table.int(), counts, "table must have dtype int64"),
-        (table[:, :4], counts, "table dim 1 must be 5"),
+        (table[:, :4], counts, "table has 4 columns; it needs max_blocks = 5"),
+        (torch.empty(6, 6, dtype=torch.int64), counts, "table has 6 columns"),
         (table, counts[None], "counts must have 1 dims"),
-        (table, table[:, 0], "table shares memory with counts"),
-        (table, offsets[:, 1], "counts shares memory with offsets"),
-        (offsets, counts, "table shares memory with offsets"),
+        (table, table[:, 0], "address ranges of table and counts overlap"),
+        (packed[:, :5], packed[:, 5], "address ranges of table and counts overlap"),
+        (table, offsets[:, 1], "address ranges of counts and offsets overlap"),
+        (offsets, counts, "address ranges of table and offsets overlap"),
         (torch.zeros(6, 1, dtype=torch.int64).expand(6, 5), counts, "one element per entry"),
         (table, torch.zeros(1, dtype=torch.int64).expand(6), "one element per entry"),
     ]
-    for bad_table, bad_counts, message in cases:
-        with pytest.raises(ShapeError, match=message):
-            decode_block_table(offsets, 1, bad_table, bad_counts)
+    for decode in (decode_block_table, decode_block_table_reference):
+        for bad_table, bad_counts, message in cases:
+            with pytest.raises(ShapeError, match=message):
+                decode(offsets, 1, bad_table, bad_counts)
+        with pytest.raises(ShapeError, match="divisor must be an int >= 1"):
+            decode(offsets, 0, table, counts)
+    assert table.shape == (6, 5) and counts.shape == (6,)
 
 
 @pytest.mark.gpu
-def test_gpu_buffered_form_recorded_plans() -> None:
-    """The direct path keys buffered plans by every pointer: alternating buffers, offsets views
-    and divisors each decode correctly, and a graph capture allocates nothing."""
-    fields, _, _ = _encoded(32, 257, 2, seed=8)
-    big = fields.to(torch.int32).cuda()
-    pairs = [_buffers(40, 257, "cuda"), _buffers(33, 257, "cuda")]
-    narrow = _buffers(40, 16, "cuda")
-    for _ in range(3):
-        for view, divisor, (table, counts) in ((big[:, 0], 2, pairs[0]), (big[:, 1], 2, pairs[1]),
-                                               (big[:, 0], 1, pairs[1]),
-                                               (big[:, 0, :16], 2, narrow)):
-            want = decode_block_table_reference(view, divisor)
-            got = decode_block_table(view, divisor, table, counts)
+def test_gpu_buffered_form_recorded_plans(monkeypatch) -> None:
+    """Buffered plans are keyed by every pointer: two buffer pairs of one geometry and two
+    offsets tensors of one layout alternate, each decoded into its own buffers once the checks
+    are made to fail; a graph capture allocates nothing."""
+    from draftsmith.kernels import block_table as bt
+
+    bt._BUFFER_PLANS.clear()
+    sources = [_encoded(32, 257, 2, seed=seed)[0].to(torch.int32).cuda()[:, 0]
+               for seed in (8, 10)]  # one layout, different blocks
+    assert not torch.equal(decode_block_table_reference(sources[0], 2)[0],
+                           decode_block_table_reference(sources[1], 2)[0])
+    pairs = [_buffers(40, 257, "cuda"), _buffers(40, 257, "cuda")]
+    combos = [(src, pair) for src in sources for pair in pairs]
+    for src, (table, counts) in combos:
+        decode_block_table(src, 2, table, counts)
+    assert len(bt._BUFFER_PLANS) == len(combos)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a recorded buffered layout went through the checks")
+
+    monkeypatch.setattr(bt, "_check_buffers", refuse)
+    for _ in range(2):
+        for src, (table, counts) in combos:
+            for other_table, other_counts in pairs:
+                other_table.fill_(-7)
+                other_counts.fill_(-7)
+            want = decode_block_table_reference(src, 2)  # (the allocating form: no buffers)
+            got = decode_block_table(src, 2, table, counts)
             assert got[0] is table and got[1] is counts
             assert torch.equal(table[:32], want[0]) and torch.equal(counts[:32], want[1])
             assert (table[32:] == -7).all() and (counts[32:] == -7).all()
+            untouched = pairs[1] if table is pairs[0][0] else pairs[0]
+            assert (untouched[0] == -7).all() and (untouched[1] == -7).all()
+    monkeypatch.undo()
     table, counts = pairs[0]
-    offsets = big[:, 0].clone()
+    offsets = sources[0].clone()
     decode_block_table(offsets, 2, table, counts)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
