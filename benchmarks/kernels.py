@@ -30,8 +30,9 @@ forced_accept, store_context): fused at least 5x faster than the eager chain, bo
 eagerly (column ``eag/fus``), in one launch (column ``launches``). ``decode_block_table`` is
 timed in both forms: fresh outputs, and rows ``:B`` of bind-time buffers (spec 4.5, the
 graph-safe form of spec 7). ``strict_accept`` at B = 32 and 128 reads 19 and 78 MB of logits:
-the eager chain there is itself within about 3.7x and 1.4x of the floor, so no kernel can be 5x
-faster than it, and those rows measure the distance to the floor instead.
+the eager chain there is itself within 3.7-3.9x and 1.35-1.4x of the floor (the H200 runs of
+2026-11-30 and 12-01), so no kernel can be 5x faster than it, and those rows measure the
+distance to the floor instead.
 """
 
 from __future__ import annotations
