@@ -12,7 +12,7 @@ from draftsmith.contract.capabilities import (
     TPFusion,
     WeightDtype,
 )
-from draftsmith.contract.checks import check_tensor
+from draftsmith.contract.checks import check_tensor, value_checks_enabled, values_trusted
 from draftsmith.contract.errors import (
     CheckpointError,
     ConfigError,
@@ -81,4 +81,6 @@ __all__ = [
     "TokenSelector",
     "WeightDtype",
     "check_tensor",
+    "value_checks_enabled",
+    "values_trusted",
 ]

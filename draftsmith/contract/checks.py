@@ -6,7 +6,8 @@ and must match everywhere after, so one call can check that several tensors agre
 
 from __future__ import annotations
 
-from collections.abc import Iterable, MutableMapping, Sequence
+import contextlib
+from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 
 import torch
 
@@ -67,6 +68,29 @@ def check_tensor(
     return tensor
 
 
+_TRUSTED = [0]
+
+
+@contextlib.contextmanager
+def values_trusted() -> Iterator[None]:
+    """Within this block, checks that would read tensor *values* back to the host (token ids in
+    range) are skipped: the runtime wraps its rounds in it, whose ids it produced itself, so a
+    round reads the device once. Shape and dtype checks still run."""
+    _TRUSTED[0] += 1
+    try:
+        yield
+    finally:
+        _TRUSTED[0] -= 1
+
+
+def value_checks_enabled(tensor: torch.Tensor) -> bool:
+    """False inside :func:`values_trusted` and while a CUDA graph captures ``tensor``'s device
+    (a capture cannot read back); True otherwise."""
+    if _TRUSTED[0]:
+        return False
+    return not (tensor.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def check_positive(name: str, value: int, minimum: int = 1) -> int:
     """Raise :class:`ShapeError` unless ``value`` is an int ``>= minimum``."""
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
@@ -78,4 +102,4 @@ def _fmt(shape: Sequence[Dim]) -> str:
     return "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"
 
 
-__all__ = ["Dim", "check_positive", "check_tensor"]
+__all__ = ["Dim", "check_positive", "check_tensor", "value_checks_enabled", "values_trusted"]

@@ -47,6 +47,8 @@ class TargetInfo:
     hidden_size: int
     num_layers: int
     dtype: torch.dtype = torch.float32
+    graph_blocker: str | None = None
+    """Why a CUDA graph cannot capture the target's forward (``None``: it can)."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -182,7 +182,23 @@ class TargetOutput:
 
 @runtime_checkable
 class TargetModel(Protocol):
-    """A verifier that owns its KV cache, addressed by request slots."""
+    """A verifier addressed by request slots, over a static key/value cache.
+
+    Two ways in. The host calls (``prefill``, ``verify``, ``commit``, ``release``) keep each
+    slot's length on the host: the golden path. The runtime's rounds call :meth:`forward_rows`
+    with positions held in a device tensor it owns, after sizing the cache with :meth:`reserve`;
+    that call reads nothing back to the host, so a CUDA graph can capture it.
+    """
+
+    @property
+    def graph_blocker(self) -> str | None:
+        """Why a CUDA graph cannot capture :meth:`forward_rows` (``None``: it can)."""
+        ...
+
+    @property
+    def cache_version(self) -> int:
+        """Changes whenever the cache storage is replaced (graphs captured before are stale)."""
+        ...
 
     @property
     def vocab_size(self) -> int:
@@ -232,6 +248,20 @@ class TargetModel(Protocol):
 
     def release(self, slots: Sequence[int]) -> None:
         """Free the slots' caches."""
+        ...
+
+    def reserve(self, num_slots: int, length: int) -> None:
+        """Hold at least ``num_slots`` slots of ``length`` positions (before any capture)."""
+        ...
+
+    def forward_rows(self, tokens: torch.Tensor, starts: torch.Tensor,
+                     context_width: int) -> TargetOutput:
+        """Forward ``tokens: [G, Q] int64`` for slots ``0 .. G-1``, token ``j`` of row ``b`` at
+        position ``starts[b] + j`` (``starts: [G] int64``, on the device), attending to columns
+        ``0 .. context_width - 1``; keys and values are written in place.
+
+        Rows are ``G * Q`` in request-major order. Reads nothing back to the host.
+        """
         ...
 
 

@@ -11,17 +11,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.contract import DraftBlockPlacement, PagedContextCache, ShapeError
+from draftsmith.contract import (
+    DraftBlockPlacement,
+    PagedContextCache,
+    ShapeError,
+    value_checks_enabled,
+)
 
 
 def check_token_range(token_ids: torch.Tensor, vocab_size: int) -> None:
     """:class:`ShapeError` unless every id of ``token_ids`` lies in ``0 .. vocab_size - 1``.
 
-    The check reads back to the host, which a CUDA graph capture forbids; captured steps get
-    their ids from the runtime, which has already validated them, so it is skipped there.
+    The check reads back to the host, which a CUDA graph capture forbids; the runtime's rounds
+    pass ids they produced themselves and skip it (:func:`values_trusted`).
     """
-    capturing = token_ids.is_cuda and torch.cuda.is_current_stream_capturing()
-    if token_ids.numel() and not capturing and bool(
+    if token_ids.numel() and value_checks_enabled(token_ids) and bool(
         ((token_ids < 0) | (token_ids >= vocab_size)).any()
     ):
         raise ShapeError(f"token_ids must lie in 0 .. {vocab_size - 1}; got ids "

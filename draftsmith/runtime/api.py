@@ -3,9 +3,11 @@
 ``load_decoder(config)`` loads the target (the embedded SmolLM2-135M-Instruct or a local Hugging
 Face directory) and its tokenizer, loads the configured drafter, checks that the two fit, and
 binds them. ``Decoder.generate(prompts)`` applies the chat template, decodes with speculation,
-optionally re-decodes the same prompts with plain target greedy decoding, and reports text,
-the accepted length of every round, timings, tokens per second for both, and exactness against
-plain greedy when selection is greedy.
+optionally re-decodes the same prompts with draftsmith's plain decoding (``K = 0``: the same
+target path and selection, one token per round, captured in CUDA graphs where the speculative
+rounds are), and reports text, the accepted length of every round, timings, tokens per second
+for both, and exactness against plain decoding when selection is greedy. Both decoders are
+prepared (cache sized, rounds captured) before anything is timed.
 
 Example::
 
@@ -24,8 +26,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from draftsmith.contract import CheckpointError, ConfigError, SingleRank, TargetInfo
 from draftsmith.runtime.bind import bind, load_drafter
@@ -54,7 +54,7 @@ class TextResult:
     prefill_s: float
     decode_s: float
     plain_tokens: tuple[int, ...] | None = None
-    """Plain target greedy decoding of the same prompt (when it was run)."""
+    """Plain decoding of the same prompt (when it was run)."""
 
     @property
     def mean_accepted_length(self) -> float:
@@ -63,7 +63,7 @@ class TextResult:
 
     @property
     def exact(self) -> bool | None:
-        """Token-for-token equal to plain greedy (``None`` when plain greedy was not run)."""
+        """Token-for-token equal to plain decoding (``None`` when it was not run)."""
         return None if self.plain_tokens is None else self.tokens == self.plain_tokens
 
 
@@ -75,11 +75,13 @@ class GenerateReport:
     spec_seconds: float
     """Wall time of the speculative run (prefill included)."""
     plain_seconds: float | None
-    """Wall time of plain target greedy decoding of the same prompts, or ``None``."""
+    """Wall time of plain decoding of the same prompts, or ``None``."""
     greedy: bool
     """Whether selection was greedy (exactness is only defined then)."""
     num_draft_tokens: int
     family: str
+    baseline: str = ""
+    """What the plain figure measured (names the decoding and whether it was graph-captured)."""
 
     @property
     def num_tokens(self) -> int:
@@ -112,7 +114,7 @@ class GenerateReport:
 
     @property
     def plain_tokens_per_s(self) -> float | None:
-        """Generated tokens per second of plain greedy decoding, or ``None``."""
+        """Generated tokens per second of plain decoding, or ``None``."""
         if self.plain_seconds is None:
             return None
         plain = sum(len(r.plain_tokens or ()) for r in self.results)
@@ -120,7 +122,7 @@ class GenerateReport:
 
     @property
     def exact(self) -> bool | None:
-        """All prompts equal plain greedy (``None`` unless greedy and plain greedy was run)."""
+        """All prompts equal plain greedy (``None`` unless greedy and plain decoding was run)."""
         if not self.greedy or self.plain_seconds is None:
             return None
         return all(r.exact for r in self.results)
@@ -138,6 +140,7 @@ class GenerateReport:
             "spec_tokens_per_s": self.spec_tokens_per_s,
             "plain_seconds": self.plain_seconds,
             "plain_tokens_per_s": self.plain_tokens_per_s,
+            "baseline": self.baseline,
             "exact": self.exact,
             "results": [
                 {
@@ -165,11 +168,28 @@ class Decoder:
     tokenizer: Any
     config: SpecConfig
     stop_token_ids: tuple[int, ...] = field(default=())
+    _plain: SpecDecoder | None = field(default=None, repr=False)
 
     @property
     def greedy(self) -> bool:
         """Whether the configured selection is greedy."""
         return bool(self.spec.selector.is_greedy)
+
+    @property
+    def plain(self) -> SpecDecoder:
+        """The baseline: the same target, selection and runtime with ``K = 0`` (bound on first
+        use; it shares the target's cache with :attr:`spec`, one call at a time)."""
+        if self._plain is None:
+            config = self.config.model_copy(update={"num_draft_tokens": 0})
+            self._plain = bind(self.target, self.spec.drafter, config)
+        return self._plain
+
+    @property
+    def baseline(self) -> str:
+        """Names the plain decoding the speed-up is measured against."""
+        how = ("its round captured in CUDA graphs" if self.plain.plan.cuda_graphs
+               else "eager, " + self.plain.plan.decision("cuda_graphs").reason)
+        return f"draftsmith plain decoding (K = 0, same target path, {how})"
 
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
         """Token ids of ``prompt``: the chat template (first turn, generation prompt,
@@ -226,16 +246,23 @@ class Decoder:
         """:meth:`generate` on token ids (no chat template)."""
         ids = [list(map(int, p)) for p in prompt_ids]
         stops = list(self.stop_token_ids)
+        # untimed: size the caches and capture the rounds of both decoders first
+        k1 = self.spec.plan.num_draft_tokens + 1
+        budgets = [max_new_tokens] * len(ids) if isinstance(max_new_tokens, int) else max_new_tokens
+        need = max((len(p) + int(n) for p, n in zip(ids, budgets, strict=False)), default=1)
+        if ids:
+            self.spec.prepare(len(ids), min(need + k1, self.spec.plan.max_ctx))
+            if compare_plain:
+                self.plain.prepare(len(ids), min(need + 1, self.plain.plan.max_ctx))
         start = time.perf_counter()
         with _step_observer(self.spec, len(ids), progress):
             raw: list[GenerationResult] = self.spec.generate(ids, max_new_tokens, stops, seeds)
         spec_seconds = time.perf_counter() - start
-        plain: list[list[int]] | None = None
+        plain: list[GenerationResult] | None = None
         plain_seconds = None
         if compare_plain:
             start = time.perf_counter()
-            plain = plain_greedy(self.target, ids, max_new_tokens, stops,
-                                 batch=self.config.runtime.max_batch)
+            plain = self.plain.generate(ids, max_new_tokens, stops, seeds)
             plain_seconds = time.perf_counter() - start
         texts = prompts if prompts is not None else [self.decode(p) for p in ids]
         results = [
@@ -243,7 +270,7 @@ class Decoder:
                 prompt=texts[i], prompt_ids=tuple(ids[i]), tokens=r.tokens,
                 text=self.decode(r.tokens), accepted_lengths=r.accepted_lengths,
                 finish_reason=r.finish_reason, prefill_s=r.prefill_s, decode_s=r.decode_s,
-                plain_tokens=tuple(plain[i]) if plain is not None else None,
+                plain_tokens=plain[i].tokens if plain is not None else None,
             )
             for i, r in enumerate(raw)
         ]
@@ -251,6 +278,7 @@ class Decoder:
             results=results, spec_seconds=spec_seconds, plain_seconds=plain_seconds,
             greedy=self.greedy, num_draft_tokens=self.config.num_draft_tokens,
             family=self.config.drafter.family,
+            baseline=self.baseline if compare_plain else "",
         )
 
 
@@ -277,50 +305,6 @@ class _step_observer:
 
     def __exit__(self, *exc: object) -> None:
         self.spec.__dict__.pop("step", None)
-
-
-@torch.inference_mode()
-def plain_greedy(
-    target: HFTarget,
-    prompt_ids: Sequence[Sequence[int]],
-    max_new_tokens: int | Sequence[int],
-    stop_token_ids: Sequence[int] = (),
-    batch: int = 8,
-) -> list[list[int]]:
-    """Plain target greedy decoding (one token per forward), ``batch`` prompts at a time.
-
-    Stops a prompt at the first stop token (kept) or after its budget: ``max_new_tokens``, one
-    for all or one per prompt. Uses slots ``0 .. batch - 1`` of ``target`` and releases them.
-    """
-    stops = set(int(s) for s in stop_token_ids)
-    budgets = ([max_new_tokens] * len(prompt_ids) if isinstance(max_new_tokens, int)
-               else list(max_new_tokens))
-    out: list[list[int]] = []
-    for lo in range(0, len(prompt_ids), batch):
-        chunk = [torch.tensor(list(p), dtype=torch.int64) for p in prompt_ids[lo:lo + batch]]
-        slots = list(range(len(chunk)))
-        first = target.prefill(slots, chunk).logits.logits
-        ends = torch.tensor([len(p) for p in chunk]).cumsum(0) - 1
-        nxt = first[ends.to(first.device)].argmax(-1).tolist()
-        gen: list[list[int]] = [[t] for t in nxt]
-        live = [b for b in slots if not _done(gen[b], stops, budgets[lo + b])]
-        lengths = [len(p) for p in chunk]
-        while live:
-            tokens = torch.tensor([[gen[b][-1]] for b in live], dtype=torch.int64)
-            logits = target.verify(live, tokens).logits.logits
-            for b in live:
-                lengths[b] += 1
-            picks = logits.argmax(-1).tolist()
-            for b, tok in zip(live, picks, strict=True):
-                gen[b].append(int(tok))
-            live = [b for b in live if not _done(gen[b], stops, budgets[lo + b])]
-        target.release(slots)
-        out.extend(gen)
-    return out
-
-
-def _done(tokens: list[int], stops: set[int], budget: int) -> bool:
-    return len(tokens) >= budget or tokens[-1] in stops
 
 
 def _stop_ids(tokenizer: Any, target: HFTarget) -> tuple[int, ...]:
@@ -434,5 +418,4 @@ __all__ = [
     "TextResult",
     "check_drafter_fits",
     "load_decoder",
-    "plain_greedy",
 ]

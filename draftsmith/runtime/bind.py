@@ -227,7 +227,7 @@ def bind(
     _precheck(config, mapping, selector)
     device = _device_of(target)
     info = TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
-                      num_layers=target.num_layers)
+                      num_layers=target.num_layers, graph_blocker=target.graph_blocker)
     if drafter is None:
         drafter = load_drafter(config, info, registry, collectives, device)
     caps = drafter.capabilities
@@ -249,6 +249,8 @@ def bind(
         block_width=plan.block_width, vocab_size=plan.vocab_size, max_ctx=plan.max_ctx,
         page_size=plan.page_size, entry=caps.context_entry, pool_dtype=pool_dtype,
         with_draft_probs=plan.acceptance == "rejection" or plan.forced_base == "rejection",
+        feature_width=len(caps.target_layer_ids) * target.hidden_size if plan.drafting else 0,
+        feature_dtype=target.input_embedding().dtype,
         device=device,
     )
     slots = SlotManager(plan.slot_capacity, buffers.ctx_len)

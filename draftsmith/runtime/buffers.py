@@ -34,6 +34,10 @@ class BucketView:
     accepted: torch.Tensor
     num_accepted: torch.Tensor
     block_ids: torch.Tensor
+    target_len: torch.Tensor
+    features: torch.Tensor
+    seeds: torch.Tensor
+    result: torch.Tensor
     draft_probs: torch.Tensor | None
     dummy_slot_row: int
 
@@ -44,7 +48,12 @@ class DecoderBuffers:
 
     * ``ctx_len: [C+1] int64``, ``page_table: [C+1, pages_per_slot] int64``, ``pool``: the paged
       context cache ``[L, (C+1) * pages_per_slot, planes, heads, P_sz, width]``;
-    * per batch row (``[C, ...]``): ``batch_to_slot``, ``accepted [C, K+1]``, ``num_accepted``,
+    * per batch row (``[C, ...]``; row ``s`` of a round is slot ``s``): ``batch_to_slot`` (the
+      row's drafter slot, or the dummy for a padding row), the round state a round reads and
+      writes: ``accepted [C, K+1]`` and ``num_accepted [C]`` (the last round's, whose bonus
+      anchors the next block), ``target_len [C]`` (the anchor's position: committed tokens in
+      the target cache), ``features [C, K+1, F]`` (the last round's captured target features),
+      ``seeds [C]``; ``result [C, K+2]`` (``[n, accepted...]``, what the host reads);
       ``block_ids [C, W]`` (the block's token ids, written by the drafting step);
     * ``draft_probs: [C+1, K, V] fp32`` (rejection sampling only), indexed by slot;
       ``dummy_slot_row = C``, fixed here.
@@ -61,6 +70,10 @@ class DecoderBuffers:
     accepted: torch.Tensor
     num_accepted: torch.Tensor
     block_ids: torch.Tensor
+    target_len: torch.Tensor
+    features: torch.Tensor
+    seeds: torch.Tensor
+    result: torch.Tensor
     draft_probs: torch.Tensor | None
     dummy_slot_row: int
 
@@ -87,6 +100,8 @@ class DecoderBuffers:
         entry: ContextEntrySpec,
         pool_dtype: torch.dtype,
         with_draft_probs: bool,
+        feature_width: int = 0,
+        feature_dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> DecoderBuffers:
         """Allocate every buffer once for ``slot_capacity`` requests.
@@ -104,6 +119,7 @@ class DecoderBuffers:
                       page_size, entry.width)
         needed = math.prod(pool_shape) * pool_dtype.itemsize + 8 * (
             num_slots * (pages_per_slot + 1) + c * (k + w + 3))
+        needed += c * (k + 1) * feature_width * feature_dtype.itemsize + 8 * c * (k + 4)
         if with_draft_probs:
             needed += 4 * num_slots * k * vocab_size
         _check_fits(needed, dev, slot_capacity=c, max_ctx=max_ctx, page_size=page_size)
@@ -123,6 +139,10 @@ class DecoderBuffers:
                 accepted=zeros(c, k + 1),
                 num_accepted=torch.ones(c, dtype=_I64, device=dev),
                 block_ids=zeros(c, w),
+                target_len=zeros(c),
+                features=torch.zeros((c, k + 1, feature_width), dtype=feature_dtype, device=dev),
+                seeds=zeros(c),
+                result=zeros(c, k + 2),
                 draft_probs=(torch.zeros((num_slots, k, vocab_size), dtype=torch.float32, device=dev)
                              if with_draft_probs else None),
                 dummy_slot_row=c,
@@ -145,9 +165,40 @@ class DecoderBuffers:
             accepted=self.accepted[:g],
             num_accepted=self.num_accepted[:g],
             block_ids=self.block_ids[:g],
+            target_len=self.target_len[:g],
+            features=self.features[:g],
+            seeds=self.seeds[:g],
+            result=self.result[:g],
             draft_probs=self.draft_probs,
             dummy_slot_row=self.dummy_slot_row,
         )
+
+    def load_slots(self, slots: torch.Tensor, *, first_tokens: torch.Tensor,
+                   positions: torch.Tensor, seeds: torch.Tensor,
+                   features: torch.Tensor | None) -> None:
+        """Start the round state of newly admitted ``slots: [A] int64``: each row's first token
+        ``[A]`` is its pending bonus (``n = 1``) at ``positions: [A]`` (the prompt lengths), with
+        its ``seeds: [A]`` and the prefill's last target features ``[A, F]``; the rows route to
+        their own slots from now on."""
+        self.accepted[slots] = 0
+        self.accepted[slots, 0] = first_tokens.to(self.accepted.device, _I64)
+        self.num_accepted[slots] = 1
+        self.target_len[slots] = positions
+        self.seeds[slots] = seeds
+        if features is not None:
+            self.features[slots] = 0
+            self.features[slots, 0] = features.to(self.features.dtype)
+        self.batch_to_slot[slots] = slots
+
+    def reset_slots(self) -> None:
+        """Every row a padding row with empty state (after a capture ran rounds on them)."""
+        self.ctx_len.zero_()
+        self.batch_to_slot.fill_(self.dummy_slot)
+        self.accepted.zero_()
+        self.num_accepted.fill_(1)
+        self.target_len.zero_()
+        self.features.zero_()
+        self.result.zero_()
 
     def permute_pages(self, permutation: torch.Tensor) -> None:
         """Relabel physical pages: table entry ``p`` becomes ``permutation[p]`` (in place).

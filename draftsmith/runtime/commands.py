@@ -263,8 +263,10 @@ def format_summary(report: GenerateReport) -> str:
     plain = report.plain_tokens_per_s
     if plain is not None:
         ratio = report.spec_tokens_per_s / plain if plain > 0 else 0.0
-        speed += f"   plain greedy {plain:.1f}   speed-up {ratio:.2f}x"
+        speed += f"   plain {plain:.1f}   speed-up {ratio:.2f}x"
     lines.append(speed)
+    if plain is not None and report.baseline:
+        lines.append(f"baseline: {report.baseline}")
     if report.exact is not None:
         same = sum(1 for r in report.results if r.exact)
         verdict = "yes" if report.exact else "NO"

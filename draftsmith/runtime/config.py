@@ -152,8 +152,10 @@ class RuntimeOptions(_Strict):
     kernels: Literal["auto", "fused", "eager"] = "auto"
     """``auto`` picks fused Triton kernels where eligible; ``eager`` forces the references."""
     cuda_graphs: Literal["auto", "on", "off"] | bool = "auto"
-    """Capture the drafting step in a CUDA graph: ``auto`` does so on a CUDA device with a
-    single rank; ``on`` / ``true`` asks for it wherever possible; ``off`` / ``false`` never."""
+    """Capture each decoding round (drafting, target verification, acceptance, commit) in CUDA
+    graphs: ``auto`` does so on a CUDA device with a single rank and a capturable target;
+    ``on`` / ``true`` asks for it wherever possible (a target that cannot be captured is then a
+    plan error); ``off`` / ``false`` never."""
     force_accepted: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     """Benchmarks only: override the accepted count (section 3.5); 0 disables. Finite."""
     allow_gather: bool = True

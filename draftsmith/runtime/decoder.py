@@ -1,20 +1,28 @@
 """The batched, lossless speculative decoding loop: :class:`SpecDecoder`.
 
-Owns the request lifecycle (admission, prefill, per-step draft / verify / accept / emit, stop and
-budget rules) over the components that ``bind`` built from the plan: the paging component, the
-draft chain (Markov or plain selection), acceptance, and the bind-time buffers. One step::
+Owns the request lifecycle (admission, prefill, rounds, stop and budget rules) over the
+components that ``bind`` built from the plan: the paging component, the draft chain (Markov or
+plain selection), acceptance, the target and the bind-time buffers. Request ``r`` lives in slot
+``s`` of every per-slot state, and batch row ``s`` of a round is that slot: a round over ``G``
+rows serves slots ``0 .. G-1`` (free slots among them are padding, routed to the dummy slot).
 
-    prepare slots -> place block + store new context (paging) -> block forward -> head logits
-    -> draft chain -> target verify -> accept -> commit target cache -> emit
+One round, :meth:`SpecDecoder.round_core`, reads and writes only device state::
 
-A failed step rolls ``ctx_len`` back. With ``plan.cuda_graphs`` the drafting part (block forward,
-head, chain and selection) is captured per batch size and replayed. Hot path: must not import
-pluggy, the registry or bind.
+    place block + store new context (paging) -> block forward -> head logits -> draft chain
+    -> target forward of [bonus, drafts] at each row's position -> accept -> commit
+
+Committing is advancing the row's target position and keeping the round's accepted tokens,
+counts and target features for the next placement. With ``plan.cuda_graphs`` the round is
+captured per (rows, context width) bucket by :meth:`SpecDecoder.prepare` and replayed; the host
+then reads the device once per round (counts and tokens, one copy). ``K = 0`` is plain decoding
+through the same round: the target's one-token step. Prefill stays eager. Hot path: must not
+import pluggy, the registry or bind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import operator
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -28,17 +36,21 @@ from draftsmith.contract import (
     DraftBlockInputs,
     DraftBlockPlacement,
     Drafter,
+    PlanError,
     SamplingKey,
     TargetModel,
     TokenSelector,
+    values_trusted,
 )
 from draftsmith.runtime.acceptance import TARGET_STREAM, Acceptance
-from draftsmith.runtime.buffers import DecoderBuffers
+from draftsmith.runtime.buffers import BucketView, DecoderBuffers
 from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager, SlotManager
 from draftsmith.runtime.plan import DraftPlan
 
 _I64 = torch.int64
+MIN_CONTEXT_BUCKET = 128
+"""Smallest context width a round is captured for; widths double up to the target cache."""
 
 
 @dataclass(frozen=True)
@@ -79,13 +91,6 @@ class _Request:
     """Position of the anchor (the last committed token, not yet in the target cache)."""
     tokens: list[int] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
-    pending_accepted: torch.Tensor | None = None
-    """``[K+1] int64`` on the device: the last round's accepted row (read by the next placement)."""
-    pending_count: torch.Tensor | None = None
-    """``[] int64`` on the device: how many tokens that round committed (bonus included)."""
-    pending_bonus: int = 0
-    """The last committed token (a host copy of the bonus the next placement reads)."""
-    pending_features: torch.Tensor | None = None
     finish: str = ""
     t_admit: float = 0.0
     prefill_s: float = 0.0
@@ -117,6 +122,29 @@ def _token_ids(what: str, ids: Iterable[object], vocab_size: int) -> list[int]:
     if bad:
         raise ConfigError(f"{what} hold {bad[:4]}, outside the vocabulary 0..{vocab_size - 1}")
     return out
+
+
+def row_buckets(capacity: int) -> tuple[int, ...]:
+    """Round sizes captured for ``capacity`` slots: powers of two below it, then itself."""
+    out, g = [], 1
+    while g < capacity:
+        out.append(g)
+        g *= 2
+    return (*out, capacity)
+
+
+def width_buckets(length: int) -> tuple[int, ...]:
+    """Context widths captured for a target cache of ``length`` positions: doubling from
+    :data:`MIN_CONTEXT_BUCKET`, then ``length`` itself."""
+    out, w = [], MIN_CONTEXT_BUCKET
+    while w < length:
+        out.append(w)
+        w *= 2
+    return (*out, length)
+
+
+def _bucket(value: int, buckets: tuple[int, ...]) -> int:
+    return next(b for b in buckets if b >= value)
 
 
 class SpecDecoder:
@@ -153,9 +181,16 @@ class SpecDecoder:
         self.device = buffers.ctx_len.device
         self.target_embedding = target.input_embedding()
         self.head = target.output_head()
-        self._graphs: dict[int, DraftGraph] = {}
-        self._ctx_snapshot = torch.empty_like(buffers.ctx_len)
-        self._count_one = torch.ones((), dtype=_I64, device=self.device)
+        self.graphs: dict[tuple[int, int], RoundGraph] = {}
+        """Captured rounds by ``(rows, context width)``."""
+        self._graph_pool = None
+        self._graph_cache_version = -1
+        self._length = 0
+        """Target positions per slot the rounds are prepared for (0: not yet)."""
+        self._rows = row_buckets(plan.slot_capacity)
+        self._widths: tuple[int, ...] = ()
+        self._host_result = torch.empty(buffers.result.shape, dtype=_I64,
+                                        pin_memory=self.device.type == "cuda")
 
     # ---- public API ---------------------------------------------------------------------
 
@@ -171,10 +206,13 @@ class SpecDecoder:
 
         ``max_new_tokens``: one budget for all or one per prompt; ``stop_token_ids``: one set for
         all or one per prompt; ``seeds``: per-request sampling seeds (default: the selection
-        config's seed plus the request index); ``progress``: called after every step with the
-        tokens generated so far, one list per prompt.
+        config's seed plus the request index); ``progress``: called after every round with the
+        tokens generated so far, one list per prompt. Calls :meth:`prepare` first (cheap when
+        nothing new is needed); time a second call to leave graph capture out.
         """
         reqs = self._requests(prompts, max_new_tokens, stop_token_ids, seeds)
+        k1 = self.plan.num_draft_tokens + 1
+        self.prepare(len(reqs), max(len(r.prompt) + r.max_new for r in reqs) + k1)
         waiting = list(reqs)
         active: list[_Request] = []
         try:
@@ -197,10 +235,51 @@ class SpecDecoder:
             for r in reqs
         ]
 
+    def prepare(self, max_requests: int, max_positions: int) -> None:
+        """Size the target cache for ``max_positions`` positions per slot and, with
+        ``plan.cuda_graphs``, capture the round for every (rows, width) bucket that
+        ``max_requests`` requests of at most that many positions can use.
+
+        Must run while no request is active: capture runs the round on the buffers, and every
+        per-slot state is reset afterwards.
+        """
+        plan = self.plan
+        if not 1 <= max_positions <= plan.max_ctx:
+            raise ConfigError(f"{max_positions} positions per request exceed max_ctx "
+                              f"{plan.max_ctx}; raise runtime.max_context")
+        if self.slots.num_free != plan.slot_capacity:
+            raise PlanError("prepare() needs every slot free: it resets the per-slot state")
+        want = min(max(1 << (max_positions - 1).bit_length(), MIN_CONTEXT_BUCKET), plan.max_ctx)
+        if want > self._length:
+            self._length = want
+            self._widths = width_buckets(want)
+            self.graphs.clear()  # their clamps and widths were for the shorter cache
+        self.target.reserve(plan.slot_capacity, self._length)
+        if not plan.cuda_graphs:
+            return
+        version = self.target.cache_version
+        if version != self._graph_cache_version:  # the target cache moved: graphs are stale
+            self.graphs.clear()
+            self._graph_cache_version = version
+        rows = self._rows[: self._rows.index(_bucket(min(max_requests, plan.slot_capacity),
+                                                     self._rows)) + 1]
+        missing = [(g, w) for g in rows for w in self._widths if (g, w) not in self.graphs]
+        if not missing:
+            return
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        counter = self.acceptance.forced_counter.clone()
+        for g, w in sorted(missing, reverse=True):  # largest first: the rest reuse its memory
+            self.graphs[(g, w)] = RoundGraph(self, g, w, self._graph_pool)
+        self.acceptance.forced_counter.copy_(counter)
+        self.buffers.reset_slots()
+
     # ---- request lifecycle --------------------------------------------------------------
 
     def _requests(self, prompts, max_new_tokens, stop_token_ids, seeds) -> list[_Request]:
         n = len(prompts)
+        if not n:
+            raise ConfigError("no prompts given; pass at least one prompt")
         budgets = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
         if stop_token_ids is None:
             stops: list[frozenset[int]] = [frozenset()] * n
@@ -257,45 +336,43 @@ class SpecDecoder:
                            offsets=offsets.to(self.device, _I64))
 
     def _admit(self, reqs: list[_Request]) -> list[_Request]:
-        """Prefill new requests, sample their first token, store their context (4.7)."""
+        """Prefill new requests, select their first token, store their drafter context (4.7) and
+        load their slots' round state."""
         t0 = time.perf_counter()
         for r in reqs:
             r.slot = self.slots.assign(r.rid)
             r.t_admit = t0
         out = self.target.prefill([r.slot for r in reqs],
                                   [torch.tensor(r.prompt, dtype=_I64) for r in reqs])
-        ends = torch.tensor([len(r.prompt) for r in reqs]).cumsum(0) - 1
-        last = out.logits.logits[ends.to(out.logits.logits.device)]
-        key = self._key([r.seed for r in reqs], torch.tensor([len(r.prompt) for r in reqs]))
+        lengths = torch.tensor([len(r.prompt) for r in reqs])
+        ends = (lengths.cumsum(0) - 1).to(out.logits.logits.device)
+        last = out.logits.logits[ends]
+        key = self._key([r.seed for r in reqs], lengths)
         first = self.selector.select(type(out.logits)(last, out.logits.vocab_start,
                                                       out.logits.vocab_size),
-                                     key, TARGET_STREAM, self.collectives).tolist()
-        k1 = self.plan.num_draft_tokens + 1
-        starts = [int(e) - len(r.prompt) + 1 for r, e in zip(reqs, ends, strict=True)]
+                                     key, TARGET_STREAM, self.collectives)
         if self.plan.drafting:
-            # positions 0..P-2 now; position P-1 is stored by the first step's placement, exactly
-            # like a verify row with n = 1, so fresh and running requests share one step.
+            # positions 0..P-2 now; position P-1 is stored by the first round's placement,
+            # exactly like a verify row with n = 1, so fresh and running requests share a round
+            starts = [int(e) - len(r.prompt) + 1 for r, e in zip(reqs, ends.tolist(), strict=True)]
             rows = torch.cat([torch.arange(s0, s0 + len(r.prompt) - 1)
                               for r, s0 in zip(reqs, starts, strict=True)]).to(out.features.device)
             positions = torch.cat([torch.arange(len(r.prompt) - 1) for r in reqs]).to(self.device)
             entries = (self.drafter.project_context(out.features[rows], positions)
                        if rows.numel() else None)
-        row0 = 0
-        for r, tok, s0 in zip(reqs, first, starts, strict=True):
-            p = len(r.prompt)
-            feats = out.features[s0 : s0 + p]
-            r.start = p
-            if self.plan.drafting:
+            row0 = 0
+            for r in reqs:
+                p = len(r.prompt)
                 if p > 1 and entries is not None:
                     self.pager.store_prefill(r.slot, entries[row0 : row0 + p - 1], start=0)
                 row0 += p - 1
-                pend = torch.zeros(k1, feats.shape[1], dtype=feats.dtype, device=feats.device)
-                pend[0] = feats[p - 1]
-                r.pending_features = pend
-            acc = torch.zeros(k1, dtype=_I64, device=self.device)
-            acc[0] = tok
-            r.pending_accepted, r.pending_count = acc, self._count_one
-            r.pending_bonus = tok
+        slot_ids = torch.tensor([r.slot for r in reqs], dtype=_I64, device=self.device)
+        self.buffers.load_slots(
+            slot_ids, first_tokens=first, positions=lengths.to(self.device),
+            seeds=torch.tensor([r.seed for r in reqs], dtype=_I64, device=self.device),
+            features=out.features[ends] if self.plan.drafting else None)
+        for r, tok in zip(reqs, first.tolist(), strict=True):
+            r.start = len(r.prompt)
             r.emit([tok])
             r.prefill_s = time.perf_counter() - t0
             if r.finish:
@@ -307,103 +384,108 @@ class SpecDecoder:
         held = [r for r in reqs if r.slot >= 0 and not r.finish]
         for r in held:
             with contextlib.suppress(Exception):
-                self.slots.release(r.rid)
-        if held:
-            with contextlib.suppress(Exception):
-                self.target.release([r.slot for r in held])
+                self._release(r)
 
     def _finish(self, r: _Request) -> None:
-        self.target.release([r.slot])
-        self.slots.release(r.rid)
+        self._release(r)
         r.decode_s = time.perf_counter() - r.t_admit - r.prefill_s
 
-    # ---- one step -----------------------------------------------------------------------
+    def _release(self, r: _Request) -> None:
+        self.target.release([r.slot])
+        self.slots.release(r.rid)
+        self.buffers.batch_to_slot[r.slot] = self.buffers.dummy_slot
+
+    # ---- one round ----------------------------------------------------------------------
 
     def step(self, active: list[_Request]) -> None:
-        """One speculative step over the ``active`` requests (all in the generation phase).
+        """One round over the ``active`` requests (all in the generation phase).
 
-        The host reads the device once per step (the accepted counts and tokens, one copy);
-        everything the next step needs on the device stays there.
+        Runs (or replays) the round for the smallest captured bucket that holds their slots and
+        contexts, then reads the device once: every row's count and accepted tokens, one copy.
         """
-        g, k, plan = len(active), self.plan.num_draft_tokens, self.plan
-        greedy = self.plan.greedy
-        view = self.buffers.view(g)
-        self.slots.prepare([r.rid for r in active], view.batch_to_slot)
-        slots = [r.slot for r in active]
-        seeds = [r.seed for r in active]
-        snapshot = self._ctx_snapshot.copy_(self.pager.ctx_len)
-        try:
-            if plan.drafting:
-                torch.stack([r.pending_accepted for r in active], out=view.accepted)
-                torch.stack([r.pending_count for r in active], out=view.num_accepted)
-                placement = self.pager.place(view.batch_to_slot, view.accepted, view.num_accepted)
-                features = (active[0].pending_features if g == 1
-                            else torch.cat([r.pending_features for r in active]))
-                entries = self.drafter.project_context(features, placement.ctx_positions.reshape(-1))
-                self.pager.store(placement, entries)
-                draft_key = None if greedy else self._key(seeds, placement.new_ctx_len + 1)
-                drafts, draft_probs = self._draft(placement, draft_key, view.batch_to_slot)
-                # the placement already holds each bonus (accepted[n - 1]) on the device
-                verify_tokens = torch.cat([placement.bonus[:, None], drafts], dim=1)
-            else:
-                drafts = torch.empty(g, 0, dtype=_I64, device=self.device)
-                draft_probs = None
-                verify_tokens = torch.tensor([[r.pending_bonus] for r in active], dtype=_I64,
-                                             device=self.device)
-            out = self.target.verify(slots, verify_tokens)
-            accept_key = None if greedy else self._key(
-                seeds, torch.tensor([r.start for r in active], dtype=_I64))
-            accepted, n = self.acceptance.accept(out.logits, drafts, accept_key,
-                                                 draft_probs=draft_probs)
-        except BaseException:
-            # leave the step retryable: drafter lengths as before, target cropped to the anchors
-            self.pager.ctx_len.copy_(snapshot)
-            with contextlib.suppress(Exception):
-                self.target.commit(slots, [r.start for r in active])
-            raise
-        # one device-to-host copy per step: row b is [n_b, accepted_b...]
-        rows = torch.cat([n[:, None], accepted], dim=1).tolist()
-        # the target cache holds positions 0 .. start + K; keep the anchor and accepted drafts
-        self.target.commit(slots, [r.start + row[0] for r, row in zip(active, rows, strict=True)])
-        feats = out.features.view(g, k + 1, -1)
-        for b, r in enumerate(active):
-            nb = rows[b][0]
-            committed = rows[b][1 : nb + 1]
-            r.lengths.append(r.emit(committed))
+        k = self.plan.num_draft_tokens
+        g = _bucket(max(r.slot for r in active) + 1, self._rows)
+        width = _bucket(max(r.start for r in active) + k + 1, self._widths)
+        if self.plan.cuda_graphs:
+            graph = self.graphs.get((g, width))
+            if graph is None:
+                raise PlanError(f"no round was captured for {g} rows and context width {width}; "
+                                "call prepare() with the largest batch and length first")
+            graph.replay()
+        else:
+            self.round_core(g, width)
+        rows = self._read_result(g)
+        for r in active:
+            n, *accepted = rows[r.slot]
+            r.lengths.append(r.emit(accepted[:n]))
+            r.start += n
             if r.finish:
                 self._finish(r)
-                continue
-            r.pending_accepted, r.pending_count = accepted[b], n[b]
-            r.pending_bonus = committed[-1]
-            r.pending_features = feats[b]
-            r.start += nb
+
+    def _read_result(self, g: int) -> list[list[int]]:
+        """``[n_b, accepted_b...]`` of rows ``0 .. g-1``: the round's one device-to-host read."""
+        host = self._host_result[:g]
+        host.copy_(self.buffers.result[:g])  # into pinned memory; waits for the round
+        return host.tolist()
+
+    def round_core(self, g: int, width: int) -> None:
+        """One round over rows ``0 .. g-1``, reading and writing only device state.
+
+        ``width``: context columns the target and the drafter attend to, at least every real
+        row's position plus ``K + 1``. Padding rows (``batch_to_slot`` = dummy) compute at
+        clamped positions of their own free slots and touch no live state. No host reads, no
+        persistent allocation: a CUDA graph captures it.
+        """
+        with values_trusted():
+            self._round(g, width)
+
+    def _round(self, g: int, width: int) -> None:
+        plan, k = self.plan, self.plan.num_draft_tokens
+        view = self.buffers.view(g)
+        starts = view.target_len.clamp(max=self._length - (k + 1))
+        draft_probs = None
+        if plan.drafting:
+            placement = self.pager.place(view.batch_to_slot, view.accepted, view.num_accepted)
+            placement = dataclasses.replace(placement, context_width=width)
+            entries = self.drafter.project_context(view.features.reshape(g * (k + 1), -1),
+                                                   placement.ctx_positions.reshape(-1))
+            self.pager.store(placement, entries)
+            key = None if plan.greedy else SamplingKey(view.seeds, placement.new_ctx_len + 1)
+            drafts, draft_probs = self._draft(placement, key, view)
+            tokens = torch.cat([placement.bonus[:, None], drafts], dim=1)
+        else:
+            drafts = view.accepted[:, :0]
+            tokens = view.accepted  # K = 0: the last committed token
+        out = self.target.forward_rows(tokens, starts, width)
+        key = None if plan.greedy else SamplingKey(view.seeds, starts)
+        accepted, n = self.acceptance.accept(out.logits, drafts, key, draft_probs=draft_probs)
+        view.accepted.copy_(accepted)
+        view.num_accepted.copy_(n)
+        if plan.drafting:
+            view.features.copy_(out.features.view(view.features.shape))
+        torch.add(starts, n, out=view.target_len)
+        view.result[:, 0] = n
+        view.result[:, 1:] = accepted
 
     def _draft(
-        self, placement: DraftBlockPlacement, key: SamplingKey | None, batch_to_slot: torch.Tensor
+        self, placement: DraftBlockPlacement, key: SamplingKey | None, view: BucketView
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Block forward, head, chain and selection: drafts ``[G, K]`` and ``q`` ``[G, K, V]``."""
-        g = placement.num_requests
-        if self.plan.cuda_graphs:
-            graph = self._graphs.get(g)
-            if graph is None:
-                graph = self._graphs[g] = DraftGraph(self, placement, key)
-            drafts, probs = graph.replay(placement, key)
-        else:
-            drafts, probs = self.draft_core(placement, key)
+        drafts, probs = self.draft_core(placement, key)
         if probs is None:
             return drafts, None
-        table = self.buffers.draft_probs
+        table = view.draft_probs
         assert table is not None
-        table.index_copy_(0, batch_to_slot, probs)  # padding rows land on dummy_slot_row
-        return drafts, table[batch_to_slot]
+        table.index_copy_(0, view.batch_to_slot, probs)  # padding rows land on dummy_slot_row
+        return drafts, table[view.batch_to_slot]
 
     def draft_core(
         self, placement: DraftBlockPlacement, key: SamplingKey | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The capturable drafting computation (no host syncs of its own)."""
+        """The drafting computation: drafts ``[G, K]`` and, for rejection, ``q`` ``[G, K, V]``."""
         plan = self.plan
         g, k, first = placement.num_requests, plan.num_draft_tokens, plan.first_draft_slot
-        ids = self.buffers.block_ids[:g]  # persistent: graph replays rewrite it in place
+        ids = self.buffers.block_ids[:g]
         ids.fill_(self.mask_token_id)
         ids[:, 0] = placement.bonus
         emb = self.drafter.embed_block(ids, self.target_embedding)
@@ -420,72 +502,30 @@ class SpecDecoder:
         return drafts, probs
 
 
-def copy_grouped(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
-    """``dst[i].copy_(src[i])`` for every ``i``, as one multi-tensor copy per dtype.
+class RoundGraph:
+    """One round (:meth:`SpecDecoder.round_core`) for ``g`` rows and one context width, captured
+    in a CUDA graph (spec section 7).
 
-    A step's placement is a dozen small int64 tensors and one bool mask; one ``_foreach_copy_``
-    per dtype launches one multi-tensor kernel where a ``copy_`` each would launch a dozen.
-    """
-    groups: dict[torch.dtype, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-    for d, s in zip(dst, src, strict=True):
-        to, frm = groups.setdefault(d.dtype, ([], []))
-        to.append(d)
-        frm.append(s)
-    for to, frm in groups.values():
-        torch._foreach_copy_(to, frm)
-
-
-class DraftGraph:
-    """The drafting step of one batch size captured in a CUDA graph (spec section 7).
-
-    Static inputs are private copies of the first placement and key, with a static context width
-    (``max_ctx``) so that no forward reads a length back to the host; each later step copies its
-    placement and key into them and replays. Tensors created during capture stay in the graph's
-    pool; only the static outputs are read, and they are cloned before they leave.
+    Every input and output is a bind-time buffer, so a replay needs no copies in or out; tensors
+    created during capture live in the shared pool and are never read outside the graph. The
+    warm-up run before capture (lazy compilation, library handles, allocator growth) runs the
+    round on the buffers: :meth:`SpecDecoder.prepare` resets them afterwards.
     """
 
-    def __init__(self, decoder: SpecDecoder, placement: DraftBlockPlacement,
-                 key: SamplingKey | None, warmup: int = 2) -> None:
-        self.decoder = decoder
-        self.placement = self.static_placement(placement, decoder.plan.max_ctx)
-        self.key = (SamplingKey(seeds=key.seeds.clone(), offsets=key.offsets.clone())
-                    if key is not None else None)
-        self._tensor_fields = tuple(name for name in placement.__dataclass_fields__
-                                    if isinstance(getattr(placement, name), torch.Tensor))
+    def __init__(self, decoder: SpecDecoder, g: int, width: int, pool: object) -> None:
+        self.rows, self.width = g, width
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            for _ in range(warmup):  # allocator and lazy kernel compilation, outside capture
-                decoder.draft_core(self.placement, self.key)
+            decoder.round_core(g, width)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.drafts, self.probs = decoder.draft_core(self.placement, self.key)
+        with torch.cuda.graph(self.graph, pool=pool):
+            decoder.round_core(g, width)
 
-    @staticmethod
-    def static_placement(placement: DraftBlockPlacement, context_width: int) -> DraftBlockPlacement:
-        """A private copy of ``placement`` whose attention reads ``context_width`` columns."""
-        values = {name: (v.clone() if isinstance(v := getattr(placement, name), torch.Tensor)
-                         else v) for name in placement.__dataclass_fields__}
-        values["context_width"] = context_width
-        return DraftBlockPlacement(**values)
-
-    def load(self, placement: DraftBlockPlacement, key: SamplingKey | None) -> None:
-        """Copy a step's placement and key into the static inputs."""
-        static = self.placement
-        dst = [getattr(static, name) for name in self._tensor_fields]
-        src = [getattr(placement, name) for name in self._tensor_fields]
-        if key is not None and self.key is not None:
-            dst += (self.key.seeds, self.key.offsets)
-            src += (key.seeds, key.offsets)
-        copy_grouped(dst, src)
-
-    def replay(self, placement: DraftBlockPlacement, key: SamplingKey | None
-               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Load and replay; returns clones of the static outputs."""
-        self.load(placement, key)
+    def replay(self) -> None:
+        """Run the captured round."""
         self.graph.replay()
-        return self.drafts.clone(), (self.probs.clone() if self.probs is not None else None)
 
 
-__all__ = ["DraftGraph", "GenerationResult", "SpecDecoder"]
+__all__ = ["GenerationResult", "RoundGraph", "SpecDecoder", "row_buckets", "width_buckets"]

@@ -1,6 +1,6 @@
 """Drafter context paging: slots, the per-step placement and the context store (spec 4.1-4.7).
 
-Owns :class:`SlotManager` (slot assignment, the dummy slot, ``prepare()`` every step) and
+Owns :class:`SlotManager` (slot assignment, the dummy slot) and
 :class:`ContextPager` (prefill context store, per-step ``place`` + ``store``). The fused Triton
 kernels and their eager references sit behind one method each, chosen by the plan. Hot path: must
 not import pluggy, the registry or bind.
@@ -8,7 +8,7 @@ not import pluggy, the registry or bind.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
 from typing import Literal
 
 import torch
@@ -27,10 +27,9 @@ _I64 = torch.int64
 
 
 class SlotManager:
-    """Hands out slots ``0 .. C-1``; slot ``C`` is the dummy and is never handed out (4.1).
-
-    Freed slots are zeroed by the next :meth:`prepare`, which runs every step (eager or replay).
-    """
+    """Hands out slots ``0 .. C-1``, lowest first; slot ``C`` is the dummy and is never handed
+    out (4.1). A slot's drafter context length is zeroed when it is assigned and when it is
+    released, so a freed slot never advertises a stale context."""
 
     def __init__(self, slot_capacity: int, ctx_len: torch.Tensor) -> None:
         if ctx_len.shape != (slot_capacity + 1,):
@@ -38,9 +37,8 @@ class SlotManager:
         self.slot_capacity = slot_capacity
         self.dummy_slot = slot_capacity
         self.ctx_len = ctx_len
-        self._free = list(range(slot_capacity - 1, -1, -1))  # pop() hands out slot 0 first
+        self._free = list(range(slot_capacity))  # a heap: rounds stay in the smallest bucket
         self._slots: dict[int, int] = {}
-        self._to_zero: list[int] = []
 
     @property
     def num_free(self) -> int:
@@ -48,7 +46,7 @@ class SlotManager:
         return len(self._free)
 
     def assign(self, request_id: int) -> int:
-        """Give ``request_id`` a slot (its context starts empty)."""
+        """Give ``request_id`` the lowest free slot (its context starts empty)."""
         if request_id in self._slots:
             raise PlanError(f"request {request_id} already holds slot {self._slots[request_id]}")
         if not self._free:
@@ -56,18 +54,16 @@ class SlotManager:
                 f"all {self.slot_capacity} slots are taken; raise runtime.max_batch or wait for a "
                 "request to finish"
             )
-        slot = self._free.pop()
+        slot = heapq.heappop(self._free)
         self._slots[request_id] = slot
-        # zero now: the caller stores the prefill context before the next prepare
-        self._to_zero = [s for s in self._to_zero if s != slot]
         self.ctx_len[slot] = 0
         return slot
 
     def release(self, request_id: int) -> int:
-        """Return ``request_id``'s slot to the pool; its length is zeroed at the next prepare."""
+        """Return ``request_id``'s slot to the pool, its context emptied."""
         slot = self._slots.pop(request_id)
-        self._free.append(slot)
-        self._to_zero.append(slot)
+        heapq.heappush(self._free, slot)
+        self.ctx_len[slot] = 0
         return slot
 
     def slot(self, request_id: int | None) -> int:
@@ -75,20 +71,6 @@ class SlotManager:
         if request_id is None:
             return self.dummy_slot
         return self._slots.get(request_id, self.dummy_slot)
-
-    def prepare(self, request_ids: Sequence[int | None], batch_to_slot: torch.Tensor) -> torch.Tensor:
-        """Zero freed/new slots and the dummy, and fill ``batch_to_slot: [g] int64`` in place."""
-        if batch_to_slot.shape != (len(request_ids),):
-            raise ShapeError(
-                f"batch_to_slot must be [{len(request_ids)}], got {tuple(batch_to_slot.shape)}"
-            )
-        if self._to_zero:
-            self.ctx_len[torch.tensor(self._to_zero, dtype=_I64, device=self.ctx_len.device)] = 0
-            self._to_zero.clear()
-        self.ctx_len[self.dummy_slot] = 0
-        host = torch.tensor([self.slot(r) for r in request_ids], dtype=_I64)
-        batch_to_slot.copy_(host, non_blocking=True)
-        return batch_to_slot
 
 
 class ContextPager:

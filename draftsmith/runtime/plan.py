@@ -103,7 +103,7 @@ class DraftPlan(BaseModel):
     tp_fusions: frozenset[TPFusion]
     """Drafter TP fusions taken (section 6)."""
     cuda_graphs: bool
-    """Capture the drafting step in a CUDA graph."""
+    """Capture each round (drafting, target verification, acceptance, commit) in CUDA graphs."""
     capture_layers: tuple[int, ...]
     """Target layers captured for the drafter."""
     confidence: Literal["none", "score-only"]
@@ -381,20 +381,27 @@ def make_plan(
     # ---- CUDA graphs ----
     wanted = {True: "on", False: "off"}.get(inputs.cuda_graphs, inputs.cuda_graphs)
     if wanted == "off":
-        graphs = decide("cuda_graphs", False, "runtime.cuda_graphs is off")
+        graphs = decide("cuda_graphs", False, "runtime.cuda_graphs is off: every round runs eagerly")
     elif not on_cuda:
         graphs = decide("cuda_graphs", False,
                         f"runtime.cuda_graphs = {wanted!r} but the device is {inputs.device}: eager")
-    elif k == 0:
-        graphs = decide("cuda_graphs", False, "K = 0: there is no drafting step to capture")
+    elif target.graph_blocker is not None:
+        if wanted == "on":
+            raise PlanError(f"runtime.cuda_graphs = 'on' but the target cannot be captured: "
+                            f"{target.graph_blocker}; set runtime.cuda_graphs to 'auto' or 'off'")
+        graphs = decide("cuda_graphs", False,
+                        f"the target cannot be captured ({target.graph_blocker}): every round, "
+                        "target verification included, runs eagerly")
     elif wanted == "auto" and inputs.mapping.tp_size > 1:
         graphs = decide("cuda_graphs", False,
-                        "runtime.cuda_graphs = 'auto' captures single-rank drafting only; set "
+                        "runtime.cuda_graphs = 'auto' captures single-rank rounds only; set "
                         "'on' to capture the collectives too")
     else:
         graphs = decide("cuda_graphs", True,
-                        f"runtime.cuda_graphs = {wanted!r} on {inputs.device}: drafting step "
-                        "captured per batch size; buffers owned by the plan (7)")
+                        f"runtime.cuda_graphs = {wanted!r} on {inputs.device}: the whole round "
+                        "(drafting, target verification, acceptance, commit) is captured per "
+                        "(batch, context width) bucket and replayed with one host read; buffers "
+                        "owned by the plan (7)")
 
     # ---- paging geometry ----
     span = max(w, k + 1)

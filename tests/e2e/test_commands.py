@@ -36,7 +36,8 @@ def test_generate_streams_text_and_prints_the_summary(capsys, tiny_dir) -> None:
     assert "--- summary: dspark-gqa, K = 3, greedy ---" in out
     assert "tokens generated 10" in out
     assert "accepted length per round (bonus included): mean" in out
-    assert "plain greedy" in out and "tokens/s: speculative" in out
+    assert "   plain " in out and "tokens/s: speculative" in out
+    assert "baseline: draftsmith plain decoding (K = 0, same target path, eager, " in out
     assert "exact vs plain greedy: yes (1/1 prompts)" in out
     assert "Traceback" not in err
 

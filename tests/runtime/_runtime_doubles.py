@@ -126,6 +126,8 @@ class ShardedTarget:
     vocab_size = property(lambda self: self.base.vocab_size)
     hidden_size = property(lambda self: self.base.hidden_size)
     num_layers = property(lambda self: self.base.num_layers)
+    graph_blocker = property(lambda self: self.base.graph_blocker)
+    cache_version = property(lambda self: self.base.cache_version)
 
     def input_embedding(self) -> torch.Tensor:
         return self.base.input_embedding()
@@ -152,3 +154,9 @@ class ShardedTarget:
 
     def release(self, slots) -> None:
         self.base.release(slots)
+
+    def reserve(self, num_slots, length) -> None:
+        self.base.reserve(num_slots, length)
+
+    def forward_rows(self, tokens, starts, context_width) -> TargetOutput:
+        return self._cut(self.base.forward_rows(tokens, starts, context_width))

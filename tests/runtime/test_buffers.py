@@ -37,11 +37,15 @@ def test_bucket_views_share_storage_before_first_prepare():
                 base.untyped_storage().data_ptr()
     # the components hold the same tensors as the buffers
     assert dec.slots.ctx_len is bufs.ctx_len and dec.pager.ctx_len is bufs.ctx_len
-    # a prepare through a small bucket writes the shared buffers
-    dec.slots.assign(0)
-    dec.slots.prepare([0, None], views[2].batch_to_slot)
-    assert bufs.batch_to_slot[:2].tolist() == [0, 6]
-    assert views[4].batch_to_slot[:2].tolist() == [0, 6]
+    # loading a slot through the base buffers is what every bucket's view sees
+    slot = dec.slots.assign(0)
+    bufs.load_slots(torch.tensor([slot]), first_tokens=torch.tensor([5]),
+                    positions=torch.tensor([9]), seeds=torch.tensor([3]),
+                    features=torch.ones(1, bufs.features.shape[-1]))
+    assert views[2].batch_to_slot.tolist() == [0, 6]
+    assert views[4].target_len[:2].tolist() == [9, 0]
+    assert views[1].accepted[0].tolist() == [5, 0, 0, 0] and int(views[1].num_accepted[0]) == 1
+    assert bool((views[2].features[0, 0] == 1).all()) and bool((views[2].features[0, 1:] == 0).all())
 
 
 def test_padding_rows_write_only_the_dummy_row(monkeypatch):
@@ -52,14 +56,15 @@ def test_padding_rows_write_only_the_dummy_row(monkeypatch):
     assert bufs.draft_probs is not None and bufs.dummy_slot_row == 3
     bufs.draft_probs.fill_(7.0)
     dummy = bufs.dummy_slot_row
-    b2s = torch.tensor([1, dummy, dummy])  # one live request in slot 1, two padding rows
+    bufs.batch_to_slot[:3] = torch.tensor([1, dummy, dummy])  # slot 1 live, two padding rows
+    b2s = bufs.batch_to_slot[:3]
     probs = torch.rand(3, 3, 64, generator=torch.Generator().manual_seed(0))
     drafts = torch.zeros(3, 3, dtype=torch.int64)
     placement = SimpleNamespace(num_requests=3)  # all _draft reads of it outside draft_core
     with monkeypatch.context() as patch:
         # the block forward is not under test: it hands _draft these per-row probabilities
         patch.setattr(dec, "draft_core", lambda placement, key: (drafts, probs))
-        got_drafts, got_probs = dec._draft(placement, None, b2s)
+        got_drafts, got_probs = dec._draft(placement, None, bufs.view(3))
     assert got_drafts is drafts
     assert torch.equal(bufs.draft_probs[1], probs[0])  # the live row, at its slot
     assert torch.equal(got_probs[0], probs[0])

@@ -146,43 +146,28 @@ def test_more_requests_than_slots_and_stop_rule(target, greedy_oracle):
     assert res.tokens == (first,) and res.accepted_lengths == () and res.finish_reason == "stop"
 
 
-def test_failed_step_rolls_ctx_len_back(target, monkeypatch):
+def test_a_failed_round_frees_every_slot_and_the_next_call_is_exact(target, greedy_oracle,
+                                                                     monkeypatch):
+    """A round that raises (here the target's forward, on the third round) ends the call: every
+    slot comes back, and the next call decodes exactly, from freshly loaded slot state."""
     dec = bind(target, None, _config("dspark-gqa", 3))
     calls = {"n": 0}
-    real = target.verify
+    real = target.forward_rows
 
-    def flaky(slots, tokens):
-        out = real(slots, tokens)  # the target cache grew by K + 1 before the failure
+    def flaky(tokens, starts, context_width):
         calls["n"] += 1
         if calls["n"] == 3:
-            raise RuntimeError("injected failure after verify")
-        return out
+            raise RuntimeError("injected failure in the target forward")
+        return real(tokens, starts, context_width)
 
-    seen = {}
-    real_step = dec.step
-
-    def step(active):
-        seen["before"] = dec.buffers.ctx_len.clone()
-        seen["target"] = {r.slot: target.lengths[r.slot] for r in active}
-        try:
-            return real_step(active)
-        except RuntimeError:  # the state the failed step left, before generate frees the slots
-            seen["after"] = dec.buffers.ctx_len.clone()
-            seen["target_after"] = {r.slot: target.lengths[r.slot] for r in active}
-            raise
-
-    monkeypatch.setattr(target, "verify", flaky)
-    monkeypatch.setattr(dec, "step", step)
+    monkeypatch.setattr(target, "forward_rows", flaky)
     with pytest.raises(RuntimeError, match="injected"):
         dec.generate(PROMPTS[:4], 20)
-    assert torch.equal(seen["after"], seen["before"])
-    assert seen["target_after"] == seen["target"]
-    assert int(seen["before"][:4].max()) > 0  # a real carried context was restored
-    # generate gave every slot back: the decoder serves the next call
     assert dec.slots.num_free == dec.plan.slot_capacity
-    monkeypatch.setattr(target, "verify", real)
-    monkeypatch.setattr(dec, "step", real_step)
-    assert [len(r.tokens) for r in dec.generate(PROMPTS[:4], 6)] == [6] * 4
+    assert dec.buffers.batch_to_slot.tolist() == [dec.plan.dummy_slot] * dec.plan.slot_capacity
+    monkeypatch.setattr(target, "forward_rows", real)
+    results = dec.generate(PROMPTS[:4], BUDGETS[:4])
+    assert [list(r.tokens) for r in results] == greedy_oracle[:4]
 
 
 def test_prompt_too_long_is_refused(target):
@@ -243,48 +228,42 @@ def test_forced_acceptance_through_the_decoder(target):
     assert int(dec.acceptance.forced_counter) == steps
 
 
-def test_a_step_reads_the_device_once(target):
-    """Outside the target forward and the drafting part (which a CUDA graph captures), a
-    speculative step copies device data to the host once (the accepted counts and tokens
-    together): the bonus, the counts and the accepted rows of the next step stay on the device."""
+def test_a_round_reads_the_device_once(target):
+    """A round, target forward and drafting included, copies device data to the host once (the
+    accepted counts and tokens together): the bonus, the counts, the positions and the features
+    of the next round stay on the device. The negative control shows the count sees a read."""
     dec = bind(target, None, _config("dspark-gqa", 3, kernels="fused"))
     reads = {"n": 0}
-    real_verify, real_step = target.verify, dec.step
     host_reads = ("tolist", "item", "cpu", "__bool__", "__int__", "__index__", "__float__")
 
     class Reads(torch.overrides.TorchFunctionMode):
-        on = True
-
         def __torch_function__(self, func, types, args=(), kwargs=None):
             name = getattr(func, "__name__", "")
             to_host = (name == "to" and args[0].device.type != "cpu"
                        and any(str(a) == "cpu" for a in args[1:]))
-            if self.on and (name in host_reads or to_host):
+            if name in host_reads or to_host:
                 reads["n"] += 1
             return func(*args, **(kwargs or {}))
 
-    mode = Reads()
-
-    def unwatched(fn):
-        def call(*args):
-            mode.on = False
-            try:
-                return fn(*args)
-            finally:
-                mode.on = True
-        return call
-
     steps = {"n": 0}
+    real_step = dec.step
 
     def step(active):
         steps["n"] += 1
-        with mode:
+        with Reads():
             real_step(active)
 
-    target.verify, dec.step = unwatched(real_verify), step
-    dec.draft_core = unwatched(dec.draft_core)
-    try:
-        dec.generate(PROMPTS[:2], 12)
-    finally:
-        del target.verify
+    dec.step = step
+    dec.generate(PROMPTS[:2], 12)
     assert steps["n"] > 2 and reads["n"] == steps["n"]
+    # negative control: one more read inside the round is counted
+    reads["n"] = steps["n"] = 0
+    real_core = dec.round_core
+
+    def core(g, width):
+        real_core(g, width)
+        dec.buffers.target_len[0].item()
+
+    dec.round_core = core
+    dec.generate(PROMPTS[:2], 12)
+    assert reads["n"] == 2 * steps["n"]

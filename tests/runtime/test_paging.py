@@ -58,7 +58,7 @@ def test_twenty_carried_steps_match_python_model(mode, steps):
         rng.shuffle(rows)
         g = len(rows)
         b2s = bufs.batch_to_slot[:g]
-        slots.prepare(rows, b2s)
+        b2s.copy_(torch.tensor([slots.slot(r) for r in rows]))
         n = torch.tensor([rng.randint(1, k + 1) for _ in rows])
         accepted = torch.randint(0, 16, (g, k + 1), generator=torch.Generator().manual_seed(step))
         placement = pager.place(b2s, accepted, n)
@@ -105,22 +105,19 @@ def test_twenty_carried_steps_match_python_model(mode, steps):
 
 
 def test_slot_manager_dummy_and_reuse():
-    bufs, slots, _ = _setup("eager", capacity=2)
-    a, b = slots.assign(10), slots.assign(11)
-    assert {a, b} == {0, 1} and slots.dummy_slot == 2
-    with pytest.raises(DraftsmithError, match="all 2 slots are taken"):
-        slots.assign(12)
+    bufs, slots, _ = _setup("eager", capacity=3)
+    a, b, c = slots.assign(10), slots.assign(11), slots.assign(12)
+    assert (a, b, c) == (0, 1, 2) and slots.dummy_slot == 3  # lowest first
+    with pytest.raises(DraftsmithError, match="all 3 slots are taken"):
+        slots.assign(13)
+    assert slots.slot(99) == slots.slot(None) == 3  # padding and unknown ids go to the dummy
     bufs.ctx_len[a] = 7
-    bufs.ctx_len[2] = 5
-    out = slots.prepare([99, None], bufs.batch_to_slot[:2])
-    assert out.tolist() == [2, 2]  # padding and unknown ids go to the dummy
-    assert slots.prepare([11], bufs.batch_to_slot[:1]).tolist() == [b]
-    assert int(bufs.ctx_len[2]) == 0 and int(bufs.ctx_len[a]) == 7
+    bufs.ctx_len[b] = 5
+    slots.release(11)
+    assert int(bufs.ctx_len[b]) == 0 and int(bufs.ctx_len[a]) == 7  # freed slot zeroed at once
     slots.release(10)
-    slots.prepare([11], bufs.batch_to_slot[:1])
-    assert int(bufs.ctx_len[a]) == 0  # freed slot zeroed at the next prepare
-    c = slots.assign(13)
-    assert c == a and int(bufs.ctx_len[c]) == 0
+    assert slots.assign(14) == a and int(bufs.ctx_len[a]) == 0  # the lowest free slot again
+    assert slots.assign(15) == b
 
 
 @pytest.mark.parametrize("mode", ["eager", "fused"])

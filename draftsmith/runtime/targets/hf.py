@@ -1,10 +1,11 @@
 """The Hugging Face target adapter: a transformers causal LM as a :class:`TargetModel`.
 
-Owns one key/value cache per request slot and the capture of target features (spec 1.3). A
-verify step may mix slots of different cached lengths (ragged acceptance in the previous step):
-their caches are left-padded to a common length for one batched forward, with an explicit 4-D
-attention mask and explicit position ids, and the new entries are split back per slot. ``commit``
-crops each slot to its committed length.
+Owns the target's static key/value cache (one row of ``T`` positions per request slot, written
+in place) and the capture of target features (spec 1.3). Every forward passes transformers an
+explicit 4-D attention mask and explicit position ids, so the rows of one batch may sit at
+different positions (ragged acceptance in the previous step), and a cache subclass writes the new
+keys and values at those positions. The runtime's forward (:meth:`HFTarget.forward_rows`) takes
+its positions from a device tensor and can be captured in a CUDA graph.
 
 Only full-attention decoder stacks whose logits are ``lm_head(final_norm(h))`` are accepted
 (Llama, Qwen2, Qwen3, Mistral without a sliding window, ...); anything else is refused when the
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ from draftsmith.contract import (
     TargetOutput,
     check_tensor,
 )
+from draftsmith.runtime.buffers import available_bytes
 
 _UNSUPPORTED_CONFIG_KEYS = ("final_logit_softcapping", "attn_logit_softcapping", "logits_scaling",
                             "logit_scale")
@@ -56,21 +57,80 @@ def quiet_transformers() -> Any:
     return transformers
 
 
-@dataclass
-class _SlotCache:
-    """Per-layer keys and values of one request: each ``[1, n_kv, T, hd]``."""
+class StaticKV:
+    """The target's preallocated key/value storage: per layer ``[S, n_kv, T, hd]``.
 
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
+    ``S`` request slots (row ``s`` is slot ``s``), ``T`` positions. Written in place at explicit
+    positions, never reallocated while a decoder uses it: :meth:`HFTarget.reserve` replaces it
+    only when asked for more rows or positions, and bumps :attr:`HFTarget.cache_version`.
+    """
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        self.keys = keys
+        self.values = values
+        self.slots = int(keys[0].shape[0])
+        self.length = int(keys[0].shape[2])
+        self.row_ids = torch.arange(self.slots, dtype=torch.int64, device=keys[0].device)
+        self.columns = torch.arange(self.length, dtype=torch.int64, device=keys[0].device)
 
     @property
-    def length(self) -> int:
-        """``T``: cached tokens."""
-        return int(self.keys[0].shape[2]) if self.keys else 0
+    def nbytes(self) -> int:
+        """Bytes held."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+def _row_cache(kv: StaticKV, rows: torch.Tensor | None, write_rows: torch.Tensor,
+               positions: torch.Tensor, width: int) -> Any:
+    """A transformers ``Cache`` over ``kv`` for one forward.
+
+    Each layer's new keys and values ``[N, n_kv, Q, hd]`` are written at
+    ``(write_rows[b], positions[b, j])``; attention then reads columns ``0 .. width - 1`` of the
+    rows: slots ``0 .. N - 1`` as a view when ``rows`` is ``None``, else ``rows`` (a gather).
+    """
+    transformers = require_transformers()
+    cls = _ROW_CACHE_TYPES.get(transformers.Cache)
+    if cls is None:
+
+        class RowCache(transformers.Cache):  # type: ignore[misc, valid-type]
+            def __init__(self, kv, rows, write_rows, positions, width):
+                super().__init__(layers=[])
+                self.kv, self.rows, self.width = kv, rows, width
+                self.write_rows, self.positions = write_rows, positions
+
+            def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+                keys, values = self.kv.keys[layer_idx], self.kv.values[layer_idx]
+                if key_states.shape[1:] != (keys.shape[1], self.positions.shape[1], keys.shape[3]):
+                    raise ShapeError(
+                        f"layer {layer_idx} produced keys {tuple(key_states.shape)}; the static "
+                        f"cache holds [slots, {keys.shape[1]}, T, {keys.shape[3]}]")
+                keys[self.write_rows, :, self.positions] = key_states.transpose(1, 2)
+                values[self.write_rows, :, self.positions] = value_states.transpose(1, 2)
+                if self.rows is None:
+                    n = key_states.shape[0]
+                    return keys[:n, :, : self.width], values[:n, :, : self.width]
+                return (keys[:, :, : self.width].index_select(0, self.rows),
+                        values[:, :, : self.width].index_select(0, self.rows))
+
+            def get_seq_length(self, layer_idx: int = 0) -> int:
+                return 0  # positions are always passed explicitly
+
+        cls = _ROW_CACHE_TYPES[transformers.Cache] = RowCache
+    return cls(kv, rows, write_rows, positions, width)
+
+
+_ROW_CACHE_TYPES: dict[type, type] = {}
 
 
 class HFTarget:
     """A transformers ``*ForCausalLM`` as a verifier addressed by request slots.
+
+    The keys and values live in a :class:`StaticKV` allocated by :meth:`reserve` (the runtime
+    sizes it at bind or before a generation; the host calls below grow it on demand). Two ways in:
+
+    * the host calls ``prefill`` / ``verify`` / ``commit`` / ``release`` keep each slot's length
+      on the host (the plain golden path and tests);
+    * :meth:`forward_rows` reads the positions from a device tensor the runtime owns and never
+      reads anything back to the host, so a CUDA graph can capture it.
 
     :param model: a loaded causal LM (``model.model`` the decoder stack, ``lm_head`` the head).
     :param max_slots: number of request slots (slot ids ``0 .. max_slots - 1``).
@@ -93,7 +153,10 @@ class HFTarget:
         self._layers = layers
         self._head = model.get_output_embeddings()
         self._embed = model.get_input_embeddings()
-        self._caches: dict[int, _SlotCache] = {}
+        self._kv: StaticKV | None = None
+        self.cache_version = 0
+        """Bumped whenever :meth:`reserve` replaces the storage (captured graphs are then stale)."""
+        self._lengths = [0] * self.max_slots
         self._capture_ids: tuple[int, ...] = ()
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks: list[Any] = []
@@ -129,6 +192,18 @@ class HFTarget:
     def max_position_embeddings(self) -> int:
         """Largest position of the target's RoPE table (from its config)."""
         return int(getattr(self.config, "max_position_embeddings", 1 << 30))
+
+    @property
+    def graph_blocker(self) -> str | None:
+        """Why a CUDA graph cannot capture this model's forward, or ``None`` when it can.
+
+        Mixture-of-experts layers in transformers route tokens with data-dependent shapes (a
+        host read per layer), which a capture refuses."""
+        for key in ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"):
+            if getattr(self.config, key, None):
+                return (f"{type(self.config).__name__} sets {key}: its expert routing reads "
+                        "token counts back to the host")
+        return None
 
     def input_embedding(self) -> torch.Tensor:
         """The raw input embedding table ``[V, H_t]``."""
@@ -190,15 +265,93 @@ class HFTarget:
         self._captured.clear()
         return torch.cat(parts, dim=-1)
 
+    # ---- the static cache ---------------------------------------------------------------
+
+    @property
+    def cache_length(self) -> int:
+        """``T``: positions the static cache holds per slot (0 before :meth:`reserve`)."""
+        return self._kv.length if self._kv is not None else 0
+
+    @property
+    def cache_slots(self) -> int:
+        """Slots the static cache holds (0 before :meth:`reserve`)."""
+        return self._kv.slots if self._kv is not None else 0
+
+    def reserve(self, num_slots: int, length: int) -> None:
+        """Hold at least ``num_slots`` slots of ``length`` positions, keeping what is cached.
+
+        A larger request replaces the storage (bumping :attr:`cache_version`); a smaller one
+        keeps it. :raises PlanError: when it would not fit in the device's memory.
+        """
+        num_slots, length = int(num_slots), int(length)
+        if not 1 <= num_slots <= self.max_slots:
+            raise ShapeError(f"reserve needs 1 .. {self.max_slots} slots, got {num_slots}")
+        self._check_positions(length)
+        old = self._kv
+        if old is not None and old.slots >= num_slots and old.length >= length:
+            return
+        if old is not None:
+            num_slots, length = max(num_slots, old.slots), max(length, old.length)
+        heads = int(getattr(self.config, "num_key_value_heads", None)
+                    or self.config.num_attention_heads)
+        head_dim = int(getattr(self.config, "head_dim", None)
+                       or self.hidden_size // self.config.num_attention_heads)
+        shape = (num_slots, heads, length, head_dim)
+        need = 2 * self.num_layers * num_slots * heads * length * head_dim * self.dtype.itemsize
+        free = available_bytes(self.device)
+        if free is not None and need > free + (old.nbytes if old is not None else 0):
+            raise PlanError(
+                f"the target's key/value cache needs {need / 2**30:.1f} GiB for {num_slots} "
+                f"slots of {length} positions, more than the {free / 2**30:.1f} GiB free on "
+                f"{self.device}; lower runtime.max_batch or the token budget"
+            )
+        self._kv = None  # let the old storage go before the new one is taken
+        keys, values = [], []
+        for layer in range(self.num_layers):
+            k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            if old is not None:
+                k[: old.slots, :, : old.length] = old.keys[layer]
+                v[: old.slots, :, : old.length] = old.values[layer]
+                old.keys[layer] = old.values[layer] = k[:0]
+            keys.append(k)
+            values.append(v)
+        self._kv = StaticKV(keys, values)
+        self.cache_version += 1
+
     # ---- forward passes ---------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward_rows(self, tokens: torch.Tensor, starts: torch.Tensor,
+                     context_width: int) -> TargetOutput:
+        """Forward ``tokens: [G, Q] int64`` for slots ``0 .. G-1``; token ``j`` of row ``b`` sits
+        at position ``starts[b] + j`` (``starts: [G] int64`` on the device).
+
+        Writes all ``Q`` keys and values in place; attention reads columns
+        ``0 .. context_width - 1`` (``context_width >= max(starts) + Q``, a static bound the
+        caller knows). Rows are ``G * Q``, request-major. Reads nothing back to the host and
+        allocates nothing persistent: a CUDA graph can capture it.
+        """
+        g, q = tokens.shape
+        kv = self._kv
+        if kv is None or g > kv.slots or not q <= context_width <= kv.length:
+            raise ShapeError(
+                f"forward_rows of {g} rows over {context_width} columns needs a static cache of "
+                f"at least {g} slots and {context_width} positions (reserve holds "
+                f"{self.cache_slots} x {self.cache_length})"
+            )
+        positions = starts[:, None] + kv.columns[:q]
+        hidden = self._forward(tokens, kv, None, kv.row_ids[:g, None], positions, context_width)
+        return self._output(hidden, None)
 
     @torch.inference_mode()
     def prefill(self, slots: Sequence[int], prompts: Sequence[torch.Tensor]) -> TargetOutput:
         """Run each prompt ``[P_b] int64`` from position 0 in its slot (the slot is reset).
 
         Returns ``sum(P_b)`` rows (prompt tokens in order, concatenated). Prompts are right-padded
-        into one batch: causal attention keeps every real token blind to the padding after it, and
-        only the real tokens' keys and values are stored.
+        into batches of at most :data:`PREFILL_TOKENS` positions (a longer prompt runs alone, in
+        chunks of that many positions): causal attention keeps every real token blind to the
+        padding after it, and a slot's padding columns are overwritten before they are read.
         """
         slots = self._check_slots(slots)
         if len(prompts) != len(slots):
@@ -210,21 +363,26 @@ class HFTarget:
                 raise ShapeError(f"prompts[{b}] is empty; every prompt needs at least one token")
             lengths.append(int(prompt.numel()))
         self._check_positions(max(lengths))
-        n, p_max = len(slots), max(lengths)
-        ids = torch.zeros(n, p_max, dtype=torch.int64, device=self.device)
-        for b, prompt in enumerate(prompts):
-            ids[b, : lengths[b]] = prompt.to(self.device)
-        cache = self._new_cache()
-        hidden = self._forward(ids, cache, attention_mask=None, position_ids=None)
-        for b, slot in enumerate(slots):
-            self._caches[slot] = _SlotCache(
-                keys=[layer.keys[b : b + 1, :, : lengths[b]] for layer in cache.layers],
-                values=[layer.values[b : b + 1, :, : lengths[b]] for layer in cache.layers],
-            )
-        rows = torch.cat(
-            [torch.arange(length, device=self.device) + b * p_max for b, length in enumerate(lengths)]
-        )
-        return self._output(hidden, rows)
+        self._ensure(slots, max(lengths))
+        pieces: list[list[TargetOutput]] = [[] for _ in lengths]
+        for group in _prefill_groups(lengths, PREFILL_TOKENS):
+            longest = max(lengths[b] for b in group)
+            for lo in range(0, longest, PREFILL_TOKENS):
+                width = min(longest, lo + PREFILL_TOKENS) - lo
+                ids = torch.zeros(len(group), width, dtype=torch.int64)
+                for i, b in enumerate(group):
+                    part = prompts[b][lo : lo + width]
+                    ids[i, : part.numel()] = part
+                out = self._forward_slots([slots[b] for b in group], ids, [lo] * len(group))
+                for i, b in enumerate(group):
+                    rows = slice(i * width, i * width + max(0, min(lengths[b] - lo, width)))
+                    pieces[b].append(TargetOutput(LogitsShard.full(out.logits.logits[rows]),
+                                                  out.features[rows]))
+        for slot, length in zip(slots, lengths, strict=True):
+            self._lengths[slot] = length
+        flat = [piece for per_prompt in pieces for piece in per_prompt]
+        return TargetOutput(logits=LogitsShard.full(torch.cat([p.logits.logits for p in flat])),
+                            features=torch.cat([p.features for p in flat]))
 
     @torch.inference_mode()
     def verify(self, slots: Sequence[int], tokens: torch.Tensor) -> TargetOutput:
@@ -236,54 +394,43 @@ class HFTarget:
         slots = self._check_slots(slots)
         check_tensor("tokens", tokens, (len(slots), "K1"), torch.int64)
         for slot in slots:
-            if slot not in self._caches:
+            if not self._lengths[slot]:
                 raise ShapeError(f"slot {slot} has no prefilled sequence; call prefill first")
         q = int(tokens.shape[1])
-        lengths = [self._caches[s].length for s in slots]
-        self._check_positions(max(lengths) + q)
-        c_max = max(lengths)
-        ragged = min(lengths) != c_max
-        cache = self._batched_cache(slots, c_max)
-        attention_mask = position_ids = None
-        if ragged:
-            attention_mask, position_ids = self._ragged_mask(lengths, q)
-        hidden = self._forward(tokens.to(self.device), cache, attention_mask, position_ids)
-        for b, slot in enumerate(slots):
-            pad = c_max - lengths[b]
-            self._caches[slot] = _SlotCache(
-                keys=[layer.keys[b : b + 1, :, pad:] for layer in cache.layers],
-                values=[layer.values[b : b + 1, :, pad:] for layer in cache.layers],
-            )
-        return self._output(hidden, None)
+        starts = [self._lengths[s] for s in slots]
+        self._check_positions(max(starts) + q)
+        self._ensure(slots, max(starts) + q)
+        out = self._forward_slots(slots, tokens, starts)
+        for slot in slots:
+            self._lengths[slot] += q
+        return out
 
     def commit(self, slots: Sequence[int], lengths: Sequence[int]) -> None:
-        """Crop each slot's cache to ``lengths[b]`` tokens (dropping rejected drafts)."""
+        """Keep the first ``lengths[b]`` cached tokens of each slot (dropping rejected drafts)."""
         slots = self._check_slots(slots)
         if len(lengths) != len(slots):
             raise ShapeError(f"commit got {len(slots)} slots but {len(lengths)} lengths")
         for slot, length in zip(slots, lengths, strict=True):
-            cache = self._caches.get(slot)
-            if cache is None:
+            cached = self._lengths[slot]
+            if not cached:
                 raise ShapeError(f"slot {slot} has no sequence to commit")
             length = int(length)
-            if not 1 <= length <= cache.length:
+            if not 1 <= length <= cached:
                 raise ShapeError(
-                    f"slot {slot}: commit length {length} must be in 1 .. {cache.length} "
+                    f"slot {slot}: commit length {length} must be in 1 .. {cached} "
                     "(the cached length after verify)"
                 )
-            if length < cache.length:
-                cache.keys = [k[:, :, :length] for k in cache.keys]
-                cache.values = [v[:, :, :length] for v in cache.values]
+            self._lengths[slot] = length
 
     def release(self, slots: Sequence[int]) -> None:
-        """Free the slots' caches (unknown or already free slots are ignored)."""
+        """Forget the slots' sequences (unknown or already free slots are ignored)."""
         for slot in slots:
-            self._caches.pop(int(slot), None)
+            if 0 <= int(slot) < self.max_slots:
+                self._lengths[int(slot)] = 0
 
     def cached_length(self, slot: int) -> int:
-        """Tokens cached for ``slot`` (0 when free)."""
-        cache = self._caches.get(int(slot))
-        return cache.length if cache is not None else 0
+        """Tokens cached for ``slot`` through the host calls (0 when free)."""
+        return self._lengths[int(slot)] if 0 <= int(slot) < self.max_slots else 0
 
     # ---- helpers ----------------------------------------------------------------------
 
@@ -305,60 +452,36 @@ class HFTarget:
                 f"{self.max_position_embeddings}; lower max_new_tokens or shorten the prompt"
             )
 
-    def _new_cache(self) -> Any:
-        return require_transformers().DynamicCache()
+    def _ensure(self, slots: list[int], length: int) -> None:
+        """Grow the static cache for a host call (rounded up, so growth is rare)."""
+        need = max(length, 64)
+        self.reserve(max(max(slots) + 1, self.cache_slots, 1),
+                     min(1 << (need - 1).bit_length(), self.max_position_embeddings))
 
-    def _batched_cache(self, slots: list[int], c_max: int) -> Any:
-        """One ``DynamicCache`` of batch ``G``: each slot's entries left-padded to ``c_max``.
+    def _forward_slots(self, slots: list[int], tokens: torch.Tensor,
+                       starts: list[int]) -> TargetOutput:
+        """A host-side forward of ``tokens: [N, Q]`` at ``starts`` in arbitrary slots."""
+        assert self._kv is not None
+        q = int(tokens.shape[1])
+        rows = torch.tensor(slots, dtype=torch.int64, device=self.device)
+        positions = (torch.tensor(starts, dtype=torch.int64, device=self.device)[:, None]
+                     + self._kv.columns[:q])
+        hidden = self._forward(tokens.to(self.device), self._kv, rows, rows[:, None], positions,
+                               max(starts) + q)
+        return self._output(hidden, None)
 
-        One slot's entries go in as they are (the cache's update concatenates into new tensors,
-        never into these), saving a copy of every layer per forward."""
-        if len(slots) == 1:
-            only = self._caches[slots[0]]
-            return require_transformers().DynamicCache(
-                ddp_cache_data=list(zip(only.keys, only.values, strict=True)))
-        per_layer = []
-        for layer in range(len(self._caches[slots[0]].keys)):
-            ks, vs = [], []
-            for slot in slots:
-                k = self._caches[slot].keys[layer]
-                v = self._caches[slot].values[layer]
-                pad = c_max - k.shape[2]
-                if pad:
-                    k = torch.cat([k.new_zeros(*k.shape[:2], pad, k.shape[3]), k], dim=2)
-                    v = torch.cat([v.new_zeros(*v.shape[:2], pad, v.shape[3]), v], dim=2)
-                ks.append(k)
-                vs.append(v)
-            per_layer.append((torch.cat(ks), torch.cat(vs)))
-        return require_transformers().DynamicCache(ddp_cache_data=per_layer)
-
-    def _ragged_mask(self, lengths: list[int], q: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Additive mask ``[G, 1, q, c_max + q]`` and positions ``[G, q]`` for left-padded rows."""
-        c_max = max(lengths)
-        lens = torch.tensor(lengths, dtype=torch.int64, device=self.device)
-        cols = torch.arange(c_max + q, device=self.device)
-        rows = torch.arange(q, device=self.device)
-        not_pad = cols[None, :] >= (c_max - lens)[:, None]  # [G, c_max + q]
-        causal = cols[None, :] <= (c_max + rows)[:, None]  # [q, c_max + q]
-        visible = not_pad[:, None, :] & causal[None, :, :]
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
-        positions = lens[:, None] + rows[None, :]
-        return mask[:, None], positions
-
-    def _forward(
-        self,
-        ids: torch.Tensor,
-        cache: Any,
-        attention_mask: torch.Tensor | None,
-        position_ids: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Decoder forward: final-normed hidden ``[N, Q, H_t]``; fills the capture buffers."""
+    def _forward(self, ids: torch.Tensor, kv: StaticKV, rows: torch.Tensor | None,
+                 write_rows: torch.Tensor, positions: torch.Tensor, width: int) -> torch.Tensor:
+        """Decoder forward with an explicit mask: final-normed hidden ``[N, Q, H_t]``; fills the
+        capture buffers. Query ``(b, j)`` sees columns ``0 .. positions[b, j]`` of its row."""
         self._captured.clear()
+        hidden_mask = kv.columns[:width] > positions[:, :, None]  # [N, Q, W] True = hidden
+        mask = hidden_mask.to(self.dtype) * torch.finfo(self.dtype).min
+        cache = _row_cache(kv, rows, write_rows, positions, width)
         out = self._decoder(
             input_ids=ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
+            attention_mask=mask[:, None],
+            position_ids=positions,
             use_cache=True,
             **{self._cache_kwarg: cache},
         )
@@ -384,6 +507,24 @@ class HFTarget:
             h = h.index_select(0, rows)
         logits = self._head(h).float()
         return TargetOutput(logits=LogitsShard.full(logits), features=self._take_features(rows))
+
+
+PREFILL_TOKENS = 4096
+"""Positions one prefill forward holds (padded rows times columns); longer prompts run in chunks."""
+
+
+def _prefill_groups(lengths: list[int], budget: int) -> list[list[int]]:
+    """Prompt indices in groups whose right-padded batch stays within ``budget`` positions
+    (a prompt longer than the budget is a group of its own), in order."""
+    groups: list[list[int]] = []
+    for b, length in enumerate(lengths):
+        group = groups[-1] if groups else None
+        if group is not None and (len(group) + 1) * max(length, *(lengths[i] for i in group)) \
+                <= budget:
+            group.append(b)
+        else:
+            groups.append([b])
+    return groups
 
 
 def _check_supported(config: Any) -> None:

@@ -116,29 +116,62 @@ class ToyTarget:
 
     # ---- forward ------------------------------------------------------------------------
 
-    def _forward(self, slots: Sequence[int], tokens: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``tokens: [G, T] int64`` to each slot; return fp32 logits ``[G*T, V]`` and
-        features ``[G*T, n_cap * H_t]``.
+    # ---- the static cache -----------------------------------------------------------------
+
+    graph_blocker = None
+    """Nothing in the forward reads the device back: CUDA graphs may capture it."""
+    cache_version = 0
+    """The cache is allocated once, in the constructor."""
+
+    @property
+    def cache_length(self) -> int:
+        """``T``: positions held per slot."""
+        return self.max_len
+
+    @property
+    def cache_slots(self) -> int:
+        """Slots held."""
+        return self.max_slots
+
+    def reserve(self, num_slots: int, length: int) -> None:
+        """Check that ``num_slots`` slots of ``length`` positions fit (the cache is fixed)."""
+        if num_slots > self.max_slots or length > self.max_len:
+            raise ShapeError(
+                f"{num_slots} slots of {length} positions do not fit ToyTarget(max_slots="
+                f"{self.max_slots}, max_len={self.max_len}); raise them"
+            )
+
+    def forward_rows(self, tokens: torch.Tensor, starts: torch.Tensor,
+                     context_width: int) -> TargetOutput:
+        """Forward ``tokens: [G, Q]`` for slots ``0 .. G-1`` at positions ``starts[b] + j``,
+        attending to columns ``0 .. context_width - 1``; no host read (graph-capturable)."""
+        g, q = tokens.shape
+        if g > self.max_slots or not q <= context_width <= self.max_len:
+            raise ShapeError(f"forward_rows of {g} rows over {context_width} columns does not "
+                             f"fit ToyTarget(max_slots={self.max_slots}, max_len={self.max_len})")
+        rows = torch.arange(g, device=self.device)
+        logits, feats = self._forward(rows, starts.to(self.device), tokens.to(self.device),
+                                      context_width)
+        return TargetOutput(LogitsShard.full(logits), feats)
+
+    # ---- forward ------------------------------------------------------------------------
+
+    def _forward(self, slot_idx: torch.Tensor, starts: torch.Tensor, tokens: torch.Tensor,
+                 width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``tokens: [G, T] int64`` at ``starts[b] + j`` of slot ``slot_idx[b]`` and attend
+        to columns ``0 .. width - 1``; return fp32 logits ``[G*T, V]`` and features
+        ``[G*T, n_cap * H_t]``.
 
         Computes in float64 and rounds the outputs to fp32, so a token's outputs do not depend
         (beyond float64 noise far below fp32 resolution) on how many tokens or requests a call
         carries: prefill, one-token decode and a batched K+1 verify agree exactly in fp32.
         """
         g, t = tokens.shape
-        starts = torch.tensor([self.lengths[s] for s in slots], device=self.device)
-        if int(starts.max()) + t > self.max_len:
-            raise ShapeError(
-                f"a slot would hold {int(starts.max()) + t} tokens; ToyTarget(max_len="
-                f"{self.max_len}) is too small, raise max_len"
-            )
-        slot_idx = torch.tensor(list(slots), device=self.device)
         pos = starts[:, None] + torch.arange(t, device=self.device)  # [G, T]
         cos, sin = rope_cos_sin(pos, self.inv_freq, torch.float64)
         x = self.embed[tokens]  # [G, T, H_t]
         captured = {-1: x} if -1 in self.capture_layers else {}
         n_h, hd = self.num_heads, self.head_dim
-        width = int(starts.max()) + t
         visible = torch.arange(width, device=self.device)[None, None, :] <= pos[:, :, None]
         rows = slot_idx[:, None].expand(g, t)
         for lid, w in enumerate(self.layers):
@@ -158,14 +191,28 @@ class ToyTarget:
             x = x + (torch.nn.functional.silu(y @ w["gate"].T) * (y @ w["up"].T)) @ w["down"].T
             if lid in self.capture_layers:
                 captured[lid] = x
-        for b, slot in enumerate(slots):
-            self.lengths[slot] = int(starts[b]) + t
         logits = rms_norm(x, self.norm_w, 1e-6) @ self.lm_head.T
         if self.capture_layers:
             feats = torch.cat([captured[lid] for lid in self.capture_layers], dim=-1)
         else:
             feats = x.new_zeros(g, t, 0)
         return logits.reshape(g * t, -1).float(), feats.reshape(g * t, -1).float()
+
+    def _host_forward(self, slots: Sequence[int], tokens: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``tokens: [G, T]`` after each slot's host length (the host calls)."""
+        t = int(tokens.shape[1])
+        starts = [self.lengths[s] for s in slots]
+        if max(starts) + t > self.max_len:
+            raise ShapeError(
+                f"a slot would hold {max(starts) + t} tokens; ToyTarget(max_len="
+                f"{self.max_len}) is too small, raise max_len"
+            )
+        out = self._forward(torch.tensor(list(slots), device=self.device),
+                            torch.tensor(starts, device=self.device), tokens, max(starts) + t)
+        for slot, start in zip(slots, starts, strict=True):
+            self.lengths[slot] = start + t
+        return out
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.max_slots:
@@ -186,7 +233,7 @@ class ToyTarget:
             self._check_slot(slot)
             self.lengths[slot] = 0
             batch[b, : lengths[b]] = prompt.to(self.device, torch.int64)
-        logits, feats = self._forward(slots, batch)
+        logits, feats = self._host_forward(slots, batch)
         keep = (torch.arange(longest, device=self.device)[None, :]
                 < torch.tensor(lengths, device=self.device)[:, None]).reshape(-1)
         for slot, n in zip(slots, lengths, strict=True):
@@ -201,7 +248,7 @@ class ToyTarget:
             self._check_slot(slot)
         if len(set(slots)) != len(slots):
             raise ShapeError(f"verify slots must be distinct, got {list(slots)}")
-        lg, ft = self._forward(slots, tokens.to(self.device, torch.int64))
+        lg, ft = self._host_forward(slots, tokens.to(self.device, torch.int64))
         return TargetOutput(LogitsShard.full(lg), ft)
 
     def commit(self, slots: Sequence[int], lengths: Sequence[int]) -> None:
