@@ -408,6 +408,9 @@ class SpecDecoder:
         width = _bucket(max(r.start for r in active) + k + 1, self._widths)
         if self.plan.cuda_graphs:
             graph = self.graphs.get((g, width))
+            if self.target.cache_version != self._graph_cache_version:
+                raise PlanError("the target's cache was replaced after the rounds were captured "
+                                "(another decoder reserved more); call prepare() again")
             if graph is None:
                 raise PlanError(f"no round was captured for {g} rows and context width {width}; "
                                 "call prepare() with the largest batch and length first")

@@ -141,3 +141,32 @@ def test_static_context_width_matches_dynamic_on_cpu(family):
     static, _ = dec.draft_core(dataclasses.replace(placement, context_width=dec.plan.max_ctx),
                                None)
     assert torch.equal(dynamic, static)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("architecture", ["llama", "qwen3"])
+@pytest.mark.parametrize("k", [0, 4])
+def test_graphed_rounds_with_a_hugging_face_target(architecture, k):
+    """The static-cache HF target inside captured rounds: fp32 greedy output equals
+    transformers' own greedy ``generate`` for every prompt, at several batch sizes."""
+    from draftsmith.runtime.targets.hf import HFTarget
+    from draftsmith.runtime.targets.tiny import make_tiny_causal_lm
+
+    model = make_tiny_causal_lm(architecture=architecture, seed=5).cuda()
+    target = HFTarget(model, max_slots=8)
+    cfg = SpecConfig.from_dict({
+        "drafter": {"family": "dspark-gqa", "options": {"target_layer_ids": [1, 3]}, "seed": 1},
+        "num_draft_tokens": k,
+        "runtime": {"max_batch": 4, "max_context": 256, "cuda_graphs": "on"},
+    })
+    dec = bind(target, None, cfg)
+    assert dec.plan.cuda_graphs
+    prompts = [[(i * 37 + j * 11 + 3) % 500 for j in range(4 + 5 * i)] for i in range(6)]
+    want = []
+    for p in prompts:
+        out = model.generate(torch.tensor([p], device="cuda"), max_new_tokens=30,
+                             do_sample=False, pad_token_id=0, eos_token_id=None)
+        want.append(out[0, len(p):].tolist())
+    got = dec.generate(prompts, 30)
+    assert dec.graphs
+    assert [list(r.tokens) for r in got] == want

@@ -453,7 +453,10 @@ class HFTarget:
             )
 
     def _ensure(self, slots: list[int], length: int) -> None:
-        """Grow the static cache for a host call (rounded up, so growth is rare)."""
+        """Grow the static cache for a host call only when it is too small (then rounded up, so
+        growth is rare): a runtime that reserved enough keeps its storage and its graphs."""
+        if max(slots) < self.cache_slots and length <= self.cache_length:
+            return
         need = max(length, 64)
         self.reserve(max(max(slots) + 1, self.cache_slots, 1),
                      min(1 << (need - 1).bit_length(), self.max_position_embeddings))

@@ -1,0 +1,434 @@
+"""End to end on one GPU: speculative decoding against the best plain decoding a user has.
+
+For each dtype (bf16, fp32) and batch size ``B`` (default 1, 8, 32; ``B`` requests in flight,
+continuous batching over the prompt list), on SmolLM2-135M-Instruct with the shipped DSpark
+drafter, K = 7, greedy, chat template, stop at EOS:
+
+* ``spec``: draftsmith speculative decoding (rounds captured in CUDA graphs);
+* ``plain``: draftsmith plain decoding (``K = 0``, the same graph-captured target path);
+* ``hf-eager``: transformers ``generate`` (eager, dynamic cache; left-padded batches of ``B``);
+* ``recipe``: transformers with a ``StaticCache`` and the one-token step (argmax and position
+  update included) captured in one CUDA graph, replayed per token (written here; left-padded
+  batches of ``B``);
+* ``zlab``: z-lab's ``dflash_generate`` (batch 1 only, eager) against draftsmith on the same
+  z-lab-layout DFlash checkpoint (random weights, so both accept next to nothing: the figure is
+  the time per round), both with ``K = 7``.
+
+Every decoding is warmed up (graphs captured, kernels compiled) before it is timed. Beside each
+tokens/s figure: the accepted length (tau, bonus included) and exactness against draftsmith's
+plain decoding of the same prompts (token for token). Ratios are against ``plain`` of the same
+dtype and batch in the same run. The slow baselines (``hf-eager``, ``recipe``, ``zlab``) run on
+the first ``--slow-limit`` prompts of each set; the ``plain@slow`` row is draftsmith plain on
+exactly those prompts, the fair denominator for them.
+
+    python benchmarks/e2e.py --out $OUT                    # the GPU table (writes e2e.json/.txt)
+    python benchmarks/e2e.py --plot e2e.json               # tokens/s against batch size (PNG)
+    python benchmarks/e2e.py --smoke                       # tiny sizes on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from _timing import machine_tag
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE.parent.parent / "shared" / "data"
+SETS = ("gsm8k", "humaneval", "mt-bench")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _prompts(data: Path, limit: int) -> list[tuple[str, str]]:
+    from draftsmith.runtime.evaluate import read_prompt_file
+
+    out = []
+    for name in SETS:
+        out += [(name, p) for p in read_prompt_file(data / f"{name}.jsonl", limit)]
+    return out
+
+
+def _decoder(target, tokenizer, dtype_name: str, batch: int, k: int, family: str = "dspark-gqa",
+             checkpoint: str | None = None):
+    from draftsmith.runtime.api import load_decoder
+    from draftsmith.runtime.commands import SHIPPED_DRAFTER
+    from draftsmith.runtime.config import SpecConfig
+
+    config = SpecConfig.from_dict({
+        "drafter": {"family": family, "checkpoint": checkpoint or str(SHIPPED_DRAFTER)},
+        "num_draft_tokens": k,
+        "target": {"model": "smollm2-135m", "dtype": {"bf16": "bfloat16"}.get(dtype_name,
+                                                                           "float32"),
+                   "device": "cuda" if torch.cuda.is_available() else "cpu"},
+        "runtime": {"max_batch": batch, "max_context": 2048},
+    })
+    return load_decoder(config, target=target, tokenizer=tokenizer)
+
+
+def _cache_kwarg(model) -> str:
+    params = inspect.signature(model.get_decoder().forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _left_pad(batch: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in batch)
+    ids = torch.full((len(batch), width), pad, dtype=torch.int64)
+    mask = torch.zeros(len(batch), width, dtype=torch.int64)
+    for i, p in enumerate(batch):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _cut(row: list[int], stops: set[int], n: int) -> list[int]:
+    row = row[:n]
+    for i, t in enumerate(row):
+        if t in stops:
+            return row[: i + 1]
+    return row
+
+
+def hf_eager(model, ids: list[list[int]], batch: int, max_new: int, stops: set[int], pad: int
+             ) -> tuple[list[list[int]], float]:
+    """transformers ``generate``, greedy, eager, left-padded batches; (tokens, seconds)."""
+    out, seconds = [], 0.0
+    for lo in range(0, len(ids), batch):
+        chunk = ids[lo : lo + batch]
+        inp, mask = _left_pad(chunk, pad, model.device)
+        _sync()
+        t0 = time.perf_counter()
+        gen = model.generate(input_ids=inp, attention_mask=mask, max_new_tokens=max_new,
+                             do_sample=False, eos_token_id=sorted(stops), pad_token_id=pad)
+        _sync()
+        seconds += time.perf_counter() - t0
+        out += [_cut(row[inp.shape[1]:], stops, max_new) for row in gen.tolist()]
+    return out, seconds
+
+
+class StaticGraphRecipe:
+    """Plain greedy decoding as a user would write it with transformers alone: a ``StaticCache``,
+    an eager prefill, and the one-token step (forward, argmax, position and mask update)
+    captured once in a CUDA graph and replayed per token. Batches are left-padded; a 2-D mask
+    buffer marks the real columns, the new column is switched on inside the graph."""
+
+    def __init__(self, model, batch: int, max_len: int, pad: int) -> None:
+        import transformers
+
+        self.model, self.batch, self.max_len, self.pad = model, batch, max_len, pad
+        self.kw = _cache_kwarg(model)
+        self.cache = transformers.StaticCache(config=model.config, max_cache_len=max_len)
+        dev = model.device
+        self.token = torch.zeros(batch, 1, dtype=torch.int64, device=dev)
+        self.position = torch.zeros(batch, 1, dtype=torch.int64, device=dev)
+        self.column = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.mask = torch.zeros(batch, max_len, dtype=torch.int64, device=dev)
+        self.graph = None
+
+    def _step(self) -> None:
+        self.mask.index_fill_(1, self.column, 1)
+        out = self.model(input_ids=self.token, position_ids=self.position,
+                         attention_mask=self.mask, use_cache=True, **{self.kw: self.cache})
+        self.token.copy_(out.logits[:, -1:].argmax(-1))
+        self.position.add_(1)
+        self.column.add_(1)
+
+    def _prefill(self, chunk: list[list[int]]) -> torch.Tensor:
+        self.cache.reset()
+        inp, mask = _left_pad(chunk, self.pad, self.model.device)
+        rows, width = inp.shape
+        if rows < self.batch:  # pad the batch with copies of the first row
+            inp = torch.cat([inp, inp[:1].expand(self.batch - rows, -1)])
+            mask = torch.cat([mask, mask[:1].expand(self.batch - rows, -1)])
+        self.mask.zero_()
+        self.mask[:, :width] = mask
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=inp, attention_mask=self.mask[:, :width],
+                         position_ids=positions, use_cache=True, **{self.kw: self.cache})
+        self.token.copy_(out.logits[:, -1:].argmax(-1))
+        self.position.copy_(positions[:, -1:] + 1)
+        self.column.fill_(width)
+        return self.token[:, 0].clone()
+
+    def capture(self, example: list[int]) -> None:
+        self._prefill([example] * self.batch)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._step()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._step()
+
+    def generate(self, ids: list[list[int]], max_new: int, stops: set[int]
+                 ) -> tuple[list[list[int]], float]:
+        out, seconds = [], 0.0
+        for lo in range(0, len(ids), self.batch):
+            chunk = ids[lo : lo + self.batch]
+            steps = min(max_new, self.max_len - max(len(p) for p in chunk)) - 1
+            history = torch.empty(self.batch, steps + 1, dtype=torch.int64,
+                                  device=self.model.device)
+            _sync()
+            t0 = time.perf_counter()
+            history[:, 0] = self._prefill(chunk)
+            for i in range(steps):  # no host read inside: every step is one replay
+                self.graph.replay()
+                history[:, i + 1] = self.token[:, 0]
+            rows = history.tolist()
+            _sync()
+            seconds += time.perf_counter() - t0
+            out += [_cut(row, stops, max_new) for row in rows[: len(chunk)]]
+        return out, seconds
+
+
+def _zlab_checkpoint(path: Path, target_model, layers: int = 5, block: int = 8):
+    """A random z-lab ``DFlashDraftModel`` for the target, saved at ``path``."""
+    import dflash.model as zlab
+    import transformers
+
+    cfg = target_model.config
+    config = transformers.Qwen3Config(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.hidden_size // cfg.num_attention_heads,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        max_position_embeddings=4096, num_target_layers=cfg.num_hidden_layers,
+        dflash_config={"target_layer_ids": zlab.build_target_layer_ids(cfg.num_hidden_layers,
+                                                                       layers),
+                       "mask_token_id": cfg.vocab_size - 1, "block_size": block},
+    )
+    torch.manual_seed(0)
+    model = zlab.DFlashDraftModel(config).eval()
+    model.save_pretrained(path)
+    return model.to(target_model.device, target_model.dtype)
+
+
+class Table:
+    """Rows printed as they come and kept for the JSON report."""
+
+    HEAD = (f"{'dtype':<6}{'B':>4}  {'decoding':<12}{'prompts':>8}{'tokens':>8}{'tok/s':>9}"
+            f"{'vs plain':>10}{'tau':>7}{'exact':>9}  note")
+
+    def __init__(self, out: Path | None) -> None:
+        self.rows: list[dict] = []
+        self.out = out
+        self.lines = [self.HEAD]
+        print(self.HEAD, flush=True)
+
+    def add(self, **row) -> None:
+        self.rows.append(row)
+        ratio, tau = row.get("vs_plain"), row.get("tau")
+        line = (f"{row['dtype']:<6}{row['batch']:>4}  {row['decoding']:<12}{row['prompts']:>8}"
+                f"{row['tokens']:>8}{row['tokens_per_s']:>9.1f}"
+                f"{(f'{ratio:.2f}x' if ratio else '-'):>10}"
+                f"{(f'{tau:.2f}' if tau else '-'):>7}"
+                f"{row.get('exact', '-'):>9}  {row.get('note', '')}")
+        self.lines.append(line)
+        print(line, flush=True)
+        self.save()
+
+    def save(self) -> None:
+        if self.out is None:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "e2e.json").write_text(json.dumps({"machine": machine_tag(_DEVICE),
+                                                       "rows": self.rows}, indent=1))
+        (self.out / "e2e.txt").write_text("\n".join(self.lines) + "\n")
+
+
+def _exact(got: list[list[int]], want: list[list[int]]) -> str:
+    same = sum(a == b for a, b in zip(got, want, strict=True))
+    return f"{same}/{len(want)}"
+
+
+def run_dtype(dtype_name: str, args: argparse.Namespace, table: Table) -> None:
+    from draftsmith.runtime.config import TargetConfig
+    from draftsmith.runtime.targets.smollm2 import load_target
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    target, tokenizer = load_target(TargetConfig(
+        model="smollm2-135m", dtype={"bf16": "bfloat16"}.get(dtype_name, "float32"),
+        device=device), max_slots=max(args.batches) + 2)
+    model = target.model
+    prompts = _prompts(Path(args.data), args.limit)
+    slow = [p for i, p in enumerate(prompts) if i % args.limit < args.slow_limit]
+    for batch in args.batches:
+        dec = _decoder(target, tokenizer, dtype_name, batch, args.k)
+        stops = set(dec.stop_token_ids)
+        ids = [dec.encode(text) for _, text in prompts]
+        slow_ids = [dec.encode(text) for _, text in slow]
+        common = dict(dtype=dtype_name, batch=batch)
+        # warm-up (untimed): captures both decoders' rounds and compiles every kernel
+        dec.generate_ids(ids[: max(batch, 2)], 16, compare_plain=True)
+        report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=True)
+        plain_rate = report.plain_tokens_per_s
+        plain_tokens = [list(r.plain_tokens) for r in report.results]
+        table.add(**common, decoding="plain", prompts=len(ids),
+                  tokens=sum(len(t) for t in plain_tokens), tokens_per_s=plain_rate,
+                  vs_plain=1.0, note=report.baseline)
+        table.add(**common, decoding="spec", prompts=len(ids), tokens=report.num_tokens,
+                  tokens_per_s=report.spec_tokens_per_s,
+                  vs_plain=report.spec_tokens_per_s / plain_rate,
+                  tau=report.mean_accepted_length,
+                  exact=_exact([list(r.tokens) for r in report.results], plain_tokens),
+                  note=f"shipped dspark-gqa, K = {args.k}; per set tau " + ", ".join(
+                      f"{name} {_tau(report, prompts, name):.2f}" for name in SETS))
+        if not args.slow_limit:
+            continue
+        # the slow baselines, on the first --slow-limit prompts of each set
+        _sync()
+        t0 = time.perf_counter()
+        ref = dec.plain.generate(slow_ids, args.max_new_tokens, sorted(stops))
+        _sync()
+        slow_plain_s = time.perf_counter() - t0
+        ref_tokens = [list(r.tokens) for r in ref]
+        slow_rate = sum(map(len, ref_tokens)) / slow_plain_s
+        table.add(**common, decoding="plain@slow", prompts=len(slow_ids),
+                  tokens=sum(map(len, ref_tokens)), tokens_per_s=slow_rate, vs_plain=1.0,
+                  note="draftsmith plain on the slow baselines' prompts")
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        if "recipe" in args.parts and device == "cuda":
+            recipe = StaticGraphRecipe(model, batch, max(map(len, slow_ids)) +
+                                       args.max_new_tokens + 1, pad)
+            recipe.capture(slow_ids[0])
+            recipe.generate(slow_ids[:batch], 8, stops)  # warm-up
+            got, seconds = recipe.generate(slow_ids, args.max_new_tokens, stops)
+            table.add(**common, decoding="recipe", prompts=len(slow_ids),
+                      tokens=sum(map(len, got)), tokens_per_s=sum(map(len, got)) / seconds,
+                      vs_plain=(sum(map(len, got)) / seconds) / slow_rate,
+                      exact=_exact(got, ref_tokens),
+                      note="StaticCache + one CUDA graph per token step; vs plain@slow")
+            del recipe
+        if "hf" in args.parts:
+            hf_eager(model, slow_ids[:1], batch, 8, stops, pad)  # warm-up
+            got, seconds = hf_eager(model, slow_ids, batch, args.max_new_tokens, stops, pad)
+            table.add(**common, decoding="hf-eager", prompts=len(slow_ids),
+                      tokens=sum(map(len, got)), tokens_per_s=sum(map(len, got)) / seconds,
+                      vs_plain=(sum(map(len, got)) / seconds) / slow_rate,
+                      exact=_exact(got, ref_tokens), note="transformers generate; vs plain@slow")
+        if "zlab" in args.parts and batch == 1:
+            run_zlab(target, tokenizer, model, dtype_name, slow_ids, stops, args, table)
+
+
+def _tau(report, prompts, name: str) -> float:
+    lengths = [n for (set_name, _), r in zip(prompts, report.results, strict=True)
+               if set_name == name for n in r.accepted_lengths]
+    return sum(lengths) / max(len(lengths), 1)
+
+
+def run_zlab(target, tokenizer, model, dtype_name, ids, stops, args, table) -> None:
+    """Time per round: z-lab's eager loop against draftsmith on the same DFlash checkpoint."""
+    import dflash.model as zlab
+
+    block = args.k + 1
+    with tempfile.TemporaryDirectory() as tmp:
+        drafter = _zlab_checkpoint(Path(tmp), model, block=block)
+        dec = _decoder(target, tokenizer, dtype_name, 1, args.k, family="dflash",
+                       checkpoint=tmp)
+        dec.generate_ids(ids[:2], 16, compare_plain=False)  # warm-up
+        report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=False)
+        ours_rounds = len(report.accepted_lengths)
+        zlab.dflash_generate(drafter, model, torch.tensor([ids[0]], device=model.device), 8,
+                             stop_token_ids=sorted(stops), temperature=0.0, block_size=block)
+        tokens, rounds, seconds = [], 0, 0.0
+        for p in ids:
+            _sync()
+            t0 = time.perf_counter()
+            out = zlab.dflash_generate(drafter, model, torch.tensor([p], device=model.device),
+                                       args.max_new_tokens, stop_token_ids=sorted(stops),
+                                       temperature=0.0, block_size=block, return_stats=True)
+            _sync()
+            seconds += time.perf_counter() - t0
+            rounds += len(out.acceptance_lengths)
+            tokens.append(_cut(out.output_ids[0, len(p):].tolist(), stops, args.max_new_tokens))
+    ours = [list(r.tokens) for r in report.results]
+    ours_ms = report.spec_seconds / max(ours_rounds, 1) * 1e3
+    zlab_ms = seconds / max(rounds, 1) * 1e3
+    common = dict(dtype=dtype_name, batch=1, prompts=len(ids))
+    table.add(**common, decoding="ds-dflash", tokens=sum(map(len, ours)),
+              tokens_per_s=report.spec_tokens_per_s, tau=report.mean_accepted_length,
+              note=f"draftsmith, random z-lab DFlash drafter: {ours_ms:.2f} ms/round")
+    table.add(**common, decoding="zlab", tokens=sum(map(len, tokens)),
+              tokens_per_s=sum(map(len, tokens)) / seconds,
+              tau=sum(map(len, tokens)) / max(rounds, 1), exact=_exact(tokens, ours),
+              note=f"dflash_generate: {zlab_ms:.2f} ms/round, {zlab_ms / ours_ms:.2f}x "
+                   "draftsmith's; exact = same tokens as draftsmith on that checkpoint")
+
+
+def plot(json_path: Path, png: Path) -> None:
+    """tokens/s against batch size, one line per decoding, one panel per dtype."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = json.loads(json_path.read_text())["rows"]
+    dtypes = sorted({r["dtype"] for r in rows})
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4.5), dpi=100,
+                             squeeze=False)
+    for ax, dtype in zip(axes[0], dtypes, strict=True):
+        for name in ("spec", "plain", "recipe", "hf-eager", "zlab", "ds-dflash"):
+            pts = sorted((r["batch"], r["tokens_per_s"]) for r in rows
+                         if r["dtype"] == dtype and r["decoding"] == name)
+            if pts:
+                ax.plot([b for b, _ in pts], [t for _, t in pts], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size (requests in flight)")
+        ax.set_ylabel("generated tokens / s")
+        ax.set_title(f"SmolLM2-135M, {dtype}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="directory for e2e.json and e2e.txt")
+    parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=list(DTYPES))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument("--limit", type=int, default=20, help="prompts per set")
+    parser.add_argument("--slow-limit", type=int, default=2,
+                        help="prompts per set for the slow baselines (0: skip them)")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--k", type=int, default=7)
+    parser.add_argument("--parts", default="recipe,hf,zlab",
+                        help="slow baselines to run (recipe, hf, zlab)")
+    parser.add_argument("--data", default=str(DATA))
+    parser.add_argument("--plot", type=Path, help="plot an e2e.json and exit")
+    parser.add_argument("--smoke", action="store_true", help="tiny run on the CPU")
+    args = parser.parse_args()
+    if args.plot is not None:
+        png = args.plot.with_suffix(".png")
+        plot(args.plot, png)
+        print(f"wrote {png}")
+        return 0
+    if args.smoke:
+        args.dtypes, args.batches, args.limit, args.slow_limit = ["fp32"], [1, 2], 1, 1
+        args.max_new_tokens, args.parts = 8, "hf"
+    print(f"# e2e on {machine_tag(_DEVICE)}, torch {torch.__version__}, "
+          f"{time.strftime('%Y-%m-%dT%H%M%SZ', time.gmtime())}", flush=True)
+    table = Table(args.out)
+    for dtype_name in args.dtypes:
+        run_dtype(dtype_name, args, table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
