@@ -253,13 +253,13 @@ class SpecDecoder:
         if want > self._length:
             self._length = want
             self._widths = width_buckets(want)
-            self.graphs.clear()  # their clamps and widths were for the shorter cache
+            self._drop_graphs()  # their clamps and widths were for the shorter cache
         self.target.reserve(plan.slot_capacity, self._length)
         if not plan.cuda_graphs:
             return
         version = self.target.cache_version
         if version != self._graph_cache_version:  # the target cache moved: graphs are stale
-            self.graphs.clear()
+            self._drop_graphs()
             self._graph_cache_version = version
         rows = self._rows[: self._rows.index(_bucket(min(max_requests, plan.slot_capacity),
                                                      self._rows)) + 1]
@@ -273,6 +273,12 @@ class SpecDecoder:
             self.graphs[(g, w)] = RoundGraph(self, g, w, self._graph_pool)
         self.acceptance.forced_counter.copy_(counter)
         self.buffers.reset_slots()
+
+    def _drop_graphs(self) -> None:
+        """Forget every captured round and their memory pool (a pool whose graphs are all gone
+        cannot take a new capture)."""
+        self.graphs.clear()
+        self._graph_pool = None
 
     # ---- request lifecycle --------------------------------------------------------------
 
@@ -393,7 +399,7 @@ class SpecDecoder:
     def _release(self, r: _Request) -> None:
         self.target.release([r.slot])
         self.slots.release(r.rid)
-        self.buffers.batch_to_slot[r.slot] = self.buffers.dummy_slot
+        self.buffers.batch_to_slot[r.slot].fill_(self.buffers.dummy_slot)  # a kernel, no copy
 
     # ---- one round ----------------------------------------------------------------------
 

@@ -56,14 +56,14 @@ class SlotManager:
             )
         slot = heapq.heappop(self._free)
         self._slots[request_id] = slot
-        self.ctx_len[slot] = 0
+        self.ctx_len[slot].fill_(0)  # a fill kernel: no host-to-device copy
         return slot
 
     def release(self, request_id: int) -> int:
         """Return ``request_id``'s slot to the pool, its context emptied."""
         slot = self._slots.pop(request_id)
         heapq.heappush(self._free, slot)
-        self.ctx_len[slot] = 0
+        self.ctx_len[slot].fill_(0)  # a fill kernel: no host-to-device copy
         return slot
 
     def slot(self, request_id: int | None) -> int:

@@ -110,6 +110,7 @@ def test_a_graphed_round_synchronizes_with_the_host_once(k):
 
     dec.step = step
     dec.generate(PROMPTS[:3], 20)
+    print("syncs per round", counts)
     assert len(counts) > 3 and set(counts) == {1}, counts
     counts.clear()
     dec.step = lambda active: step(active, extra=True)

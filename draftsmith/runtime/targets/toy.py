@@ -72,7 +72,7 @@ class ToyTarget:
         ]
         self._embed32 = self.embed.float()
         self._head32 = self.lm_head.float()
-        self.inv_freq = rope_inv_freq(self.head_dim, 10000.0)
+        self.inv_freq = rope_inv_freq(self.head_dim, 10000.0).to(dev)
         shape = (max_slots, num_layers, max_len, num_heads, self.head_dim)
         self.k_cache = torch.zeros(shape, device=dev, dtype=torch.float64)
         self.v_cache = torch.zeros(shape, device=dev, dtype=torch.float64)
