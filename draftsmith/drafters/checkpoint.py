@@ -1,5 +1,5 @@
-"""Checkpoint helpers shared by the drafter families: safetensors loading, config-key resolution,
-target-layer defaults, and tensor presence/shape checks.
+"""Checkpoint helpers shared by the drafter families: safetensors loading and writing,
+config-key resolution, target-layer defaults, and tensor presence/shape checks.
 
 Checkpoints load with ``safetensors`` only: a pickled ``*.bin`` is never opened. Every problem
 (missing file or tensor, wrong shape or dtype, a malformed config value, mismatch with the target)
@@ -15,12 +15,13 @@ import contextlib
 import json
 import logging
 import math
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, get_args
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from draftsmith.contract import CheckpointError, ConfigError, WeightDtype
 
@@ -46,6 +47,76 @@ enough; integer, bool and float8 tensors are not weights draftsmith can use)."""
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
+
+
+# ---- writing ----------------------------------------------------------------------------
+# Every file draftsmith writes goes to a temporary name beside its destination and is renamed
+# into place, so an interrupted write leaves the previous file (or none), never half of one.
+
+
+def current_umask() -> int:
+    """The process umask (read by setting it, as POSIX offers no other way, and restoring it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def honour_umask(path: Path, directory: bool = False) -> None:
+    """Give ``path`` the mode a plain ``open``/``mkdir`` would have given it: safetensors and
+    ``tempfile`` create files 0600 and directories 0700 whatever the umask, so another user
+    could not read an exported drafter."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
+
+
+def _temporary_sibling(path: Path) -> Path:
+    return path.parent / f".{path.name}.tmp-{os.getpid()}"
+
+
+def save_tensors(tensors: Mapping[str, torch.Tensor], path: Path,
+                 metadata: dict[str, str] | None = None) -> None:
+    """Write ``tensors`` to the safetensors file ``path`` atomically, with the umask's mode."""
+    path = Path(path)
+    tmp = _temporary_sibling(path)
+    try:
+        save_file(dict(tensors), str(tmp), metadata=metadata)
+        honour_umask(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def check_output_dir(path: Path, flag: str) -> None:
+    """Refuse, before any work starts, an output directory that cannot be written: ``path`` is a
+    file, lies under a file, or its nearest existing directory is not writable.
+
+    :param flag: how the user named ``path`` (``--out``), for the message.
+    :raises ConfigError: naming ``flag`` and what to change.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {path} is a file, not a directory; give a directory path")
+    probe = path
+    while not probe.exists():
+        if probe.is_symlink():
+            raise ConfigError(f"{flag} {path}: {probe} is a dangling or looping symbolic link; "
+                              "give another directory path")
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{flag} {path} lies under the file {probe}; give a directory path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: the directory {probe} is not writable; give a "
+                          "directory you can write to")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically: readers see the old or the new file."""
+    path = Path(path)
+    tmp = _temporary_sibling(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def truthy(value: Any, name: str = "flag") -> bool:
@@ -372,6 +443,11 @@ def config_errors(origin: str) -> Iterator[None]:
 
 __all__ = [
     "check_options_agree",
+    "check_output_dir",
+    "current_umask",
+    "honour_umask",
+    "save_tensors",
+    "write_text_atomic",
     "CONFIG_FILE",
     "WEIGHTS_FILE",
     "WEIGHT_DTYPES",

@@ -275,6 +275,42 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+"""Weight files that are pickles: draftsmith never unpickles them (they can run code)."""
+
+
+def check_target_dir(model: str) -> None:
+    """Refuse, before anything loads, a local target directory that cannot be loaded safely: one
+    that is unreadable, lacks ``config.json``, or holds pickled weights but no safetensors.
+    Built-in target names, and paths that are no directory (which the loader reports), pass.
+
+    :raises ConfigError: naming the directory and what to change.
+    """
+    from draftsmith.runtime.targets.smollm2 import TARGET_ALIASES  # imports this module
+
+    directory = Path(model).expanduser()
+    if model in TARGET_ALIASES or not directory.is_dir():
+        return
+    try:
+        names = sorted(p.name for p in directory.iterdir())
+    except OSError as exc:
+        raise ConfigError(f"target.model {model!r}: cannot list the directory "
+                          f"({exc.strerror or exc}); make it readable") from None
+    if "config.json" not in names:
+        raise ConfigError(f"target.model {model!r} has no config.json; pass a Hugging Face model "
+                          "directory (config.json, *.safetensors, tokenizer files)")
+    if any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names):
+        return
+    pickles = [n for n in names if n.endswith(PICKLE_SUFFIXES)]
+    if pickles:
+        raise ConfigError(
+            f"target.model {model!r} holds only pickled weights ({pickles[0]}); draftsmith loads "
+            "safetensors only, since unpickling can run code: convert it (e.g. load it once with "
+            "transformers and save_pretrained(..., safe_serialization=True))")
+    raise ConfigError(f"target.model {model!r} holds no *.safetensors weights; pass a Hugging "
+                      "Face model directory saved with safetensors")
+
+
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """Return ``data`` with dotted keys (``selection.temperature``) set from ``overrides``."""
     out = json.loads(json.dumps(data, default=str))
@@ -310,6 +346,7 @@ __all__ = [
     "SpecConfig",
     "TargetConfig",
     "apply_overrides",
+    "check_target_dir",
     "format_validation_error",
     "parse_device",
     "read_config_file",
