@@ -286,10 +286,13 @@ class MLAConfig(MLAArchitecture):
     ) -> MLAConfig:
         """Complete ``arch`` with the target's hidden size and vocabulary (random init)."""
         fields = arch.model_dump(exclude={"target_layer_ids"})
+        layers = num_target_layers or target.num_layers
         ids = arch.target_layer_ids
         if ids is None:
-            ids = tuple(build_target_layer_ids(num_target_layers or target.num_layers,
-                                               arch.num_layers))
+            ids = build_target_layer_ids(layers, arch.num_layers)
+        # checked here, as the GQA families do, so that save() never writes a checkpoint whose
+        # capture list the loader refuses
+        ids = validate_target_layer_ids(ids, layers)
         return MLAConfig(
             **fields,
             hidden_size=target.hidden_size,
