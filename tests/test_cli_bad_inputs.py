@@ -226,3 +226,21 @@ def test_a_read_only_output_directory_is_refused_up_front(box: Path, command: li
     finally:
         ro.chmod(0o755)
     assert "is not writable" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [[*DATA, "--out"], [*TRAIN, "--out"],
+                                     [*TRAIN, "--out", "{box}/r", "--export"],
+                                     ["eval", "--data", "{box}/good.jsonl", "--out"]])
+def test_an_unwritable_output_directory_is_refused_even_for_root(box: Path, command: list[str],
+                                                                 capsys, monkeypatch) -> None:
+    """As the test above, with the permission answer faked, so that it also runs as root."""
+    from draftsmith.drafters import checkpoint
+
+    ro = box / "ro-fake"
+    ro.mkdir(exist_ok=True)
+    real = os.access
+    monkeypatch.setattr(checkpoint.os, "access",
+                        lambda path, mode: False if Path(path) == ro else real(path, mode))
+    assert main(_fill([*command, f"{ro}/out"], box)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"the directory {ro} is not writable" in err[0], err

@@ -88,27 +88,34 @@ def claim_dataset_dir(out_dir: Path, parameters: dict[str, Any]) -> None:
     out_dir = Path(out_dir)
     wanted = json.loads(json.dumps(parameters))  # compared as they read back from the file
     manifest = out_dir / MANIFEST_FILE
-    if manifest.is_file():
-        try:
-            saved = json.loads(manifest.read_text(encoding="utf-8")).get("parameters")
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-            saved = None
-        if not isinstance(saved, dict):
-            raise ConfigError(f"{manifest} is not a readable dataset manifest; use a new --out")
-        changed = [f"{k} {saved.get(k)!r} (this run: {wanted.get(k)!r})"
-                   for k in sorted(saved.keys() | wanted.keys()) if saved.get(k) != wanted.get(k)]
-        if changed:
-            raise ConfigError(
-                f"--out {out_dir} holds a dataset generated with other parameters: "
-                f"{'; '.join(changed[:3])}; repeat that run's flags to resume it, or use a "
-                "new --out")
+    # listed once, first: parts started together each write the manifest before anything else,
+    # so a listing that holds another part's files holds its manifest too (a manifest being
+    # written, under its temporary name, is not counted)
+    names = sorted(p.name for p in out_dir.iterdir()
+                   if not (p.name.startswith(f".{MANIFEST_FILE}.tmp-"))) if out_dir.is_dir() else []
+    if MANIFEST_FILE in names:
+        _compare_manifest(manifest, wanted, out_dir)
         return
-    if out_dir.is_dir() and any(out_dir.iterdir()):
-        first = sorted(p.name for p in out_dir.iterdir())[0]
-        raise ConfigError(f"--out {out_dir} is not empty (it holds {first!r}) and holds no "
+    if names:
+        raise ConfigError(f"--out {out_dir} is not empty (it holds {names[0]!r}) and holds no "
                           f"{MANIFEST_FILE} of a dataset to resume; use a new or empty --out")
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(manifest, json.dumps({"parameters": wanted}, indent=2) + "\n")
+
+
+def _compare_manifest(manifest: Path, wanted: dict[str, Any], out_dir: Path) -> None:
+    try:
+        saved = json.loads(manifest.read_text(encoding="utf-8")).get("parameters")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        saved = None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{manifest} is not a readable dataset manifest; use a new --out")
+    changed = [f"{k} {saved.get(k)!r} (this run: {wanted.get(k)!r})"
+               for k in sorted(saved.keys() | wanted.keys()) if saved.get(k) != wanted.get(k)]
+    if changed:
+        raise ConfigError(
+            f"--out {out_dir} holds a dataset generated with other parameters: "
+            f"{'; '.join(changed[:3])}; repeat that run's flags to resume it, or use a new --out")
 
 
 def shard_path(out_dir: Path, shard: int, part: tuple[int, int] = (0, 1)) -> Path:

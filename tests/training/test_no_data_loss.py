@@ -245,6 +245,18 @@ def test_a_directory_of_another_dataset_is_refused(tmp_path: Path) -> None:
         claim_dataset_dir(tmp_path / "other", params)
 
 
+def test_parts_started_together_claim_one_directory(tmp_path: Path) -> None:
+    """Part 1 lists the directory while part 0 is writing the manifest (under its temporary
+    name), or after part 0 has written its manifest and prompts: both are the same dataset."""
+    params = {"target": "t", "count": 6, "parts": 2}
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / ".dataset.json.tmp-999").write_text("{")
+    claim_dataset_dir(out, params)
+    (out / "prompts-part-000-of-002.jsonl").write_text("")
+    claim_dataset_dir(out, params)
+
+
 def test_cli_part_into_a_directory_of_another_dataset_is_refused(
         tiny_dir: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "data"
@@ -291,3 +303,18 @@ def test_sigkill_during_a_checkpoint_save_then_resume(tiny_dir: Path, dataset: P
     load_file(str(out / "last" / "model.safetensors"))  # whole
     assert main(argv) == 0
     assert _step_of(out / "last") == 3
+
+
+def test_sigkill_during_an_export_keeps_the_previous_export(tiny_dir: Path, dataset: Path,
+                                                            run: Path, tmp_path: Path) -> None:
+    export = export_checkpoint(run / "best", tmp_path / "export")
+    before = _files(export)
+    out = tmp_path / "run"
+    argv = ["train", "--data", str(dataset), "--out", str(out), "--target", str(tiny_dir),
+            "--dtype", "float32", "--device", "cpu", "--steps", "1", "--export", str(export),
+            "--overwrite", *[a for item in TRAIN_SET for a in ("--set", item)]]
+    code, err = interrupt_at("export-staged", argv, signal.SIGKILL, tmp_path)
+    assert code == -signal.SIGKILL, err
+    assert _files(export) == before
+    assert main(argv) == 0  # the export then completes, replacing only its own files
+    assert json.loads((export / EXPORT_MANIFEST).read_text())["source"] == str(out / "best")
