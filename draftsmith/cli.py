@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 
-from draftsmith.contract import DraftsmithError
+from draftsmith.contract import DraftsmithError, DraftsmithWarning
 
 
 def _plugins(_args: argparse.Namespace) -> int:
@@ -115,16 +116,29 @@ def _add_training_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=train_commands.train_command)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings draftsmith gives a user read as one line, like its errors."""
+    if issubclass(category, DraftsmithWarning):
+        print(f"draftsmith: warning: {message}", file=sys.stderr)
+    else:
+        _default_show_warning(message, category, filename, lineno, file, line)
+
+
+_default_show_warning = warnings.showwarning
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``draftsmith`` console script."""
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except DraftsmithError as exc:
-        print(f"draftsmith: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    with warnings.catch_warnings():  # restores showwarning for callers of main()
+        warnings.showwarning = _show_warning
+        try:
+            return int(args.func(args) or 0)
+        except DraftsmithError as exc:
+            print(f"draftsmith: error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 130
 
 
 if __name__ == "__main__":

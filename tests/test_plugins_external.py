@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,7 +94,13 @@ def test_load_plugins_env_restricts_installed_plugins(
     site: Path, monkeypatch: pytest.MonkeyPatch, value: str, loaded: bool
 ) -> None:
     monkeypatch.setenv(LOAD_PLUGINS_ENV, value)
-    families = load_registry(make_plugin_manager()).families
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        families = load_registry(make_plugin_manager()).families
+    # a name no installed plugin has loads nothing, and says so
+    assert [str(w.message) for w in caught] == (
+        ["DRAFTSMITH_LOAD_PLUGINS names 'other', which no installed plugin has; installed: "
+         "example"] if "other" in value else [])
     assert (FAMILY in families) is loaded
     assert {"dflash", "dspark-gqa", "dspark-mla"} <= set(families)  # built-ins always load
 

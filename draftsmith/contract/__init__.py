@@ -17,8 +17,10 @@ from draftsmith.contract.errors import (
     CheckpointError,
     ConfigError,
     DraftsmithError,
+    DraftsmithWarning,
     PlanError,
     PluginError,
+    PluginWarning,
     ShapeError,
 )
 from draftsmith.contract.plugins import (
@@ -60,6 +62,7 @@ __all__ = [
     "DrafterCapabilities",
     "DrafterFamily",
     "DraftsmithError",
+    "DraftsmithWarning",
     "LoadRequest",
     "LogitsShard",
     "MarkovHeadKind",
@@ -69,6 +72,7 @@ __all__ = [
     "ParallelMapping",
     "PlanError",
     "PluginError",
+    "PluginWarning",
     "Registrar",
     "SamplingKey",
     "SelectorFamily",

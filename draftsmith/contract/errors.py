@@ -31,11 +31,21 @@ class PluginError(DraftsmithError):
     """A plugin registered something invalid (for example a duplicate family name)."""
 
 
+class DraftsmithWarning(UserWarning):
+    """Root of the warnings draftsmith gives a user (the command prints them as one line)."""
+
+
+class PluginWarning(DraftsmithWarning):
+    """Something about the installed plugins that loads nothing the user asked for."""
+
+
 __all__ = [
     "CheckpointError",
     "ConfigError",
     "DraftsmithError",
+    "DraftsmithWarning",
     "PlanError",
     "PluginError",
+    "PluginWarning",
     "ShapeError",
 ]

@@ -135,10 +135,8 @@ class DraftBlockPlacement(_Record):
         check_tensor("DraftBlockPlacement.new_ctx_len", self.new_ctx_len, ("G",), _I64, s)
         check_tensor("DraftBlockPlacement.block_tables", self.block_tables, ("G", "P"), _I64, s)
         check_positive("DraftBlockPlacement.page_size", self.page_size)
-        if self.rows_start is not None and (
-            not isinstance(self.rows_start, int) or self.rows_start < 0
-        ):
-            raise ShapeError(f"rows_start must be None or an int >= 0, got {self.rows_start!r}")
+        if self.rows_start is not None:
+            check_positive("DraftBlockPlacement.rows_start", self.rows_start, minimum=0)
         if self.context_width is not None:
             check_positive("DraftBlockPlacement.context_width", self.context_width)
             span = int(self.block_tables.shape[1]) * self.page_size
@@ -265,8 +263,7 @@ class LogitsShard(_Record):
     def __post_init__(self) -> None:
         check_tensor("LogitsShard.logits", self.logits, ("rows", "S"), _FLOATS)
         check_positive("LogitsShard.vocab_size", self.vocab_size)
-        if not isinstance(self.vocab_start, int) or self.vocab_start < 0:
-            raise ShapeError(f"LogitsShard.vocab_start must be an int >= 0, got {self.vocab_start}")
+        check_positive("LogitsShard.vocab_start", self.vocab_start, minimum=0)
         if self.vocab_start + self.shard_width > self.vocab_size:
             raise ShapeError(
                 f"LogitsShard covers ids {self.vocab_start}..{self.vocab_start + self.shard_width}"
@@ -313,7 +310,8 @@ class OutputHead(_Record):
     def __post_init__(self) -> None:
         check_tensor("OutputHead.weight", self.weight, ("S", "H"), _FLOATS)
         check_positive("OutputHead.vocab_size", self.vocab_size)
-        if self.vocab_start < 0 or self.vocab_start + self.weight.shape[0] > self.vocab_size:
+        check_positive("OutputHead.vocab_start", self.vocab_start, minimum=0)
+        if self.vocab_start + self.weight.shape[0] > self.vocab_size:
             raise ShapeError(
                 f"OutputHead rows {self.vocab_start}..{self.vocab_start + self.weight.shape[0]} "
                 f"do not fit in vocab_size {self.vocab_size}"
@@ -348,12 +346,14 @@ class MarkovHeadWeights(_Record):
     joint_bias: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        if self.kind is MarkovHeadKind.NONE:
-            raise ShapeError("MarkovHeadWeights needs a head kind other than 'none'")
+        if not isinstance(self.kind, MarkovHeadKind) or self.kind is MarkovHeadKind.NONE:
+            raise ShapeError(f"MarkovHeadWeights.kind must be a MarkovHeadKind other than 'none', "
+                             f"got {self.kind!r}")
         s: dict[str, int] = {}
         check_tensor("MarkovHeadWeights.w1", self.w1, ("V", "r"), _FLOATS, s)
         check_tensor("MarkovHeadWeights.w2", self.w2, ("S", "r"), _FLOATS, s)
-        if self.vocab_start < 0 or self.vocab_start + s["S"] > s["V"]:
+        check_positive("MarkovHeadWeights.vocab_start", self.vocab_start, minimum=0)
+        if self.vocab_start + s["S"] > s["V"]:
             raise ShapeError(
                 f"MarkovHeadWeights.w2 rows {self.vocab_start}..{self.vocab_start + s['S']} "
                 f"do not fit in the vocabulary of {s['V']} (w1 rows)"

@@ -1,5 +1,5 @@
-"""Checkpoint helpers shared by the drafter families: safetensors loading, config-key resolution,
-target-layer defaults, and tensor presence/shape checks.
+"""Checkpoint helpers shared by the drafter families: safetensors loading and writing,
+config-key resolution, target-layer defaults, and tensor presence/shape checks.
 
 Checkpoints load with ``safetensors`` only: a pickled ``*.bin`` is never opened. Every problem
 (missing file or tensor, wrong shape or dtype, a malformed config value, mismatch with the target)
@@ -15,12 +15,13 @@ import contextlib
 import json
 import logging
 import math
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, get_args
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from draftsmith.contract import CheckpointError, ConfigError, WeightDtype
 
@@ -46,6 +47,76 @@ enough; integer, bool and float8 tensors are not weights draftsmith can use)."""
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
+
+
+# ---- writing ----------------------------------------------------------------------------
+# Every file draftsmith writes goes to a temporary name beside its destination and is renamed
+# into place, so an interrupted write leaves the previous file (or none), never half of one.
+
+
+def current_umask() -> int:
+    """The process umask (read by setting it, as POSIX offers no other way, and restoring it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def honour_umask(path: Path, directory: bool = False) -> None:
+    """Give ``path`` the mode a plain ``open``/``mkdir`` would have given it: safetensors and
+    ``tempfile`` create files 0600 and directories 0700 whatever the umask, so another user
+    could not read an exported drafter."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~current_umask())
+
+
+def _temporary_sibling(path: Path) -> Path:
+    return path.parent / f".{path.name}.tmp-{os.getpid()}"
+
+
+def save_tensors(tensors: Mapping[str, torch.Tensor], path: Path,
+                 metadata: dict[str, str] | None = None) -> None:
+    """Write ``tensors`` to the safetensors file ``path`` atomically, with the umask's mode."""
+    path = Path(path)
+    tmp = _temporary_sibling(path)
+    try:
+        save_file(dict(tensors), str(tmp), metadata=metadata)
+        honour_umask(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def check_output_dir(path: Path, flag: str) -> None:
+    """Refuse, before any work starts, an output directory that cannot be written: ``path`` is a
+    file, lies under a file, or its nearest existing directory is not writable.
+
+    :param flag: how the user named ``path`` (``--out``), for the message.
+    :raises ConfigError: naming ``flag`` and what to change.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {path} is a file, not a directory; give a directory path")
+    probe = path
+    while not probe.exists():
+        if probe.is_symlink():
+            raise ConfigError(f"{flag} {path}: {probe} is a dangling or looping symbolic link; "
+                              "give another directory path")
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{flag} {path} lies under the file {probe}; give a directory path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {path}: the directory {probe} is not writable; give a "
+                          "directory you can write to")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically: readers see the old or the new file."""
+    path = Path(path)
+    tmp = _temporary_sibling(path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def truthy(value: Any, name: str = "flag") -> bool:
@@ -153,17 +224,41 @@ def config_dtype(config: Mapping[str, Any], origin: str) -> torch.dtype | None:
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
     """Default capture list (spec 1.2): ``L`` layers spread evenly over ``[1, L_t - 3]``.
 
-    Rounding is Python's ``round`` (half to even), as in the z-lab reference.
+    Rounding is Python's ``round`` (half to even), as in the z-lab reference. Where that list is
+    not capturable (targets of 2-4 layers: a repeated id, or the last layer), the ``L`` ids are
+    spread over ``[0, L_t - 2]`` instead; a :class:`CheckpointError` says so when even that range
+    is too short.
     """
     if num_target_layers < 1 or num_draft_layers < 1:
         raise CheckpointError(
             f"build_target_layer_ids needs L_t >= 1 and L >= 1, got ({num_target_layers}, "
             f"{num_draft_layers})"
         )
-    if num_draft_layers == 1:
-        return [num_target_layers // 2]
-    lo, hi = 1, num_target_layers - 3
-    return [round(lo + i * (hi - lo) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
+    ids = _spread(1, num_target_layers - 3, num_draft_layers, num_target_layers // 2)
+    if _capturable(ids, num_target_layers):
+        return ids
+    # Targets of 2-4 layers: the spec's range [1, L_t - 3] is too short, and its list would repeat
+    # an id or name the last layer. Spread over every capturable layer [0, L_t - 2] instead.
+    if num_draft_layers > num_target_layers - 1:
+        raise CheckpointError(
+            f"a target of {num_target_layers} layers has {max(num_target_layers - 1, 0)} layers a "
+            f"drafter of {num_draft_layers} layers can capture by default (the last one cannot "
+            "be captured); set target_layer_ids explicitly (-1 is the embedding output) or use "
+            "fewer drafter layers"
+        )
+    return _spread(0, num_target_layers - 2, num_draft_layers, (num_target_layers - 2) // 2)
+
+
+def _spread(lo: int, hi: int, count: int, single: int) -> list[int]:
+    """``count`` ids spread evenly over ``[lo, hi]`` with Python's rounding; ``[single]`` for one."""
+    if count == 1:
+        return [single]
+    return [round(lo + i * (hi - lo) / (count - 1)) for i in range(count)]
+
+
+def _capturable(ids: list[int], num_target_layers: int) -> bool:
+    increasing = all(b > a for a, b in zip(ids, ids[1:], strict=False))
+    return increasing and all(0 <= i <= num_target_layers - 2 for i in ids)
 
 
 def validate_target_layer_ids(layer_ids: Sequence[int], num_target_layers: int) -> list[int]:
@@ -185,10 +280,26 @@ def validate_target_layer_ids(layer_ids: Sequence[int], num_target_layers: int) 
     return ids
 
 
+def check_readable(path: Path, what: str, error: type[Exception] = CheckpointError) -> None:
+    """Open ``path`` once so that a file which cannot be read is reported with the real reason
+    (permission, a symbolic-link loop); safetensors says "No such file" for all of them.
+
+    :raises error: ``cannot read <what> <path>: <reason>``.
+    """
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise error(f"cannot read {what} {path}: {exc.strerror or exc}; make it a readable "
+                    "file") from None
+
+
 def read_config(directory: Path) -> dict[str, Any]:
     """The parsed ``config.json`` of a checkpoint directory."""
     path = Path(directory) / CONFIG_FILE
     if not path.is_file():
+        if os.path.lexists(path):  # present but unusable: say why
+            check_readable(path, "checkpoint config")
         raise CheckpointError(f"{directory} has no {CONFIG_FILE}; pass a checkpoint directory")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -196,8 +307,11 @@ def read_config(directory: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not UTF-8 text ({exc}); write it as UTF-8 JSON") from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise CheckpointError(f"{path} nests objects or lists too deeply to be a checkpoint "
+                              "config; write the drafter's config.json again") from None
     except OSError as exc:
-        raise CheckpointError(f"cannot read {path}: {exc}") from None
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} must hold a JSON object")
     for section in _SECTIONS:
@@ -208,10 +322,31 @@ def read_config(directory: Path) -> dict[str, Any]:
     return data
 
 
+def check_checkpoint_dir(directory: Path) -> None:
+    """Everything about a checkpoint directory that can be checked without loading it: it is a
+    readable directory, its ``config.json`` parses, and every ``*.safetensors`` file opens.
+    Commands call it before any model loads."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"drafter checkpoint {str(directory)!r} is not a directory; pass a "
+                              "directory with config.json and *.safetensors")
+    read_config(directory)
+    for path in _weight_files(directory):
+        check_readable(path, "checkpoint shard")
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    try:
+        return sorted(p for p in directory.iterdir() if p.name.endswith(".safetensors"))
+    except OSError as exc:
+        raise CheckpointError(f"cannot list checkpoint directory {directory}: "
+                              f"{exc.strerror or exc}; make it readable") from None
+
+
 def load_tensors(directory: Path) -> dict[str, torch.Tensor]:
     """Every tensor of the checkpoint's ``*.safetensors`` files (CPU), never a pickle."""
     directory = Path(directory)
-    files = sorted(directory.glob("*.safetensors"))
+    files = _weight_files(directory)
     if not files:
         pickles = sorted(p.name for p in directory.glob("*.bin")) + sorted(
             p.name for p in directory.glob("*.pt")
@@ -220,6 +355,7 @@ def load_tensors(directory: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{directory} holds no *.safetensors weights{hint}")
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
+        check_readable(path, "checkpoint shard")
         try:
             part = load_file(str(path), device="cpu")
         except Exception as exc:  # safetensors raises its own error types
@@ -308,6 +444,13 @@ class TensorSource:
                 f"point ({', '.join(WEIGHT_DTYPES)} or float64): re-export the checkpoint with "
                 "float weights"
             )
+        if not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise CheckpointError(
+                f"{self.origin}: tensor {found!r} holds {bad} NaN or infinite values; the "
+                "checkpoint is damaged (a diverged run or a bad conversion): retrain or "
+                "re-export it"
+            )
         self._used.add(found)
         return tensor
 
@@ -371,7 +514,14 @@ def config_errors(origin: str) -> Iterator[None]:
 
 
 __all__ = [
+    "check_checkpoint_dir",
     "check_options_agree",
+    "check_output_dir",
+    "check_readable",
+    "current_umask",
+    "honour_umask",
+    "save_tensors",
+    "write_text_atomic",
     "CONFIG_FILE",
     "WEIGHTS_FILE",
     "WEIGHT_DTYPES",

@@ -25,7 +25,6 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
-from safetensors.torch import save_file
 from torch import nn
 
 from draftsmith.contract import (
@@ -67,9 +66,11 @@ from draftsmith.drafters.checkpoint import (
     load_tensors,
     read_config,
     require,
+    save_tensors,
     shape_str,
     truthy,
     validate_target_layer_ids,
+    write_text_atomic,
 )
 from draftsmith.drafters.nn import (
     RMSNorm,
@@ -983,9 +984,10 @@ class GQADrafter(nn.Module):
         directory.mkdir(parents=True, exist_ok=True)
         config = spec_to_config(self.spec, self.family)
         config["torch_dtype"] = str(self.dtype).removeprefix("torch.")
-        (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        write_text_atomic(directory / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True)
+                          + "\n")
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+        save_tensors(tensors, directory / WEIGHTS_FILE, metadata={"format": "pt"})
 
     def with_visibility(self, visibility: tuple[LayerVisibility, ...]) -> GQADrafter:
         """A copy with the same weights and other per-layer visibility (for negative controls)."""

@@ -37,7 +37,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from safetensors.torch import save_file
 from torch import nn
 
 from draftsmith.contract import (
@@ -76,8 +75,10 @@ from draftsmith.drafters.checkpoint import (
     draft_value,
     load_tensors,
     read_config,
+    save_tensors,
     truthy,
     validate_target_layer_ids,
+    write_text_atomic,
 )
 from draftsmith.drafters.nn import (
     RMSNorm,
@@ -285,10 +286,13 @@ class MLAConfig(MLAArchitecture):
     ) -> MLAConfig:
         """Complete ``arch`` with the target's hidden size and vocabulary (random init)."""
         fields = arch.model_dump(exclude={"target_layer_ids"})
+        layers = num_target_layers or target.num_layers
         ids = arch.target_layer_ids
         if ids is None:
-            ids = tuple(build_target_layer_ids(num_target_layers or target.num_layers,
-                                               arch.num_layers))
+            ids = build_target_layer_ids(layers, arch.num_layers)
+        # checked here, as the GQA families do, so that save() never writes a checkpoint whose
+        # capture list the loader refuses
+        ids = validate_target_layer_ids(ids, layers)
         return MLAConfig(
             **fields,
             hidden_size=target.hidden_size,
@@ -1120,9 +1124,9 @@ class DSparkMLADrafter(nn.Module):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         config = mla_config_to_json(self.cfg, self.dtype)
-        (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-        save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
-                  str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+        write_text_atomic(directory / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
+        save_tensors({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
+                     directory / WEIGHTS_FILE, metadata={"format": "pt"})
 
 
 __all__ = [

@@ -31,6 +31,7 @@ from draftsmith.contract import CheckpointError, ConfigError, SingleRank, Target
 from draftsmith.runtime.bind import bind, load_drafter
 from draftsmith.runtime.config import SpecConfig
 from draftsmith.runtime.decoder import GenerationResult, SpecDecoder
+from draftsmith.runtime.inputs import check_max_new_tokens, check_prompt_ids, check_prompt_texts
 from draftsmith.runtime.registry import load_registry
 from draftsmith.runtime.targets.hf import HFTarget
 
@@ -224,8 +225,8 @@ class Decoder:
 
         Generation stops at the tokenizer's end-of-sequence ids or after ``max_new_tokens``.
         """
-        if not prompts:
-            raise ConfigError("no prompts given; pass at least one prompt")
+        prompts = check_prompt_texts(prompts)
+        check_max_new_tokens(max_new_tokens, len(prompts))
         ids = [self.encode(p, chat) for p in prompts]
         for i, p in enumerate(ids):
             if not p:
@@ -244,7 +245,8 @@ class Decoder:
         progress: ProgressFn | None = None,
     ) -> GenerateReport:
         """:meth:`generate` on token ids (no chat template)."""
-        ids = [list(map(int, p)) for p in prompt_ids]
+        ids = check_prompt_ids(prompt_ids, self.target.vocab_size)
+        check_max_new_tokens(max_new_tokens, len(ids))
         stops = list(self.stop_token_ids)
         # untimed: size the caches and capture the rounds of both decoders first
         k1 = self.spec.plan.num_draft_tokens + 1

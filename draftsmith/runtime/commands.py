@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, TextIO
 
 from draftsmith.contract import ConfigError
+from draftsmith.drafters.checkpoint import check_checkpoint_dir, check_output_dir
 from draftsmith.runtime.api import Decoder, GenerateReport, load_decoder
 from draftsmith.runtime.config import (
     DrafterConfig,
     SpecConfig,
     TargetConfig,
     apply_overrides,
+    check_target_dir,
     read_config_file,
 )
+from draftsmith.runtime.inputs import check_prompt_texts
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data"  # beside the checkout
 """Where ``draftsmith eval`` looks for ``*.jsonl`` prompt sets when ``--data`` is not given."""
@@ -72,7 +76,7 @@ def build_config(args: argparse.Namespace) -> SpecConfig:
         overrides["target.dtype"] = args.dtype
     if getattr(args, "drafter", None):
         overrides["drafter.family"] = args.drafter
-    if getattr(args, "checkpoint", None):
+    if getattr(args, "checkpoint", None) is not None:  # "" is refused by the config, as in a file
         overrides["drafter.checkpoint"] = args.checkpoint
     if getattr(args, "num_draft_tokens", None) is not None:
         overrides["num_draft_tokens"] = args.num_draft_tokens
@@ -126,6 +130,25 @@ def _check_max_new_tokens(value: int | None) -> None:
         raise ConfigError(f"--max-new-tokens must be >= 1, got {value}")
 
 
+def _read_prompts(path: str, limit: int | None) -> list[str]:
+    """The prompts of a JSON-lines file, checked as text before any model loads."""
+    from draftsmith.runtime.evaluate import read_prompt_file
+
+    try:
+        prompts = read_prompt_file(path, limit)
+    except RecursionError:
+        raise ConfigError(f"prompt file {path}: a line nests lists or objects too deeply; each "
+                          'line is {"turns": [...]}, {"prompt": ...} or a JSON string') from None
+    return check_prompt_texts(prompts, what=f"{path}: prompt")
+
+
+def _check_before_loading(config: SpecConfig) -> None:
+    """What the config names on disk, checked before the target or the drafter loads."""
+    check_target_dir(config.target.model)
+    if config.drafter.checkpoint is not None:
+        check_checkpoint_dir(config.drafter.checkpoint)
+
+
 def _load(config: SpecConfig) -> Decoder:
     return load_decoder(config, log=lambda m: print(f"[draftsmith] {m}", file=sys.stderr))
 
@@ -153,25 +176,35 @@ DEFAULT_PROMPT = "Explain in two sentences why the sky is blue."
 
 def generate_command(args: argparse.Namespace) -> int:
     """Run ``draftsmith generate``: stream text, then print the summary (or ``--json``)."""
-    from draftsmith.runtime.evaluate import read_prompt_file
-
     _check_max_new_tokens(args.max_new_tokens)
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {args.limit}")
     if args.prompts:
-        prompts = read_prompt_file(args.prompts, args.limit)
+        prompts = _read_prompts(args.prompts, args.limit)
     else:
         prompt = args.prompt if args.prompt is not None else DEFAULT_PROMPT
         if not prompt.strip():
             raise ConfigError("--prompt is empty; give it some text")
-        prompts = [prompt]
+        prompts = check_prompt_texts([prompt], what="--prompt")
     config = build_config(args)
+    _check_before_loading(config)
     decoder = _load(config)
     report = run_generate(decoder, prompts, args.max_new_tokens, chat=not args.raw,
                           compare_plain=not args.no_compare, as_json=args.json)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(json.dumps(report_dict(report), indent=2))
     return 0
+
+
+def report_dict(report: GenerateReport) -> dict[str, Any]:
+    """``report.to_dict()`` with one exactness verdict: where the report has none (sampling, or
+    no plain greedy run) no result claims one either, since plain greedy is not what a sampled
+    result is meant to equal."""
+    data = report.to_dict()
+    if data["exact"] is None:
+        for result in data["results"]:
+            result["exact"] = None
+    return data
 
 
 def run_generate(
@@ -294,12 +327,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 
 def eval_command(args: argparse.Namespace) -> int:
     """Run ``draftsmith eval``: a table, ``eval.json`` and ``acceptance.png``."""
-    from draftsmith.runtime.evaluate import (
-        evaluate,
-        format_table,
-        read_prompt_file,
-        write_report,
-    )
+    from draftsmith.runtime.evaluate import evaluate, format_table, write_report
 
     files = args.data or sorted(str(p) for p in DEFAULT_DATA_DIR.glob("*.jsonl"))
     if not files:
@@ -308,8 +336,11 @@ def eval_command(args: argparse.Namespace) -> int:
         raise ConfigError(f"--limit must be >= 1, got {args.limit}")
     _check_max_new_tokens(args.max_new_tokens)
     for path in files:  # fail on a bad file before any model is loaded
-        read_prompt_file(path, args.limit)
+        _read_prompts(path, args.limit)
+    check_output_dir(Path(args.out), "--out")
     config = build_config(args)
+    _check_before_loading(config)
+    previous = _set_aside_previous_report(Path(args.out))
     decoder = _load(config)
     results = evaluate(decoder, files, args.limit, args.max_new_tokens, args.compare)
     dumped = json.loads(config.model_dump_json())
@@ -326,6 +357,8 @@ def eval_command(args: argparse.Namespace) -> int:
         "metric": "accept_len = committed tokens per verify round, bonus included (DSpark tau)",
     }
     json_path, png_path = write_report(results, args.out, meta)
+    for path in previous:
+        path.unlink(missing_ok=True)
     if args.json:
         print(json_path.read_text(encoding="utf-8"))
     else:
@@ -334,8 +367,30 @@ def eval_command(args: argparse.Namespace) -> int:
     return 0
 
 
+REPORT_FILES = ("eval.json", "acceptance.png")
+"""What ``draftsmith eval`` writes into ``--out``."""
+
+
+def _set_aside_previous_report(out: Path) -> list[Path]:
+    """Rename the report of an earlier run in ``out`` to ``*.previous.*`` until the new one is
+    written, so that an interrupted run never leaves an old ``eval.json`` that reads as its
+    result; returns the renamed files (deleted once the new report is in place)."""
+    moved = []
+    for name in REPORT_FILES:
+        path = out / name
+        aside = path.with_name(f"{path.stem}.previous{path.suffix}")
+        if path.is_file():
+            os.replace(path, aside)
+            print(f"[draftsmith] moved the previous {name} to {aside.name} until this run ends",
+                  file=sys.stderr)
+        if aside.is_file():  # also one an interrupted run left
+            moved.append(aside)
+    return moved
+
+
 __all__ = [
     "DEFAULT_DATA_DIR",
+    "REPORT_FILES",
     "SHIPPED_DRAFTER",
     "add_eval_arguments",
     "add_generate_arguments",
@@ -343,5 +398,6 @@ __all__ = [
     "eval_command",
     "format_summary",
     "generate_command",
+    "report_dict",
     "run_generate",
 ]

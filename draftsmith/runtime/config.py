@@ -68,8 +68,17 @@ class DrafterConfig(_Strict):
     must agree with its ``config.json`` (the loader raises ``ConfigError`` otherwise)."""
     options: SerializeAsAny[BaseModel] = Field(default_factory=dict, validate_default=True)
     """Family-specific options, validated by the family's own options model."""
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, strict=True)
     """Seed for random initialisation when no checkpoint is given."""
+
+    @field_validator("checkpoint", mode="before")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        # Path("") is the working directory: an empty value would load whatever lies there
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("is empty; give a checkpoint directory, or leave it out to build "
+                             "random weights")
+        return value
 
     @field_validator("family")
     @classmethod
@@ -143,11 +152,11 @@ class TargetConfig(_Strict):
 class RuntimeOptions(_Strict):
     """Knobs of the runtime components (paging, kernels, graphs)."""
 
-    max_batch: int = Field(default=8, ge=1)
+    max_batch: int = Field(default=8, ge=1, strict=True)
     """Requests decoded at once; one more slot is the dummy."""
-    max_context: int = Field(default=4096, ge=1)
+    max_context: int = Field(default=4096, ge=1, strict=True)
     """Largest sequence length (also capped by the drafter's RoPE table)."""
-    page_size: int = Field(default=16, ge=1)
+    page_size: int = Field(default=16, ge=1, strict=True)
     """``P_sz``: tokens per drafter context page; at most ``max_context``."""
     kernels: Literal["auto", "fused", "eager"] = "auto"
     """``auto`` picks fused Triton kernels where eligible; ``eager`` forces the references."""
@@ -178,8 +187,9 @@ class SpecConfig(_Strict):
 
     drafter: DrafterConfig = Field(default_factory=DrafterConfig)
     """Drafter family, checkpoint and options."""
-    num_draft_tokens: int = Field(default=7, ge=0, le=64)
-    """``K``: drafts proposed per request per step (0 disables drafting)."""
+    num_draft_tokens: int = Field(default=7, ge=0, le=64, strict=True)
+    """``K``: drafts proposed per request per step (0 disables drafting). An integer: ``true``
+    or ``7.0`` is refused, not read as 1 or 7."""
     selection: SerializeAsAny[BaseModel] = Field(
         default_factory=lambda: {"kind": "greedy"}, validate_default=True
     )
@@ -201,7 +211,7 @@ class SpecConfig(_Strict):
             raise ValueError("selection must be a table with a 'kind' key")
         registry = _registry(info)
         kind = value.get("kind", "greedy")
-        if kind not in registry.selectors:
+        if not isinstance(kind, str) or kind not in registry.selectors:
             raise ValueError(
                 f"unknown strategy {kind!r}; valid kinds: {', '.join(sorted(registry.selectors))}"
             )
@@ -247,15 +257,24 @@ _SUBFIELD = "\x1f"
 """Marks a message whose first word is a path below the error's location."""
 
 
+MAX_CONFIG_DEPTH = 32
+"""Deepest nesting of tables and lists a config file may have (a real one has three levels);
+deeper input is refused before anything recurses over it."""
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """Parse a TOML or JSON config file into a dict; :class:`ConfigError` if unreadable."""
+    """Parse a TOML or JSON config file into a dict; :class:`ConfigError` if unreadable.
+
+    A UTF-8 byte-order mark is skipped. A relative ``drafter.checkpoint`` is resolved against the
+    directory of the file, so a config names its checkpoint the same way from any working
+    directory (command-line flags stay relative to the working directory)."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"config file {str(path)!r} is a directory; give a TOML or JSON file")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"config file {str(path)!r} is not UTF-8 text (byte {exc.start}); give a TOML or "
@@ -272,9 +291,71 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
             data = tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: cannot parse: {exc}") from None
+    except RecursionError:
+        data = None  # refused just below, with the limit
+    if data is None or nesting_depth(data) > MAX_CONFIG_DEPTH:
+        raise ConfigError(f"{path}: tables and lists nest more than {MAX_CONFIG_DEPTH} levels "
+                          "deep; a draftsmith config nests a few levels")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a table/object")
+    return _resolve_checkpoint(data, path.parent)
+
+
+def nesting_depth(value: Any) -> int:
+    """How deeply dicts and lists nest in ``value`` (a scalar is 0), without recursing."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in item)
+    return deepest
+
+
+def _resolve_checkpoint(data: dict[str, Any], base: Path) -> dict[str, Any]:
+    drafter = data.get("drafter")
+    checkpoint = drafter.get("checkpoint") if isinstance(drafter, dict) else None
+    if isinstance(checkpoint, str) and checkpoint.strip() and not Path(checkpoint).is_absolute():
+        return {**data, "drafter": {**drafter, "checkpoint": str(base / checkpoint)}}
     return data
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+"""Weight files that are pickles: draftsmith never unpickles them (they can run code)."""
+
+
+def check_target_dir(model: str) -> None:
+    """Refuse, before anything loads, a local target directory that cannot be loaded safely: one
+    that is unreadable, lacks ``config.json``, or holds pickled weights but no safetensors.
+    Built-in target names, and paths that are no directory (which the loader reports), pass.
+
+    :raises ConfigError: naming the directory and what to change.
+    """
+    from draftsmith.runtime.targets.smollm2 import TARGET_ALIASES  # imports this module
+
+    directory = Path(model).expanduser()
+    if model in TARGET_ALIASES or not directory.is_dir():
+        return
+    try:
+        names = sorted(p.name for p in directory.iterdir())
+    except OSError as exc:
+        raise ConfigError(f"target.model {model!r}: cannot list the directory "
+                          f"({exc.strerror or exc}); make it readable") from None
+    if "config.json" not in names:
+        raise ConfigError(f"target.model {model!r} has no config.json; pass a Hugging Face model "
+                          "directory (config.json, *.safetensors, tokenizer files)")
+    if any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names):
+        return
+    pickles = [n for n in names if n.endswith(PICKLE_SUFFIXES)]
+    if pickles:
+        raise ConfigError(
+            f"target.model {model!r} holds only pickled weights ({pickles[0]}); draftsmith loads "
+            "safetensors only, since unpickling can run code: convert it (e.g. load it once with "
+            "transformers and save_pretrained(..., safe_serialization=True))")
+    raise ConfigError(f"target.model {model!r} holds no *.safetensors weights; pass a Hugging "
+                      "Face model directory saved with safetensors")
 
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
@@ -312,7 +393,9 @@ __all__ = [
     "SpecConfig",
     "TargetConfig",
     "apply_overrides",
+    "check_target_dir",
     "format_validation_error",
+    "nesting_depth",
     "parse_device",
     "read_config_file",
     "resolve_device",

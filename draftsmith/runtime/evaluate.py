@@ -20,11 +20,13 @@ Writes ``eval.json`` and ``acceptance.png`` (matplotlib, Agg backend).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from draftsmith.contract import ConfigError
+from draftsmith.drafters.checkpoint import write_text_atomic
 from draftsmith.runtime.api import Decoder
 
 
@@ -188,11 +190,16 @@ def write_report(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "eval.json"
-    json_path.write_text(json.dumps(
-        {"meta": meta, "datasets": [asdict(r) for r in results]}, indent=2
-    ) + "\n", encoding="utf-8")
     png_path = out_dir / "acceptance.png"
-    plot_acceptance(results, png_path, title=str(meta.get("title", "")))
+    # both written under temporary names and renamed: a reader never sees half of either
+    staged_png = out_dir / f".acceptance-{os.getpid()}.png"
+    try:
+        plot_acceptance(results, staged_png, title=str(meta.get("title", "")))
+        os.replace(staged_png, png_path)
+    finally:
+        staged_png.unlink(missing_ok=True)
+    write_text_atomic(json_path, json.dumps(
+        {"meta": meta, "datasets": [asdict(r) for r in results]}, indent=2) + "\n")
     return json_path, png_path
 
 

@@ -60,6 +60,16 @@ class SampleConfig(BaseModel):
         return value
 
 
+    @field_validator("top_p", mode="before")
+    @classmethod
+    def _top_p_not_nan(cls, value: object) -> object:
+        # NaN fails every bound, so pydantic would say "should be <= 1", which is misleading
+        if isinstance(value, float) and math.isnan(value):
+            raise PydanticCustomError(
+                "top_p", "top_p is nan; use a nucleus mass in (0, 1] (1 disables the filter)")
+        return value
+
+
 def _temperature_error(value: float, problem: str) -> PydanticCustomError:
     return PydanticCustomError(
         "temperature", f"temperature {value!r} {problem}; use 0 for greedy or a temperature >= 1e-5"

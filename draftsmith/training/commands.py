@@ -7,9 +7,14 @@ import json
 import platform
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from draftsmith.contract import ConfigError
-from draftsmith.runtime.config import TargetConfig
+from draftsmith.drafters.checkpoint import check_output_dir
+from draftsmith.runtime.config import TargetConfig, check_target_dir
+
+if TYPE_CHECKING:
+    from draftsmith.training.trainer import TrainConfig
 
 
 def _log(message: str) -> None:
@@ -25,6 +30,9 @@ def add_train_data_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompt recipe")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--shard-size", type=int, default=4096, metavar="N",
+                        help="sequences per shard; each shard is written as soon as it is done, "
+                             "so an interrupted run resumes from the last one")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto")
     parser.add_argument("--part", default="0/1", metavar="I/N",
@@ -104,66 +112,134 @@ def _part_name(stem: str, suffix: str, index: int, parts: int) -> str:
 
 
 def train_data_command(args: argparse.Namespace) -> int:
-    """Generate the target's greedy responses to the training prompts (recipe and/or self)."""
-    from pydantic import ValidationError
+    """Generate the target's greedy responses to the training prompts (recipe and/or self).
 
-    from draftsmith.runtime.config import format_validation_error
+    Everything the flags can get wrong is checked before the target loads. The run is resumable:
+    the prompts of each part are saved first, and each shard as soon as it is done; running the
+    same command again keeps what is there and generates the rest.
+    """
     from draftsmith.runtime.targets.smollm2 import load_target
-    from draftsmith.training.data import generate_dataset
-    from draftsmith.training.prompts import training_prompts
-    from draftsmith.training.selfprompts import (
-        EvalExclusion,
-        SelfPromptConfig,
-        sample_user_prompts,
-    )
+    from draftsmith.training.data import claim_dataset_dir, generate_dataset
+    from draftsmith.training.selfprompts import EvalExclusion
 
-    if args.count < 1:
-        raise ConfigError(f"--count must be >= 1, got {args.count}")
     index, parts = _parse_part(args.part)
     n_recipe, n_self = plan_sources(args.source, args.count, args.self_fraction)
-    try:
-        sampling = SelfPromptConfig(temperature=args.sample_temperature, top_p=args.sample_top_p,
-                                    steer_fraction=args.sample_steer, batch_size=args.batch_size)
-    except ValidationError as exc:
-        raise ConfigError(f"self-generated prompts: {format_validation_error(exc)}") from None
-    target, tokenizer = load_target(target_config(args), log=_log)
-    recipe = list(training_prompts(n_recipe, args.seed))[index::parts] if n_recipe else []
+    sampling = _check_train_data_flags(args)
+    excluded = (list(args.exclude) if args.exclude is not None else default_exclusions()
+                ) if n_self else []
+    exclusion = EvalExclusion.from_files(excluded)  # an unreadable file fails before loading
+    check_output_dir(args.out, "--out")
+    check_target_dir(args.target)
+    claim_dataset_dir(args.out, _dataset_parameters(args, sampling, excluded, parts))
+    prompts_file = args.out / _part_name("prompts", ".jsonl", index, parts)
     meta: dict[str, object] = {
         "target": args.target, "dtype": args.dtype, "source": args.source,
         "recipe": "draftsmith.training.prompts", "recipe_seed": args.seed,
-        "recipe_count": len(recipe), "python": platform.python_version()}
-    self_made: list[str] = []
-    if n_self:
-        excluded = list(args.exclude) if args.exclude is not None else default_exclusions()
-        if not excluded:
-            _log("warning: no evaluation sets to exclude (pass --exclude FILE.jsonl)")
-        seed = args.sample_seed + index
-        share = _count_of_part(n_self, index, parts)
-        _log(f"sampling {share} self-generated prompts (seed {seed})")
-        sampled = sample_user_prompts(target.model, tokenizer, share, seed=seed, config=sampling,
-                                      exclusion=EvalExclusion.from_files(excluded), avoid=recipe)
-        self_made = sampled.prompts
-        _log(f"kept {len(self_made)} of {sampled.rows} sampled rows in {sampled.rounds} rounds "
-             f"(dropped {sampled.dropped})")
-        meta.update(
-            self_fraction=args.self_fraction if args.source == "mix" else 1.0,
-            sample_seed=args.sample_seed, sample_seed_of_part=seed,
-            sampling=sampling.model_dump(), self_count=len(self_made),
-            self_rows=sampled.rows, self_rounds=sampled.rounds, self_dropped=sampled.dropped,
-            excluded_files=[str(p) for p in excluded])
+        "python": platform.python_version(), "prompts_file": prompts_file.name}
+    saved = _read_saved_prompts(prompts_file)
+    target, tokenizer = load_target(target_config(args), log=_log)
+    if saved is not None:
+        recipe, self_made = saved
+        _log(f"resuming: {len(recipe) + len(self_made)} prompts from {prompts_file}")
+    else:
+        recipe, self_made = _make_prompts(args, target, tokenizer, sampling, excluded,
+                                          exclusion, meta, (index, parts), n_recipe, n_self)
+        _save_prompts(prompts_file, recipe, self_made)
+    meta.update(recipe_count=len(recipe), self_count=len(self_made))
     prompts = recipe + self_made
-    args.out.mkdir(parents=True, exist_ok=True)
-    prompts_file = args.out / _part_name("prompts", ".jsonl", index, parts)
-    with prompts_file.open("w", encoding="utf-8") as fh:  # written first: inspectable on a crash
-        for origin, items in (("recipe", recipe), ("self", self_made)):
-            for prompt in items:
-                fh.write(json.dumps({"turns": [prompt], "source": origin}) + "\n")
-    meta["prompts_file"] = prompts_file.name
     generate_dataset(target.model, tokenizer, prompts, args.out, args.max_new_tokens,
-                     args.batch_size, meta=meta, log=_log, part=(index, parts))
+                     args.batch_size, shard_size=args.shard_size, meta=meta, log=_log,
+                     part=(index, parts))
     _log(f"wrote {len(prompts)} sequences ({len(recipe)} recipe, {len(self_made)} self; part "
          f"{index} of {parts}) to {args.out}")
     return 0
+
+
+def _check_train_data_flags(args: argparse.Namespace):
+    """The self-prompt sampling config; :class:`ConfigError` for any count or budget below 1."""
+    from pydantic import ValidationError
+
+    from draftsmith.runtime.config import format_validation_error
+    from draftsmith.training.selfprompts import SelfPromptConfig
+
+    for flag, value in (("--count", args.count), ("--max-new-tokens", args.max_new_tokens),
+                        ("--batch-size", args.batch_size), ("--shard-size", args.shard_size)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {value}")
+    target_config(args)
+    try:
+        return SelfPromptConfig(temperature=args.sample_temperature, top_p=args.sample_top_p,
+                                steer_fraction=args.sample_steer, batch_size=args.batch_size)
+    except ValidationError as exc:
+        raise ConfigError("self-generated prompts: "
+                          + format_validation_error(exc).splitlines()[0]) from None
+
+
+def _dataset_parameters(args: argparse.Namespace, sampling, excluded: list[Path],
+                        parts: int) -> dict[str, object]:
+    """What decides a dataset's content: every part and every resumed run must agree on it."""
+    params: dict[str, object] = {
+        "target": args.target, "dtype": args.dtype, "source": args.source,
+        "count": args.count, "recipe_seed": args.seed, "max_new_tokens": args.max_new_tokens,
+        "parts": parts, "shard_size": args.shard_size}
+    if args.source != "recipe":
+        params.update(self_fraction=args.self_fraction if args.source == "mix" else 1.0,
+                      sample_seed=args.sample_seed, sampling=sampling.model_dump(),
+                      excluded_files=[str(p) for p in excluded])
+    return params
+
+
+def _make_prompts(args, target, tokenizer, sampling, excluded: list[Path], exclusion,
+                  meta: dict[str, object], part: tuple[int, int], n_recipe: int,
+                  n_self: int) -> tuple[list[str], list[str]]:
+    """``(recipe prompts, self-generated prompts)`` of this part; records how in ``meta``."""
+    from draftsmith.training.prompts import training_prompts
+    from draftsmith.training.selfprompts import sample_user_prompts
+
+    index, parts = part
+    recipe = list(training_prompts(n_recipe, args.seed))[index::parts] if n_recipe else []
+    if not n_self:
+        return recipe, []
+    if not excluded:
+        _log("warning: no evaluation sets to exclude (pass --exclude FILE.jsonl)")
+    seed = args.sample_seed + index
+    share = _count_of_part(n_self, index, parts)
+    _log(f"sampling {share} self-generated prompts (seed {seed})")
+    sampled = sample_user_prompts(target.model, tokenizer, share, seed=seed, config=sampling,
+                                  exclusion=exclusion, avoid=recipe)
+    _log(f"kept {len(sampled.prompts)} of {sampled.rows} sampled rows in {sampled.rounds} "
+         f"rounds (dropped {sampled.dropped})")
+    meta.update(
+        self_fraction=args.self_fraction if args.source == "mix" else 1.0,
+        sample_seed=args.sample_seed, sample_seed_of_part=seed,
+        sampling=sampling.model_dump(), self_rows=sampled.rows, self_rounds=sampled.rounds,
+        self_dropped=sampled.dropped, excluded_files=[str(p) for p in excluded])
+    return recipe, sampled.prompts
+
+
+def _save_prompts(path: Path, recipe: list[str], self_made: list[str]) -> None:
+    """The part's prompts, saved before any response: a resumed run reuses them as they are."""
+    from draftsmith.drafters.checkpoint import write_text_atomic
+
+    lines = [json.dumps({"turns": [prompt], "source": origin}) + "\n"
+             for origin, items in (("recipe", recipe), ("self", self_made)) for prompt in items]
+    write_text_atomic(path, "".join(lines))
+
+
+def _read_saved_prompts(path: Path) -> tuple[list[str], list[str]] | None:
+    """``(recipe, self)`` prompts saved by an earlier run of this part, or ``None``."""
+    if not path.is_file():
+        return None
+    recipe: list[str] = []
+    self_made: list[str] = []
+    try:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            (self_made if row["source"] == "self" else recipe).append(str(row["turns"][0]))
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError):
+        raise ConfigError(f"{path} is not a prompts file written by train-data; remove it to "
+                          "make the prompts again") from None
+    return recipe, self_made
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -182,22 +258,34 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                         help="stop (validated and saved) after this much wall time; resumable")
     parser.add_argument("--export", type=Path, default=None,
-                        help="also write the best checkpoint here in bf16, in files of <= 15 MiB")
+                        help="also write the best checkpoint here in bf16, in files of <= 15 MiB "
+                             "(a new or empty directory, or a previous export with --overwrite)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="let --export replace a previous export in that directory")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--init-from", type=Path, default=None, metavar="DIR",
                         help="start a new run from this checkpoint's weights (same family and "
                              "shapes; fresh optimizer and schedule); ignored when resuming")
 
 
-def train_command(args: argparse.Namespace) -> int:
-    """Train a drafter and print the final metrics as JSON."""
-    from draftsmith.runtime.targets.smollm2 import load_target
-    from draftsmith.training.trainer import (
-        TrainConfig,
-        calibrate_checkpoint,
-        export_checkpoint,
-        train,
-    )
+def parse_set_value(text: str) -> object:
+    """A ``--set`` value: JSON where it parses (numbers, booleans, lists), else the plain
+    string, which the config model then accepts or refuses by field."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+    except RecursionError:
+        raise ConfigError(f"--set value {text[:40]!r}... is nested too deeply; give a flat "
+                          "value") from None
+
+
+def _train_config(args: argparse.Namespace) -> TrainConfig:
+    """The :class:`TrainConfig` of ``--family``, ``--steps``, ``--init-from`` and ``--set``."""
+    from pydantic import ValidationError
+
+    from draftsmith.runtime.config import format_validation_error
+    from draftsmith.training.trainer import TrainConfig
 
     fields: dict[str, object] = {"family": args.family}
     if args.steps is not None:
@@ -206,28 +294,53 @@ def train_command(args: argparse.Namespace) -> int:
         fields["init_from"] = str(args.init_from)
     for item in args.set:
         key, sep, value = item.partition("=")
-        if not sep:
+        if not sep or not key:
             raise ConfigError(f"--set takes FIELD=VALUE, got {item!r}")
-        fields[key] = json.loads(value) if value[:1] in "0123456789-[{tf" else value
+        fields[key] = parse_set_value(value)
     try:
-        config = TrainConfig.model_validate(fields)
-    except Exception as exc:  # pydantic.ValidationError -> one line
-        from pydantic import ValidationError
+        return TrainConfig.model_validate(fields)
+    except ValidationError as exc:
+        raise ConfigError("--set " + format_validation_error(exc).splitlines()[0]) from None
 
-        from draftsmith.runtime.config import format_validation_error
 
-        if isinstance(exc, ValidationError):
-            raise ConfigError(format_validation_error(exc)) from None
-        raise
-    target, _tokenizer = load_target(target_config(args), log=_log)
+def _check_export_outside_run(export: Path, out: Path) -> None:
+    """``--export`` must not be the run directory or one of the checkpoints training writes
+    there (it would be refused as non-empty only after the whole run)."""
+    run = out.resolve()
+    where = export.resolve()
+    if where == run or (where.parent == run and where.name.split(".")[0] in ("last", "best")):
+        raise ConfigError(f"--export {export} is inside the run directory's checkpoints "
+                          f"({out}); export to a directory of its own, e.g. {out / 'export'}")
+
+
+def train_command(args: argparse.Namespace) -> int:
+    """Train a drafter and print the final metrics as JSON."""
+    from draftsmith.runtime.targets.smollm2 import load_target
+    from draftsmith.training.data import read_dataset
+    from draftsmith.training.trainer import (
+        calibrate_checkpoint,
+        check_export_destination,
+        export_checkpoint,
+        train,
+    )
+
+    config = _train_config(args)
+    target_spec = target_config(args)
+    check_output_dir(args.out, "--out")
+    if args.export is not None:
+        _check_export_outside_run(args.export, args.out)
+        check_export_destination(args.export, args.overwrite)
     data = list(args.data)  # read_dataset takes one directory or several
+    read_dataset(data)  # a missing or corrupt dataset fails before the target loads
+    check_target_dir(args.target)
+    target, _tokenizer = load_target(target_spec, log=_log)
     result = train(config, target.model, data, args.out, resume=not args.no_resume, log=_log,
                    time_limit_s=args.time_limit)
     if args.export is not None:
         best = args.out / "best" if (args.out / "best").is_dir() else args.out / "last"
         result["calibration"] = calibrate_checkpoint(best, target.model, data, config,
                                                      log=_log)
-        export_checkpoint(best, args.export)
+        export_checkpoint(best, args.export, overwrite=args.overwrite)
         _log(f"exported {best} to {args.export} (bf16)")
     print(json.dumps(result, indent=2))
     return 0

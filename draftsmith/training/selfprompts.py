@@ -56,15 +56,15 @@ class SelfPromptConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
-    temperature: float = Field(default=1.0, gt=0)
+    temperature: float = Field(default=1.0, gt=0, allow_inf_nan=False)
     """Sampling temperature of the user turn."""
-    top_p: float = Field(default=0.95, gt=0, le=1)
+    top_p: float = Field(default=0.95, gt=0, le=1, allow_inf_nan=False)
     """Nucleus mass of the user turn (no top-k cut)."""
     max_new_tokens: int = Field(default=128, ge=1)
     """Token budget of one request; a row that does not end its turn within it is dropped."""
     batch_size: int = Field(default=64, ge=1)
     """Rows sampled at once (left padded)."""
-    steer_fraction: float = Field(default=0.5, ge=0, le=1)
+    steer_fraction: float = Field(default=0.5, ge=0, le=1, allow_inf_nan=False)
     """Share of rows that start from one of :data:`OPENERS`."""
     min_chars: int = Field(default=15, ge=1)
     """Shorter prompts are dropped."""

@@ -12,6 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -20,7 +23,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from draftsmith.contract import (
     CheckpointError,
@@ -30,9 +33,15 @@ from draftsmith.contract import (
     TargetInfo,
 )
 from draftsmith.drafters.calibration import fit_sts, sts_ece
+from draftsmith.drafters.checkpoint import (
+    check_output_dir,
+    honour_umask,
+    save_tensors,
+    write_text_atomic,
+)
 from draftsmith.drafters.gqa import GQADrafter
 from draftsmith.runtime.registry import load_registry
-from draftsmith.training.data import TrainingSequence, batch_at, read_dataset
+from draftsmith.training.data import TrainingSequence, batch_at, pause_point, read_dataset
 from draftsmith.training.objective import (
     block_loss,
     decode_walk_length,
@@ -49,54 +58,55 @@ checkpoint's state directory when it is saved (what a resumed run is compared wi
 
 
 class TrainConfig(BaseModel):
-    """Everything a training run depends on (saved beside the checkpoint for reproduction)."""
+    """Everything a training run depends on (saved beside the checkpoint for reproduction).
+    Integer fields are strict: ``--set steps=true`` is refused, not read as 1."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     family: Literal["dspark-gqa", "dflash"] = "dspark-gqa"
     """Drafter family to train (``dflash`` is trained under the shift convention, no heads)."""
-    num_layers: int = Field(default=2, ge=1)
+    num_layers: int = Field(default=2, ge=1, strict=True)
     """Drafter decoder layers ``L``."""
-    num_heads: int = Field(default=9, ge=1)
+    num_heads: int = Field(default=9, ge=1, strict=True)
     """Query heads."""
-    num_kv_heads: int = Field(default=3, ge=1)
+    num_kv_heads: int = Field(default=3, ge=1, strict=True)
     """Key/value heads."""
-    head_dim: int = Field(default=64, ge=2)
+    head_dim: int = Field(default=64, ge=2, strict=True)
     """Per-head width."""
-    intermediate_size: int = Field(default=1536, ge=1)
+    intermediate_size: int = Field(default=1536, ge=1, strict=True)
     """SwiGLU width."""
-    block_size: int = Field(default=7, ge=1)
+    block_size: int = Field(default=7, ge=1, strict=True)
     """Trained block width ``K``."""
-    markov_rank: int = Field(default=64, ge=0)
+    markov_rank: int = Field(default=64, ge=0, strict=True)
     """Markov head rank (``dspark-gqa`` only)."""
     target_layer_ids: tuple[int, ...] | None = None
     """Target layers the drafter reads; none spreads ``num_layers`` ids over the target (spec
     1.2). Set it to grow a checkpoint (``--init-from``) to more layers with the same inputs."""
-    steps: int = Field(default=2000, ge=1)
+    steps: int = Field(default=2000, ge=1, strict=True)
     """Optimizer steps in total (a resumed run continues to this count)."""
-    batch_size: int = Field(default=16, ge=1)
+    batch_size: int = Field(default=16, ge=1, strict=True)
     """Sequences per step."""
-    max_len: int = Field(default=640, ge=16)
+    max_len: int = Field(default=640, ge=16, strict=True)
     """Sequences are truncated to this many tokens."""
-    num_anchors: int = Field(default=48, ge=1)
+    num_anchors: int = Field(default=48, ge=1, strict=True)
     """Blocks sampled per sequence."""
-    pad_multiple: int = Field(default=64, ge=1)
+    pad_multiple: int = Field(default=64, ge=1, strict=True)
     """A batch's width is its longest sequence rounded up to a multiple of this (at most
     ``max_len``); padding is never attended to, and few distinct shapes let a GPU run reach its
     full step rate within a few steps instead of meeting a new shape on most of them."""
-    lr: float = Field(default=6e-4, gt=0)
+    lr: float = Field(default=6e-4, gt=0, allow_inf_nan=False)
     """Peak learning rate."""
-    warmup: int = Field(default=100, ge=0)
+    warmup: int = Field(default=100, ge=0, strict=True)
     """Linear warm-up steps."""
-    weight_decay: float = Field(default=0.01, ge=0)
+    weight_decay: float = Field(default=0.01, ge=0, allow_inf_nan=False)
     """AdamW weight decay."""
-    val_fraction: float = Field(default=0.02, gt=0, lt=0.5)
+    val_fraction: float = Field(default=0.02, gt=0, lt=0.5, allow_inf_nan=False)
     """Share of sequences held out for validation (and STS calibration)."""
-    eval_every: int = Field(default=250, ge=1)
+    eval_every: int = Field(default=250, ge=1, strict=True)
     """Validate every this many steps."""
-    save_every: int = Field(default=500, ge=1)
+    save_every: int = Field(default=500, ge=1, strict=True)
     """Checkpoint every this many steps."""
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, strict=True)
     """Seed of initialisation, data order and anchors."""
     init_from: Path | None = None
     """Checkpoint of the same family whose weights start a new run (fresh optimizer and
@@ -264,36 +274,116 @@ def warm_start(drafter: GQADrafter, checkpoint: Path, family: str, target: Targe
                 tensor.zero_()
 
 
+EXPORT_MANIFEST = ".draftsmith-export.json"
+"""Written into every export directory: it lists the files the export wrote, which are the only
+files a later export (with ``overwrite``) may replace."""
+
+
+def _export_manifest(directory: Path) -> list[str] | None:
+    """The files listed by ``directory``'s export manifest; ``None`` when it has none."""
+    try:
+        data = json.loads((directory / EXPORT_MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    files = data.get("files") if isinstance(data, dict) else None
+    return [str(f) for f in files] if isinstance(files, list) else None
+
+
+def check_export_destination(destination: Path, overwrite: bool = False) -> None:
+    """Refuse an export destination that :func:`export_checkpoint` would have to clobber: a file,
+    a path it cannot write, a non-empty directory draftsmith did not export into, or (without
+    ``overwrite``) a previous export. Called before any model loads and again at export time.
+
+    :raises ConfigError: saying what to change.
+    """
+    destination = Path(destination)
+    check_output_dir(destination, "--export")
+    if not destination.is_dir():
+        return
+    entries = sorted(p.name for p in destination.iterdir())
+    if not entries:
+        return
+    owned = _export_manifest(destination)
+    if owned is None:
+        raise ConfigError(
+            f"--export {destination} is a non-empty directory that draftsmith did not export "
+            f"into (it holds {entries[0]!r}); give a new or empty directory")
+    foreign = sorted(set(entries) - set(owned) - {EXPORT_MANIFEST})
+    if foreign:
+        raise ConfigError(
+            f"--export {destination} holds {foreign[0]!r}, which the export there did not "
+            "write; move it away or give another directory")
+    if not overwrite:
+        raise ConfigError(f"--export {destination} already holds an export; pass --overwrite to "
+                          "replace it, or give another directory")
+
+
 def export_checkpoint(
     source: Path, destination: Path, dtype: torch.dtype = torch.bfloat16,
-    max_file_bytes: int = 15 * 2**20,
+    max_file_bytes: int = 15 * 2**20, overwrite: bool = False,
 ) -> Path:
     """Rewrite a trained checkpoint in ``dtype``, split into ``model-XXXXX.safetensors`` files of
-    at most ``max_file_bytes`` (the confidence head stays fp32, as the family computes it)."""
-    import shutil
+    at most ``max_file_bytes`` (the confidence head stays fp32, as the family computes it).
 
-    weights = load_file(str(source / "model.safetensors"))
-    destination.mkdir(parents=True, exist_ok=True)
-    for old in destination.glob("*.safetensors"):
-        old.unlink()
-    shard: dict[str, torch.Tensor] = {}
-    size, index = 0, 0
+    The export is written into a temporary directory beside ``destination`` and renamed into
+    place, so an interrupted export leaves ``destination`` as it was. ``destination`` must be
+    new or empty, or (with ``overwrite``) a previous export holding only the files it wrote; see
+    :func:`check_export_destination`.
+    """
+    source, destination = Path(source), Path(destination)
+    check_export_destination(destination, overwrite)
+    weights = _read_tensors(source / "model.safetensors", source.parent)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.export-",
+                                    dir=destination.parent))
+    try:
+        honour_umask(staging, directory=True)
+        files = _write_export(weights, staging, dtype, max_file_bytes)
+        config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+        config["torch_dtype"] = str(dtype).removeprefix("torch.")
+        write_text_atomic(staging / "config.json",
+                          json.dumps(config, indent=2, sort_keys=True) + "\n")
+        write_text_atomic(staging / EXPORT_MANIFEST, json.dumps(
+            {"source": str(source), "dtype": config["torch_dtype"],
+             "files": [*files, "config.json"]}, indent=2) + "\n")
+        pause_point("export-staged")
+        _install_dir(staging, destination)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already when the export succeeded
+    return destination
+
+
+def _write_export(weights: dict[str, torch.Tensor], directory: Path, dtype: torch.dtype,
+                  max_file_bytes: int) -> list[str]:
+    """Write ``weights`` as ``model-XXXXX.safetensors`` files; return their names."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
     for name in sorted(weights):
         tensor = weights[name]
         if tensor.is_floating_point() and not name.startswith("confidence"):
             tensor = tensor.to(dtype)
         nbytes = tensor.numel() * tensor.element_size()
-        if shard and size + nbytes > max_file_bytes:
-            save_file(shard, str(destination / f"model-{index:05d}.safetensors"))
-            shard, size, index = {}, 0, index + 1
-        shard[name] = tensor.contiguous()
+        if shards[-1] and size + nbytes > max_file_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor.contiguous()
         size += nbytes
-    save_file(shard, str(destination / f"model-{index:05d}.safetensors"))
-    shutil.copy(source / "config.json", destination / "config.json")
-    config = json.loads((destination / "config.json").read_text())
-    config["torch_dtype"] = str(dtype).removeprefix("torch.")
-    (destination / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return destination
+    names = [f"model-{index:05d}.safetensors" for index in range(len(shards))]
+    for name, shard in zip(names, shards, strict=True):
+        save_tensors(shard, directory / name)
+    return names
+
+
+def _install_dir(staging: Path, destination: Path) -> None:
+    """Rename the complete ``staging`` directory to ``destination``; a previous directory there
+    (checked by the caller to be empty or a previous export) is removed only afterwards."""
+    retired = None
+    if destination.is_dir():
+        retired = destination.parent / f".{destination.name}.replaced-{os.getpid()}"
+        destination.rename(retired)
+    staging.rename(destination)
+    if retired is not None:
+        shutil.rmtree(retired)
 
 
 def split_dataset(sequences: list[TrainingSequence], config: TrainConfig
@@ -303,6 +393,24 @@ def split_dataset(sequences: list[TrainingSequence], config: TrainConfig
     n_val = max(1, int(len(sequences) * config.val_fraction))
     order = perm.tolist()
     return [sequences[i] for i in order[:n_val]], [sequences[i] for i in order[n_val:]]
+
+
+def _check_trainable(val: list[TrainingSequence], train_set: list[TrainingSequence],
+                     config: TrainConfig) -> None:
+    """Refuse data that would train on nothing: blocks start inside a response, so a split with
+    no response token within ``max_len`` has no anchor (the loss would be 0 and the accepted
+    length NaN, and the run would still exit 0)."""
+    for name, split in (("training", train_set), ("held-out", val)):
+        if not split:
+            raise ConfigError(f"the data leaves no {name} sequence ({len(val) + len(train_set)} "
+                              "in all); generate more with train-data or change val_fraction")
+        usable = sum(1 for s in split if min(len(s.tokens), config.max_len) > s.prompt_len)
+        if not usable:
+            shortest = min((s.prompt_len for s in split), default=0)
+            raise ConfigError(
+                f"no {name} sequence has a response token within max_len {config.max_len} "
+                f"(the shortest prompt is {shortest} tokens); raise max_len (--set max_len=N) "
+                "or generate responses with train-data")
 
 
 def calibrate_checkpoint(directory: Path, target_model: torch.nn.Module,
@@ -353,7 +461,8 @@ def train(
     drafter = build_drafter(config, info, device)
     spec = drafter.spec
     runner = TargetRunner(target_model, spec.target_layer_ids)
-    val, train_set = split_dataset(read_dataset(data_dir), config)
+    val, train_set = split_dataset(read_dataset(data_dir, info.vocab_size), config)
+    _check_trainable(val, train_set, config)
     params = [p for p in drafter.parameters()]
     for p in params:
         p.requires_grad_(True)
@@ -361,6 +470,8 @@ def train(
                             betas=(0.9, 0.95))
     state = {"step": 0, "best_accept_len": 0.0, "history": []}
     last = out_dir / "last"
+    for checkpoint in (last, out_dir / "best"):
+        _finish_save(checkpoint)
     if resume and (_state_dir(last) / STATE_FILE).is_file():
         _check_resumable(out_dir, config)
         state = _load(last, drafter, opt)
@@ -371,7 +482,7 @@ def train(
         warm_start(drafter, config.init_from, config.family, info)
         log(f"initialised the drafter from {config.init_from} (fresh optimizer and schedule)")
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / CONFIG_FILE).write_text(config.model_dump_json(indent=2) + "\n")
+    write_text_atomic(out_dir / CONFIG_FILE, config.model_dump_json(indent=2) + "\n")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     drafter.train()
     start = time.perf_counter()
@@ -527,24 +638,77 @@ def _state_dir(directory: Path) -> Path:
     return directory.parent / f"{directory.name}.state"
 
 
+def _staged(directory: Path) -> Path:
+    """Where the next checkpoint of ``directory`` is written before it replaces it."""
+    return directory.parent / f".{directory.name}.new"
+
+
+def _retired(directory: Path) -> Path:
+    """Where the previous checkpoint of ``directory`` waits while the new one moves in."""
+    return directory.parent / f".{directory.name}.old"
+
+
+def _complete_marker(directory: Path) -> Path:
+    """Present while a fully written staged checkpoint is being moved into place."""
+    return directory.parent / f".{directory.name}.complete"
+
+
+def _discard(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+
+
 def _save(directory: Path, drafter: GQADrafter, opt: torch.optim.Optimizer, state: dict,
           config: TrainConfig) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    drafter.save(directory)
-    weights = directory / "model.safetensors"
-    directory = _state_dir(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    """Save a checkpoint (``directory``) and its optimizer and trainer state (beside it).
+
+    Both are written in full under hidden names first; only then is the pair marked complete
+    and renamed into place. An interruption before the mark leaves the previous checkpoint
+    untouched; one after it is finished by :func:`_finish_save` when the run resumes.
+    """
+    staged = _staged(directory)
+    _discard(staged)
+    _discard(_state_dir(staged))
+    drafter.save(staged)
+    weights = staged / "model.safetensors"
+    state_dir = _state_dir(staged)
+    state_dir.mkdir(parents=True, exist_ok=True)
     flat: dict[str, torch.Tensor] = {}
     for i, pstate in opt.state_dict()["state"].items():
         for key, value in pstate.items():
             if isinstance(value, torch.Tensor):
                 flat[f"{i}.{key}"] = value.detach().cpu().contiguous().reshape(value.shape)
-    save_file(flat, str(directory / OPTIMIZER_FILE))
-    (directory / CONFIG_FILE).write_text(config.model_dump_json(indent=2) + "\n")
-    # written last, with the digests of the files written before it: a save interrupted
-    # between files leaves a state that _load refuses instead of mixing two steps
-    sums = {"model": _digest(weights), "optimizer": _digest(directory / OPTIMIZER_FILE)}
-    (directory / STATE_FILE).write_text(json.dumps({**state, "checksums": sums}, indent=2) + "\n")
+    save_tensors(flat, state_dir / OPTIMIZER_FILE)
+    write_text_atomic(state_dir / CONFIG_FILE, config.model_dump_json(indent=2) + "\n")
+    # the digests tie the state to the files saved with it: a checkpoint and a state of two
+    # different steps are refused by _load instead of mixed
+    sums = {"model": _digest(weights), "optimizer": _digest(state_dir / OPTIMIZER_FILE)}
+    write_text_atomic(state_dir / STATE_FILE,
+                      json.dumps({**state, "checksums": sums}, indent=2) + "\n")
+    pause_point(f"checkpoint-staged-{directory.name}")
+    write_text_atomic(_complete_marker(directory), f"step {state['step']}\n")
+    _finish_save(directory)
+
+
+def _finish_save(directory: Path) -> None:
+    """Move a completely staged checkpoint of ``directory`` (and its state) into place, or,
+    when the staging was never marked complete, discard it. Safe to repeat: a run calls it for
+    ``last`` and ``best`` before it resumes, finishing a save that an interruption cut short."""
+    marker = _complete_marker(directory)
+    staged, retired = _staged(directory), _retired(directory)
+    if marker.is_file():
+        for new, final, old in ((staged, directory, retired),
+                                (_state_dir(staged), _state_dir(directory), _state_dir(retired))):
+            if not new.is_dir():
+                continue  # moved in before the interruption
+            _discard(old)
+            if final.is_dir():
+                final.rename(old)
+            pause_point(f"checkpoint-swap-{directory.name}")
+            new.rename(final)
+        marker.unlink()
+    for leftover in (staged, _state_dir(staged), retired, _state_dir(retired)):
+        _discard(leftover)
 
 
 def _digest(path: Path) -> str:

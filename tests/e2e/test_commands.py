@@ -67,6 +67,9 @@ def test_generate_with_sampling_options(capsys, tiny_dir) -> None:
     report = json.loads(out)
     assert report["greedy"] is False and report["exact"] is None
     assert len(report["results"][0]["tokens"]) == 5
+    # plain greedy ran (for its tokens/s), but a sampled result claims no exactness either
+    assert report["plain_seconds"] is not None
+    assert [r["exact"] for r in report["results"]] == [None]
 
 
 def test_eval_writes_json_and_plot(capsys, tiny_dir, tmp_path) -> None:
@@ -296,3 +299,31 @@ def test_the_shipped_drafter_is_the_default_for_the_embedded_target(tmp_path) ->
     assert checkpoint("--config", str(named), "--random-drafter") is None
     with pytest.raises(SystemExit):  # argparse: not allowed with --checkpoint
         parser.parse_args(["--checkpoint", str(tmp_path), "--random-drafter"])
+
+
+def test_an_interrupted_eval_leaves_no_report_that_reads_as_its_own(capsys, tiny_dir, tmp_path,
+                                                                    monkeypatch) -> None:
+    """The previous report is set aside before the model loads and removed once the new one is
+    written; an eval interrupted in between leaves no eval.json at all."""
+    from draftsmith.runtime import commands
+
+    path = tmp_path / "set.jsonl"
+    path.write_text(json.dumps({"turns": ["one two"]}) + "\n")
+    out = tmp_path / "o"
+    argv = ["eval", "--data", str(path), "--max-new-tokens", "3", "--out", str(out),
+            *_base(tiny_dir)]
+    assert _run(capsys, *argv)[0] == 0
+    old = (out / "eval.json").read_text()
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands, "load_decoder", interrupted)
+    assert _run(capsys, *argv)[0] == 130
+    assert sorted(p.name for p in out.iterdir()) == ["acceptance.previous.png",
+                                                     "eval.previous.json"]
+    assert (out / "eval.previous.json").read_text() == old
+    monkeypatch.undo()
+    code, _out, err = _run(capsys, *argv)
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["acceptance.png", "eval.json"]
