@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _speculators_schema as speculators_schema
+import pydantic
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -195,6 +197,53 @@ def test_speculators_layout_keys(tmp_path):
     assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 15
     assert config["transformer_layer_config"]["num_hidden_layers"] == 2
     assert "is_causal" not in config["transformer_layer_config"]
+
+
+SLIDING = {"layer_types": ("sliding_attention", "full_attention"), "sliding_window": 3}
+
+
+@pytest.mark.parametrize(
+    ("family", "kw", "kind", "proposed"),
+    [
+        ("dflash", {}, "dflash", 15),
+        ("dflash", {"shift_label": True, **SLIDING}, "dflash", 16),
+        ("dspark-gqa", {}, "dspark", 7),
+        ("dspark-gqa", {"markov_head_type": "rnn", **SLIDING}, "dspark", 7),
+        ("dspark-gqa", {"markov_rank": 0, "confidence_head_with_markov": False}, "dspark", 7),
+    ],
+)
+def test_speculators_export_validates_with_its_config_classes(tmp_path, family, kw, kind,
+                                                              proposed):
+    """The exported config.json validates with (a restatement of) speculators 0.9.0's
+    DFlashSpeculatorConfig / DSparkSpeculatorConfig, and writes no key they do not declare."""
+    source = _saved(tmp_path, family, **kw)
+    export_checkpoint(tmp_path / "src", tmp_path / "out", "speculators")
+    config = _config(tmp_path / "out")
+    model = speculators_schema.validate(config)
+    assert model.speculators_model_type == kind
+    assert set(config) - speculators_schema.DECLARED[kind] == set()
+    layer = model.transformer_layer_config
+    assert type(layer).__name__ == "Qwen3Config"
+    assert (layer.hidden_size, layer.num_hidden_layers, layer.head_dim) == (H, 2, 8)
+    assert layer.vocab_size == model.draft_vocab_size == V
+    assert model.speculators_config.proposal_methods[0].speculative_tokens == proposed
+    assert model.sample_from_anchor is (source.spec.block_convention.value == "shift")
+    assert model.sliding_window_non_causal is (kind == "dspark" and "layer_types" in kw)
+
+
+def test_speculators_schema_refuses_bad_values():
+    """The restated schema is not a pass-through: wrong values fail as in the package."""
+    good = {"speculators_model_type": "dspark", "markov_head_type": "vanilla",
+            "speculators_config": {"algorithm": "dspark", "default_proposal_method": "greedy",
+                                   "proposal_methods": [{"proposal_type": "greedy"}],
+                                   "verifier": {"name_or_path": None, "architectures": []}}}
+    speculators_schema.validate(good)
+    for bad in ({"markov_head_type": "lstm"}, {"markov_rank": "many"},
+                {"speculators_config": {**good["speculators_config"],
+                                        "default_proposal_method": "tree"}},
+                {"speculators_config": {**good["speculators_config"], "verifier": {}}}):
+        with pytest.raises(pydantic.ValidationError):
+            speculators_schema.validate({**good, **bad})
 
 
 def test_family_of_each_layout(tmp_path):
