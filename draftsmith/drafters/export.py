@@ -256,10 +256,10 @@ def _deepspec_layout(drafter: GQADrafter, origin: str) -> _Layout:
         config["is_causal"] = False
         notes.append("sliding windows: TensorRT-LLM's Qwen3 DSpark drafter attends to a fixed "
                      "ring of recent context instead")
-    if not spec.own_embedding:
-        notes.append("embed_tokens.weight and lm_head.weight are not written: vLLM and "
-                     "TensorRT-LLM share the target's; DeepSpec's own evaluator needs copies of "
-                     "the target's two tables in this directory")
+    missing = "lm_head.weight is" if spec.own_embedding else \
+        "embed_tokens.weight and lm_head.weight are"
+    notes.append(f"{missing} not written: vLLM and TensorRT-LLM share the target's; DeepSpec's "
+                 "own evaluator needs copies of the target's tables in this directory")
     if spec.markov_rank > 0 and spec.markov_head.value != "vanilla":
         notes.append(f"the {spec.markov_head.value} Markov head: vLLM's DSpark drafter builds "
                      "only the vanilla head")

@@ -14,7 +14,7 @@ import _speculators_schema as speculators_schema
 import pydantic
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from draftsmith.contract import CheckpointError, ConfigError, LoadRequest, TargetInfo
 from draftsmith.drafters import export as export_mod
@@ -174,6 +174,23 @@ def test_deepspec_layout_keys_and_tensors(tmp_path):
     assert tensors["confidence_head.proj.weight"].shape == (1, H + 8)
     assert tensors["confidence_head.proj.weight"].dtype == torch.float32
     assert not any(k.startswith(("markov_w", "confidence_proj", "model.")) for k in tensors)
+
+
+def test_deepspec_notes_name_the_missing_tables(tmp_path):
+    _saved(tmp_path, "dspark-gqa")
+    plain = export_checkpoint(tmp_path / "src", tmp_path / "plain", "deepspec-dspark")
+    assert any(n.startswith("embed_tokens.weight and lm_head.weight are not written")
+               for n in plain.notes)
+    # A DeepSpec release carries its own embed_tokens copy: it travels, lm_head is still missing.
+    tensors = load_file(str(tmp_path / "plain" / "model.safetensors"))
+    tensors["embed_tokens.weight"] = torch.randn(V, H)
+    save_file(tensors, str(tmp_path / "plain" / "model.safetensors"))
+    again = export_checkpoint(tmp_path / "plain", tmp_path / "again", "deepspec-dspark")
+    assert any(n.startswith("lm_head.weight is not written") for n in again.notes)
+    assert "embed_tokens.weight" in load_file(str(tmp_path / "again" / "model.safetensors"))
+    dropped = export_checkpoint(tmp_path / "plain", tmp_path / "spec", "speculators")
+    assert any(n.startswith("embed_tokens.weight is not written") for n in dropped.notes)
+    assert "embed_tokens.weight" not in load_file(str(tmp_path / "spec" / "model.safetensors"))
 
 
 def test_deepspec_sliding_layers_say_non_causal(tmp_path):
