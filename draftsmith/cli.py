@@ -1,8 +1,9 @@
 """The ``draftsmith`` command.
 
 Sub-commands: ``plugins`` (families and strategies with their capabilities and distributions),
-``config validate FILE``, ``plan --config FILE``, ``generate``, ``eval``, ``demo``. Errors that a
-user can fix print one line and exit with status 2; they never show a traceback.
+``config validate FILE``, ``plan --config FILE``, ``export --format F CKPT OUT``, ``generate``,
+``eval``, ``demo``. Errors that a user can fix print one line and exit with status 2; they never
+show a traceback.
 """
 
 from __future__ import annotations
@@ -84,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="print the DraftPlan that bind would build for a config")
     p.add_argument("--config", required=True)
     p.set_defaults(func=_plan)
+
+    from draftsmith.drafters.export import add_export_arguments
+
+    p = sub.add_parser("export", help="write a drafter checkpoint in a layout serving engines read")
+    add_export_arguments(p)
+    p.set_defaults(func=_lazy("draftsmith.drafters.export", "export_command"))
 
     _add_optional_commands(sub)
     _add_training_commands(sub)

@@ -206,6 +206,90 @@ def _architecture(config: Mapping[str, Any]) -> str:
     return arch
 
 
+SPECULATORS_KINDS = {"dflash": "DFlashSpeculator", "dspark": "DSparkSpeculator"}
+"""``speculators_model_type`` -> ``architectures[0]`` of the ``speculators`` package's block
+drafters (its ``DFlashSpeculatorConfig`` / ``DSparkSpeculatorConfig``)."""
+
+
+def is_speculators_config(config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` is in the ``speculators`` layout (it names ``speculators_model_type``)."""
+    return "speculators_model_type" in config
+
+
+def from_speculators_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``speculators`` DFlash / DSpark config rewritten as the DFlash-style config this module
+    reads (docs/serving.md, "speculators").
+
+    ``transformer_layer_config`` supplies the backbone keys; ``aux_hidden_state_layer_ids``
+    counts Hugging Face hidden-state entries (embedding output = 0), so the target layers are
+    those ids minus one; ``sample_from_anchor`` is the shift convention; full-attention layers
+    are bidirectional and sliding layers causal unless ``sliding_window_non_causal``. Absent keys
+    take the package's defaults (block 8, DSpark rank 256 vanilla with a Markov-fed confidence
+    head, DSpark anchors sampled). A reduced draft vocabulary cannot be expressed and raises.
+    """
+    kind = config.get("speculators_model_type")
+    if kind not in SPECULATORS_KINDS:
+        raise CheckpointError(
+            f"speculators_model_type {kind!r} is not a block drafter draftsmith reads; it reads "
+            f"{sorted(SPECULATORS_KINDS)}"
+        )
+    layer = dict(config_mapping(config.get("transformer_layer_config"),
+                                "transformer_layer_config"))
+    if not layer:
+        raise CheckpointError(
+            "speculators config lacks transformer_layer_config (the backbone's Qwen3 keys)"
+        )
+    vocab = layer.get("vocab_size")
+    draft_vocab = config.get("draft_vocab_size", vocab)
+    if draft_vocab != vocab:
+        raise CheckpointError(
+            f"speculators draft_vocab_size {draft_vocab} differs from vocab_size {vocab}: a "
+            "reduced draft vocabulary (d2t/t2d tables) is not supported; drafter and target "
+            "must share one vocabulary"
+        )
+    aux = config.get("aux_hidden_state_layer_ids")
+    if aux is None:
+        raise CheckpointError("speculators config lacks aux_hidden_state_layer_ids")
+    dspark = kind == "dspark"
+    shift = truthy(config.get("sample_from_anchor", dspark), "sample_from_anchor")
+    non_causal = truthy(config.get("sliding_window_non_causal", False),
+                        "sliding_window_non_causal")
+    sliding = any(t == "sliding_attention" for t in layer.get("layer_types") or ())
+    section: dict[str, Any] = {
+        "target_layer_ids": [i - 1 for i in config_layer_ids(aux, "aux_hidden_state_layer_ids")],
+        "mask_token_id": config.get("mask_token_id"),
+        "block_size": config.get("block_size", 8),
+        "shift_label": shift,
+    }
+    out = {k: v for k, v in layer.items() if k not in ("dflash_config", "dspark_config")}
+    out["architectures"] = [DFLASH_ARCH]
+    for key in ("torch_dtype", "sts_temperatures"):
+        if key in config:
+            out[key] = config[key]
+    if dspark:
+        if sliding and not non_causal:
+            raise CheckpointError(
+                "speculators DSpark config has causal sliding layers (sliding_window_non_causal "
+                "is false); DSpark drafters attend non-causally: set it to true"
+            )
+        rank = config.get("markov_rank", 256)
+        section.update(
+            projector_type="dspark",
+            causal=False,
+            markov_rank=rank,
+            markov_head_type=config.get("markov_head_type", "vanilla"),
+            use_confidence_head=config.get("enable_confidence_head", True),
+            confidence_head_with_markov=config.get("confidence_head_with_markov", True),
+            **_swa_fields(layer.get("sliding_window") if sliding else None),
+        )
+        out["dspark_config"] = section
+    else:
+        if sliding and non_causal:
+            out["is_causal"] = False
+        out["dflash_config"] = section
+    return out
+
+
 def _rope_theta(config: Mapping[str, Any]) -> float:
     params = config_mapping(config.get("rope_parameters"), "rope_parameters")
     scaling = config_mapping(config.get("rope_scaling"), "rope_scaling")
@@ -286,7 +370,8 @@ def resolve_visibility(
     return tuple(out)
 
 
-def _has_dspark_heads(config: Mapping[str, Any]) -> bool:
+def has_dspark_heads(config: Mapping[str, Any]) -> bool:
+    """Whether a (DFlash-style or DeepSpec) config declares a Markov or a confidence head."""
     rank = config_int(draft_value(config, "markov_rank", 0) or 0, "markov_rank")
     return rank > 0 or confidence_flags(config)[0]
 
@@ -306,7 +391,7 @@ def resolve_flavour(config: Mapping[str, Any], family: str, arch: str) -> Flavou
         return Flavour.ZLAB
     if (
         isinstance(config.get("dspark_config"), Mapping)
-        or _has_dspark_heads(config)
+        or has_dspark_heads(config)
         or truthy(draft_value(config, "shift_label", False), "shift_label")
     ):
         return Flavour.DSPARK
@@ -357,6 +442,8 @@ def spec_from_config(
     Every unusable value raises :class:`CheckpointError` that names ``origin`` and the key.
     """
     with config_errors(origin):
+        if is_speculators_config(config):
+            config = from_speculators_config(config)
         return _spec_from_config(config, family, own_embedding, target)
 
 
@@ -543,26 +630,19 @@ def _swa_fields(window: int | None) -> dict[str, Any]:
     return {"use_swa": window is not None, "swa_window_size": window or 0}
 
 
-def spec_to_config(spec: GQADrafterSpec, family: str) -> dict[str, Any]:
-    """The config ``save`` writes: z-lab layout for ``dflash`` (``dflash_config``), DFlash-style
-    DSpark export for ``dspark-gqa`` (``dspark_config``). ``spec_from_config`` reads it back."""
+def architecture_config(spec: GQADrafterSpec) -> dict[str, Any]:
+    """The Qwen3 keys of the backbone that every layout shares: sizes, RoPE, ``layer_types`` and,
+    when the spec has them, ``sliding_window`` / ``use_sliding_window`` / ``is_causal`` and
+    ``num_target_layers``. Written so that :func:`resolve_visibility` maps them back to
+    ``spec.visibility`` under ``spec.flavour``; :class:`CheckpointError` when no such keys exist
+    (per-layer windows of different widths, or a visibility the flavour's rule cannot produce)."""
     windows = {v.window for v in spec.visibility if v.window is not None}
     if len(windows) > 1:
         raise CheckpointError(f"cannot save per-layer windows {sorted(windows)}: config.json "
                               "holds one sliding_window")
     window = windows.pop() if windows else None
     layer_types, is_causal = _layer_types_for(spec, window)
-    draft: dict[str, Any] = {
-        "target_layer_ids": list(spec.target_layer_ids),
-        "mask_token_id": spec.mask_token_id,
-        "block_size": spec.block_size,
-        "input_embedding_scale": spec.input_embedding_scale,
-        "output_multiplier": spec.output_multiplier,
-    }
-    if spec.final_logit_softcapping is not None:
-        draft["final_logit_softcapping"] = spec.final_logit_softcapping
     config: dict[str, Any] = {
-        "architectures": [DFLASH_ARCH],
         "model_type": "qwen3",
         "hidden_size": spec.hidden_size,
         "intermediate_size": spec.intermediate_size,
@@ -587,8 +667,24 @@ def spec_to_config(spec: GQADrafterSpec, family: str) -> dict[str, Any]:
         config["num_target_layers"] = spec.num_target_layers
     if is_causal is not None:
         config["is_causal"] = is_causal
+    return config
+
+
+def spec_to_config(spec: GQADrafterSpec, family: str) -> dict[str, Any]:
+    """The config ``save`` writes: z-lab layout for ``dflash`` (``dflash_config``), DFlash-style
+    DSpark export for ``dspark-gqa`` (``dspark_config``). ``spec_from_config`` reads it back."""
+    config: dict[str, Any] = {"architectures": [DFLASH_ARCH], **architecture_config(spec)}
+    draft: dict[str, Any] = {
+        "target_layer_ids": list(spec.target_layer_ids),
+        "mask_token_id": spec.mask_token_id,
+        "block_size": spec.block_size,
+        "input_embedding_scale": spec.input_embedding_scale,
+        "output_multiplier": spec.output_multiplier,
+    }
+    if spec.final_logit_softcapping is not None:
+        draft["final_logit_softcapping"] = spec.final_logit_softcapping
     if spec.flavour is Flavour.DSPARK:
-        draft.update(_swa_fields(window))
+        draft.update(_swa_fields(config.get("sliding_window")))
     if family == "dflash":
         draft["shift_label"] = spec.block_convention is BlockConvention.SHIFT
         if spec.flavour is Flavour.DSPARK:
@@ -1125,6 +1221,13 @@ _ALIASES: dict[str, tuple[str, ...]] = {
 """Checkpoint spellings of each canonical parameter: DeepSpec native first, then the export."""
 
 
+def deepspec_tensor_name(name: str) -> str:
+    """The DeepSpec (and ``speculators``) spelling of a :class:`GQADrafter` parameter name:
+    ``markov_w1.weight`` -> ``markov_head.markov_w1.weight``, ``confidence_proj.bias`` ->
+    ``confidence_head.proj.bias``; backbone names are the same in every layout."""
+    return _ALIASES.get(name, (name,))[0]
+
+
 def _expected_shapes(spec: GQADrafterSpec, model: GQADrafter) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in model.state_dict().items()}
 
@@ -1300,11 +1403,19 @@ def _random_init(model: GQADrafter, std: float, seed: int) -> None:
 
 
 __all__ = [
+    "DEEPSPEC_SUFFIX",
+    "DFLASH_ARCH",
+    "SPECULATORS_KINDS",
     "Flavour",
     "GQAArchitectureOptions",
     "GQADrafter",
     "GQADrafterSpec",
     "LayerVisibility",
+    "architecture_config",
+    "deepspec_tensor_name",
+    "from_speculators_config",
+    "has_dspark_heads",
+    "is_speculators_config",
     "load_gqa_drafter",
     "resolve_block_convention",
     "resolve_flavour",
