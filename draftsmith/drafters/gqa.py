@@ -75,10 +75,11 @@ from draftsmith.drafters.checkpoint import (
 from draftsmith.drafters.nn import (
     RMSNorm,
     SwiGLU,
-    apply_rope_neox,
     check_token_range,
     context_columns,
+    context_index,
     gather_context,
+    norm_rope,
     rope_cos_sin,
     rope_inv_freq,
 )
@@ -853,8 +854,8 @@ class GQADrafter(nn.Module):
             per_layer = []
             for layer in self.layers:
                 attn = layer.self_attn
-                k = attn.k_norm(attn.k_proj(ctx).view(-1, s.num_kv_heads, s.head_dim))
-                k = apply_rope_neox(k, cos, sin)
+                k = norm_rope(attn.k_norm, attn.k_proj(ctx).view(-1, s.num_kv_heads, s.head_dim),
+                              cos, sin)
                 v = attn.v_proj(ctx).view(-1, s.num_kv_heads, s.head_dim)
                 per_layer.append(torch.stack((k, v), dim=1))
             return torch.stack(per_layer, dim=1)
@@ -915,9 +916,10 @@ class GQADrafter(nn.Module):
         with torch.no_grad():
             x = x.to(self.dtype)
             cos, sin = rope_cos_sin(pos_q, self._inv_freq_on(pos_q.device), x.dtype)
+            where = context_index(cache, placement, columns)  # the same for every layer
             masks: dict[LayerVisibility, torch.Tensor] = {}
             for index, layer in enumerate(self.layers):
-                entries, valid = gather_context(cache, placement, index, columns)
+                entries, valid = gather_context(cache, placement, index, columns, where)
                 entries = torch.where(valid[:, :, None, None, None], entries.to(x.dtype), 0)
                 vis = s.visibility[index]
                 if vis not in masks:
@@ -942,10 +944,9 @@ class GQADrafter(nn.Module):
         s, attn = self.spec, layer.self_attn
         g, w, _ = x.shape
         a = layer.input_layernorm(x)
-        q = apply_rope_neox(attn.q_norm(attn.q_proj(a).view(g, w, s.num_heads, s.head_dim)),
-                            cos, sin)
-        k = apply_rope_neox(attn.k_norm(attn.k_proj(a).view(g, w, s.num_kv_heads, s.head_dim)),
-                            cos, sin)
+        q = norm_rope(attn.q_norm, attn.q_proj(a).view(g, w, s.num_heads, s.head_dim), cos, sin)
+        k = norm_rope(attn.k_norm, attn.k_proj(a).view(g, w, s.num_kv_heads, s.head_dim), cos,
+                      sin)
         v = attn.v_proj(a).view(g, w, s.num_kv_heads, s.head_dim)
         keys = torch.cat((ctx_entries[:, :, 0], k), dim=1).transpose(1, 2)
         values = torch.cat((ctx_entries[:, :, 1], v), dim=1).transpose(1, 2)

@@ -85,6 +85,7 @@ from draftsmith.drafters.nn import (
     apply_rope_interleaved,
     check_token_range,
     context_columns,
+    context_index,
     gather_context,
     rms_norm,
     rope_cos_sin,
@@ -1040,8 +1041,9 @@ class DSparkMLADrafter(nn.Module):
         residual = x
         a = rms_norm(x, layers[0].input_layernorm.weight, eps)
         columns = context_columns(placement)  # one host read (none when the width is static)
+        where = context_index(cache, placement, columns)  # the same for every layer
         for index, layer in enumerate(layers):
-            entries, valid = gather_context(cache, placement, index, columns)
+            entries, valid = gather_context(cache, placement, index, columns, where)
             ctx = entries.reshape(g, entries.shape[1], cfg.latent_width).to(self.dtype)
             partial = layer.self_attn(a, cos, sin, ctx, valid)
             a, residual = reduce_residual_rmsnorm(

@@ -2,7 +2,10 @@
 and the gather of paged context entries. One implementation each; families compose them.
 
 RMSNorm follows the Hugging Face Qwen3 form (spec 0.2): upcast to fp32, scale by
-``rsqrt(mean(x^2) + eps)``, cast back, multiply by the weight in the input dtype.
+``rsqrt(mean(x^2) + eps)``, cast back, multiply by the weight in the input dtype. On a GPU the
+norm, and the per-head norm followed by RoPE, run as one fused kernel each
+(``draftsmith.kernels.rms_norm``): a drafter's block forward is launch-bound, and each eager norm
+is six to eight launches.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from draftsmith.contract import (
     ShapeError,
     value_checks_enabled,
 )
+from draftsmith.kernels.rms_norm import head_norm_rope, rms_norm_reference
+from draftsmith.kernels.rms_norm import rms_norm as fused_rms_norm
 
 
 def check_token_range(token_ids: torch.Tensor, vocab_size: int) -> None:
@@ -33,11 +38,11 @@ def check_token_range(token_ids: torch.Tensor, vocab_size: int) -> None:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x: [..., D]`` normalised over the last dim and scaled by ``weight: [D]``."""
-    dtype = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+    """``x: [..., D]`` normalised over the last dim and scaled by ``weight: [D]`` (the fused
+    kernel on a GPU, its reference elsewhere)."""
+    if x.is_cuda:
+        return fused_rms_norm(x, weight, eps)
+    return rms_norm_reference(x, weight, eps)
 
 
 class RMSNorm(nn.Module):
@@ -96,6 +101,18 @@ def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     return x * cos + rotate_half(x) * sin
 
 
+def norm_rope(norm: RMSNorm, x: torch.Tensor, cos: torch.Tensor,
+              sin: torch.Tensor) -> torch.Tensor:
+    """``apply_rope_neox(norm(x), cos, sin)`` for ``x: [..., n, d]``, ``cos, sin: [..., d]``
+    (Qwen3's per-head q/k norm then RoPE): one fused launch on a GPU."""
+    if x.is_cuda:
+        heads, width = x.shape[-2:]
+        out = head_norm_rope(x.reshape(-1, heads, width), norm.weight, norm.eps,
+                             cos.reshape(-1, width), sin.reshape(-1, width))
+        return out.view(x.shape)
+    return apply_rope_neox(norm(x), cos, sin)
+
+
 def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Adjacent-pair RoPE (MLA, spec 2.10). ``x: [..., n, d]``; ``cos, sin: [..., d]`` in the HF
     halves layout (only the first ``d/2`` columns are read)."""
@@ -116,28 +133,39 @@ def context_columns(placement: DraftBlockPlacement) -> int:
     return max(int(num_ctx.max().item()) if num_ctx.numel() else 0, 1)
 
 
+def context_index(cache: PagedContextCache, placement: DraftBlockPlacement,
+                  columns: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where the first ``columns`` context columns of each request sit in the paged pool, the
+    same for every layer: ``pages, offsets: [G, C] int64`` and ``valid: [G, C] bool`` (column
+    ``c < num_ctx[b]``)."""
+    num_ctx = placement.num_ctx
+    cols = torch.arange(columns, device=num_ctx.device)
+    page_idx = (cols // cache.page_size).clamp(max=placement.block_tables.shape[1] - 1)
+    pages = placement.block_tables[:, page_idx]  # [G, C]
+    offsets = (cols % cache.page_size).expand_as(pages)
+    valid = cols[None, :] < num_ctx[:, None]
+    return pages, offsets, valid
+
+
 def gather_context(
     cache: PagedContextCache, placement: DraftBlockPlacement, layer: int,
     columns: int | None = None,
+    index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Read each request's advertised context of one layer out of the paged pool.
 
     Returns ``entries: [G, C, planes, heads, width]`` and ``valid: [G, C] bool`` (column
     ``c < num_ctx[b]``). ``C = placement.context_width`` when the runtime set that static bound
     (no host sync, CUDA-graph capturable), else ``max(num_ctx)`` (at least 1; one device-to-host
-    read). ``columns``, when given, is the ``C`` to use (a caller that gathers every layer computes
-    :func:`context_columns` once and passes it, so the read-back happens once per forward).
-    Invalid columns hold whatever the page holds and must be masked by the caller.
+    read). ``columns``, when given, is the ``C`` to use, and ``index`` the
+    :func:`context_index` of it: a caller that gathers every layer computes both once per
+    forward. Invalid columns hold whatever the page holds and must be masked by the caller.
     """
-    num_ctx = placement.num_ctx
-    width = context_columns(placement) if columns is None else columns
-    cols = torch.arange(width, device=num_ctx.device)
-    page_idx = (cols // cache.page_size).clamp(max=placement.block_tables.shape[1] - 1)
-    pages = placement.block_tables[:, page_idx]  # [G, C]
-    offsets = (cols % cache.page_size).expand_as(pages)
-    pool = cache.pool[layer]  # [pages, planes, heads, P_sz, width]
-    entries = pool[pages, :, :, offsets]  # [G, C, planes, heads, width]
-    valid = cols[None, :] < num_ctx[:, None]
+    if index is None:
+        width = context_columns(placement) if columns is None else columns
+        index = context_index(cache, placement, width)
+    pages, offsets, valid = index
+    entries = cache.pool[layer][pages, :, :, offsets]  # [G, C, planes, heads, width]
     return entries, valid
 
 
@@ -147,6 +175,7 @@ __all__ = [
     "apply_rope_interleaved",
     "apply_rope_neox",
     "context_columns",
+    "context_index",
     "gather_context",
     "rms_norm",
     "rope_cos_sin",

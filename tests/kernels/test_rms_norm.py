@@ -1,0 +1,83 @@
+"""Fused RMSNorm and per-head RMSNorm + rotate-half RoPE against their references: odd widths and
+row counts, strided rows, fp32 on the CPU (interpreter), bf16 and fp32 on a GPU, and the
+drafters' own composition (norm then ``apply_rope_neox``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftsmith.contract import ShapeError
+from draftsmith.drafters.nn import apply_rope_neox, rope_cos_sin, rope_inv_freq
+from draftsmith.drafters.nn import rms_norm as drafter_rms_norm
+from draftsmith.kernels.rms_norm import (
+    head_norm_rope,
+    head_norm_rope_reference,
+    rms_norm,
+    rms_norm_reference,
+)
+
+SHAPES = [(1, 64), (7, 576), (33, 111), (5, 3, 96)]
+"""Rows x width, a width that is not a power of two, and a leading batch of two dims."""
+
+
+def _devices():
+    out = [("cpu", torch.float32)]
+    if torch.cuda.is_available():
+        out += [("cuda", torch.float32), ("cuda", torch.bfloat16)]
+    return out
+
+
+def _tol(dtype):
+    return dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize(("device", "dtype"), _devices())
+def test_rms_norm_matches_reference(shape, device, dtype):
+    g = torch.Generator().manual_seed(sum(shape))
+    x = (torch.randn(shape, generator=g) * 3).to(device, dtype)
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=g)).to(device, dtype)
+    want = rms_norm_reference(x, w, 1e-6)
+    got = rms_norm(x, w, 1e-6)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, **_tol(dtype))
+    # the drafters' rms_norm is the reference (same rounding points)
+    assert torch.equal(drafter_rms_norm(x, w, 1e-6), want)
+
+
+def test_rms_norm_strided_rows_and_empty():
+    x = torch.randn(6, 2, 80)[:, 1]  # rows 160 floats apart
+    w = torch.randn(80)
+    torch.testing.assert_close(rms_norm(x, w, 1e-5), rms_norm_reference(x, w, 1e-5),
+                               atol=1e-5, rtol=1e-5)
+    assert rms_norm(torch.empty(0, 8), torch.ones(8), 1e-6).shape == (0, 8)
+    with pytest.raises(ShapeError):
+        rms_norm(torch.randn(3, 8), torch.ones(7), 1e-6)
+
+
+@pytest.mark.parametrize(("tokens", "heads", "width"), [(1, 9, 64), (13, 3, 64), (5, 2, 30)])
+@pytest.mark.parametrize(("device", "dtype"), _devices())
+def test_head_norm_rope_matches_the_drafters_composition(tokens, heads, width, device, dtype):
+    g = torch.Generator().manual_seed(tokens * heads + width)
+    x = (torch.randn(tokens, heads, width, generator=g) * 2).to(device, dtype)
+    w = (1 + 0.1 * torch.randn(width, generator=g)).to(device, dtype)
+    positions = torch.randint(0, 5000, (tokens,), generator=g).to(device)
+    cos, sin = rope_cos_sin(positions, rope_inv_freq(width, 10000.0).to(device), dtype)
+    want = apply_rope_neox(drafter_rms_norm(x, w, 1e-6), cos, sin)
+    assert torch.equal(head_norm_rope_reference(x, w, 1e-6, cos, sin), want)
+    got = head_norm_rope(x, w, 1e-6, cos, sin)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, **_tol(dtype))
+
+
+def test_head_norm_rope_refuses_what_it_cannot_do():
+    x, w = torch.randn(2, 3, 8), torch.ones(8)
+    cos = torch.ones(2, 8)
+    with pytest.raises(ShapeError, match="even head width"):
+        head_norm_rope(torch.randn(2, 3, 7), torch.ones(7), 1e-6, torch.ones(2, 7),
+                       torch.ones(2, 7))
+    with pytest.raises(ShapeError, match="normalised dtype"):
+        head_norm_rope(x, w, 1e-6, cos.bfloat16(), cos.bfloat16())
+    with pytest.raises(ShapeError):
+        head_norm_rope(x, w, 1e-6, torch.ones(3, 8), torch.ones(3, 8))
