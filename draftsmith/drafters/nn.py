@@ -23,6 +23,9 @@ from draftsmith.contract import (
 from draftsmith.kernels.rms_norm import head_norm_rope, rms_norm_reference
 from draftsmith.kernels.rms_norm import rms_norm as fused_rms_norm
 
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""What the fused norm kernels take; other dtypes (the float64 toy target) run the reference."""
+
 
 def check_token_range(token_ids: torch.Tensor, vocab_size: int) -> None:
     """:class:`ShapeError` unless every id of ``token_ids`` lies in ``0 .. vocab_size - 1``.
@@ -40,7 +43,7 @@ def check_token_range(token_ids: torch.Tensor, vocab_size: int) -> None:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x: [..., D]`` normalised over the last dim and scaled by ``weight: [D]`` (the fused
     kernel on a GPU, its reference elsewhere)."""
-    if x.is_cuda:
+    if x.is_cuda and x.dtype in FUSED_DTYPES and weight.dtype in FUSED_DTYPES:
         return fused_rms_norm(x, weight, eps)
     return rms_norm_reference(x, weight, eps)
 
@@ -105,7 +108,8 @@ def norm_rope(norm: RMSNorm, x: torch.Tensor, cos: torch.Tensor,
               sin: torch.Tensor) -> torch.Tensor:
     """``apply_rope_neox(norm(x), cos, sin)`` for ``x: [..., n, d]``, ``cos, sin: [..., d]``
     (Qwen3's per-head q/k norm then RoPE): one fused launch on a GPU."""
-    if x.is_cuda:
+    if x.is_cuda and x.dtype in FUSED_DTYPES and cos.dtype == torch.promote_types(
+            x.dtype, norm.weight.dtype) and norm.weight.dtype in FUSED_DTYPES:
         heads, width = x.shape[-2:]
         out = head_norm_rope(x.reshape(-1, heads, width), norm.weight, norm.eps,
                              cos.reshape(-1, width), sin.reshape(-1, width))
