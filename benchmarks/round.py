@@ -132,19 +132,9 @@ def _labelled(fn, label: str):
 
 def _eager_step(spec, active, core) -> None:
     """One step with the round run eagerly (same state, same outputs as its replay)."""
-    k = spec.plan.num_draft_tokens
-    from draftsmith.runtime.decoder import _bucket
-
-    g = _bucket(max(r.slot for r in active) + 1, spec._rows)
-    width = _bucket(max(r.start for r in active) + k + 1, spec._widths)
+    g, width = spec.bucket(active)
     core(g, width)
-    rows = spec._read_result(g)
-    for r in active:
-        n, *accepted = rows[r.slot]
-        r.lengths.append(r.emit(accepted[:n]))
-        r.start += n
-        if r.finish:
-            spec._finish(r)
+    spec.emit_round(active, g)
 
 
 if __name__ == "__main__":

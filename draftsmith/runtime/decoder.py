@@ -409,9 +409,7 @@ class SpecDecoder:
         Runs (or replays) the round for the smallest captured bucket that holds their slots and
         contexts, then reads the device once: every row's count and accepted tokens, one copy.
         """
-        k = self.plan.num_draft_tokens
-        g = _bucket(max(r.slot for r in active) + 1, self._rows)
-        width = _bucket(max(r.start for r in active) + k + 1, self._widths)
+        g, width = self.bucket(active)
         if self.plan.cuda_graphs:
             graph = self.graphs.get((g, width))
             if self.target.cache_version != self._graph_cache_version:
@@ -423,6 +421,17 @@ class SpecDecoder:
             graph.replay()
         else:
             self.round_core(g, width)
+        self.emit_round(active, g)
+
+    def bucket(self, active: list[_Request]) -> tuple[int, int]:
+        """``(rows, context width)`` of the round that serves ``active``."""
+        k = self.plan.num_draft_tokens
+        return (_bucket(max(r.slot for r in active) + 1, self._rows),
+                _bucket(max(r.start for r in active) + k + 1, self._widths))
+
+    def emit_round(self, active: list[_Request], g: int) -> None:
+        """Read the round's counts and tokens (the one device-to-host read) and commit them to
+        each request under its budget and stop rules."""
         rows = self._read_result(g)
         for r in active:
             n, *accepted = rows[r.slot]
