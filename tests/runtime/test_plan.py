@@ -133,6 +133,18 @@ def test_markov_and_kernel_decisions():
     assert auto_gpu.kernels == "fused" and "on CUDA" in auto_gpu.decision("kernels").reason
 
 
+def test_a_target_that_cannot_be_captured_runs_eagerly_by_a_recorded_rule():
+    moe = TargetInfo(vocab_size=64, hidden_size=32, num_layers=4,
+                     graph_blocker="MixtralConfig sets num_local_experts: its expert routing "
+                                   "reads token counts back to the host")
+    auto = make_plan(_inputs(cuda_graphs="auto", device="cuda"), _caps(), moe)
+    assert not auto.cuda_graphs
+    assert "cannot be captured (MixtralConfig sets num_local_experts" in auto.decision(
+        "cuda_graphs").reason
+    with pytest.raises(PlanError, match="'on' but the target cannot be captured"):
+        make_plan(_inputs(cuda_graphs="on", device="cuda"), _caps(), moe)
+
+
 def test_graphs_fusions_and_k0_decisions():
     cpu = make_plan(_inputs(cuda_graphs=True), _caps(), TOY)
     assert not cpu.cuda_graphs and "the device is cpu" in cpu.decision("cuda_graphs").reason
@@ -143,6 +155,10 @@ def test_graphs_fusions_and_k0_decisions():
     assert not make_plan(_inputs(cuda_graphs="auto"), _caps(), TOY).cuda_graphs
     off = make_plan(_inputs(cuda_graphs="off", device="cuda"), _caps(), TOY)
     assert not off.cuda_graphs and "is off" in off.decision("cuda_graphs").reason
+    k0_gpu = make_plan(_inputs(num_draft_tokens=0, cuda_graphs="auto", device="cuda"),
+                       _caps(), TOY)
+    assert k0_gpu.cuda_graphs  # plain decoding rounds are captured too
+    assert "the whole round" in k0_gpu.decision("cuda_graphs").reason
     k0 = make_plan(_inputs(num_draft_tokens=0), _caps(markov_rank=4), TOY)
     assert not k0.drafting and k0.block_width == 0 and k0.markov == "none"
     assert "commits one target token" in k0.decision("drafting").reason

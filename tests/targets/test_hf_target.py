@@ -247,3 +247,36 @@ def test_cache_reaches_decoders_that_call_it_past_key_values() -> None:
     want = reference.verify([0], tokens).logits.logits
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     assert old.cached_length(0) == reference.cached_length(0) == 12
+
+
+def test_forward_rows_at_ragged_positions_matches_a_fresh_forward(model: torch.nn.Module) -> None:
+    """The runtime's forward: rows are slots 0..G-1, each at its own position (a device
+    tensor), keys and values written in place; logits and features equal a fresh forward of each
+    row's sequence, and a row's later columns do not leak into an earlier query."""
+    target = HFTarget(model, max_slots=4)
+    layers = [0, 3]
+    target.set_capture_layers(layers)
+    target.reserve(3, 64)
+    g = torch.Generator().manual_seed(7)
+    seqs = [torch.randint(0, 512, (n,), generator=g) for n in (9, 4, 13)]
+    target.prefill([0, 1, 2], seqs)
+    starts = torch.tensor([s.numel() for s in seqs])
+    tokens = torch.randint(0, 512, (3, 4), generator=g)
+    out = target.forward_rows(tokens, starts, 32)
+    for b in range(3):
+        logits, feats = _reference(model, torch.cat([seqs[b], tokens[b]]), layers)
+        rows = slice(4 * b, 4 * b + 4)
+        torch.testing.assert_close(out.logits.logits[rows], logits[-4:], atol=ATOL, rtol=0)
+        torch.testing.assert_close(out.features[rows], feats[-4:], atol=ATOL, rtol=0)
+    # commit one token of row 1 only: its next forward overwrites the rejected columns
+    starts2 = starts + torch.tensor([4, 1, 2])
+    nxt = torch.randint(0, 512, (3, 2), generator=g)
+    out = target.forward_rows(nxt, starts2, 32)
+    kept = [torch.cat([seqs[0], tokens[0]]), torch.cat([seqs[1], tokens[1, :1]]),
+            torch.cat([seqs[2], tokens[2, :2]])]
+    for b in range(3):
+        logits, _ = _reference(model, torch.cat([kept[b], nxt[b]]), [])
+        torch.testing.assert_close(out.logits.logits[2 * b : 2 * b + 2], logits[-2:],
+                                   atol=ATOL, rtol=0)
+    with pytest.raises(ShapeError, match="static cache"):
+        target.forward_rows(nxt, starts2, 128)  # wider than the cache holds
