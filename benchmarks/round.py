@@ -1,10 +1,11 @@
 """Where one speculative round's time goes, on one GPU (SmolLM2-135M, the shipped drafter).
 
-During a real generation: per round, the wall time of a decoding step (replay, the one read,
-emitting) and the GPU time between events around it; then one round run eagerly under the torch
-profiler, its kernels counted and timed per component (target forward, placement, context
-projection and store, block forward, head, chain, acceptance), and the top kernels; last, one
-eager prefill (an admission) for scale.
+During a real generation (the e2e prompts, 256 new tokens): per round, the wall time of a
+decoding step (replay, the one read, emitting) and the GPU time between events around it; at one
+round, each part of it (target forward of K + 1 and of one token, drafting, context projection,
+draft core, block forward, head, chain, acceptance) captured and replayed alone on the live
+state, which is restored; then one round run eagerly under the torch profiler, its kernels
+counted and the top ones listed; last, one eager prefill (an admission) for scale.
 
     python benchmarks/round.py --dtype bf16 --batch 1 --out $OUT
 """
@@ -12,12 +13,15 @@ eager prefill (an admission) for scale.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
 
 import torch
 from e2e import DATA, _decoder, _prompts
+
+from draftsmith.contract import DraftBlockInputs
 
 
 def main() -> int:
@@ -26,6 +30,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--k", type=int, default=7)
     parser.add_argument("--data", default=str(DATA))
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--limit", type=int, default=2, help="prompts per set")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     from draftsmith.runtime.config import TargetConfig
@@ -44,37 +50,28 @@ def main() -> int:
         model="smollm2-135m", dtype={"bf16": "bfloat16"}.get(args.dtype, "float32"),
         device="cuda"), max_slots=args.batch + 2)
     dec = _decoder(target, tokenizer, args.dtype, args.batch, args.k)
-    ids = [dec.encode(t) for _, t in _prompts(Path(args.data), 4)][: max(args.batch, 4)]
+    ids = [dec.encode(t) for _, t in _prompts(Path(args.data), args.limit)]
     dec.generate_ids(ids, 64, compare_plain=True)
     spec = dec.spec
     say(f"# round profile, {args.dtype}, batch {args.batch}, K = {spec.plan.num_draft_tokens}, "
         f"torch {torch.__version__}")
-    labels = {"target.forward_rows": (spec.target, "forward_rows"),
-              "pager.place": (spec.pager, "place"),
-              "drafter.project_context": (spec.drafter, "project_context"),
-              "pager.store": (spec.pager, "store"),
-              "drafter.embed_block": (spec.drafter, "embed_block"),
-              "drafter.forward_block": (spec.drafter, "forward_block"),
-              "drafter.block_logits": (spec.drafter, "block_logits"),
-              "chain.run": (spec.chain, "run"),
-              "acceptance.accept": (spec.acceptance, "accept")}
-    for label, (obj, name) in labels.items():
-        setattr(obj, name, _labelled(getattr(obj, name), label))
     rounds: list[tuple[object, object]] = []
     walls: list[float] = []
-    state = {"n": 0, "prof": None}
+    state = {"n": 0, "parts": None, "prof": None}
     real_step, real_core = spec.step, spec.round_core
 
     def step(active):
         state["n"] += 1
-        t0 = time.perf_counter()
-        if state["n"] == 12:  # one eager round under the profiler, on live state
+        if state["n"] == 12:  # components timed on live state, which is then restored
+            state["parts"] = _time_parts(spec, *spec.bucket(active))
+        if state["n"] == 13:  # one eager round under the profiler
             with torch.profiler.profile(
                     activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 _eager_step(spec, active, real_core)
                 torch.cuda.synchronize()
             state["prof"] = prof
             return
+        t0 = time.perf_counter()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         real_step(active)
@@ -84,7 +81,7 @@ def main() -> int:
 
     spec.step = step
     t0 = time.perf_counter()
-    report = dec.generate_ids(ids, 160, compare_plain=False)
+    report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=False)
     total = time.perf_counter() - t0
     torch.cuda.synchronize()
     gpu = sorted(s.elapsed_time(e) for s, e in rounds)
@@ -92,22 +89,13 @@ def main() -> int:
     say(f"rounds {len(rounds)}, tau {report.mean_accepted_length:.2f}; per round: step wall "
         f"median {walls[len(walls) // 2] * 1e3:.3f} ms, GPU (replay + read) median "
         f"{gpu[len(gpu) // 2]:.3f} ms; generate wall {total:.2f} s")
+    say(f"{'component, replayed alone (round 12)':<44}{'ms':>8}")
+    for name, ms in state["parts"]:
+        say(f"  {name:<42}{ms:>8.3f}")
     prof = state["prof"]
-    by_label: dict[str, list[float]] = {}
-    for e in prof.events():
-        if e.device_type.name != "CUDA":
-            continue
-        label = "other"
-        parent = e.cpu_parent
-        while parent is not None:
-            if parent.name in labels:
-                label = parent.name
-            parent = parent.cpu_parent
-        by_label.setdefault(label, []).append(e.device_time)
-    say(f"{'eager round, by component':<34}{'kernels':>8}{'GPU ms':>9}")
-    for label, times in sorted(by_label.items(), key=lambda kv: -sum(kv[1])):
-        say(f"  {label:<32}{len(times):>8}{sum(times) / 1e3:>9.3f}")
     events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+    say(f"eager round: {sum(e.count for e in events)} kernels, "
+        f"{sum(e.self_device_time_total for e in events) / 1e3:.3f} ms of kernel time")
     say("top kernels:")
     for e in sorted(events, key=lambda e: -e.self_device_time_total)[:20]:
         say(f"  {e.self_device_time_total / 1e3:8.3f} ms {e.count:5d}x  {e.key[:90]}")
@@ -123,11 +111,80 @@ def main() -> int:
     return 0
 
 
-def _labelled(fn, label: str):
-    def call(*args, **kwargs):
-        with torch.profiler.record_function(label):
-            return fn(*args, **kwargs)
-    return call
+def _graph_ms(fn, iters: int = 50) -> float:
+    """Milliseconds per replay of ``fn`` captured alone in a CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def _time_parts(spec, g: int, width: int) -> list[tuple[str, float]]:
+    """Each part of the round for ``g`` rows, captured and replayed alone on the live state;
+    the round state is restored afterwards (replays only write past the live positions)."""
+    b = spec.buffers
+    saved = [t.clone() for t in (b.ctx_len, b.target_len, b.accepted, b.num_accepted,
+                                 b.features, b.block_ids)]
+    view, k = b.view(g), spec.plan.num_draft_tokens
+    starts = view.target_len.clone()
+    tokens = view.accepted.clone()
+    placement = dataclasses.replace(
+        spec.pager.place(view.batch_to_slot, view.accepted, view.num_accepted),
+        context_width=width)
+    b.ctx_len.copy_(saved[0])
+
+    def drafting():
+        p = dataclasses.replace(
+            spec.pager.place(view.batch_to_slot, view.accepted, view.num_accepted),
+            context_width=width)
+        entries = spec.drafter.project_context(view.features.reshape(g * (k + 1), -1),
+                                               p.ctx_positions.reshape(-1))
+        spec.pager.store(p, entries)
+        return spec.draft_core(p, None)
+
+    ids = b.block_ids[:g]
+    emb = spec.drafter.embed_block(ids, spec.target_embedding)
+    inputs = DraftBlockInputs(token_ids=ids, positions=placement.query_positions, embeddings=emb)
+    hidden = spec.drafter.forward_block(inputs, placement, b.cache)
+    first = spec.plan.first_draft_slot
+    dh = hidden[:, first : first + k].reshape(g * k, -1)
+    base = spec.drafter.block_logits(dh, spec.head).logits.view(g, k, -1)
+    out = spec.target.forward_rows(tokens, starts, width)
+    drafts = tokens[:, 1:].contiguous()
+    parts = [
+        ("whole round", _graph_ms(lambda: spec.round_core(g, width))),
+        (f"target forward, {k + 1} tokens a row", _graph_ms(
+            lambda: spec.target.forward_rows(tokens, starts, width))),
+        ("target forward, 1 token a row", _graph_ms(
+            lambda: spec.target.forward_rows(tokens[:, :1], starts, width))),
+        ("drafting: place, project, store, draft", _graph_ms(drafting)),
+        ("  context projection", _graph_ms(lambda: spec.drafter.project_context(
+            view.features.reshape(g * (k + 1), -1), placement.ctx_positions.reshape(-1)))),
+        ("  draft_core", _graph_ms(lambda: spec.draft_core(placement, None))),
+        ("    block forward", _graph_ms(
+            lambda: spec.drafter.forward_block(inputs, placement, b.cache))),
+        ("    head logits", _graph_ms(lambda: spec.drafter.block_logits(dh, spec.head))),
+        ("    chain and selection", _graph_ms(
+            lambda: spec.chain.run(base, 0, placement.bonus, None,
+                                   hidden=dh.view(g, k, -1)))),
+        ("acceptance", _graph_ms(lambda: spec.acceptance.accept(out.logits, drafts, None))),
+    ]
+    for t, v in zip((b.ctx_len, b.target_len, b.accepted, b.num_accepted, b.features,
+                     b.block_ids), saved, strict=True):
+        t.copy_(v)
+    return parts
 
 
 def _eager_step(spec, active, core) -> None:
