@@ -56,6 +56,8 @@ class TextResult:
     decode_s: float
     plain_tokens: tuple[int, ...] | None = None
     """Plain decoding of the same prompt (when it was run)."""
+    error: str | None = None
+    """Why the request ended early when ``finish_reason`` is ``error`` (NaN logits)."""
 
     @property
     def mean_accepted_length(self) -> float:
@@ -151,6 +153,7 @@ class GenerateReport:
                     "accepted_lengths": list(r.accepted_lengths),
                     "mean_accepted_length": r.mean_accepted_length,
                     "finish_reason": r.finish_reason,
+                    "error": r.error,
                     "prefill_s": r.prefill_s,
                     "decode_s": r.decode_s,
                     "exact": r.exact,
@@ -272,6 +275,7 @@ class Decoder:
                 prompt=texts[i], prompt_ids=tuple(ids[i]), tokens=r.tokens,
                 text=self.decode(r.tokens), accepted_lengths=r.accepted_lengths,
                 finish_reason=r.finish_reason, prefill_s=r.prefill_s, decode_s=r.decode_s,
+                error=r.error,
                 plain_tokens=plain[i].tokens if plain is not None else None,
             )
             for i, r in enumerate(raw)

@@ -53,7 +53,8 @@ class DecoderBuffers:
       writes: ``accepted [C, K+1]`` and ``num_accepted [C]`` (the last round's, whose bonus
       anchors the next block), ``target_len [C]`` (the anchor's position: committed tokens in
       the target cache), ``features [C, K+1, F]`` (the last round's captured target features),
-      ``seeds [C]``; ``result [C, K+2]`` (``[n, accepted...]``, what the host reads);
+      ``seeds [C]``; ``result [C, K+3]`` (``[n, nan, accepted...]``, what the host reads;
+      ``nan`` is 1 when a committed token came from logits holding NaN);
       ``block_ids [C, W]`` (the block's token ids, written by the drafting step);
     * ``draft_probs: [C+1, K, V] fp32`` (rejection sampling only), indexed by slot;
       ``dummy_slot_row = C``, fixed here.
@@ -119,7 +120,7 @@ class DecoderBuffers:
                       page_size, entry.width)
         needed = math.prod(pool_shape) * pool_dtype.itemsize + 8 * (
             num_slots * (pages_per_slot + 1) + c * (k + w + 3))
-        needed += c * (k + 1) * feature_width * feature_dtype.itemsize + 8 * c * (k + 4)
+        needed += c * (k + 1) * feature_width * feature_dtype.itemsize + 8 * c * (k + 5)
         if with_draft_probs:
             needed += 4 * num_slots * k * vocab_size
         _check_fits(needed, dev, slot_capacity=c, max_ctx=max_ctx, page_size=page_size)
@@ -142,7 +143,7 @@ class DecoderBuffers:
                 target_len=zeros(c),
                 features=torch.zeros((c, k + 1, feature_width), dtype=feature_dtype, device=dev),
                 seeds=zeros(c),
-                result=zeros(c, k + 2),
+                result=zeros(c, k + 3),
                 draft_probs=(torch.zeros((num_slots, k, vocab_size), dtype=torch.float32, device=dev)
                              if with_draft_probs else None),
                 dummy_slot_row=c,

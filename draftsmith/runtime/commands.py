@@ -193,7 +193,10 @@ def generate_command(args: argparse.Namespace) -> int:
                           compare_plain=not args.no_compare, as_json=args.json)
     if args.json:
         print(json.dumps(report_dict(report), indent=2))
-    return 0
+    failed = [(i, r.error) for i, r in enumerate(report.results) if r.error]
+    for i, error in failed:
+        print(f"draftsmith: prompt {i}: {error}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def report_dict(report: GenerateReport) -> dict[str, Any]:

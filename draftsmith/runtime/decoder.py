@@ -59,7 +59,9 @@ class GenerationResult:
 
     ``tokens``: generated ids (the first comes from the prefill); ``accepted_lengths``: per
     verify round, the committed tokens including the bonus, cut at the first stop token and at the
-    budget (section 9, item 19); ``finish_reason``: ``stop`` or ``length``.
+    budget (section 9, item 19); ``finish_reason``: ``stop``, ``length``, or ``error`` (then
+    ``error`` says why: the target's logits held NaN where it chose the next token, and that
+    token was not emitted).
     """
 
     tokens: tuple[int, ...]
@@ -67,6 +69,7 @@ class GenerationResult:
     finish_reason: str
     prefill_s: float
     decode_s: float
+    error: str | None = None
 
     @property
     def num_rounds(self) -> int:
@@ -92,6 +95,7 @@ class _Request:
     tokens: list[int] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
     finish: str = ""
+    error: str | None = None
     t_admit: float = 0.0
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -109,6 +113,13 @@ class _Request:
         if not self.finish and len(self.tokens) >= self.max_new:
             self.finish = "length"
         return len(kept)
+
+    def fail_on_nan(self) -> None:
+        """End the request without the token its target logits chose (they held NaN)."""
+        self.finish = "error"
+        self.error = (f"the target's logits held NaN where it chose token {len(self.tokens)} "
+                      "of this request; it ends there (a NaN means the target or its input is "
+                      "broken, see docs/input-rules.md)")
 
 
 def _token_ids(what: str, ids: Iterable[object], vocab_size: int) -> list[int]:
@@ -191,6 +202,7 @@ class SpecDecoder:
         self._widths: tuple[int, ...] = ()
         self._host_result = torch.empty(buffers.result.shape, dtype=_I64,
                                         pin_memory=self.device.type == "cuda")
+        self._columns = torch.arange(plan.num_draft_tokens + 1, device=self.device)
 
     # ---- public API ---------------------------------------------------------------------
 
@@ -231,7 +243,8 @@ class SpecDecoder:
             self._abandon(reqs)
             raise
         return [
-            GenerationResult(tuple(r.tokens), tuple(r.lengths), r.finish, r.prefill_s, r.decode_s)
+            GenerationResult(tuple(r.tokens), tuple(r.lengths), r.finish, r.prefill_s, r.decode_s,
+                             r.error)
             for r in reqs
         ]
 
@@ -377,13 +390,23 @@ class SpecDecoder:
             slot_ids, first_tokens=first, positions=lengths.to(self.device),
             seeds=torch.tensor([r.seed for r in reqs], dtype=_I64, device=self.device),
             features=out.features[ends] if self.plan.drafting else None)
-        for r, tok in zip(reqs, first.tolist(), strict=True):
+        nan = self._any_nan(last)
+        for r, (tok, bad) in zip(reqs, torch.stack((first, nan), 1).tolist(), strict=True):
             r.start = len(r.prompt)
-            r.emit([tok])
+            if bad:
+                r.fail_on_nan()
+            else:
+                r.emit([tok])
             r.prefill_s = time.perf_counter() - t0
             if r.finish:
                 self._finish(r)
         return reqs
+
+    def _any_nan(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[rows] int64``: 1 where a row of this rank's logits ``[rows, S]`` holds NaN, summed
+        over the ranks (a NaN wins selection, spec 0.3, so it decided that row's token)."""
+        nan = torch.isnan(logits).any(-1).to(_I64)
+        return self.collectives.all_reduce(nan) if self.plan.tp_size > 1 else nan
 
     def _abandon(self, reqs: list[_Request]) -> None:
         """Release the slots of every admitted request that did not finish."""
@@ -434,14 +457,18 @@ class SpecDecoder:
         each request under its budget and stop rules."""
         rows = self._read_result(g)
         for r in active:
-            n, *accepted = rows[r.slot]
-            r.lengths.append(r.emit(accepted[:n]))
-            r.start += n
+            n, nan, *accepted = rows[r.slot]
+            if nan:
+                r.fail_on_nan()
+            else:
+                r.lengths.append(r.emit(accepted[:n]))
+                r.start += n
             if r.finish:
                 self._finish(r)
 
     def _read_result(self, g: int) -> list[list[int]]:
-        """``[n_b, accepted_b...]`` of rows ``0 .. g-1``: the round's one device-to-host read."""
+        """``[n_b, nan_b, accepted_b...]`` of rows ``0 .. g-1``: the round's one device-to-host
+        read."""
         host = self._host_result[:g]
         host.copy_(self.buffers.result[:g])  # into pinned memory; waits for the round
         return host.tolist()
@@ -482,8 +509,11 @@ class SpecDecoder:
         if plan.drafting:
             view.features.copy_(out.features.view(view.features.shape))
         torch.add(starts, n, out=view.target_len)
+        # a committed token chosen from logits holding NaN ends its request (checked by the host)
+        nan_rows = self._any_nan(out.logits.logits).view(g, k + 1)
         view.result[:, 0] = n
-        view.result[:, 1:] = accepted
+        view.result[:, 1] = (nan_rows * (self._columns[: k + 1] < n[:, None])).amax(-1)
+        view.result[:, 2:] = accepted
 
     def _draft(
         self, placement: DraftBlockPlacement, key: SamplingKey | None, view: BucketView

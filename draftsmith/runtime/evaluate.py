@@ -177,7 +177,7 @@ def evaluate(
                                    accept_len=r.mean_accepted_length, exact=r.exact,
                                    finish_reason=r.finish_reason)
                         for r in report.results],
-            capped=sum(r.finish_reason != "stop" for r in report.results),
+            capped=sum(r.finish_reason == "length" for r in report.results),
             accept_len_ended=sum(ended) / len(ended) if ended else None,
         ))
     return out

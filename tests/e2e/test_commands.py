@@ -327,3 +327,29 @@ def test_an_interrupted_eval_leaves_no_report_that_reads_as_its_own(capsys, tiny
     code, _out, err = _run(capsys, *argv)
     assert code == 0, err
     assert sorted(p.name for p in out.iterdir()) == ["acceptance.png", "eval.json"]
+
+
+def test_generate_reports_a_request_ended_by_nan_logits(capsys, tiny_dir, monkeypatch) -> None:
+    """NaN logits end the request: one line per such prompt on stderr, exit 1, no traceback."""
+    from draftsmith.contract import LogitsShard, TargetOutput
+    from draftsmith.runtime.targets.hf import HFTarget
+
+    real = HFTarget.forward_rows
+    calls = {"n": 0}
+
+    def poisoned(self, tokens, starts, context_width):
+        out = real(self, tokens, starts, context_width)
+        calls["n"] += 1
+        if calls["n"] == 2:
+            logits = out.logits.logits.clone()
+            logits[:, 3] = float("nan")
+            out = TargetOutput(LogitsShard.full(logits), out.features)
+        return out
+
+    monkeypatch.setattr(HFTarget, "forward_rows", poisoned)
+    code, out, err = _run(capsys, "generate", "--prompt", "What is 2+3?", "--max-new-tokens",
+                          "12", "--no-compare", *_base(tiny_dir))
+    assert code == 1
+    lines = [line for line in err.splitlines() if line.startswith("draftsmith: prompt 0:")]
+    assert len(lines) == 1 and "NaN" in lines[0]
+    assert "Traceback" not in err

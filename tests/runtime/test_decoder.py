@@ -267,3 +267,55 @@ def test_a_round_reads_the_device_once(target):
     dec.round_core = core
     dec.generate(PROMPTS[:2], 12)
     assert reads["n"] == 2 * steps["n"]
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_a_nan_in_the_targets_logits_ends_that_request_with_an_error(target, greedy_oracle,
+                                                                     monkeypatch, k):
+    """A NaN wins selection (spec 0.3), so a committed token chosen from logits holding NaN
+    would be meaningless: that request ends with ``finish_reason == "error"`` before the token,
+    the others decode exactly. A NaN in a row the round does not commit is harmless."""
+    from draftsmith.contract import LogitsShard, TargetOutput
+
+    dec = bind(target, None, _config("dspark-gqa", k))
+    real = target.forward_rows
+    calls = {"n": 0}
+
+    def poisoned(tokens, starts, context_width):
+        out = real(tokens, starts, context_width)
+        calls["n"] += 1
+        if calls["n"] == 3:  # third round: every row of slot 1 holds a NaN
+            logits = out.logits.logits.clone().view(tokens.shape[0], tokens.shape[1], -1)
+            logits[1, :, 5] = float("nan")
+            out = TargetOutput(LogitsShard.full(logits.view(-1, logits.shape[-1])),
+                               out.features)
+        return out
+
+    monkeypatch.setattr(target, "forward_rows", poisoned)
+    results = dec.generate(PROMPTS[:3], BUDGETS[:3])
+    bad = results[1]
+    assert bad.finish_reason == "error" and "NaN" in bad.error
+    assert 5 not in bad.tokens[-1:]  # the NaN's token was not emitted
+    assert list(bad.tokens) == greedy_oracle[1][: len(bad.tokens)]
+    assert len(bad.tokens) < BUDGETS[1]
+    for i in (0, 2):
+        assert list(results[i].tokens) == greedy_oracle[i] and results[i].error is None
+    assert dec.slots.num_free == dec.plan.slot_capacity
+
+
+def test_a_nan_in_the_prefill_logits_ends_the_request_before_its_first_token(target,
+                                                                               monkeypatch):
+    from draftsmith.contract import LogitsShard, TargetOutput
+
+    dec = bind(target, None, _config("dspark-gqa", 3))
+    real = target.prefill
+
+    def poisoned(slots, prompts):
+        out = real(slots, prompts)
+        logits = out.logits.logits.clone()
+        logits[:, 9] = float("nan")
+        return TargetOutput(LogitsShard.full(logits), out.features)
+
+    monkeypatch.setattr(target, "prefill", poisoned)
+    (res,) = dec.generate(PROMPTS[:1], 5)
+    assert res.finish_reason == "error" and res.tokens == () and res.accepted_lengths == ()
