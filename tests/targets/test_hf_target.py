@@ -280,3 +280,15 @@ def test_forward_rows_at_ragged_positions_matches_a_fresh_forward(model: torch.n
                                    atol=ATOL, rtol=0)
     with pytest.raises(ShapeError, match="static cache"):
         target.forward_rows(nxt, starts2, 128)  # wider than the cache holds
+
+
+def test_load_hf_target_never_unpickles(tmp_path) -> None:
+    """A directory whose weights are only a pickle is refused by the loader itself (the API
+    path), not only by the command's pre-check: unpickling can run code."""
+    model = make_tiny_causal_lm(seed=2)
+    model.save_pretrained(tmp_path)
+    for weights in tmp_path.glob("*.safetensors"):
+        weights.unlink()
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+    with pytest.raises(ConfigError, match="cannot load a causal LM"):
+        load_hf_target(str(tmp_path))

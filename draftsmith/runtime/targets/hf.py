@@ -580,8 +580,8 @@ def load_hf_target(
         raise ConfigError(f"{path} has no config.json; it is not a Hugging Face model directory")
     transformers = quiet_transformers()
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=dtype, low_cpu_mem_usage=True
+        model = transformers.AutoModelForCausalLM.from_pretrained(  # never a pickle
+            str(path), dtype=dtype, low_cpu_mem_usage=True, use_safetensors=True
         )
     except (OSError, ValueError, KeyError) as exc:
         raise ConfigError(f"cannot load a causal LM from {path}: {exc}") from None
