@@ -260,8 +260,7 @@ class Decoder:
             if compare_plain:
                 self.plain.prepare(len(ids), min(need + 1, self.plain.plan.max_ctx))
         start = time.perf_counter()
-        with _step_observer(self.spec, len(ids), progress):
-            raw: list[GenerationResult] = self.spec.generate(ids, max_new_tokens, stops, seeds)
+        raw = self.spec.generate(ids, max_new_tokens, stops, seeds, progress=progress)
         spec_seconds = time.perf_counter() - start
         plain: list[GenerationResult] | None = None
         plain_seconds = None
@@ -286,31 +285,6 @@ class Decoder:
             family=self.config.drafter.family,
             baseline=self.baseline if compare_plain else "",
         )
-
-
-class _step_observer:
-    """Wraps ``SpecDecoder.step`` for the duration of one call to report progress."""
-
-    def __init__(self, spec: SpecDecoder, n: int, progress: ProgressFn | None) -> None:
-        self.spec, self.n, self.progress = spec, n, progress
-
-    def __enter__(self) -> None:
-        if self.progress is None:
-            return
-        original = self.spec.step
-        tokens: list[list[int]] = [[] for _ in range(self.n)]
-        progress = self.progress
-
-        def observed(active: list[Any]) -> None:
-            original(active)
-            for r in active:
-                tokens[r.rid] = list(r.tokens)
-            progress(tokens)
-
-        self.spec.step = observed  # type: ignore[method-assign]
-
-    def __exit__(self, *exc: object) -> None:
-        self.spec.__dict__.pop("step", None)
 
 
 def _stop_ids(tokenizer: Any, target: HFTarget) -> tuple[int, ...]:

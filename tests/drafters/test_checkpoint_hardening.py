@@ -109,10 +109,16 @@ def test_confidence_tensors_with_the_head_off_are_not_dropped(tmp_path):
 
 
 def test_frozen_lm_head_copy_is_ignored(tmp_path):
+    """A DFlash checkpoint carrying a copy of the target's LM head loads as if it had none (the
+    family reads the target's head): the same weights, no head parameter."""
     config, tensors = _save(_random(dflash_family), tmp_path)
+    without = _load(dflash_family, tmp_path).state_dict()
     tensors["lm_head.weight"] = torch.randn(V, H)
     _rewrite(tmp_path, config, tensors)
-    _load(dflash_family, tmp_path)
+    loaded = _load(dflash_family, tmp_path).state_dict()
+    assert not any("lm_head" in name for name in loaded)
+    assert loaded.keys() == without.keys()
+    assert all(torch.equal(loaded[name], without[name]) for name in loaded)
 
 
 # ---- dtypes ------------------------------------------------------------------------------------
