@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +59,10 @@ class TextResult:
     """Plain decoding of the same prompt (when it was run)."""
     error: str | None = None
     """Why the request ended early when ``finish_reason`` is ``error`` (NaN logits)."""
+    margins: tuple[tuple[float, float], ...] | None = None
+    """Per token, the target's winning logit and its margin over the runner-up (speculative)."""
+    plain_margins: tuple[tuple[float, float], ...] | None = None
+    """The same for the plain decoding of this prompt."""
 
     @property
     def mean_accepted_length(self) -> float:
@@ -68,6 +73,57 @@ class TextResult:
     def exact(self) -> bool | None:
         """Token-for-token equal to plain decoding (``None`` when it was not run)."""
         return None if self.plain_tokens is None else self.tokens == self.plain_tokens
+
+    @property
+    def divergence(self) -> Divergence | None:
+        """Where this prompt's speculative and plain outputs first differ, with the margin each
+        path had there (``None`` when they agree or plain decoding was not run)."""
+        if self.plain_tokens is None or self.tokens == self.plain_tokens:
+            return None
+        common = min(len(self.tokens), len(self.plain_tokens))
+        at = next((i for i in range(common) if self.tokens[i] != self.plain_tokens[i]), common)
+        return Divergence(at, _at(self.margins, at), _at(self.plain_margins, at))
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first token where speculative and plain decoding of one prompt part.
+
+    ``spec`` and ``plain``: ``(winning logit, margin over the runner-up)`` of the target logits
+    that chose that token in each path (``None`` where not recorded, or where one output ended
+    first). ``steps`` says how many bf16 rounding steps of the winning logit the smaller margin
+    is: a near-tie that rounding can flip is a few steps at most.
+    """
+
+    position: int
+    spec: tuple[float, float] | None
+    plain: tuple[float, float] | None
+
+    @property
+    def steps(self) -> float | None:
+        """The smaller margin in bf16 steps (``2 ** (exponent - 7)``) of its winning logit."""
+        pairs = [p for p in (self.spec, self.plain) if p is not None]
+        if not pairs:
+            return None
+        return min(margin / bf16_step(top) for top, margin in pairs)
+
+    def describe(self) -> str:
+        """One line: the position and both margins."""
+        parts = [f"first difference at generated token {self.position}"]
+        for name, pair in (("speculative", self.spec), ("plain", self.plain)):
+            if pair is not None:
+                parts.append(f"{name}: top-2 margin {pair[1]:.4g} at logit {pair[0]:.4g} "
+                             f"({pair[1] / bf16_step(pair[0]):.1f} bf16 steps)")
+        return "; ".join(parts)
+
+
+def _at(margins: tuple[tuple[float, float], ...] | None, i: int) -> tuple[float, float] | None:
+    return margins[i] if margins is not None and i < len(margins) else None
+
+
+def bf16_step(value: float) -> float:
+    """The spacing of bf16 numbers at ``value`` (8 significant bits)."""
+    return 2.0 ** (math.frexp(abs(value) or 1.0)[1] - 1 - 7)
 
 
 @dataclass(frozen=True)
@@ -154,6 +210,9 @@ class GenerateReport:
                     "mean_accepted_length": r.mean_accepted_length,
                     "finish_reason": r.finish_reason,
                     "error": r.error,
+                    "divergence": (None if r.divergence is None else {
+                        "position": r.divergence.position, "spec": r.divergence.spec,
+                        "plain": r.divergence.plain, "bf16_steps": r.divergence.steps}),
                     "prefill_s": r.prefill_s,
                     "decode_s": r.decode_s,
                     "exact": r.exact,
@@ -274,8 +333,9 @@ class Decoder:
                 prompt=texts[i], prompt_ids=tuple(ids[i]), tokens=r.tokens,
                 text=self.decode(r.tokens), accepted_lengths=r.accepted_lengths,
                 finish_reason=r.finish_reason, prefill_s=r.prefill_s, decode_s=r.decode_s,
-                error=r.error,
+                error=r.error, margins=r.margins,
                 plain_tokens=plain[i].tokens if plain is not None else None,
+                plain_margins=plain[i].margins if plain is not None else None,
             )
             for i, r in enumerate(raw)
         ]
@@ -394,6 +454,8 @@ def load_decoder(
 
 __all__ = [
     "Decoder",
+    "Divergence",
+    "bf16_step",
     "GenerateReport",
     "TextResult",
     "check_drafter_fits",

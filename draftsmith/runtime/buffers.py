@@ -54,7 +54,8 @@ class DecoderBuffers:
       anchors the next block), ``target_len [C]`` (the anchor's position: committed tokens in
       the target cache), ``features [C, K+1, F]`` (the last round's captured target features),
       ``seeds [C]``; ``result [C, K+3]`` (``[n, nan, accepted...]``, what the host reads;
-      ``nan`` is 1 when a committed token came from logits holding NaN);
+      ``nan`` is 1 when a committed token came from logits holding NaN), followed, when margins
+      are recorded, by ``K+1`` pairs ``(top-1 logit, top-1 minus top-2)`` as fp32 bit patterns;
       ``block_ids [C, W]`` (the block's token ids, written by the drafting step);
     * ``draft_probs: [C+1, K, V] fp32`` (rejection sampling only), indexed by slot;
       ``dummy_slot_row = C``, fixed here.
@@ -103,6 +104,7 @@ class DecoderBuffers:
         with_draft_probs: bool,
         feature_width: int = 0,
         feature_dtype: torch.dtype = torch.float32,
+        record_margins: bool = False,
         device: torch.device | str = "cpu",
     ) -> DecoderBuffers:
         """Allocate every buffer once for ``slot_capacity`` requests.
@@ -143,7 +145,7 @@ class DecoderBuffers:
                 target_len=zeros(c),
                 features=torch.zeros((c, k + 1, feature_width), dtype=feature_dtype, device=dev),
                 seeds=zeros(c),
-                result=zeros(c, k + 3),
+                result=zeros(c, k + 3 + (2 * (k + 1) if record_margins else 0)),
                 draft_probs=(torch.zeros((num_slots, k, vocab_size), dtype=torch.float32, device=dev)
                              if with_draft_probs else None),
                 dummy_slot_row=c,

@@ -307,6 +307,9 @@ def format_summary(report: GenerateReport) -> str:
         same = sum(1 for r in report.results if r.exact)
         verdict = "yes" if report.exact else "NO"
         lines.append(f"exact vs plain greedy: {verdict} ({same}/{len(report.results)} prompts)")
+        for i, r in enumerate(report.results):
+            if r.divergence is not None:
+                lines.append(f"  prompt {i}: {r.divergence.describe()}")
     elif not report.greedy:
         lines.append("exact vs plain greedy: n/a (sampling)")
     return "\n".join(lines)
@@ -330,7 +333,12 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 
 def eval_command(args: argparse.Namespace) -> int:
     """Run ``draftsmith eval``: a table, ``eval.json`` and ``acceptance.png``."""
-    from draftsmith.runtime.evaluate import evaluate, format_table, write_report
+    from draftsmith.runtime.evaluate import (
+        evaluate,
+        format_divergences,
+        format_table,
+        write_report,
+    )
 
     files = args.data or sorted(str(p) for p in DEFAULT_DATA_DIR.glob("*.jsonl"))
     if not files:
@@ -366,6 +374,9 @@ def eval_command(args: argparse.Namespace) -> int:
         print(json_path.read_text(encoding="utf-8"))
     else:
         print(format_table(results))
+        parted = format_divergences(results)
+        if parted:
+            print(parted)
         print(f"wrote {json_path} and {png_path}")
     return 0
 

@@ -170,6 +170,11 @@ class RuntimeOptions(_Strict):
     allow_gather: bool = True
     """Allow all-gathering full-vocabulary logits where a path needs them (rejection sampling,
     top-k/top-p under TP, section 5.7); false makes such configurations fail at bind."""
+    record_margins: Literal["auto", "on", "off"] | bool = "auto"
+    """Record, for every committed token, the target's winning logit and its margin over the
+    runner-up (one top-2 per round, inside the round), so that ``generate`` and ``eval`` can say
+    where speculative and plain decoding part and how close the call was there: ``auto`` does so
+    on a single rank, ``on`` also asks for it elsewhere (refused under TP > 1), ``off`` never."""
 
     @model_validator(mode="after")
     def _page_fits_context(self) -> RuntimeOptions:

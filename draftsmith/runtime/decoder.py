@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import operator
+import struct
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -70,6 +71,9 @@ class GenerationResult:
     prefill_s: float
     decode_s: float
     error: str | None = None
+    margins: tuple[tuple[float, float], ...] | None = None
+    """Per generated token, the target's winning logit and its margin over the runner-up, as
+    the path that chose it computed them (``None`` unless ``plan.record_margins``)."""
 
     @property
     def num_rounds(self) -> int:
@@ -94,6 +98,7 @@ class _Request:
     """Position of the anchor (the last committed token, not yet in the target cache)."""
     tokens: list[int] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
+    margins: list[tuple[float, float]] = field(default_factory=list)
     finish: str = ""
     error: str | None = None
     t_admit: float = 0.0
@@ -133,6 +138,18 @@ def _token_ids(what: str, ids: Iterable[object], vocab_size: int) -> list[int]:
     if bad:
         raise ConfigError(f"{what} hold {bad[:4]}, outside the vocabulary 0..{vocab_size - 1}")
     return out
+
+
+def _top2(logits: torch.Tensor) -> torch.Tensor:
+    """``[rows, 2] fp32``: each row's largest logit and its margin over the second largest."""
+    top = torch.topk(logits.float(), 2, dim=-1).values
+    return torch.stack((top[:, 0], top[:, 0] - top[:, 1]), dim=-1)
+
+
+def _float_pairs(bits: list[int]) -> list[tuple[float, float]]:
+    """fp32 values written into the int64 result as their 32-bit patterns, in pairs."""
+    values = struct.unpack(f"<{len(bits)}f", struct.pack(f"<{len(bits)}i", *bits))
+    return list(zip(values[::2], values[1::2], strict=True))
 
 
 def row_buckets(capacity: int) -> tuple[int, ...]:
@@ -244,7 +261,7 @@ class SpecDecoder:
             raise
         return [
             GenerationResult(tuple(r.tokens), tuple(r.lengths), r.finish, r.prefill_s, r.decode_s,
-                             r.error)
+                             r.error, tuple(r.margins) if self.plan.record_margins else None)
             for r in reqs
         ]
 
@@ -391,12 +408,15 @@ class SpecDecoder:
             seeds=torch.tensor([r.seed for r in reqs], dtype=_I64, device=self.device),
             features=out.features[ends] if self.plan.drafting else None)
         nan = self._any_nan(last)
-        for r, (tok, bad) in zip(reqs, torch.stack((first, nan), 1).tolist(), strict=True):
+        margins = (_top2(last).tolist() if self.plan.record_margins
+                   else [()] * len(reqs))
+        for r, (tok, bad), margin in zip(reqs, torch.stack((first, nan), 1).tolist(), margins,
+                                         strict=True):
             r.start = len(r.prompt)
             if bad:
                 r.fail_on_nan()
-            else:
-                r.emit([tok])
+            elif r.emit([tok]) and margin:
+                r.margins.append(tuple(margin))
             r.prefill_s = time.perf_counter() - t0
             if r.finish:
                 self._finish(r)
@@ -456,19 +476,23 @@ class SpecDecoder:
         """Read the round's counts and tokens (the one device-to-host read) and commit them to
         each request under its budget and stop rules."""
         rows = self._read_result(g)
+        k3 = self.plan.num_draft_tokens + 3
         for r in active:
-            n, nan, *accepted = rows[r.slot]
+            n, nan, *accepted = rows[r.slot][:k3]
             if nan:
                 r.fail_on_nan()
             else:
-                r.lengths.append(r.emit(accepted[:n]))
+                kept = r.emit(accepted[:n])
+                r.lengths.append(kept)
+                if self.plan.record_margins:
+                    r.margins += _float_pairs(rows[r.slot][k3 : k3 + 2 * kept])
                 r.start += n
             if r.finish:
                 self._finish(r)
 
     def _read_result(self, g: int) -> list[list[int]]:
-        """``[n_b, nan_b, accepted_b...]`` of rows ``0 .. g-1``: the round's one device-to-host
-        read."""
+        """``[n_b, nan_b, accepted_b..., margins...]`` of rows ``0 .. g-1``: the round's one
+        device-to-host read."""
         host = self._host_result[:g]
         host.copy_(self.buffers.result[:g])  # into pinned memory; waits for the round
         return host.tolist()
@@ -513,7 +537,10 @@ class SpecDecoder:
         nan_rows = self._any_nan(out.logits.logits).view(g, k + 1)
         view.result[:, 0] = n
         view.result[:, 1] = (nan_rows * (self._columns[: k + 1] < n[:, None])).amax(-1)
-        view.result[:, 2:] = accepted
+        view.result[:, 2 : k + 3] = accepted
+        if plan.record_margins:  # fp32 bit patterns, so the one read carries them
+            bits = _top2(out.logits.logits).view(torch.int32).to(_I64)
+            view.result[:, k + 3 :] = bits.view(g, 2 * (k + 1))
 
     def _draft(
         self, placement: DraftBlockPlacement, key: SamplingKey | None, view: BucketView

@@ -108,7 +108,13 @@ class PromptEval:
     exact: bool | None
     """Equal to plain greedy (``None`` when not compared)."""
     finish_reason: str
-    """``stop`` (a stop token ended the response) or ``length`` (it reached the budget)."""
+    """``stop`` (a stop token ended the response), ``length`` (it reached the budget) or
+    ``error`` (NaN logits)."""
+    divergence: str | None = None
+    """Where speculative and plain outputs first differ and the top-2 margin each path had
+    there (``None`` when equal or not compared)."""
+    divergence_bf16_steps: float | None = None
+    """That margin in bf16 steps of the winning logit (the smaller of the two paths)."""
 
 
 @dataclass(frozen=True)
@@ -175,7 +181,10 @@ def evaluate(
             exact=report.exact,
             per_prompt=[PromptEval(rounds=len(r.accepted_lengths), tokens=len(r.tokens),
                                    accept_len=r.mean_accepted_length, exact=r.exact,
-                                   finish_reason=r.finish_reason)
+                                   finish_reason=r.finish_reason,
+                                   divergence=r.divergence.describe() if r.divergence else None,
+                                   divergence_bf16_steps=(r.divergence.steps if r.divergence
+                                                          else None))
                         for r in report.results],
             capped=sum(r.finish_reason == "length" for r in report.results),
             accept_len_ended=sum(ended) / len(ended) if ended else None,
@@ -243,10 +252,18 @@ def format_table(results: Sequence[DatasetEval]) -> str:
     return "\n".join(lines)
 
 
+def format_divergences(results: Sequence[DatasetEval]) -> str:
+    """One line per prompt whose speculative output differs from plain decoding: where, and the
+    top-2 margin each path had there (empty when every compared prompt was exact)."""
+    return "\n".join(f"{r.name} prompt {i}: {p.divergence}" for r in results
+                     for i, p in enumerate(r.per_prompt) if p.divergence)
+
+
 __all__ = [
     "DatasetEval",
     "acceptance_by_position",
     "evaluate",
+    "format_divergences",
     "format_table",
     "plot_acceptance",
     "read_prompt_file",

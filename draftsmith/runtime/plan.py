@@ -102,6 +102,8 @@ class DraftPlan(BaseModel):
     """Acceptance kernels dispatch."""
     tp_fusions: frozenset[TPFusion]
     """Drafter TP fusions taken (section 6)."""
+    record_margins: bool
+    """Record each committed token's winning target logit and top-2 margin."""
     cuda_graphs: bool
     """Capture each round (drafting, target verification, acceptance, commit) in CUDA graphs."""
     capture_layers: tuple[int, ...]
@@ -153,6 +155,7 @@ class PlanInputs(BaseModel):
     kernels: Literal["auto", "fused", "eager"]
     cuda_graphs: Literal["auto", "on", "off"] | bool
     force_accepted: float
+    record_margins: Literal["auto", "on", "off"] | bool = "auto"
     allow_gather: bool = True
     device: str = "cpu"
     greedy: bool | None = None
@@ -403,6 +406,22 @@ def make_plan(
                         "(batch, context width) bucket and replayed with one host read; buffers "
                         "owned by the plan (7)")
 
+    # ---- margins ----
+    want_margins = {True: "on", False: "off"}.get(inputs.record_margins, inputs.record_margins)
+    if want_margins == "off":
+        margins = decide("record_margins", False, "runtime.record_margins is off")
+    elif tp > 1 or target.vocab_size < 2:
+        if want_margins == "on":
+            raise PlanError("runtime.record_margins = 'on' needs the whole vocabulary on one "
+                            f"rank (TP = {tp}, V = {target.vocab_size}); set it to 'auto' or "
+                            "'off'")
+        margins = decide("record_margins", False,
+                         f"TP = {tp}: a top-2 over a shard is not the row's; not recorded")
+    else:
+        margins = decide("record_margins", True,
+                         "one top-2 per round: each committed token's winning logit and margin, "
+                         "for the exactness report")
+
     # ---- paging geometry ----
     span = max(w, k + 1)
     max_ctx = min(inputs.max_context, caps.max_position_embeddings - span)
@@ -446,6 +465,7 @@ def make_plan(
         kernels=kern,  # type: ignore[arg-type]
         tp_fusions=fusions,
         cuda_graphs=bool(graphs),
+        record_margins=bool(margins),
         capture_layers=tuple(caps.target_layer_ids),
         confidence="score-only" if caps.confidence_head else "none",
         slot_capacity=inputs.max_batch,

@@ -69,3 +69,20 @@ def test_capped_responses_and_tau_over_the_ended_ones(tmp_path) -> None:
     table = format_table([a, b]).splitlines()
     assert table[0].split()[7:9] == ["capped", "tau-end"]
     assert table[1].split()[7:9] == ["1", "1.80"] and table[2].split()[7:9] == ["1", "-"]
+
+
+def test_format_divergences_lists_the_inexact_prompts() -> None:
+    from draftsmith.runtime.evaluate import DatasetEval, PromptEval, format_divergences
+
+    def prompt(divergence=None):
+        return PromptEval(rounds=1, tokens=2, accept_len=2.0, exact=divergence is None,
+                          finish_reason="length", divergence=divergence)
+
+    result = DatasetEval(name="gsm8k", prompts=3, rounds=3, tokens=6, accept_len=2.0,
+                         accept_rate_by_position=[1.0], verify_rate=1.0, spec_tokens_per_s=1.0,
+                         plain_tokens_per_s=1.0, exact=False,
+                         per_prompt=[prompt(), prompt("first difference at generated token 5"),
+                                     prompt()],
+                         capped=3, accept_len_ended=None)
+    assert format_divergences([result]) == "gsm8k prompt 1: first difference at generated token 5"
+    assert format_divergences([]) == ""

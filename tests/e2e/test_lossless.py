@@ -17,7 +17,7 @@ import torch
 from _e2e_helpers import PET, encode_all, first_turns, nudged_model
 
 from draftsmith.contract import ConfigError
-from draftsmith.runtime.api import Decoder, load_decoder
+from draftsmith.runtime.api import Decoder, bf16_step, load_decoder
 from draftsmith.runtime.config import SpecConfig
 from draftsmith.runtime.targets.hf import HFTarget
 from draftsmith.runtime.targets.tiny import make_byte_tokenizer
@@ -124,3 +124,31 @@ def test_the_targets_position_limit_is_checked_before_admission(world, monkeypat
         decoder.generate_ids([short, long], 8, compare_plain=False)
     assert prefills == []  # refused before anything ran
     assert decoder.spec.slots.num_free == decoder.spec.plan.slot_capacity
+
+
+def test_an_inexact_prompt_reports_where_the_paths_part_and_the_margins(world) -> None:
+    """When speculative and plain outputs differ, the report names the first differing token and
+    the top-2 margin each path had there. Forced here: the plain output of one prompt is edited
+    after the run, so the divergence lands at a known token whose margins were recorded."""
+    from dataclasses import replace
+
+    model, tokenizer, ids, _ = world
+    decoder = _decoder(model, tokenizer, "dspark-gqa", 2)
+    decoder.stop_token_ids = ()
+    report = decoder.generate_ids(ids[:2], 10, compare_plain=True)
+    assert report.exact and all(r.divergence is None for r in report.results)
+    r = report.results[0]
+    assert r.margins is not None and len(r.margins) == len(r.tokens) == len(r.plain_margins)
+    assert r.margins[0] == r.plain_margins[0]  # the same prefill chose the first token
+    edited = replace(r, plain_tokens=r.plain_tokens[:4] + (r.plain_tokens[4] + 1,)
+                     + r.plain_tokens[5:])
+    d = edited.divergence
+    assert d is not None and d.position == 4
+    assert d.spec == r.margins[4] and d.plain == r.plain_margins[4]
+    assert d.steps == pytest.approx(min(m / bf16_step(t) for t, m in (d.spec, d.plain)))
+    assert "first difference at generated token 4" in d.describe()
+
+
+def test_bf16_step() -> None:
+    assert bf16_step(1.0) == 2.0**-7 and bf16_step(-3.0) == 2.0**-6
+    assert bf16_step(40.0) == 0.25 and bf16_step(0.0) == 2.0**-7

@@ -319,3 +319,24 @@ def test_a_nan_in_the_prefill_logits_ends_the_request_before_its_first_token(tar
     monkeypatch.setattr(target, "prefill", poisoned)
     (res,) = dec.generate(PROMPTS[:1], 5)
     assert res.finish_reason == "error" and res.tokens == () and res.accepted_lengths == ()
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_recorded_margins_are_the_targets_top2_at_each_token(nudged, k):
+    """With margins recorded (the default on one rank), every generated token carries the
+    target's winning logit and its margin over the runner-up, as a fresh forward computes them."""
+    target, _oracle = nudged
+    dec = bind(target, None, _config("dspark-gqa", k))
+    assert dec.plan.record_margins
+    results = dec.generate(PROMPTS[:3], BUDGETS[:3])
+    for prompt, res in zip(PROMPTS, results, strict=False):
+        assert res.margins is not None and len(res.margins) == len(res.tokens)
+        for i, (top, margin) in enumerate(res.margins):
+            logits = target.prefill([11], [torch.tensor(prompt + list(res.tokens[:i]))])
+            want = torch.topk(logits.logits.logits[-1], 2).values
+            assert top == pytest.approx(float(want[0]), abs=1e-5)
+            assert margin == pytest.approx(float(want[0] - want[1]), abs=1e-5)
+    target.release([11])
+    off = bind(target, None, _config("dspark-gqa", k, record_margins="off"))
+    assert not off.plan.record_margins
+    assert off.generate(PROMPTS[:1], 5)[0].margins is None
