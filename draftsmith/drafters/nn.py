@@ -22,6 +22,7 @@ from draftsmith.contract import (
 )
 from draftsmith.kernels.rms_norm import head_norm_rope, rms_norm_reference
 from draftsmith.kernels.rms_norm import rms_norm as fused_rms_norm
+from draftsmith.kernels.rms_norm import rotate_half_rope_reference as apply_rope_neox
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 """What the fused norm kernels take; other dtypes (the float64 toy target) run the reference."""
@@ -90,18 +91,6 @@ def rope_cos_sin(
     freqs = positions.float()[..., None] * inv_freq.to(positions.device)
     emb = torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """HF ``rotate_half``: ``[x1, x2] -> [-x2, x1]`` over the last dim."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE. ``x: [..., n, d]``, ``cos, sin: [..., d]`` (broadcast over heads)."""
-    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    return x * cos + rotate_half(x) * sin
 
 
 def norm_rope(norm: RMSNorm, x: torch.Tensor, cos: torch.Tensor,
@@ -184,5 +173,4 @@ __all__ = [
     "rms_norm",
     "rope_cos_sin",
     "rope_inv_freq",
-    "rotate_half",
 ]

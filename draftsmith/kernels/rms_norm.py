@@ -37,8 +37,9 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 
 def rotate_half_rope_reference(x: torch.Tensor, cos: torch.Tensor,
                                sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE: ``x: [..., n, d]``, ``cos, sin: [..., d]`` broadcast over the ``n``
-    heads: ``x * cos + [-x2, x1] * sin``."""
+    """Rotate-half RoPE (Hugging Face's ``rotate_half`` form; the drafters' ``apply_rope_neox``):
+    ``x: [..., n, d]``, ``cos, sin: [..., d]`` broadcast over the ``n`` heads:
+    ``x * cos + [-x2, x1] * sin``."""
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin

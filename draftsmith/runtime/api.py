@@ -311,13 +311,9 @@ class Decoder:
         check_max_new_tokens(max_new_tokens, len(ids))
         stops = list(self.stop_token_ids)
         # untimed: size the caches and capture the rounds of both decoders first
-        k1 = self.spec.plan.num_draft_tokens + 1
-        budgets = [max_new_tokens] * len(ids) if isinstance(max_new_tokens, int) else max_new_tokens
-        need = max((len(p) + int(n) for p, n in zip(ids, budgets, strict=False)), default=1)
-        if ids:
-            self.spec.prepare(len(ids), min(need + k1, self.spec.plan.max_ctx))
-            if compare_plain:
-                self.plain.prepare(len(ids), min(need + 1, self.plain.plan.max_ctx))
+        self.spec.prepare_for(ids, max_new_tokens)
+        if compare_plain:
+            self.plain.prepare_for(ids, max_new_tokens)
         start = time.perf_counter()
         raw = self.spec.generate(ids, max_new_tokens, stops, seeds, progress=progress)
         spec_seconds = time.perf_counter() - start

@@ -240,8 +240,7 @@ class SpecDecoder:
         nothing new is needed); time a second call to leave graph capture out.
         """
         reqs = self._requests(prompts, max_new_tokens, stop_token_ids, seeds)
-        k1 = self.plan.num_draft_tokens + 1
-        self.prepare(len(reqs), max(len(r.prompt) + r.max_new for r in reqs) + k1)
+        self._prepare_requests(reqs)
         waiting = list(reqs)
         active: list[_Request] = []
         try:
@@ -303,6 +302,16 @@ class SpecDecoder:
             self.graphs[(g, w)] = RoundGraph(self, g, w, self._graph_pool)
         self.acceptance.forced_counter.copy_(counter)
         self.buffers.reset_slots()
+
+    def prepare_for(self, prompts: Sequence[Sequence[int]],
+                    max_new_tokens: int | Sequence[int]) -> None:
+        """:meth:`prepare` for decoding ``prompts`` with these budgets (checked as
+        :meth:`generate` checks them), so that a timed :meth:`generate` captures nothing."""
+        self._prepare_requests(self._requests(prompts, max_new_tokens, None, None))
+
+    def _prepare_requests(self, reqs: list[_Request]) -> None:
+        k1 = self.plan.num_draft_tokens + 1
+        self.prepare(len(reqs), max(len(r.prompt) + r.max_new for r in reqs) + k1)
 
     def _drop_graphs(self) -> None:
         """Forget every captured round and their memory pool (a pool whose graphs are all gone
