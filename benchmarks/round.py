@@ -33,6 +33,9 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--limit", type=int, default=2, help="prompts per set")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--breakdown", type=int, default=0, metavar="N",
+                        help="first time a whole generation of N prompts per set, split into "
+                             "admissions, steps by context width, and the rest")
     args = parser.parse_args()
     from draftsmith.runtime.config import TargetConfig
     from draftsmith.runtime.targets.smollm2 import load_target
@@ -53,6 +56,9 @@ def main() -> int:
     ids = [dec.encode(t) for _, t in _prompts(Path(args.data), args.limit)]
     dec.generate_ids(ids, 64, compare_plain=True)
     spec = dec.spec
+    if args.breakdown:
+        _breakdown(dec, [dec.encode(t) for _, t in _prompts(Path(args.data), args.breakdown)],
+                   args.max_new_tokens, say)
     say(f"# round profile, {args.dtype}, batch {args.batch}, K = {spec.plan.num_draft_tokens}, "
         f"torch {torch.__version__}")
     rounds: list[tuple[object, object]] = []
@@ -89,9 +95,9 @@ def main() -> int:
     say(f"rounds {len(rounds)}, tau {report.mean_accepted_length:.2f}; per round: step wall "
         f"median {walls[len(walls) // 2] * 1e3:.3f} ms, GPU (replay + read) median "
         f"{gpu[len(gpu) // 2]:.3f} ms; generate wall {total:.2f} s")
-    say(f"{'component, replayed alone (round 12)':<44}{'ms':>8}")
-    for name, ms in state["parts"]:
-        say(f"  {name:<42}{ms:>8.3f}")
+    say(f"{'component, replayed alone (round 12)':<44}{'ms':>8}{'kernels':>9}")
+    for name, ms, count in state["parts"]:
+        say(f"  {name:<42}{ms:>8.3f}{count:>9d}")
     prof = state["prof"]
     events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
     say(f"eager round: {sum(e.count for e in events)} kernels, "
@@ -109,6 +115,46 @@ def main() -> int:
     torch.cuda.synchronize()
     say(f"eager prefill of {prompt.numel()} tokens: {(time.perf_counter() - t0) * 1e3:.1f} ms")
     return 0
+
+
+def _breakdown(dec, ids: list[list[int]], max_new: int, say) -> None:
+    """Wall time of a whole generation (speculative, then plain) split into admissions (prefill),
+    steps per context-width bucket, and what remains (the host loop)."""
+    for name, sd in (("spec", dec.spec), ("plain", dec.plain)):
+        sd.prepare_for(ids, max_new)
+        admit, steps = [], {}
+        real_admit, real_step = sd._admit, sd.step
+
+        def timed_admit(reqs, real_admit=real_admit, admit=admit):
+            t0 = time.perf_counter()
+            out = real_admit(reqs)
+            torch.cuda.synchronize()
+            admit.append(time.perf_counter() - t0)
+            return out
+
+        def timed_step(active, sd=sd, real_step=real_step, steps=steps):
+            width = sd.bucket(active)[1]
+            t0 = time.perf_counter()
+            real_step(active)
+            steps.setdefault(width, []).append(time.perf_counter() - t0)
+
+        sd._admit, sd.step = timed_admit, timed_step
+        t0 = time.perf_counter()
+        results = sd.generate(ids, max_new)
+        torch.cuda.synchronize()
+        total = time.perf_counter() - t0
+        sd._admit, sd.step = real_admit, real_step
+        tokens = sum(len(r.tokens) for r in results)
+        n_steps = sum(len(v) for v in steps.values())
+        step_s = sum(sum(v) for v in steps.values())
+        say(f"{name}: {len(ids)} prompts, {tokens} tokens in {total:.2f} s "
+            f"({tokens / total:.1f} tok/s); admissions {len(admit)} = {sum(admit):.2f} s "
+            f"({sum(admit) / max(len(admit), 1) * 1e3:.1f} ms each); steps {n_steps} = "
+            f"{step_s:.2f} s; rest {total - sum(admit) - step_s:.2f} s")
+        for width in sorted(steps):
+            v = sorted(steps[width])
+            say(f"  width {width:>5}: {len(v):>6} steps, median {v[len(v) // 2] * 1e3:.3f} ms, "
+                f"mean {sum(v) / len(v) * 1e3:.3f} ms")
 
 
 def _graph_ms(fn, iters: int = 50) -> float:
@@ -131,7 +177,15 @@ def _graph_ms(fn, iters: int = 50) -> float:
     return start.elapsed_time(end) / iters
 
 
-def _time_parts(spec, g: int, width: int) -> list[tuple[str, float]]:
+def _kernel_count(fn) -> int:
+    """CUDA kernels one eager call of ``fn`` launches."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(e.count for e in prof.key_averages() if e.device_type.name == "CUDA")
+
+
+def _time_parts(spec, g: int, width: int) -> list[tuple[str, float, int]]:
     """Each part of the round for ``g`` rows, captured and replayed alone on the live state;
     the round state is restored afterwards (replays only write past the live positions)."""
     b = spec.buffers
@@ -163,24 +217,25 @@ def _time_parts(spec, g: int, width: int) -> list[tuple[str, float]]:
     base = spec.drafter.block_logits(dh, spec.head).logits.view(g, k, -1)
     out = spec.target.forward_rows(tokens, starts, width)
     drafts = tokens[:, 1:].contiguous()
-    parts = [
-        ("whole round", _graph_ms(lambda: spec.round_core(g, width))),
-        (f"target forward, {k + 1} tokens a row", _graph_ms(
-            lambda: spec.target.forward_rows(tokens, starts, width))),
-        ("target forward, 1 token a row", _graph_ms(
-            lambda: spec.target.forward_rows(tokens[:, :1], starts, width))),
-        ("drafting: place, project, store, draft", _graph_ms(drafting)),
-        ("  context projection", _graph_ms(lambda: spec.drafter.project_context(
-            view.features.reshape(g * (k + 1), -1), placement.ctx_positions.reshape(-1)))),
-        ("  draft_core", _graph_ms(lambda: spec.draft_core(placement, None))),
-        ("    block forward", _graph_ms(
-            lambda: spec.drafter.forward_block(inputs, placement, b.cache))),
-        ("    head logits", _graph_ms(lambda: spec.drafter.block_logits(dh, spec.head))),
-        ("    chain and selection", _graph_ms(
-            lambda: spec.chain.run(base, 0, placement.bonus, None,
-                                   hidden=dh.view(g, k, -1)))),
-        ("acceptance", _graph_ms(lambda: spec.acceptance.accept(out.logits, drafts, None))),
+    fns = [
+        ("whole round", lambda: spec.round_core(g, width)),
+        (f"target forward, {k + 1} tokens a row",
+         lambda: spec.target.forward_rows(tokens, starts, width)),
+        ("target forward, 1 token a row",
+         lambda: spec.target.forward_rows(tokens[:, :1], starts, width)),
+        ("drafting: place, project, store, draft", drafting),
+        ("  context projection", lambda: spec.drafter.project_context(
+            view.features.reshape(g * (k + 1), -1), placement.ctx_positions.reshape(-1))),
+        ("  draft_core", lambda: spec.draft_core(placement, None)),
+        ("    block forward", lambda: spec.drafter.forward_block(inputs, placement, b.cache)),
+        ("    head logits", lambda: spec.drafter.block_logits(dh, spec.head)),
+        ("    chain and selection", lambda: spec.chain.run(
+            base, 0, placement.bonus, None, hidden=dh.view(g, k, -1))),
+        ("acceptance", lambda: spec.acceptance.accept(out.logits, drafts, None)),
     ]
+    parts = [(name, _graph_ms(fn), _kernel_count(fn)) for name, fn in fns]
+    parts += [(f"whole round at width {w}", _graph_ms(lambda w=w: spec.round_core(g, w)), 0)
+              for w in spec._widths if w >= width]
     for t, v in zip((b.ctx_len, b.target_len, b.accepted, b.num_accepted, b.features,
                      b.block_ids), saved, strict=True):
         t.copy_(v)

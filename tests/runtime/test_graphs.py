@@ -22,12 +22,12 @@ synchronization, issued once per process, are not counted)."""
 
 
 def _config(family: str, selection: dict, cuda_graphs: bool, k: int = 5,
-            max_batch: int = 4) -> SpecConfig:
+            max_batch: int = 4, kernels: str = "fused") -> SpecConfig:
     return SpecConfig.from_dict({
         "drafter": {"family": family, "options": {"target_layer_ids": [0, 2]}, "seed": 1},
         "num_draft_tokens": k, "selection": selection,
         "runtime": {"max_batch": max_batch, "max_context": 200, "page_size": 16,
-                    "kernels": "fused", "cuda_graphs": cuda_graphs},
+                    "kernels": kernels, "cuda_graphs": cuda_graphs},
     })
 
 
@@ -45,7 +45,9 @@ def test_rounds_use_the_smallest_buckets_and_padding_rows_stay_padding():
     fourth row a padding row routed to the dummy slot; the context width follows the longest
     request. Eager on the CPU: the same round a graph captures."""
     target = ToyTarget(max_slots=8, max_len=256, mixing=0.3)
-    dec = bind(target, None, _config("dspark-gqa", {"kind": "greedy"}, cuda_graphs=False))
+    # a CPU target: the torch references (on a GPU host Triton cannot take CPU tensors)
+    dec = bind(target, None, _config("dspark-gqa", {"kind": "greedy"}, cuda_graphs=False,
+                                     kernels="auto"))
     seen = []
     real = dec.round_core
 
