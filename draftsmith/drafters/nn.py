@@ -42,9 +42,11 @@ def check_token_range(token_ids: torch.Tensor, vocab_size: int) -> None:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x: [..., D]`` normalised over the last dim and scaled by ``weight: [D]`` (the fused
-    kernel on a GPU, its reference elsewhere)."""
-    if x.is_cuda and x.dtype in FUSED_DTYPES and weight.dtype in FUSED_DTYPES:
+    """``x: [..., D]`` normalised over the last dim and scaled by ``weight``, ``[D]`` or any shape
+    that broadcasts against ``x`` (MLA's per-layer stack ``[n, D]``): the fused kernel on a GPU
+    for a ``[D]`` weight, the reference otherwise."""
+    if (x.is_cuda and weight.dim() == 1 and x.dtype in FUSED_DTYPES
+            and weight.dtype in FUSED_DTYPES):
         return fused_rms_norm(x, weight, eps)
     return rms_norm_reference(x, weight, eps)
 
