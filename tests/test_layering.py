@@ -1,4 +1,4 @@
-"""Every module's imports respect the layer rules of ARCHITECTURE.md (parsed, not executed)."""
+"""Every module's imports respect the layer rules of docs/layers.md (parsed, not executed)."""
 
 from __future__ import annotations
 
@@ -10,32 +10,39 @@ import pytest
 import draftsmith
 
 PACKAGE_DIR = Path(draftsmith.__file__).parent
+DOC = PACKAGE_DIR.parent / "docs" / "layers.md"
+
+_BELOW_RUNTIME = {"<root>", "contract", "parallel", "kernels", "selection", "drafters"}
 
 ALLOWED: dict[str, set[str]] = {
     "contract": {"contract"},
-    "kernels": {"contract", "kernels", "<root>"},
-    "selection": {"contract", "kernels", "selection", "<root>"},
-    "drafters": {"contract", "kernels", "drafters", "<root>"},
     "parallel": {"contract", "parallel"},
-    "runtime": {"contract", "kernels", "selection", "drafters", "parallel", "runtime", "<root>"},
-    "cli": {"contract", "kernels", "selection", "drafters", "parallel", "runtime", "cli", "testing",
-            "training", "<root>"},
-    "testing": {"contract", "kernels", "selection", "drafters", "parallel", "runtime", "cli",
-                "testing", "<root>"},
-    "training": {"contract", "kernels", "selection", "drafters", "parallel", "runtime", "cli",
-                 "testing", "training", "<root>"},
+    "kernels": {"<root>", "contract", "kernels"},
+    "selection": {"<root>", "contract", "kernels", "selection"},
+    "drafters": {"<root>", "contract", "kernels", "drafters"},
+    "runtime": _BELOW_RUNTIME | {"runtime"},
+    "training": _BELOW_RUNTIME | {"runtime", "training"},
+    "testing": _BELOW_RUNTIME | {"runtime", "testing"},
+    "cli": _BELOW_RUNTIME | {"runtime", "training", "testing", "cli"},
     "checkpoints": set(),
     "<root>": {"<root>"},
 }
-"""Which draftsmith layers each layer may import."""
+"""Which draftsmith layers each layer may import (its own included); docs/layers.md says the same."""
+
+_EVERYWHERE = ("triton", "torch.distributed", "pytest")
+"""Each lives in one layer only: kernels, parallel, testing."""
 
 FORBIDDEN_EXTERNAL: dict[str, tuple[str, ...]] = {
-    "contract": ("triton", "torch.distributed", "pluggy", "transformers", "numpy"),
-    "kernels": ("torch.distributed", "pluggy", "transformers"),
-    "selection": ("torch.distributed", "triton", "transformers"),
-    "drafters": ("torch.distributed", "triton", "transformers"),
-    "parallel": ("triton", "transformers"),
-    "runtime": ("triton",),
+    "contract": (*_EVERYWHERE, "pluggy", "transformers", "numpy"),
+    "parallel": ("triton", "pytest", "pluggy", "transformers"),
+    "kernels": ("torch.distributed", "pytest", "pluggy", "transformers"),
+    "selection": (*_EVERYWHERE, "transformers"),
+    "drafters": (*_EVERYWHERE, "transformers"),
+    "runtime": _EVERYWHERE,
+    "training": _EVERYWHERE,
+    "testing": ("triton", "torch.distributed"),
+    "cli": _EVERYWHERE,
+    "<root>": (*_EVERYWHERE, "torch"),
 }
 """Third-party modules a layer must not import (triton lives only in kernels)."""
 
@@ -81,9 +88,40 @@ def _imports(path: Path, module: str) -> list[tuple[int, str]]:
 MODULES = sorted(PACKAGE_DIR.rglob("*.py"))
 
 
-def test_package_has_every_layer() -> None:
+def test_every_layer_has_rules() -> None:
+    """A new top-level module or package must be given a place in the table before it lands."""
     layers = {_layer_of(_module_name(p)) for p in MODULES}
-    assert {"contract", "kernels", "selection", "drafters", "runtime", "cli"} <= layers
+    assert layers == set(ALLOWED)
+
+
+def test_checkpoints_hold_no_code() -> None:
+    """``draftsmith/checkpoints`` is data read by path: its modules import nothing."""
+    for path in MODULES:
+        if _layer_of(_module_name(path)) == "checkpoints":
+            assert [t for _, t in _imports(path, _module_name(path)) if t != "__future__"] == []
+
+
+def _documented_rules() -> dict[str, set[str]]:
+    """The "may import" column of docs/layers.md, as layer -> layers (its own included)."""
+    rules: dict[str, set[str]] = {}
+    for line in DOC.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        layer = cells[0].strip("`").replace("draftsmith", "<root>")
+        if cells[2].startswith("every layer"):
+            rules[layer] = set(ALLOWED) - {"checkpoints"}
+        elif cells[2].startswith("nothing"):
+            rules[layer] = {layer} if layer != "checkpoints" else set()
+        else:
+            named = {c.strip().strip("`").replace("draftsmith", "<root>")
+                     for c in cells[2].split(",")}
+            rules[layer] = named | {layer}
+    return rules
+
+
+def test_docs_state_the_rules() -> None:
+    assert _documented_rules() == ALLOWED
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE_DIR)))
@@ -114,3 +152,7 @@ def test_checker_catches_a_crossing(tmp_path: Path) -> None:
         _check(bad, "draftsmith.drafters.probe")
     with pytest.raises(AssertionError, match="torch.distributed"):
         _check(bad, "draftsmith.drafters.probe")
+    above = tmp_path / "above.py"
+    above.write_text("from draftsmith.cli import main\n")
+    with pytest.raises(AssertionError, match="training may not import draftsmith.cli"):
+        _check(above, "draftsmith.training.probe")

@@ -341,7 +341,7 @@ def test_build_paged_batch_rejects_bad_layouts() -> None:
 
 
 class TestExampleThroughTheSuite(DrafterConformance):
-    """The whole suite on the example family (from source; tests/test_plugins_external.py runs
+    """The whole suite on the example family (from source; tests/runtime/test_plugins_external.py runs
     it on the installed distribution)."""
 
     def make_family(self) -> DrafterFamily:

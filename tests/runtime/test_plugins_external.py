@@ -23,7 +23,7 @@ import pytest
 from draftsmith.runtime.registry import LOAD_PLUGINS_ENV, load_registry, make_plugin_manager
 from draftsmith.testing import ConformanceCase, run_conformance
 
-FIXTURE = Path(__file__).parent / "fixtures" / "draftsmith-example-plugin"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "draftsmith-example-plugin"
 DIST = "draftsmith-example-plugin"
 FAMILY = "example-mlp"
 
@@ -147,7 +147,7 @@ def test_plugin_package_runs_the_kit_on_itself(installed: tuple[Path, Path]) -> 
 
 def test_docs_show_the_example_plugin_code() -> None:
     """docs/plugins.md quotes the example's plugin module verbatim and its block forward."""
-    docs = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text(encoding="utf-8")
+    docs = (Path(__file__).parents[2] / "docs" / "plugins.md").read_text(encoding="utf-8")
     package = FIXTURE / "src" / "draftsmith_example_plugin"
     assert (package / "plugin.py").read_text(encoding="utf-8").strip() in docs
     model = (package / "model.py").read_text(encoding="utf-8")

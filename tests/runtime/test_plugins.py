@@ -128,7 +128,7 @@ def test_hook_order_is_drafters_then_selectors_in_registration_order() -> None:
 
 def test_every_hookspec_is_documented() -> None:
     assert HOOKSPECS, "no hook specifications found"
-    docs = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text(encoding="utf-8")
+    docs = (Path(__file__).parents[2] / "docs" / "plugins.md").read_text(encoding="utf-8")
     for spec in HOOKSPECS:
         doc = inspect.getdoc(spec) or ""
         summary = doc.splitlines()[0] if doc else ""

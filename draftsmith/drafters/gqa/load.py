@@ -1,0 +1,217 @@
+"""Loading a GQA drafter from a checkpoint directory, or building one with random weights from
+family options (:func:`load_gqa_drafter`). May import ``contract`` and ``drafters`` only.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftsmith.contract import (
+    BlockConvention,
+    CheckpointError,
+    ConfigError,
+    LoadRequest,
+    MarkovHeadKind,
+    TargetInfo,
+)
+from draftsmith.drafters.checkpoint import (
+    CONFIG_FILE,
+    WEIGHT_DTYPES,
+    TensorSource,
+    check_options_agree,
+    config_dtype,
+    load_tensors,
+    read_config,
+    shape_str,
+    validate_target_layer_ids,
+)
+from draftsmith.drafters.gqa.config import GQADrafterSpec, spec_from_config
+from draftsmith.drafters.gqa.model import GQADrafter, _finish, _random_init
+from draftsmith.drafters.gqa.options import GQAArchitectureOptions
+
+logger = logging.getLogger(__name__)
+
+_IGNORED = ("lm_head.weight",)
+"""Tensors a checkpoint may carry that a GQA drafter never uses: DeepSpec's frozen copy of the
+target head (the target's own head is always used)."""
+
+_ALIASES: dict[str, tuple[str, ...]] = {
+    "markov_w1.weight": ("markov_head.markov_w1.weight", "markov_w1.weight"),
+    "markov_w2.weight": ("markov_head.markov_w2.weight", "markov_w2.weight"),
+    "markov_gate_proj.weight": ("markov_head.gate_proj.weight", "markov_gate_proj.weight"),
+    "markov_gate_proj.bias": ("markov_head.gate_proj.bias", "markov_gate_proj.bias"),
+    "markov_joint_proj.weight": ("markov_head.joint_proj.weight", "markov_joint_proj.weight"),
+    "markov_joint_proj.bias": ("markov_head.joint_proj.bias", "markov_joint_proj.bias"),
+    "confidence_proj.weight": ("confidence_head.proj.weight", "confidence_proj.weight"),
+    "confidence_proj.bias": ("confidence_head.proj.bias", "confidence_proj.bias"),
+}
+"""Checkpoint spellings of each canonical parameter: DeepSpec native first, then the export."""
+
+
+def deepspec_tensor_name(name: str) -> str:
+    """The DeepSpec (and ``speculators``) spelling of a :class:`GQADrafter` parameter name:
+    ``markov_w1.weight`` -> ``markov_head.markov_w1.weight``, ``confidence_proj.bias`` ->
+    ``confidence_head.proj.bias``; backbone names are the same in every layout."""
+    return _ALIASES.get(name, (name,))[0]
+
+
+def _expected_shapes(spec: GQADrafterSpec, model: GQADrafter) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(p.shape) for name, p in model.state_dict().items()}
+
+
+def _check_against_target(spec: GQADrafterSpec, target: TargetInfo | None, origin: str) -> None:
+    if target is None:
+        return
+    if spec.vocab_size != target.vocab_size:
+        raise CheckpointError(
+            f"{origin}: config vocab_size {spec.vocab_size} does not match the target's "
+            f"vocabulary {target.vocab_size}; drafter and target must share one vocabulary"
+        )
+    if spec.hidden_size != target.hidden_size:
+        raise CheckpointError(
+            f"{origin}: drafter hidden_size {spec.hidden_size} differs from the target's "
+            f"{target.hidden_size}; blocks are embedded with the target's table, so they must match"
+        )
+    if spec.num_target_layers is not None and spec.num_target_layers != target.num_layers:
+        raise CheckpointError(
+            f"{origin}: checkpoint was trained on a target of {spec.num_target_layers} layers, "
+            f"the target has {target.num_layers}"
+        )
+    validate_target_layer_ids(spec.target_layer_ids, target.num_layers)
+
+
+def _check_markov_tensors(source: TensorSource, spec: GQADrafterSpec) -> None:
+    """Spec 2.2: ``markov_w1`` with rank 0 is an error; shapes must be ``(V, markov_rank)``."""
+    for canonical in ("markov_w1.weight", "markov_w2.weight"):
+        names = _ALIASES[canonical]
+        found = source.find(names)
+        if found is None:
+            continue
+        shape = source.shape_of(*names)
+        assert shape is not None
+        if spec.markov_rank == 0:
+            raise CheckpointError(
+                f"{source.origin}: tensor {found!r} has shape {shape_str(shape)} but the config's "
+                f"markov_rank is 0 (expected shape {shape_str((spec.vocab_size, 0))}, i.e. no "
+                "Markov head); set markov_rank or drop the tensor"
+            )
+
+
+def _checkpoint_view(spec: GQADrafterSpec) -> dict[str, Any]:
+    """Option name -> the value the checkpoint's architecture stands for (``init_std`` and
+    other random-init-only options have none)."""
+    view: dict[str, Any] = {name: getattr(spec, name) for name in (
+        "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size", "block_size",
+        "mask_token_id", "target_layer_ids", "rope_theta", "rms_norm_eps", "attention_bias",
+        "max_position_embeddings", "input_embedding_scale", "output_multiplier",
+        "final_logit_softcapping", "markov_rank", "confidence_head", "confidence_head_with_markov",
+    )}
+    view["layer_types"] = tuple("full_attention" if v.window is None else "sliding_attention"
+                                for v in spec.visibility)
+    windows = {v.window for v in spec.visibility if v.window is not None}
+    view["sliding_window"] = windows.pop() if len(windows) == 1 else None
+    causal = {v.causal for v in spec.visibility}
+    view["is_causal"] = causal.pop() if len(causal) == 1 else None
+    view["shift_label"] = spec.block_convention is BlockConvention.SHIFT
+    if spec.markov_head is not MarkovHeadKind.NONE:
+        view["markov_head_type"] = spec.markov_head.value
+    return view
+
+
+def load_gqa_drafter(request: LoadRequest, family: str) -> GQADrafter:
+    """Build a drafter of ``family`` from ``request.checkpoint`` or, when it is ``None``, from
+    ``request.options`` with random weights drawn from ``request.seed``."""
+    target = request.target
+    collectives = request.collectives
+    tp_rank, tp_size = int(collectives.rank), int(collectives.world_size)
+    if request.checkpoint is None:
+        options = request.options
+        if not isinstance(options, GQAArchitectureOptions):
+            raise ConfigError(
+                f"{family} random init needs {family} options, got {type(options).__name__}"
+            )
+        if target is None:
+            raise ConfigError(f"{family} random init needs LoadRequest.target (H, V, L_t)")
+        spec = spec_from_config(options.to_config(target, family), family, target=target,
+                                origin=f"{family} options")
+        model = GQADrafter(spec, family, tp_rank, tp_size)
+        _random_init(model, options.init_std, request.seed)
+        return _finish(model, request.device, request.dtype or target.dtype)
+
+    directory = Path(request.checkpoint)
+    origin = str(directory)
+    config = read_config(directory)
+    tensors = load_tensors(directory)
+    source = TensorSource(tensors, origin)
+    own_embedding = source.has("embed_tokens.weight")
+    spec = spec_from_config(config, family, own_embedding=own_embedding, target=target,
+                            origin=str(directory / CONFIG_FILE))
+    check_options_agree(request.options, _checkpoint_view(spec), origin)
+    _check_markov_tensors(source, spec)
+    declared = spec
+    if target is not None:
+        # Shapes are checked against the target first, so a vocabulary or width mismatch names
+        # the first tensor that disagrees.
+        spec = replace(spec, vocab_size=target.vocab_size, hidden_size=target.hidden_size)
+    model = GQADrafter(spec, family, tp_rank, tp_size)
+    state = {}
+    for name, shape in _expected_shapes(spec, model).items():
+        state[name] = source.take(_ALIASES.get(name, (name,)), shape)
+    if source.has(*_IGNORED):
+        logger.info("%s: ignoring %s (the target's output head is used)", origin, _IGNORED)
+    source.ignore(*_IGNORED)
+    _check_leftovers(source, spec, family)
+    _check_against_target(declared, target, origin)
+    dtype = request.dtype or _checkpoint_dtype(config, state["fc.weight"], origin)
+    model.load_state_dict(state)
+    return _finish(model, request.device, dtype)
+
+
+def _check_leftovers(source: TensorSource, spec: GQADrafterSpec, family: str) -> None:
+    """Tensors the config leaves unused mean the config describes a different network (fewer
+    layers, a head switched off): loading would drop trained weights silently, so it fails."""
+    leftover = source.unused()
+    if not leftover:
+        return
+    hints = []
+    layers = sorted({int(m.group(1)) for name in leftover
+                     if (m := re.match(r"layers\.(\d+)\.", name))})
+    if layers and layers[-1] >= spec.num_layers:
+        hints.append(f"the checkpoint has tensors of layers up to {layers[-1]} but "
+                     f"num_hidden_layers is {spec.num_layers}: set num_hidden_layers (and "
+                     f"layer_types) to {layers[-1] + 1}")
+    if any(name.startswith(("confidence_head.", "confidence_proj.")) for name in leftover):
+        hints.append("confidence head tensors are present but use_confidence_head is false: set "
+                     "use_confidence_head (or enable_confidence_head) to true")
+    if any(name.startswith(("markov_head.", "markov_")) for name in leftover):
+        hints.append("Markov head tensors are left over: check markov_rank and markov_head_type")
+    if not hints:
+        hints.append("remove them, or fix config.json so that it describes them")
+    raise CheckpointError(
+        f"{source.origin}: {len(leftover)} tensors are not used by the {family} drafter that "
+        f"config.json describes, e.g. {leftover[:4]}; loading would drop trained weights. "
+        + "; ".join(hints)
+    )
+
+
+def _checkpoint_dtype(config: Mapping[str, Any], fc_weight: torch.Tensor,
+                      origin: str) -> torch.dtype:
+    """The dtype to build a checkpoint's drafter in when the request names none: the config's
+    ``torch_dtype``, else the dtype ``fc.weight`` is stored in (which must be a weight dtype)."""
+    declared = config_dtype(config, f"{origin}/{CONFIG_FILE}")
+    if declared is not None:
+        return declared
+    if fc_weight.dtype not in WEIGHT_DTYPES.values():
+        stored = str(fc_weight.dtype).removeprefix("torch.")
+        raise CheckpointError(
+            f"{origin}: weights are stored as {stored} and config.json has no torch_dtype; set "
+            f"torch_dtype to one of {list(WEIGHT_DTYPES)} (or pass LoadRequest.dtype)"
+        )
+    return fc_weight.dtype

@@ -1,0 +1,458 @@
+"""The GQA drafter network (:class:`GQADrafter`, which implements the ``Drafter`` Protocol).
+
+It never runs the Markov chain, picks tokens or manages pages: it reads the pages the runtime
+lends it through ``DraftBlockPlacement``. May import ``contract`` and ``drafters`` only; never
+``runtime`` or ``selection``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from draftsmith.contract import (
+    CheckpointError,
+    ContextCacheKind,
+    ContextEntrySpec,
+    DraftBlockInputs,
+    DraftBlockPlacement,
+    DrafterCapabilities,
+    LogitsShard,
+    MarkovHeadKind,
+    MarkovHeadWeights,
+    OutputHead,
+    PagedContextCache,
+    PlanError,
+    ShapeError,
+    check_tensor,
+)
+from draftsmith.drafters.calibration import check_temperatures
+from draftsmith.drafters.checkpoint import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    save_tensors,
+    write_text_atomic,
+)
+from draftsmith.drafters.gqa.config import (
+    GQADrafterSpec,
+    LayerVisibility,
+    spec_to_config,
+)
+from draftsmith.drafters.nn import (
+    RMSNorm,
+    SwiGLU,
+    check_token_range,
+    context_columns,
+    context_index,
+    gather_context,
+    norm_rope,
+    rope_cos_sin,
+    rope_inv_freq,
+)
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class GQAAttention(nn.Module):
+    """Projections and per-head q/k norms of one drafter layer (``self_attn.*`` tensors)."""
+
+    def __init__(self, spec: GQADrafterSpec) -> None:
+        super().__init__()
+        h, hd, bias = spec.hidden_size, spec.head_dim, spec.attention_bias
+        self.q_proj = nn.Linear(h, spec.num_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(h, spec.num_kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(h, spec.num_kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(spec.num_heads * hd, h, bias=bias)
+        self.q_norm = RMSNorm(hd, spec.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, spec.rms_norm_eps)
+
+
+class GQALayer(nn.Module):
+    """One drafter decoder layer: pre-norm attention and SwiGLU MLP."""
+
+    def __init__(self, spec: GQADrafterSpec) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.self_attn = GQAAttention(spec)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.mlp = SwiGLU(spec.hidden_size, spec.intermediate_size)
+
+
+class GQADrafter(nn.Module):
+    """A DFlash / DSpark GQA drafter (spec 1.5-1.7, 2.3-2.5) implementing ``Drafter``.
+
+    Parameter names are the z-lab ones (``fc``, ``hidden_norm``, ``norm``, ``layers.{i}.*``) plus
+    ``embed_tokens.weight``, ``markov_w1.weight``, ``markov_w2.weight``, ``markov_gate_proj.*``,
+    ``markov_joint_proj.*`` and ``confidence_proj.*`` when the checkpoint has them.
+    """
+
+    def __init__(self, spec: GQADrafterSpec, family: str, tp_rank: int = 0,
+                 tp_size: int = 1) -> None:
+        super().__init__()
+        if len(spec.visibility) != spec.num_layers:
+            raise CheckpointError(
+                f"{len(spec.visibility)} visibility rules for {spec.num_layers} layers"
+            )
+        self.spec = spec
+        self.family = family
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.fc = nn.Linear(spec.feature_width, spec.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.layers = nn.ModuleList(GQALayer(spec) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        v, r = spec.vocab_size, spec.markov_rank
+        self.embed_tokens = (
+            nn.Embedding(v, spec.hidden_size) if spec.own_embedding else None
+        )
+        self.markov_w1 = nn.Embedding(v, r) if r > 0 else None
+        self.markov_w2 = nn.Linear(r, v, bias=False) if r > 0 else None
+        self.markov_gate_proj = (
+            nn.Linear(spec.hidden_size + r, r) if spec.markov_head is MarkovHeadKind.GATED
+            else None
+        )
+        self.markov_joint_proj = (
+            nn.Linear(2 * r + spec.hidden_size, 3 * r) if spec.markov_head is MarkovHeadKind.RNN
+            else None
+        )
+        self.confidence_proj = (
+            nn.Linear(spec.confidence_in_features, 1) if spec.confidence_head else None
+        )
+        if r > 0 and v % tp_size:
+            raise CheckpointError(
+                f"vocabulary {v} does not split evenly over {tp_size} ranks for the Markov head"
+            )
+
+    # -- Drafter protocol -----------------------------------------------------------------
+
+    @property
+    def capabilities(self) -> DrafterCapabilities:
+        """What this drafter declares (fixed for its lifetime; rebuilt only after a dtype move)."""
+        cached = getattr(self, "_capabilities", None)
+        if cached is None or cached.dtype != str(self.dtype).removeprefix("torch."):
+            cached = self._build_capabilities()
+            self._capabilities = cached
+        return cached
+
+    def _build_capabilities(self) -> DrafterCapabilities:
+        s = self.spec
+        return DrafterCapabilities(
+            family=self.family,
+            block_convention=s.block_convention,
+            trained_block_size=s.block_size,
+            hidden_size=s.hidden_size,
+            vocab_size=s.vocab_size,
+            mask_token_id=s.mask_token_id,
+            target_layer_ids=s.target_layer_ids,
+            target_hidden_size=s.target_hidden_size,
+            markov_head=s.markov_head,
+            markov_rank=s.markov_rank,
+            confidence_head=s.confidence_head,
+            context_entry=ContextEntrySpec(
+                kind=ContextCacheKind.PAGED_GQA_KV,
+                num_layers=s.num_layers,
+                planes=2,
+                heads=s.num_kv_heads,
+                width=s.head_dim,
+            ),
+            shares_target_embedding=not s.own_embedding,
+            shares_target_lm_head=True,
+            max_position_embeddings=s.max_position_embeddings,
+            dtype=str(self.dtype).removeprefix("torch."),
+        )
+
+    @property
+    def inv_freq(self) -> torch.Tensor:
+        """RoPE inverse frequencies ``[hd / 2] fp32`` (kept fp32 whatever the weight dtype)."""
+        return self._inv_freq_on(self.fc.weight.device)
+
+    def _inv_freq_on(self, device: torch.device) -> torch.Tensor:
+        """:attr:`inv_freq` cached per device, so a captured forward copies nothing from the host.
+
+        Not a registered buffer: ``Module.to(dtype)`` would round it."""
+        cache: dict[torch.device, torch.Tensor] = self.__dict__.setdefault("_inv_freq_cache", {})
+        freq = cache.get(device)
+        if freq is None:
+            freq = rope_inv_freq(self.spec.head_dim, self.spec.rope_theta).to(device)
+            cache[device] = freq
+        return freq
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Weight dtype."""
+        return self.fc.weight.dtype
+
+    def project_context(self, features: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Context K/V (spec 1.5): ``features: [T, n_cap * H_t]``, ``positions: [T] int64`` ->
+        ``[T, L, 2, n_kv, hd]`` (K with ``k_norm`` and RoPE, V plain) in the weight dtype."""
+        sizes: dict[str, int] = {}
+        check_tensor("features", features, ("T", self.spec.feature_width), _FLOATS, sizes)
+        check_tensor("positions", positions, ("T",), torch.int64, sizes, device=features.device)
+        s = self.spec
+        with torch.no_grad():
+            ctx = self.hidden_norm(self.fc(features.to(self.dtype)))
+            cos, sin = rope_cos_sin(positions, self._inv_freq_on(positions.device), ctx.dtype)
+            per_layer = []
+            for layer in self.layers:
+                attn = layer.self_attn
+                k = norm_rope(attn.k_norm, attn.k_proj(ctx).view(-1, s.num_kv_heads, s.head_dim),
+                              cos, sin)
+                v = attn.v_proj(ctx).view(-1, s.num_kv_heads, s.head_dim)
+                per_layer.append(torch.stack((k, v), dim=1))
+            return torch.stack(per_layer, dim=1)
+
+    def embed_block(
+        self, token_ids: torch.Tensor, target_embedding: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``token_ids: [G, W] int64`` -> ``[G, W, H]``: rows of the drafter's own table when the
+        checkpoint ships one, else of ``target_embedding: [V, H]``, times input_embedding_scale.
+        An id outside ``0 .. V-1`` raises :class:`ShapeError` (not checked during graph capture)."""
+        check_tensor("token_ids", token_ids, ("G", "W"), torch.int64)
+        s = self.spec
+        check_token_range(token_ids, s.vocab_size)
+        if self.embed_tokens is not None:
+            table = self.embed_tokens.weight
+        else:
+            if target_embedding is None:
+                raise ShapeError(
+                    f"{self.family} embeds blocks with the target's input table; pass "
+                    "target_embedding [V, H]"
+                )
+            table = check_tensor("target_embedding", target_embedding,
+                                 (s.vocab_size, s.hidden_size), _FLOATS)
+        with torch.no_grad():
+            out = F.embedding(token_ids, table)
+            if s.input_embedding_scale != 1.0:
+                out = out * s.input_embedding_scale
+            return out.to(self.dtype)
+
+    def forward_block(
+        self,
+        inputs: DraftBlockInputs,
+        placement: DraftBlockPlacement,
+        cache: PagedContextCache,
+    ) -> torch.Tensor:
+        """Block forward over the paged context (spec 1.6): final-normed hidden ``[G, W, H]``.
+
+        Context column ``c`` of a request sits at RoPE position ``c``; columns ``>= num_ctx`` are
+        never attended. Block RoPE positions are ``inputs.positions``. With
+        ``placement.context_width`` set the forward reads nothing back to the host and allocates
+        only fixed-shape tensors, so it can be captured in a CUDA graph (spec 7); without it one
+        ``max(num_ctx)`` read-back sizes the gather.
+        """
+        s = self.spec
+        if inputs.embeddings is None:
+            raise ShapeError("DraftBlockInputs.embeddings is None; call embed_block first")
+        x = check_tensor("DraftBlockInputs.embeddings", inputs.embeddings,
+                         (None, None, s.hidden_size), _FLOATS)
+        if placement.num_requests != inputs.num_requests:
+            raise ShapeError(
+                f"placement has {placement.num_requests} requests, inputs have "
+                f"{inputs.num_requests}"
+            )
+        cache.check_entry(self.capabilities.context_entry)
+        g, w = inputs.token_ids.shape
+        pos_q = inputs.positions
+        columns = context_columns(placement)
+        with torch.no_grad():
+            x = x.to(self.dtype)
+            cos, sin = rope_cos_sin(pos_q, self._inv_freq_on(pos_q.device), x.dtype)
+            where = context_index(cache, placement, columns)  # the same for every layer
+            masks: dict[LayerVisibility, torch.Tensor] = {}
+            for index, layer in enumerate(self.layers):
+                entries, valid = gather_context(cache, placement, index, columns, where)
+                entries = torch.where(valid[:, :, None, None, None], entries.to(x.dtype), 0)
+                vis = s.visibility[index]
+                if vis not in masks:
+                    cols = torch.arange(entries.shape[1], device=pos_q.device)
+                    key_pos = torch.cat((cols.expand(g, -1), pos_q), dim=1)
+                    key_ok = torch.cat((valid, torch.ones_like(pos_q, dtype=torch.bool)), dim=1)
+                    masks[vis] = vis.mask(pos_q, key_pos) & key_ok[:, None, :]
+                x = self._layer(layer, x, entries, masks[vis], cos, sin)
+            return self.norm(x)
+
+    def _layer(
+        self,
+        layer: GQALayer,
+        x: torch.Tensor,
+        ctx_entries: torch.Tensor,
+        mask: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> torch.Tensor:
+        """One decoder layer. ``x: [G, W, H]``, ``ctx_entries: [G, C, 2, n_kv, hd]``,
+        ``mask: [G, W, C + W] bool``, ``cos, sin: [G, W, hd]``."""
+        s, attn = self.spec, layer.self_attn
+        g, w, _ = x.shape
+        a = layer.input_layernorm(x)
+        q = norm_rope(attn.q_norm, attn.q_proj(a).view(g, w, s.num_heads, s.head_dim), cos, sin)
+        k = norm_rope(attn.k_norm, attn.k_proj(a).view(g, w, s.num_kv_heads, s.head_dim), cos,
+                      sin)
+        v = attn.v_proj(a).view(g, w, s.num_kv_heads, s.head_dim)
+        keys = torch.cat((ctx_entries[:, :, 0], k), dim=1).transpose(1, 2)
+        values = torch.cat((ctx_entries[:, :, 1], v), dim=1).transpose(1, 2)
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, values, attn_mask=mask[:, None],
+            scale=s.head_dim ** -0.5, enable_gqa=s.num_heads != s.num_kv_heads,
+        )
+        x = x + attn.o_proj(o.transpose(1, 2).reshape(g, w, s.num_heads * s.head_dim))
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def block_logits(self, hidden: torch.Tensor, head: OutputHead) -> LogitsShard:
+        """``hidden: [rows, H]`` -> logits ``[rows, S] fp32`` of ``head``'s shard, times
+        output_multiplier, then ``cap * tanh(logits / cap)`` when soft-capping is set (spec 1.7)."""
+        s = self.spec
+        check_tensor("hidden", hidden, ("rows", s.hidden_size), _FLOATS)
+        if head.vocab_size != s.vocab_size or head.weight.shape[1] != s.hidden_size:
+            raise ShapeError(
+                f"output head covers V={head.vocab_size} with width {head.weight.shape[1]}; the "
+                f"drafter needs V={s.vocab_size}, H={s.hidden_size}"
+            )
+        with torch.no_grad():
+            logits = F.linear(hidden.to(head.weight.dtype), head.weight).float()
+            if s.output_multiplier != 1.0:
+                logits = logits * s.output_multiplier
+            cap = s.final_logit_softcapping
+            if cap is not None:
+                logits = torch.tanh(logits / cap) * cap
+        return LogitsShard(logits=logits, vocab_start=head.vocab_start, vocab_size=head.vocab_size)
+
+    def markov_head(self) -> MarkovHeadWeights | None:
+        """The Markov head as data: ``w1: [V, r]`` and this rank's ``w2`` rows ``[S, r]``."""
+        if self.markov_w1 is None or self.markov_w2 is None:
+            return None
+        width = self.spec.vocab_size // self.tp_size
+        start = self.tp_rank * width
+        w2 = self.markov_w2.weight.detach()[start:start + width]
+        gate = self.markov_gate_proj
+        joint = self.markov_joint_proj
+        return MarkovHeadWeights(
+            kind=self.spec.markov_head,
+            w1=self.markov_w1.weight.detach(),
+            w2=w2,
+            vocab_start=start,
+            gate_weight=None if gate is None else gate.weight.detach(),
+            gate_bias=None if gate is None else gate.bias.detach(),
+            joint_weight=None if joint is None else joint.weight.detach(),
+            joint_bias=None if joint is None else joint.bias.detach(),
+        )
+
+    def confidence(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
+        """Raw survival logits ``[G, K] fp32`` (spec 2.5), computed in fp32.
+
+        ``hidden: [G, K, H]`` are the draft slots' final-normed states; ``prev_tokens: [G, K]
+        int64`` the anchor then the proposed drafts. With ``confidence_head_with_markov`` the
+        feature is ``[h ; w1[prev].to(h.dtype)]``; ids outside ``0..V-1`` give a zero ``w1`` row.
+        """
+        s = self.spec
+        if self.confidence_proj is None:
+            raise PlanError(f"{self.family} drafter has no confidence head "
+                            "(capabilities.confidence_head is False)")
+        sizes: dict[str, int] = {}
+        check_tensor("hidden", hidden, ("G", "K", s.hidden_size), _FLOATS, sizes)
+        check_tensor("prev_tokens", prev_tokens, ("G", "K"), torch.int64, sizes)
+        with torch.no_grad():
+            feat = hidden.float()
+            if s.confidence_head_with_markov:
+                assert self.markov_w1 is not None
+                feat = torch.cat((feat, self._w1_rows(prev_tokens).to(hidden.dtype).float()), -1)
+            weight = self.confidence_proj.weight.float()
+            bias = self.confidence_proj.bias.float()
+            return F.linear(feat, weight, bias).squeeze(-1)
+
+    def survival(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
+        """Calibrated prefix survival ``a: [G, K] fp32`` (spec 2.5, 2.6).
+
+        ``c_j = sigmoid(raw_j / tau_j)`` with the drafter's STS table (plain ``sigmoid(raw_j)``
+        when it has none), ``a_j = prod_{i <= j} c_i``; ``hidden`` and ``prev_tokens`` as in
+        :meth:`confidence`, ``K <= block_size`` (the table's first ``K`` entries are used). The
+        table was validated when it was loaded or set, so this reads nothing back to the host.
+        """
+        raw = self.confidence(hidden, prev_tokens)
+        k = raw.shape[1]
+        table = self._sts_on(raw.device)
+        if table is not None:
+            if k > table.shape[0]:
+                raise ShapeError(
+                    f"{k} draft positions but the STS table covers block_size {table.shape[0]}"
+                )
+            raw = raw / table[:k]
+        return torch.cumprod(torch.sigmoid(raw), dim=1)
+
+    @property
+    def sts_temperatures(self) -> torch.Tensor | None:
+        """The STS table ``[block_size] fp32`` (CPU), or ``None`` when the drafter has none."""
+        table = self.spec.sts_temperatures
+        return None if table is None else torch.tensor(table, dtype=torch.float32)
+
+    def set_sts(self, tau: torch.Tensor | None) -> None:
+        """Install an STS table ``tau: [block_size]`` (each finite and ``> 0``, else
+        ``ConfigError``; e.g. from :func:`draftsmith.drafters.calibration.fit_sts`), or remove it
+        with ``None``. :meth:`save` writes it to ``config.json``."""
+        if tau is not None:
+            if self.confidence_proj is None:
+                raise PlanError(f"{self.family} drafter has no confidence head to calibrate")
+            table = check_temperatures(torch.as_tensor(tau).detach().cpu(),
+                                       self.spec.block_size)
+            tau = tuple(float(t) for t in table.tolist())
+        self.spec = replace(self.spec, sts_temperatures=tau)
+        self.__dict__.pop("_sts_cache", None)
+
+    def _sts_on(self, device: torch.device) -> torch.Tensor | None:
+        """The STS table on ``device`` (cached, so a captured step copies nothing)."""
+        if self.spec.sts_temperatures is None:
+            return None
+        cache: dict[torch.device, torch.Tensor] = self.__dict__.setdefault("_sts_cache", {})
+        table = cache.get(device)
+        if table is None:
+            table = torch.tensor(self.spec.sts_temperatures, dtype=torch.float32, device=device)
+            cache[device] = table
+        return table
+
+    def _w1_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """``w1[ids]`` with zero rows for ids outside the vocabulary (spec 2.3)."""
+        assert self.markov_w1 is not None
+        inside = (ids >= 0) & (ids < self.spec.vocab_size)
+        rows = F.embedding(ids.clamp(0, self.spec.vocab_size - 1), self.markov_w1.weight)
+        return rows * inside[..., None].to(rows.dtype)
+
+    def save(self, directory: Path) -> None:
+        """Write ``config.json`` + ``model.safetensors`` that :func:`load_gqa_drafter` reads."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        config = spec_to_config(self.spec, self.family)
+        config["torch_dtype"] = str(self.dtype).removeprefix("torch.")
+        write_text_atomic(directory / CONFIG_FILE, json.dumps(config, indent=2, sort_keys=True)
+                          + "\n")
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        save_tensors(tensors, directory / WEIGHTS_FILE, metadata={"format": "pt"})
+
+    def with_visibility(self, visibility: tuple[LayerVisibility, ...]) -> GQADrafter:
+        """A copy with the same weights and other per-layer visibility (for negative controls)."""
+        other = GQADrafter(replace(self.spec, visibility=visibility), self.family,
+                           self.tp_rank, self.tp_size)
+        other.load_state_dict(self.state_dict())
+        return _finish(other, self.fc.weight.device, self.dtype)
+
+
+def _finish(model: GQADrafter, device: torch.device, dtype: torch.dtype) -> GQADrafter:
+    """Move to ``device``/``dtype``; the confidence head stays fp32 (spec 2.5 computes in fp32,
+    and an fp32 checkpoint weight must not be rounded)."""
+    model = model.to(device=device, dtype=dtype).eval()
+    if model.confidence_proj is not None:
+        model.confidence_proj.float()
+    return model
+
+
+def _random_init(model: GQADrafter, std: float, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32) * std
+            if "norm" in name.rsplit(".", 2)[-2] and param.dim() == 1:
+                noise = noise + 1.0
+            param.copy_(noise)
