@@ -254,6 +254,12 @@ class TargetModel(Protocol):
         """Hold at least ``num_slots`` slots of ``length`` positions (before any capture)."""
         ...
 
+    def warm_prefill(self, max_prompt: int) -> None:
+        """Run once every prefill shape that a one-prompt prefill of up to ``max_prompt``
+        tokens uses (slots must be free), so a timed generation meets none for the first time
+        (kernel autotuning, attention plans)."""
+        ...
+
     def forward_rows(self, tokens: torch.Tensor, starts: torch.Tensor,
                      context_width: int) -> TargetOutput:
         """Forward ``tokens: [G, Q] int64`` for slots ``0 .. G-1``, token ``j`` of row ``b`` at

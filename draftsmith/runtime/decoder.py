@@ -264,8 +264,9 @@ class SpecDecoder:
             for r in reqs
         ]
 
-    def prepare(self, max_requests: int, max_positions: int) -> None:
-        """Size the target cache for ``max_positions`` positions per slot and, with
+    def prepare(self, max_requests: int, max_positions: int, max_prompt: int = 0) -> None:
+        """Size the target cache for ``max_positions`` positions per slot, run the target's
+        prefill once at every width a prompt of up to ``max_prompt`` tokens uses and, with
         ``plan.cuda_graphs``, capture the round for every (rows, width) bucket that
         ``max_requests`` requests of at most that many positions can use.
 
@@ -284,6 +285,8 @@ class SpecDecoder:
             self._widths = width_buckets(want)
             self._drop_graphs()  # their clamps and widths were for the shorter cache
         self.target.reserve(plan.slot_capacity, self._length)
+        if max_prompt:
+            self.target.warm_prefill(max_prompt)
         if not plan.cuda_graphs:
             return
         version = self.target.cache_version
@@ -311,7 +314,8 @@ class SpecDecoder:
 
     def _prepare_requests(self, reqs: list[_Request]) -> None:
         k1 = self.plan.num_draft_tokens + 1
-        self.prepare(len(reqs), max(len(r.prompt) + r.max_new for r in reqs) + k1)
+        self.prepare(len(reqs), max(len(r.prompt) + r.max_new for r in reqs) + k1,
+                     max(len(r.prompt) for r in reqs))
 
     def _drop_graphs(self) -> None:
         """Forget every captured round and their memory pool (a pool whose graphs are all gone

@@ -158,5 +158,8 @@ class ShardedTarget:
     def reserve(self, num_slots, length) -> None:
         self.base.reserve(num_slots, length)
 
+    def warm_prefill(self, max_prompt) -> None:
+        self.base.warm_prefill(max_prompt)
+
     def forward_rows(self, tokens, starts, context_width) -> TargetOutput:
         return self._cut(self.base.forward_rows(tokens, starts, context_width))

@@ -157,6 +157,8 @@ class HFTarget:
         self.cache_version = 0
         """Bumped whenever :meth:`reserve` replaces the storage (captured graphs are then stale)."""
         self._lengths = [0] * self.max_slots
+        self._warm_widths: set[int] = set()
+        """Prefill widths already run once (:meth:`warm_prefill`)."""
         self._capture_ids: tuple[int, ...] = ()
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks: list[Any] = []
@@ -350,8 +352,10 @@ class HFTarget:
 
         Returns ``sum(P_b)`` rows (prompt tokens in order, concatenated). Prompts are right-padded
         into batches of at most :data:`PREFILL_TOKENS` positions (a longer prompt runs alone, in
-        chunks of that many positions): causal attention keeps every real token blind to the
-        padding after it, and a slot's padding columns are overwritten before they are read.
+        chunks of that many positions), each batch to a width of :func:`prefill_width`: causal
+        attention keeps every real token blind to the padding after it, and a slot's padding
+        columns are overwritten before they are read. The widths come from a short ladder, so
+        every shape-specific first-call cost is paid once per width (see :meth:`warm_prefill`).
         """
         slots = self._check_slots(slots)
         if len(prompts) != len(slots):
@@ -368,12 +372,14 @@ class HFTarget:
         for group in _prefill_groups(lengths, PREFILL_TOKENS):
             longest = max(lengths[b] for b in group)
             for lo in range(0, longest, PREFILL_TOKENS):
-                width = min(longest, lo + PREFILL_TOKENS) - lo
+                width = prefill_width(min(longest, lo + PREFILL_TOKENS) - lo,
+                                      self.cache_length - lo)
                 ids = torch.zeros(len(group), width, dtype=torch.int64)
                 for i, b in enumerate(group):
                     part = prompts[b][lo : lo + width]
                     ids[i, : part.numel()] = part
-                out = self._forward_slots([slots[b] for b in group], ids, [lo] * len(group))
+                with _prefill_attention():
+                    out = self._forward_slots([slots[b] for b in group], ids, [lo] * len(group))
                 for i, b in enumerate(group):
                     rows = slice(i * width, i * width + max(0, min(lengths[b] - lo, width)))
                     pieces[b].append(TargetOutput(LogitsShard.full(out.logits.logits[rows]),
@@ -383,6 +389,24 @@ class HFTarget:
         flat = [piece for per_prompt in pieces for piece in per_prompt]
         return TargetOutput(logits=LogitsShard.full(torch.cat([p.logits.logits for p in flat])),
                             features=torch.cat([p.features for p in flat]))
+
+    @torch.inference_mode()
+    def warm_prefill(self, max_prompt: int) -> None:
+        """Run a one-prompt prefill of every :func:`prefill_width` up to ``max_prompt`` tokens
+        (into slot 0's cache, which must be free; its contents are left undefined), once per
+        width over the target's life. Only on CUDA (elsewhere first calls cost nothing special);
+        never grows the cache (widths beyond it are left cold)."""
+        if self.device.type != "cuda":
+            return
+        if self._kv is None:
+            self._ensure([0], max(int(max_prompt), 1))
+        top = prefill_width(min(max(int(max_prompt), 1), PREFILL_TOKENS), PREFILL_TOKENS)
+        widths = [w for w in PREFILL_WIDTHS
+                  if w <= min(top, self.cache_length) and w not in self._warm_widths]
+        for width in widths:
+            with _prefill_attention():
+                self._forward_slots([0], torch.zeros(1, width, dtype=torch.int64), [0])
+            self._warm_widths.add(width)
 
     @torch.inference_mode()
     def verify(self, slots: Sequence[int], tokens: torch.Tensor) -> TargetOutput:
@@ -514,6 +538,26 @@ class HFTarget:
 
 PREFILL_TOKENS = 4096
 """Positions one prefill forward holds (padded rows times columns); longer prompts run in chunks."""
+
+PREFILL_WIDTHS = tuple(sorted({w for p in range(4, 13) for w in (1 << p, 3 << (p - 1))
+                               if w <= PREFILL_TOKENS}))
+"""Widths a prefill batch is padded to: 16, 24, 32, 48, ... 3072, 4096 (at most 1.5x padding)."""
+
+
+def prefill_width(length: int, room: int) -> int:
+    """The smallest of :data:`PREFILL_WIDTHS` that holds ``length`` positions, but no more than
+    ``room`` (the cache positions left; at least ``length``)."""
+    width = next((w for w in PREFILL_WIDTHS if w >= length), length)
+    return max(min(width, room), length)
+
+
+def _prefill_attention() -> Any:
+    """Attention backends for prefill: everything but cuDNN, whose attention builds a plan for
+    every new shape (tens of milliseconds on first sight of each prompt width and batch)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                        SDPBackend.MATH])
 
 
 def _prefill_groups(lengths: list[int], budget: int) -> list[list[int]]:

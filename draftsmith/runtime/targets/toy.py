@@ -141,6 +141,9 @@ class ToyTarget:
                 f"{self.max_slots}, max_len={self.max_len}); raise them"
             )
 
+    def warm_prefill(self, max_prompt: int) -> None:
+        """Nothing to warm: the toy's forward has no shape-specific first-call cost."""
+
     def forward_rows(self, tokens: torch.Tensor, starts: torch.Tensor,
                      context_width: int) -> TargetOutput:
         """Forward ``tokens: [G, Q]`` for slots ``0 .. G-1`` at positions ``starts[b] + j``,

@@ -292,3 +292,44 @@ def test_load_hf_target_never_unpickles(tmp_path) -> None:
     torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
     with pytest.raises(ConfigError, match="cannot load a causal LM"):
         load_hf_target(str(tmp_path))
+
+
+def test_prefill_widths_pad_at_most_half_and_fit_the_cache() -> None:
+    from draftsmith.runtime.targets.hf import PREFILL_TOKENS, PREFILL_WIDTHS, prefill_width
+
+    assert PREFILL_WIDTHS[0] == 16 and PREFILL_WIDTHS[-1] == PREFILL_TOKENS
+    for n in range(1, PREFILL_TOKENS + 1, 7):
+        w = prefill_width(n, 10**6)
+        assert w in PREFILL_WIDTHS and n <= w and (w <= 16 or w <= 1.5 * n)
+    assert prefill_width(114, 120) == 120  # capped by the cache room
+    assert prefill_width(114, 100) == 114  # never below the prompt
+
+
+def test_prefill_runs_ladder_widths(model: torch.nn.Module, monkeypatch) -> None:
+    """A batch of prompts is right-padded to a ladder width (so shapes repeat across prompts),
+    and its rows still equal a fresh forward of each prompt (checked above)."""
+    target = HFTarget(model)
+    target.reserve(4, 256)
+    widths = []
+    real = target._forward_slots
+
+    def spy(slots, tokens, starts):
+        widths.append(int(tokens.shape[1]))
+        return real(slots, tokens, starts)
+
+    monkeypatch.setattr(target, "_forward_slots", spy)
+    out = target.prefill([1], [torch.arange(1, 38)])
+    assert widths == [48] and out.logits.logits.shape[0] == 37
+    target.warm_prefill(100)  # on the CPU: nothing to warm
+    assert widths == [48]
+
+
+@pytest.mark.gpu
+def test_warm_prefill_runs_each_width_once_and_keeps_the_cache() -> None:
+    target = HFTarget(make_tiny_causal_lm(architecture="llama", seed=3).cuda())
+    target.reserve(2, 256)
+    version = target.cache_version
+    target.warm_prefill(100)
+    assert target._warm_widths == {16, 24, 32, 48, 64, 96, 128}
+    target.warm_prefill(1000)  # beyond the cache: only the widths that fit
+    assert max(target._warm_widths) == 256 and target.cache_version == version
