@@ -177,12 +177,17 @@ def _graph_ms(fn, iters: int = 50) -> float:
     return start.elapsed_time(end) / iters
 
 
-def _kernel_count(fn) -> int:
-    """CUDA kernels one eager call of ``fn`` launches."""
+def _kernels(fn) -> dict[str, int]:
+    """CUDA kernels one eager call of ``fn`` launches, by name."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return sum(e.count for e in prof.key_averages() if e.device_type.name == "CUDA")
+    return {e.key: e.count for e in prof.key_averages() if e.device_type.name == "CUDA"}
+
+
+def _kernel_count(fn) -> int:
+    """CUDA kernels one eager call of ``fn`` launches."""
+    return sum(_kernels(fn).values())
 
 
 def _time_parts(spec, g: int, width: int) -> list[tuple[str, float, int]]:
@@ -234,6 +239,11 @@ def _time_parts(spec, g: int, width: int) -> list[tuple[str, float, int]]:
         ("acceptance", lambda: spec.acceptance.accept(out.logits, drafts, None)),
     ]
     parts = [(name, _graph_ms(fn), _kernel_count(fn)) for name, fn in fns]
+    wide = _kernels(lambda: spec.target.forward_rows(tokens, starts, width))
+    narrow = _kernels(lambda: spec.target.forward_rows(tokens[:, :1], starts, width))
+    extra = {name: wide.get(name, 0) - narrow.get(name, 0) for name in {*wide, *narrow}}
+    parts += [(f"  target {k + 1} vs 1: {n:+d}x {name[:60]}", 0.0, 0)
+              for name, n in sorted(extra.items(), key=lambda kv: -abs(kv[1])) if n][:12]
     parts += [(f"whole round at width {w}", _graph_ms(lambda w=w: spec.round_core(g, w)), 0)
               for w in spec._widths if w >= width]
     for t, v in zip((b.ctx_len, b.target_len, b.accepted, b.num_accepted, b.features,

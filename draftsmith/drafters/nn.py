@@ -20,9 +20,12 @@ from draftsmith.contract import (
     ShapeError,
     value_checks_enabled,
 )
+from draftsmith.kernels.block_attention import block_attention as fused_block_attention
+from draftsmith.kernels.block_attention import block_attention_reference
 from draftsmith.kernels.rms_norm import head_norm_rope, rms_norm_reference
 from draftsmith.kernels.rms_norm import rms_norm as fused_rms_norm
 from draftsmith.kernels.rms_norm import rotate_half_rope_reference as apply_rope_neox
+from draftsmith.kernels.swiglu import silu_mul
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 """What the fused norm kernels take; other dtypes (the float64 toy target) run the reference."""
@@ -64,6 +67,31 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
+def packed_linear(owner: nn.Module, linears: tuple[nn.Linear, ...],
+                  x: torch.Tensor) -> torch.Tensor:
+    """``cat([lin(x) for lin in linears], -1)`` as one GEMM over the weights concatenated.
+
+    The packed weight is kept on ``owner`` (not a parameter: never saved, never moved) and
+    rebuilt when any weight is replaced or changed in place (its version counter). A CUDA
+    graph captured over this call keeps reading the packed copy it captured.
+    """
+    params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
+    key = tuple((p.data_ptr(), p._version) for p in params)
+    cached = owner.__dict__.get("_packed_linear")
+    if cached is None or cached[0] != key:
+        weight = torch.cat([lin.weight.detach() for lin in linears])
+        bias = (torch.cat([lin.bias.detach() for lin in linears])
+                if linears[0].bias is not None else None)
+        cached = owner.__dict__["_packed_linear"] = (key, weight, bias)
+    return F.linear(x, cached[1], cached[2])
+
+
+def packing(x: torch.Tensor) -> bool:
+    """Whether layers pack their projections for ``x``: on a GPU, outside autograd (training
+    keeps the separate weights; the CPU keeps the unpacked reference numerics)."""
+    return x.is_cuda and x.dtype in FUSED_DTYPES and not torch.is_grad_enabled()
+
+
 class SwiGLU(nn.Module):
     """``down(silu(gate(x)) * up(x))`` without biases: ``[..., H] -> [..., H]``."""
 
@@ -74,7 +102,11 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x: [..., H]`` -> ``[..., H]``."""
+        """``x: [..., H]`` -> ``[..., H]``; on a GPU without autograd, one GEMM for gate and up
+        and one fused activation."""
+        if packing(x):
+            return self.down_proj(silu_mul(packed_linear(self, (self.gate_proj, self.up_proj),
+                                                         x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -106,6 +138,18 @@ def norm_rope(norm: RMSNorm, x: torch.Tensor, cos: torch.Tensor,
                              cos.reshape(-1, width), sin.reshape(-1, width))
         return out.view(x.shape)
     return apply_rope_neox(norm(x), cos, sin)
+
+
+def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Tensor,
+                    placement: DraftBlockPlacement, query_pos: torch.Tensor, columns: int,
+                    causal: bool, window: int | None) -> torch.Tensor:
+    """A block's attention over its paged context (``pool``: one layer, ``[pages, 2, n_kv,
+    P_sz, hd]``) and itself: ``q: [G, W, n_h, hd]``, ``k, v: [G, W, n_kv, hd]`` ->
+    ``[G, W, n_h, hd]``; one fused launch on a GPU (see ``kernels.block_attention``)."""
+    fn = (fused_block_attention if q.is_cuda and q.dtype in FUSED_DTYPES
+          else block_attention_reference)
+    return fn(q, k, v, pool, placement.block_tables, placement.num_ctx, query_pos, columns,
+              causal, window, q.shape[-1] ** -0.5)
 
 
 def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -167,6 +211,9 @@ def gather_context(
 __all__ = [
     "RMSNorm",
     "SwiGLU",
+    "block_attention",
+    "packed_linear",
+    "packing",
     "apply_rope_interleaved",
     "apply_rope_neox",
     "context_columns",

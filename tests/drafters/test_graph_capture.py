@@ -224,3 +224,19 @@ def test_forward_block_replays_bit_identically_in_a_cuda_graph(dtype):
         eager = drafter.forward_block(f_inputs, f_place, f_cache)
         assert torch.isfinite(eager.float()).all()
         assert torch.equal(static_out, eager)
+
+
+@pytest.mark.gpu
+def test_fused_gpu_forward_matches_the_cpu_reference():
+    """On a GPU the layer packs q/k/v and gate/up into one GEMM each and attends with the fused
+    paged kernel (sliding and full layers here); fp32 hidden states equal the CPU path's."""
+    cpu, gpu = _drafter("cpu"), _drafter("cuda")
+    for lens, seed in (((3, 9, 14), 5), ((24, 1, 7), 6)):
+        inputs, placement, cache = _world(cpu, lens, seed=seed, pages_per_row=8)
+        want = cpu.forward_block(inputs, _bounded(placement, BOUND), cache)
+        got = gpu.forward_block(inputs.to("cuda"), _bounded(placement, BOUND).to("cuda"),
+                                cache.to("cuda"))
+        torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
+    assert "_packed_linear" in gpu.layers[0].self_attn.__dict__
+    assert "_packed_linear" in gpu.layers[0].mlp.__dict__
+    assert "_packed_linear" not in cpu.layers[0].self_attn.__dict__

@@ -46,11 +46,12 @@ from draftsmith.drafters.gqa.config import (
 from draftsmith.drafters.nn import (
     RMSNorm,
     SwiGLU,
+    block_attention,
     check_token_range,
     context_columns,
-    context_index,
-    gather_context,
     norm_rope,
+    packed_linear,
+    packing,
     rope_cos_sin,
     rope_inv_freq,
 )
@@ -261,45 +262,42 @@ class GQADrafter(nn.Module):
         with torch.no_grad():
             x = x.to(self.dtype)
             cos, sin = rope_cos_sin(pos_q, self._inv_freq_on(pos_q.device), x.dtype)
-            where = context_index(cache, placement, columns)  # the same for every layer
-            masks: dict[LayerVisibility, torch.Tensor] = {}
             for index, layer in enumerate(self.layers):
-                entries, valid = gather_context(cache, placement, index, columns, where)
-                entries = torch.where(valid[:, :, None, None, None], entries.to(x.dtype), 0)
-                vis = s.visibility[index]
-                if vis not in masks:
-                    cols = torch.arange(entries.shape[1], device=pos_q.device)
-                    key_pos = torch.cat((cols.expand(g, -1), pos_q), dim=1)
-                    key_ok = torch.cat((valid, torch.ones_like(pos_q, dtype=torch.bool)), dim=1)
-                    masks[vis] = vis.mask(pos_q, key_pos) & key_ok[:, None, :]
-                x = self._layer(layer, x, entries, masks[vis], cos, sin)
+                x = self._layer(layer, x, cache.pool[index], placement, pos_q, columns,
+                                s.visibility[index], cos, sin)
             return self.norm(x)
 
     def _layer(
         self,
         layer: GQALayer,
         x: torch.Tensor,
-        ctx_entries: torch.Tensor,
-        mask: torch.Tensor,
+        pool: torch.Tensor,
+        placement: DraftBlockPlacement,
+        pos_q: torch.Tensor,
+        columns: int,
+        vis: LayerVisibility,
         cos: torch.Tensor,
         sin: torch.Tensor,
     ) -> torch.Tensor:
-        """One decoder layer. ``x: [G, W, H]``, ``ctx_entries: [G, C, 2, n_kv, hd]``,
-        ``mask: [G, W, C + W] bool``, ``cos, sin: [G, W, hd]``."""
+        """One decoder layer. ``x: [G, W, H]``, ``pool``: this layer's paged context
+        ``[pages, 2, n_kv, P_sz, hd]`` (``columns`` of it attended), ``pos_q: [G, W]`` the
+        block's positions, ``cos, sin: [G, W, hd]``.
+        On a GPU without autograd q, k and v come from one packed GEMM."""
         s, attn = self.spec, layer.self_attn
         g, w, _ = x.shape
+        nh, nkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
         a = layer.input_layernorm(x)
-        q = norm_rope(attn.q_norm, attn.q_proj(a).view(g, w, s.num_heads, s.head_dim), cos, sin)
-        k = norm_rope(attn.k_norm, attn.k_proj(a).view(g, w, s.num_kv_heads, s.head_dim), cos,
-                      sin)
-        v = attn.v_proj(a).view(g, w, s.num_kv_heads, s.head_dim)
-        keys = torch.cat((ctx_entries[:, :, 0], k), dim=1).transpose(1, 2)
-        values = torch.cat((ctx_entries[:, :, 1], v), dim=1).transpose(1, 2)
-        o = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, values, attn_mask=mask[:, None],
-            scale=s.head_dim ** -0.5, enable_gqa=s.num_heads != s.num_kv_heads,
-        )
-        x = x + attn.o_proj(o.transpose(1, 2).reshape(g, w, s.num_heads * s.head_dim))
+        if packing(a):
+            qkv = packed_linear(attn, (attn.q_proj, attn.k_proj, attn.v_proj), a)
+            q, k, v = qkv.view(g, w, nh + 2 * nkv, hd).split((nh, nkv, nkv), dim=2)
+        else:
+            q = attn.q_proj(a).view(g, w, nh, hd)
+            k = attn.k_proj(a).view(g, w, nkv, hd)
+            v = attn.v_proj(a).view(g, w, nkv, hd)
+        q = norm_rope(attn.q_norm, q, cos, sin)
+        k = norm_rope(attn.k_norm, k, cos, sin)
+        o = block_attention(q, k, v, pool, placement, pos_q, columns, vis.causal, vis.window)
+        x = x + attn.o_proj(o.reshape(g, w, nh * hd))
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
     def block_logits(self, hidden: torch.Tensor, head: OutputHead) -> LogitsShard:

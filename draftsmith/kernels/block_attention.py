@@ -1,0 +1,207 @@
+"""A drafter block's attention over its paged context plus the block itself, in one launch.
+
+Each block query attends to its request's context columns ``0 .. num_ctx - 1`` (keys and values
+read straight from the paged pool through the block table) and to the block's own keys, under a
+visibility rule on positions (causal and/or a window; context column ``c`` sits at position
+``c``). In eager torch this is a gather of the context, a mask, two concatenations, the attention
+and a transpose copy per layer; inside a captured round those cost launch latency. Owns
+``block_attention`` beside its reference. Imports ``draftsmith.contract`` only.
+
+Numerics: softmax is computed online in fp32 over tiles (the reference's softmax is one pass), so
+outputs differ from the reference by fp32 rounding before the final cast.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from draftsmith.contract import ShapeError, check_tensor
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+_I64 = torch.int64
+
+
+def visible(query_pos: torch.Tensor, key_pos: torch.Tensor, causal: bool,
+            window: int | None) -> torch.Tensor:
+    """``query_pos: [G, W]``, ``key_pos: [G, N]`` -> ``[G, W, N] bool``: key at ``kp`` is seen
+    from ``qp`` iff ``(not causal or kp <= qp)`` and, with a window ``w``, ``qp - kp < w`` and
+    (non-causal) ``kp - qp < w``."""
+    qp, kp = query_pos[:, :, None], key_pos[:, None, :]
+    out = torch.ones(qp.shape[0], qp.shape[1], kp.shape[2], dtype=torch.bool,
+                     device=query_pos.device)
+    if causal:
+        out &= kp <= qp
+    if window is not None:
+        out &= (qp - kp) < window
+        if not causal:
+            out &= (kp - qp) < window
+    return out
+
+
+def block_attention_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Tensor,
+    block_tables: torch.Tensor, num_ctx: torch.Tensor, query_pos: torch.Tensor, columns: int,
+    causal: bool, window: int | None, scale: float,
+) -> torch.Tensor:
+    """Attention of a block over its paged context and itself.
+
+    ``q: [G, W, nh, hd]``, ``k, v: [G, W, nkv, hd]`` (the block's keys and values),
+    ``pool: [pages, 2, nkv, P_sz, hd]`` (one layer's paged context: plane 0 keys, plane 1
+    values), ``block_tables: [G, max_pages] int64``, ``num_ctx: [G] int64`` (context columns
+    held, at most ``columns``), ``query_pos: [G, W] int64``. Returns ``[G, W, nh, hd]``.
+    """
+    g, w, nh, hd = q.shape
+    page_size = pool.shape[3]
+    cols = torch.arange(columns, device=q.device)
+    page_idx = (cols // page_size).clamp(max=block_tables.shape[1] - 1)
+    pages = block_tables[:, page_idx]  # [G, C]
+    offsets = (cols % page_size).expand_as(pages)
+    entries = pool[pages, :, :, offsets]  # [G, C, 2, nkv, hd]
+    valid = cols[None, :] < num_ctx[:, None]
+    entries = torch.where(valid[:, :, None, None, None], entries.to(q.dtype), 0)
+    keys = torch.cat((entries[:, :, 0], k), dim=1).transpose(1, 2)
+    values = torch.cat((entries[:, :, 1], v), dim=1).transpose(1, 2)
+    key_pos = torch.cat((cols.expand(g, -1), query_pos), dim=1)
+    key_ok = torch.cat((valid, torch.ones_like(query_pos, dtype=torch.bool)), dim=1)
+    mask = visible(query_pos, key_pos, causal, window) & key_ok[:, None, :]
+    o = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), keys, values, attn_mask=mask[:, None], scale=scale,
+        enable_gqa=nh != k.shape[2])
+    return o.transpose(1, 2)
+
+
+@triton.jit
+def _seen(qp, kp, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
+    """``[M, N]`` visibility of keys at ``kp [N]`` from queries at ``qp [M]`` (WINDOW 0: none)."""
+    diff = qp[:, None] - kp[None, :]
+    ok = diff == diff
+    if CAUSAL:
+        ok = diff >= 0
+    if WINDOW > 0:
+        ok = ok & (diff < WINDOW)
+        if not CAUSAL:
+            ok = ok & (-diff < WINDOW)
+    return ok
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """``a @ b`` accumulated in fp32; fp32 operands multiplied exactly (no TF32)."""
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee", out_dtype=tl.float32)
+    return tl.dot(a, b, out_dtype=tl.float32)
+
+
+@triton.jit
+def _block_attention_kernel(
+    q_ptr, k_ptr, v_ptr, pool_ptr, tables_ptr, nctx_ptr, qpos_ptr, out_ptr,
+    W, HD, COLUMNS, PAGE, MAX_PAGES, scale,
+    s_qg, s_qw, s_qh, s_kg, s_kw, s_kh, s_vg, s_vw, s_vh,
+    s_page, s_plane, s_ph, s_off, s_tg, s_og, s_ow, s_oh,
+    REP: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Program ``(b, kv_head)``: the ``W * REP`` query rows of that KV head's query heads."""
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1).to(tl.int64)
+    m = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    row_w = m // REP
+    head = kvh * REP + m % REP
+    row_ok = row_w < W
+    d_ok = d < HD
+    q = tl.load(q_ptr + b * s_qg + row_w[:, None] * s_qw + head[:, None] * s_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    qp = tl.load(qpos_ptr + b * W + row_w, mask=row_ok, other=0)
+    qk_scale = scale * 1.4426950408889634  # softmax in base 2
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    n_ctx = tl.minimum(tl.load(nctx_ptr + b), COLUMNS)
+    head_base = pool_ptr + kvh * s_ph
+    for n0 in range(0, n_ctx, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        c_ok = cols < n_ctx
+        page_idx = tl.minimum(cols // PAGE, MAX_PAGES - 1)
+        page = tl.load(tables_ptr + b * s_tg + page_idx, mask=c_ok, other=0)
+        where = head_base + page * s_page + (cols % PAGE).to(tl.int64) * s_off
+        ld_ok = c_ok[:, None] & d_ok[None, :]
+        kt = tl.load(where[:, None] + d[None, :], mask=ld_ok, other=0.0)
+        vt = tl.load(where[:, None] + s_plane + d[None, :], mask=ld_ok, other=0.0)
+        s = _dot(q, tl.trans(kt.to(q.dtype)), IEEE) * qk_scale
+        ok = _seen(qp, cols.to(tl.int64), CAUSAL, WINDOW) & c_ok[None, :] & row_ok[:, None]
+        s = tl.where(ok, s, -1.0e30)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.where(ok, tl.exp2(s - m_new[:, None]), 0.0)
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + _dot(p.to(q.dtype), vt.to(q.dtype), IEEE)
+        m_i = m_new
+    # the block's own keys and values
+    j = tl.arange(0, BLOCK_W)
+    j_ok = j < W
+    ld_ok = j_ok[:, None] & d_ok[None, :]
+    kb = tl.load(k_ptr + b * s_kg + j[:, None] * s_kw + kvh * s_kh + d[None, :], mask=ld_ok,
+                 other=0.0)
+    vb = tl.load(v_ptr + b * s_vg + j[:, None] * s_vw + kvh * s_vh + d[None, :], mask=ld_ok,
+                 other=0.0)
+    kp = tl.load(qpos_ptr + b * W + j, mask=j_ok, other=0)
+    s = _dot(q, tl.trans(kb.to(q.dtype)), IEEE) * qk_scale
+    ok = _seen(qp, kp, CAUSAL, WINDOW) & j_ok[None, :] & row_ok[:, None]
+    s = tl.where(ok, s, -1.0e30)
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.where(ok, tl.exp2(s - m_new[:, None]), 0.0)
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + _dot(p.to(q.dtype), vb.to(q.dtype), IEEE)
+    o = acc / tl.maximum(l_i, 1.0e-30)[:, None]
+    tl.store(out_ptr + b * s_og + row_w[:, None] * s_ow + head[:, None] * s_oh + d[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+def block_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Tensor,
+    block_tables: torch.Tensor, num_ctx: torch.Tensor, query_pos: torch.Tensor, columns: int,
+    causal: bool, window: int | None, scale: float,
+) -> torch.Tensor:
+    """Kernel form of :func:`block_attention_reference` (same arguments, ``[G, W, nh, hd]`` in
+    ``q``'s dtype); every tensor needs a contiguous last dim. Reads nothing back to the host."""
+    s: dict[str, int] = {}
+    check_tensor("q", q, ("G", "W", "nh", "hd"), _FLOATS, s)
+    check_tensor("k", k, ("G", "W", "nkv", "hd"), q.dtype, s, q.device)
+    check_tensor("v", v, ("G", "W", "nkv", "hd"), q.dtype, s, q.device)
+    check_tensor("pool", pool, ("pages", 2, "nkv", "P_sz", "hd"), _FLOATS, s, q.device)
+    check_tensor("block_tables", block_tables, ("G", "max_pages"), _I64, s, q.device)
+    check_tensor("num_ctx", num_ctx, ("G",), _I64, s, q.device)
+    check_tensor("query_pos", query_pos, ("G", "W"), _I64, s, q.device, contiguous=True)
+    if s["nh"] % s["nkv"]:
+        raise ShapeError(f"{s['nh']} query heads do not group over {s['nkv']} KV heads")
+    if any(t.stride(-1) != 1 for t in (q, k, v, pool)) or block_tables.stride(1) != 1:
+        raise ShapeError("block_attention needs a contiguous last dim in q, k, v, pool and "
+                         "block_tables")
+    if window is not None and window < 1:
+        raise ShapeError(f"window must be >= 1 or None, got {window}")
+    g, w, nh, hd = q.shape
+    nkv, rep = s["nkv"], nh // s["nkv"]
+    out = torch.empty(g, w, nh, hd, dtype=q.dtype, device=q.device)
+    if g == 0:
+        return out
+    block_m = max(16, triton.next_power_of_2(w * rep))
+    block_d = max(16, triton.next_power_of_2(hd))
+    _block_attention_kernel[(g, nkv)](
+        q, k, v, pool, block_tables, num_ctx, query_pos, out,
+        w, hd, int(columns), pool.shape[3], block_tables.shape[1], float(scale),
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        pool.stride(0), pool.stride(1), pool.stride(2), pool.stride(3), block_tables.stride(0),
+        out.stride(0), out.stride(1), out.stride(2),
+        REP=rep, CAUSAL=bool(causal), WINDOW=int(window or 0), IEEE=q.dtype == torch.float32,
+        BLOCK_M=block_m, BLOCK_N=64, BLOCK_W=max(16, triton.next_power_of_2(w)),
+        BLOCK_D=block_d, num_warps=4,
+    )
+    return out
+
+
+__all__ = ["block_attention", "block_attention_reference", "visible"]
