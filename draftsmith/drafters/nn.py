@@ -10,6 +10,9 @@ is six to eight launches.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,12 +25,19 @@ from draftsmith.contract import (
 )
 from draftsmith.kernels.block_attention import block_attention as fused_block_attention
 from draftsmith.kernels.block_attention import block_attention_reference
-from draftsmith.kernels.rms_norm import head_norm_rope, rms_norm_reference
+from draftsmith.kernels.rms_norm import (
+    add_rms_norm,
+    head_norm_rope,
+    rms_norm_reference,
+    rope_cos_sin_reference,
+)
 from draftsmith.kernels.rms_norm import rms_norm as fused_rms_norm
+from draftsmith.kernels.rms_norm import rope_cos_sin as fused_rope_cos_sin
 from draftsmith.kernels.rms_norm import rotate_half_rope_reference as apply_rope_neox
 from draftsmith.kernels.swiglu import silu_mul
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+T = TypeVar("T")
 """What the fused norm kernels take; other dtypes (the float64 toy target) run the reference."""
 
 
@@ -44,11 +54,17 @@ def check_token_range(token_ids: torch.Tensor, vocab_size: int) -> None:
                          f"{int(token_ids.min())} .. {int(token_ids.max())}")
 
 
+def on_gpu(t: torch.Tensor) -> bool:
+    """Whether ``t`` takes the fused kernels (a CUDA tensor); the one switch every dispatch
+    below reads, so a test can run the fused paths under Triton's CPU interpreter."""
+    return t.is_cuda
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x: [..., D]`` normalised over the last dim and scaled by ``weight``, ``[D]`` or any shape
     that broadcasts against ``x`` (MLA's per-layer stack ``[n, D]``): the fused kernel on a GPU
     for a ``[D]`` weight, the reference otherwise."""
-    if (x.is_cuda and weight.dim() == 1 and x.dtype in FUSED_DTYPES
+    if (on_gpu(x) and weight.dim() == 1 and x.dtype in FUSED_DTYPES
             and weight.dtype in FUSED_DTYPES):
         return fused_rms_norm(x, weight, eps)
     return rms_norm_reference(x, weight, eps)
@@ -67,29 +83,46 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
+def packed(owner: nn.Module, name: str, sources: tuple[torch.Tensor, ...],
+           build: Callable[[], T]) -> T:
+    """``build()``, kept on ``owner`` under ``name`` (not a parameter: never saved, never moved)
+    and rebuilt when any of ``sources`` is replaced or changed in place (its version counter).
+    A CUDA graph captured over a call keeps reading what it captured."""
+    key = tuple((t.data_ptr(), t._version) for t in sources)
+    cached = owner.__dict__.get(name)
+    if cached is None or cached[0] != key:
+        cached = owner.__dict__[name] = (key, build())
+    return cached[1]
+
+
 def packed_linear(owner: nn.Module, linears: tuple[nn.Linear, ...],
                   x: torch.Tensor) -> torch.Tensor:
-    """``cat([lin(x) for lin in linears], -1)`` as one GEMM over the weights concatenated.
+    """``cat([lin(x) for lin in linears], -1)`` as one GEMM over the weights concatenated
+    (kept on ``owner``, see :func:`packed`)."""
+    params = tuple(p for lin in linears for p in (lin.weight, lin.bias) if p is not None)
 
-    The packed weight is kept on ``owner`` (not a parameter: never saved, never moved) and
-    rebuilt when any weight is replaced or changed in place (its version counter). A CUDA
-    graph captured over this call keeps reading the packed copy it captured.
-    """
-    params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
-    key = tuple((p.data_ptr(), p._version) for p in params)
-    cached = owner.__dict__.get("_packed_linear")
-    if cached is None or cached[0] != key:
-        weight = torch.cat([lin.weight.detach() for lin in linears])
+    def build() -> tuple[torch.Tensor, torch.Tensor | None]:
         bias = (torch.cat([lin.bias.detach() for lin in linears])
                 if linears[0].bias is not None else None)
-        cached = owner.__dict__["_packed_linear"] = (key, weight, bias)
-    return F.linear(x, cached[1], cached[2])
+        return torch.cat([lin.weight.detach() for lin in linears]), bias
+
+    weight, bias = packed(owner, "_packed_linear", params, build)
+    return F.linear(x, weight, bias)
+
+
+def residual_norm(norm: RMSNorm, x: torch.Tensor,
+                  residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = x + residual`` and ``norm(h)``: one fused launch on a GPU outside autograd."""
+    if packing(x) and norm.weight.dim() == 1 and norm.weight.dtype in FUSED_DTYPES:
+        return add_rms_norm(x, residual, norm.weight, norm.eps)
+    h = x + residual
+    return h, norm(h)
 
 
 def packing(x: torch.Tensor) -> bool:
     """Whether layers pack their projections for ``x``: on a GPU, outside autograd (training
     keeps the separate weights; the CPU keeps the unpacked reference numerics)."""
-    return x.is_cuda and x.dtype in FUSED_DTYPES and not torch.is_grad_enabled()
+    return on_gpu(x) and x.dtype in FUSED_DTYPES and not torch.is_grad_enabled()
 
 
 class SwiGLU(nn.Module):
@@ -120,18 +153,21 @@ def rope_cos_sin(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``cos, sin: [*positions.shape, 2 * len(inv_freq)]`` in ``dtype`` (HF layout: halves repeated).
 
-    ``scale`` multiplies cos and sin (YaRN's attention factor; 1 otherwise).
+    ``scale`` multiplies cos and sin (YaRN's attention factor; 1 otherwise). One fused launch on a
+    GPU outside autograd (then both are strided views of one buffer).
     """
-    freqs = positions.float()[..., None] * inv_freq.to(positions.device)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+    if (on_gpu(positions) and dtype in FUSED_DTYPES and not torch.is_grad_enabled()
+            and inv_freq.dtype == torch.float32):
+        return fused_rope_cos_sin(positions, inv_freq.to(positions.device).contiguous(), dtype,
+                                  scale)
+    return rope_cos_sin_reference(positions, inv_freq, dtype, scale)
 
 
 def norm_rope(norm: RMSNorm, x: torch.Tensor, cos: torch.Tensor,
               sin: torch.Tensor) -> torch.Tensor:
     """``apply_rope_neox(norm(x), cos, sin)`` for ``x: [..., n, d]``, ``cos, sin: [..., d]``
     (Qwen3's per-head q/k norm then RoPE): one fused launch on a GPU."""
-    if x.is_cuda and x.dtype in FUSED_DTYPES and cos.dtype == torch.promote_types(
+    if on_gpu(x) and x.dtype in FUSED_DTYPES and cos.dtype == torch.promote_types(
             x.dtype, norm.weight.dtype) and norm.weight.dtype in FUSED_DTYPES:
         heads, width = x.shape[-2:]
         out = head_norm_rope(x.reshape(-1, heads, width), norm.weight, norm.eps,
@@ -146,7 +182,7 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: tor
     """A block's attention over its paged context (``pool``: one layer, ``[pages, 2, n_kv,
     P_sz, hd]``) and itself: ``q: [G, W, n_h, hd]``, ``k, v: [G, W, n_kv, hd]`` ->
     ``[G, W, n_h, hd]``; one fused launch on a GPU (see ``kernels.block_attention``)."""
-    fn = (fused_block_attention if q.is_cuda and q.dtype in FUSED_DTYPES
+    fn = (fused_block_attention if on_gpu(q) and q.dtype in FUSED_DTYPES
           else block_attention_reference)
     return fn(q, k, v, pool, placement.block_tables, placement.num_ctx, query_pos, columns,
               causal, window, q.shape[-1] ** -0.5)
@@ -212,8 +248,11 @@ __all__ = [
     "RMSNorm",
     "SwiGLU",
     "block_attention",
+    "head_norm_rope",
+    "packed",
     "packed_linear",
     "packing",
+    "residual_norm",
     "apply_rope_interleaved",
     "apply_rope_neox",
     "context_columns",

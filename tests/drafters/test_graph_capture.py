@@ -228,8 +228,10 @@ def test_forward_block_replays_bit_identically_in_a_cuda_graph(dtype):
 
 @pytest.mark.gpu
 def test_fused_gpu_forward_matches_the_cpu_reference():
-    """On a GPU the layer packs q/k/v and gate/up into one GEMM each and attends with the fused
-    paged kernel (sliding and full layers here); fp32 hidden states equal the CPU path's."""
+    """On a GPU the layer packs q/k/v and gate/up into one GEMM each, norms q and k in one launch,
+    fuses residual adds with the norms and attends with the fused paged kernel (sliding and full
+    layers here); the context projection packs every layer's k and v: fp32 results equal the
+    CPU path's."""
     cpu, gpu = _drafter("cpu"), _drafter("cuda")
     for lens, seed in (((3, 9, 14), 5), ((24, 1, 7), 6)):
         inputs, placement, cache = _world(cpu, lens, seed=seed, pages_per_row=8)
@@ -237,6 +239,30 @@ def test_fused_gpu_forward_matches_the_cpu_reference():
         got = gpu.forward_block(inputs.to("cuda"), _bounded(placement, BOUND).to("cuda"),
                                 cache.to("cuda"))
         torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
+    feats = torch.randn(11, cpu.spec.feature_width, generator=torch.Generator().manual_seed(2))
+    positions = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 30, 4000])
+    torch.testing.assert_close(gpu.project_context(feats.cuda(), positions.cuda()).cpu(),
+                               cpu.project_context(feats, positions), atol=1e-4, rtol=1e-4)
+    assert "_packed_k_norms" in gpu.__dict__
     assert "_packed_linear" in gpu.layers[0].self_attn.__dict__
     assert "_packed_linear" in gpu.layers[0].mlp.__dict__
     assert "_packed_linear" not in cpu.layers[0].self_attn.__dict__
+
+
+def test_fused_paths_on_the_interpreter_match_the_torch_paths(monkeypatch):
+    """The GPU code paths (packed projections, fused norms and attention, fused context
+    projection), forced on the CPU under Triton's interpreter in fp32, equal the torch paths."""
+    from draftsmith.drafters import nn as drafter_nn
+
+    drafter = _drafter()
+    feats = torch.randn(9, drafter.spec.feature_width, generator=torch.Generator().manual_seed(3))
+    positions = torch.tensor([0, 1, 2, 3, 5, 8, 13, 21, 34])
+    results = []
+    for fused in (False, True):
+        monkeypatch.setattr(drafter_nn, "on_gpu", lambda t, fused=fused: fused)
+        inputs, placement, cache = _world(drafter, (3, 9, 14), seed=5, pages_per_row=8)
+        results.append((drafter.forward_block(inputs, _bounded(placement, BOUND), cache),
+                        drafter.project_context(feats, positions)))
+    assert "_packed_linear" in drafter.layers[1].mlp.__dict__
+    for want, got in zip(results[0], results[1], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

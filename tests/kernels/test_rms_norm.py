@@ -81,3 +81,52 @@ def test_head_norm_rope_refuses_what_it_cannot_do():
         head_norm_rope(x, w, 1e-6, cos.bfloat16(), cos.bfloat16())
     with pytest.raises(ShapeError):
         head_norm_rope(x, w, 1e-6, torch.ones(3, 8), torch.ones(3, 8))
+
+
+@pytest.mark.parametrize(("device", "dtype"), _devices())
+def test_head_norm_rope_per_head_and_per_layer_weights(device, dtype):
+    """Per-head weights ``[n, d]`` (q and k heads of one packed projection), and ``[L, n, d]``
+    over rows that interleave L layers of one token (``cos_group = L``), written in place."""
+    g = torch.Generator().manual_seed(4)
+    tokens, layers, heads, width = 5, 3, 2, 16
+    cos, sin = rope_cos_sin(torch.randint(0, 900, (tokens,), generator=g).to(device),
+                            rope_inv_freq(width, 10000.0).to(device), dtype)
+    x = torch.randn(tokens, 7, width, generator=g).to(device, dtype)
+    w = (1 + 0.1 * torch.randn(7, width, generator=g)).to(device, dtype)
+    want = torch.stack([head_norm_rope_reference(x[:, h:h + 1], w[h], 1e-6, cos, sin)[:, 0]
+                        for h in range(7)], dim=1)
+    assert torch.equal(head_norm_rope_reference(x, w, 1e-6, cos, sin), want)
+    torch.testing.assert_close(head_norm_rope(x, w, 1e-6, cos, sin), want, **_tol(dtype))
+
+    packed = torch.randn(tokens, layers, 2, heads, width, generator=g).to(device, dtype)
+    wl = (1 + 0.1 * torch.randn(layers, heads, width, generator=g)).to(device, dtype)
+    keys = packed[:, :, 0].reshape(tokens * layers, heads, width)  # a strided view
+    want = torch.stack([head_norm_rope_reference(packed[:, i, 0], wl[i], 1e-6, cos, sin)
+                        for i in range(layers)], dim=1)
+    assert torch.equal(head_norm_rope_reference(packed[:, :, 0].reshape(-1, heads, width), wl,
+                                                1e-6, cos, sin, cos_group=layers),
+                       want.reshape(-1, heads, width))
+    values = packed[:, :, 1].clone()
+    out = head_norm_rope(keys, wl, 1e-6, cos, sin, cos_group=layers, out=keys)
+    assert out.data_ptr() == packed.data_ptr()
+    torch.testing.assert_close(packed[:, :, 0], want, **_tol(dtype))
+    assert torch.equal(packed[:, :, 1], values)  # the other plane untouched
+    with pytest.raises(ShapeError, match="cos_group"):
+        head_norm_rope(keys, wl, 1e-6, cos, sin, cos_group=4)
+    with pytest.raises(ShapeError, match="divid"):
+        head_norm_rope(x, wl[:, :1].expand(3, 7, width), 1e-6, cos, sin)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize(("device", "dtype"), _devices())
+def test_add_rms_norm_matches_reference(shape, device, dtype):
+    from draftsmith.kernels.rms_norm import add_rms_norm, add_rms_norm_reference
+
+    g = torch.Generator().manual_seed(len(shape))
+    x = torch.randn(shape, generator=g).to(device, dtype)
+    r = torch.randn(shape, generator=g).to(device, dtype)
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=g)).to(device, dtype)
+    total, normed = add_rms_norm(x, r, w, 1e-6)
+    want_total, want = add_rms_norm_reference(x, r, w, 1e-6)
+    assert torch.equal(total, want_total)
+    torch.testing.assert_close(normed, want, **_tol(dtype))

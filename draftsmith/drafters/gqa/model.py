@@ -49,9 +49,12 @@ from draftsmith.drafters.nn import (
     block_attention,
     check_token_range,
     context_columns,
+    head_norm_rope,
     norm_rope,
+    packed,
     packed_linear,
     packing,
+    residual_norm,
     rope_cos_sin,
     rope_inv_freq,
 )
@@ -197,6 +200,18 @@ class GQADrafter(nn.Module):
         with torch.no_grad():
             ctx = self.hidden_norm(self.fc(features.to(self.dtype)))
             cos, sin = rope_cos_sin(positions, self._inv_freq_on(positions.device), ctx.dtype)
+            if self._fuses(ctx):  # every layer's k and v in one GEMM, every k normed in one launch
+                layers, nkv, hd = s.num_layers, s.num_kv_heads, s.head_dim
+                kv = packed_linear(self, tuple(lin for layer in self.layers for lin in (
+                    layer.self_attn.k_proj, layer.self_attn.v_proj)), ctx)
+                kv = kv.view(-1, layers, 2, nkv, hd)
+                norms = tuple(layer.self_attn.k_norm.weight for layer in self.layers)
+                weight = packed(self, "_packed_k_norms", norms, lambda: torch.stack(
+                    [w.detach() for w in norms])[:, None].expand(layers, nkv, hd))
+                keys = kv[:, :, 0].reshape(-1, nkv, hd)
+                head_norm_rope(keys, weight, s.rms_norm_eps, cos, sin, cos_group=layers,
+                               out=keys)
+                return kv
             per_layer = []
             for layer in self.layers:
                 attn = layer.self_attn
@@ -262,15 +277,25 @@ class GQADrafter(nn.Module):
         with torch.no_grad():
             x = x.to(self.dtype)
             cos, sin = rope_cos_sin(pos_q, self._inv_freq_on(pos_q.device), x.dtype)
+            a = self.layers[0].input_layernorm(x)
             for index, layer in enumerate(self.layers):
-                x = self._layer(layer, x, cache.pool[index], placement, pos_q, columns,
-                                s.visibility[index], cos, sin)
-            return self.norm(x)
+                after = (self.layers[index + 1].input_layernorm if index + 1 < len(self.layers)
+                         else self.norm)
+                x, a = self._layer(layer, x, a, after, cache.pool[index], placement, pos_q,
+                                   columns, s.visibility[index], cos, sin)
+            return a
+
+    def _fuses(self, x: torch.Tensor) -> bool:
+        """Whether the packed projections and fused norms serve ``x`` (a GPU, no autograd, the
+        norms in the activations' dtype)."""
+        return packing(x) and self.layers[0].self_attn.k_norm.weight.dtype == x.dtype
 
     def _layer(
         self,
         layer: GQALayer,
         x: torch.Tensor,
+        a: torch.Tensor,
+        after: RMSNorm,
         pool: torch.Tensor,
         placement: DraftBlockPlacement,
         pos_q: torch.Tensor,
@@ -278,27 +303,32 @@ class GQADrafter(nn.Module):
         vis: LayerVisibility,
         cos: torch.Tensor,
         sin: torch.Tensor,
-    ) -> torch.Tensor:
-        """One decoder layer. ``x: [G, W, H]``, ``pool``: this layer's paged context
-        ``[pages, 2, n_kv, P_sz, hd]`` (``columns`` of it attended), ``pos_q: [G, W]`` the
-        block's positions, ``cos, sin: [G, W, hd]``.
-        On a GPU without autograd q, k and v come from one packed GEMM."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decoder layer: ``x: [G, W, H]`` the residual stream and ``a`` its input norm ->
+        the new stream and ``after(stream)`` (the next layer's input norm, or the final norm).
+        ``pool``: this layer's paged context ``[pages, 2, n_kv, P_sz, hd]`` (``columns`` of it
+        attended), ``pos_q: [G, W]`` the block's positions, ``cos, sin: [G, W, hd]``. On a GPU
+        q, k and v come from one packed GEMM, q and k are normed and rotated in one launch, and
+        each residual add is fused with the norm after it."""
         s, attn = self.spec, layer.self_attn
         g, w, _ = x.shape
         nh, nkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
-        a = layer.input_layernorm(x)
-        if packing(a):
+        if self._fuses(a):
             qkv = packed_linear(attn, (attn.q_proj, attn.k_proj, attn.v_proj), a)
+            heads = qkv.view(g * w, nh + 2 * nkv, hd)[:, : nh + nkv]
+            weight = packed(attn, "_packed_norms", (attn.q_norm.weight, attn.k_norm.weight),
+                            lambda: torch.cat((attn.q_norm.weight.detach().expand(nh, hd),
+                                               attn.k_norm.weight.detach().expand(nkv, hd))))
+            head_norm_rope(heads, weight, s.rms_norm_eps, cos.reshape(-1, hd),
+                           sin.reshape(-1, hd), out=heads)
             q, k, v = qkv.view(g, w, nh + 2 * nkv, hd).split((nh, nkv, nkv), dim=2)
         else:
-            q = attn.q_proj(a).view(g, w, nh, hd)
-            k = attn.k_proj(a).view(g, w, nkv, hd)
+            q = norm_rope(attn.q_norm, attn.q_proj(a).view(g, w, nh, hd), cos, sin)
+            k = norm_rope(attn.k_norm, attn.k_proj(a).view(g, w, nkv, hd), cos, sin)
             v = attn.v_proj(a).view(g, w, nkv, hd)
-        q = norm_rope(attn.q_norm, q, cos, sin)
-        k = norm_rope(attn.k_norm, k, cos, sin)
         o = block_attention(q, k, v, pool, placement, pos_q, columns, vis.causal, vis.window)
-        x = x + attn.o_proj(o.reshape(g, w, nh * hd))
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+        x, h = residual_norm(layer.post_attention_layernorm, x, attn.o_proj(o.reshape(g, w, -1)))
+        return residual_norm(after, x, layer.mlp(h))
 
     def block_logits(self, hidden: torch.Tensor, head: OutputHead) -> LogitsShard:
         """``hidden: [rows, H]`` -> logits ``[rows, S] fp32`` of ``head``'s shard, times
