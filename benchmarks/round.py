@@ -238,6 +238,18 @@ def _time_parts(spec, g: int, width: int) -> list[tuple[str, float, int]]:
             base, 0, placement.bonus, None, hidden=dh.view(g, k, -1))),
         ("acceptance", lambda: spec.acceptance.accept(out.logits, drafts, None)),
     ]
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def backend(which, q):
+        def run():
+            with sdpa_kernel([which]):
+                spec.target.forward_rows(tokens[:, :q], starts, width)
+        return run
+
+    fns += [
+        (f"target {q} token(s), {which.name.lower()} attention", backend(which, q))
+        for q in (k + 1, 1) for which in (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+    ]
     parts = [(name, _graph_ms(fn), _kernel_count(fn)) for name, fn in fns]
     wide = _kernels(lambda: spec.target.forward_rows(tokens, starts, width))
     narrow = _kernels(lambda: spec.target.forward_rows(tokens[:, :1], starts, width))
