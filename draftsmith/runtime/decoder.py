@@ -301,6 +301,9 @@ class SpecDecoder:
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
         counter = self.acceptance.forced_counter.clone()
+        # one eager round on this stream first: what a first forward builds and keeps (packed
+        # weights, RoPE frequencies, compiled kernels) is then made outside any capture stream
+        self.round_core(*max(missing))
         for g, w in sorted(missing, reverse=True):  # largest first: the rest reuse its memory
             self.graphs[(g, w)] = RoundGraph(self, g, w, self._graph_pool)
         self.acceptance.forced_counter.copy_(counter)
