@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _tiny_models import make_tiny_causal_lm, save_tiny_model
 
 from draftsmith.contract import ConfigError, PlanError, ShapeError, TargetModel
 from draftsmith.runtime.targets.hf import HFTarget, load_hf_target
-from draftsmith.runtime.targets.tiny import make_tiny_causal_lm, save_tiny_model
 
 ATOL = 1e-5
 
