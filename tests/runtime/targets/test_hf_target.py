@@ -1,4 +1,6 @@
-"""The Hugging Face target adapter against transformers itself (spec 1.3, 3.3; invariant 2)."""
+"""The Hugging Face target adapter against transformers itself: the feature captured at the end
+of layer ``l`` equals ``hidden_states[l + 1]`` (so the last layer cannot be captured), ragged
+verify and commit match a fresh forward, and configs it cannot serve are refused."""
 
 from __future__ import annotations
 
