@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -24,8 +23,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftsmith.contract import CheckpointError, ConfigError, WeightDtype
-
-logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 """Name of the JSON config inside a checkpoint directory."""

@@ -12,10 +12,8 @@ The same ``(seed, count)`` always yields the same prompts on any machine with th
 from __future__ import annotations
 
 import inspect
-import json
 import random
 from collections.abc import Iterator
-from pathlib import Path
 
 TOPICS = (
     "photosynthesis", "the water cycle", "black holes", "compound interest", "the French Revolution",
@@ -64,8 +62,6 @@ CODE_TASKS = (
 # benchmark items: the questions and stubs they wrap are this module's own.
 BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 TESTED_SOLUTION = "Write a solution to the following problem and make sure that it passes the tests:"
-STDLIB_MODULES = ("textwrap", "bisect", "heapq", "statistics", "fractions", "colorsys", "shlex",
-                  "string", "functools", "calendar", "difflib", "glob", "fnmatch", "random")
 
 
 def _instruction(rng: random.Random) -> str:
@@ -470,12 +466,4 @@ def training_prompts(count: int, seed: int = 0) -> Iterator[str]:
             yield prompt
 
 
-def write_prompts(path: Path, count: int, seed: int = 0) -> Path:
-    """Write the prompt set as JSONL (``{"turns": [prompt]}``, the evaluation files' format)."""
-    with path.open("w", encoding="utf-8") as fh:
-        for prompt in training_prompts(count, seed):
-            fh.write(json.dumps({"turns": [prompt]}) + "\n")
-    return path
-
-
-__all__ = ["training_prompts", "write_prompts"]
+__all__ = ["training_prompts"]

@@ -1,6 +1,6 @@
-"""Sequential Temperature Scaling (spec 2.6, spec 8 row 18): apply / ECE / fit on synthetic
-rollouts with a known temperature, and the drafter's STS table (checkpoint key, set, save,
-calibrated survival)."""
+"""Sequential Temperature Scaling (``c_j = sigmoid(raw_j / tau_j)``, ``tau <= 0`` refused): apply,
+ECE and fit on synthetic rollouts with a known temperature, and the drafter's STS table
+(checkpoint key, set, save, calibrated survival)."""
 
 from __future__ import annotations
 

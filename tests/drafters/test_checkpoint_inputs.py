@@ -114,11 +114,12 @@ def test_default_capture_lists_are_capturable_on_small_targets(layers: int,
     assert validate_target_layer_ids(ids, layers) == ids and len(ids) == drafter_layers
 
 
-def test_the_spec_values_are_unchanged_and_too_many_layers_are_refused() -> None:
+def test_the_worked_values_are_unchanged_and_too_many_layers_are_refused() -> None:
     assert build_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
     assert build_target_layer_ids(62, 6) == [1, 13, 24, 36, 47, 59]
     assert build_target_layer_ids(36, 1) == [18]
-    assert build_target_layer_ids(4, 2) == [0, 2]  # the spec's formula gives [1, 1]
+    # spreading over [1, L_t - 3] would give [1, 1] here, which is not strictly increasing
+    assert build_target_layer_ids(4, 2) == [0, 2]
     with pytest.raises(CheckpointError, match="a target of 3 layers has 2 layers a drafter of 3 "
                                               "layers can capture by default"):
         build_target_layer_ids(3, 3)

@@ -1,5 +1,6 @@
-"""``dspark-gqa``: both checkpoint layouts of spec 2.2, the Markov head as data, the confidence
-head of spec 2.5, random init from options, and save -> load round trips."""
+"""``dspark-gqa``: both checkpoint layouts (DeepSpec native and the DFlash-style export), the
+Markov head as data, the confidence head, random init from options, and save -> load round
+trips."""
 
 from __future__ import annotations
 
@@ -143,7 +144,7 @@ def test_loads_both_layouts(tmp_path, layout):
     assert head.vocab_start == 0 and head.shard_width == V
 
     # same backbone weights as the source: identical hidden states. DeepSpec ships its own
-    # embedding table (spec 9 item 17), so the target table passed in is ignored there.
+    # embedding table (whose mask row it uses too), so the target table passed in is ignored there.
     ours = _run_block(drafter, table=torch.zeros(V, H) if layout == "deepspec" else None)
     theirs = _run_block(source, table=embed if layout == "deepspec" else None)
     assert torch.equal(ours["embedded"], theirs["embedded"])
@@ -163,7 +164,7 @@ def test_confidence_matches_hand_computation(tmp_path, layout):
     gen = torch.Generator().manual_seed(1)
     hidden = torch.randn(3, K, H, generator=gen)
     prev = torch.randint(0, V, (3, K), generator=gen)
-    prev[1, 2] = -1  # out-of-vocab id: zero Markov feature (spec 2.3)
+    prev[1, 2] = -1  # out-of-vocab id: zero Markov feature
     got = drafter.confidence(hidden, prev)
     assert got.shape == (3, K) and got.dtype == torch.float32
     want = torch.empty(3, K, dtype=torch.float64)
@@ -368,8 +369,9 @@ def test_columns_past_num_ctx_are_never_read():
 
 
 def test_loaded_markov_head_drives_the_spec_chain_with_ties_and_oov_anchors(tmp_path):
-    """Spec 2.3 on the head of a loaded DeepSpec checkpoint: the eager chain equals the
-    section's definition bit for bit (fp32), with tied logits and anchors -1 and V."""
+    """The vanilla Markov chain on the head of a loaded DeepSpec checkpoint equals its definition
+    (``z_j = U_j + w1[prev] @ w2^T``, ``x_j = argmax z_j``, ``prev = x_j``; a zero bias for an
+    anchor outside ``0..V-1``) bit for bit in fp32, with tied logits and anchors -1 and V."""
     from draftsmith.kernels.markov_chain import markov_chain_reference
 
     _write_checkpoint(_random(markov_rank=R), tmp_path, "deepspec", torch.randn(V, H))

@@ -1,4 +1,6 @@
-"""Checkpoint helpers and loader errors of the GQA families (spec 1.1, 1.2, 2.2, 9 items 7, 8, 10)."""
+"""Checkpoint helpers and loader errors of the GQA families: the z-lab and DeepSpec layouts,
+``build_target_layer_ids``, the block convention and sliding-window rule a checkpoint implies, and
+the config key spellings accepted."""
 
 from __future__ import annotations
 
@@ -60,7 +62,8 @@ def test_draft_value_order():
 
 
 def test_window_tuples():
-    """Spec 8 item 7."""
+    """DSpark sliding ``w = 1024`` gives ``(1023, 1023)``; a full layer or SWA off gives
+    ``(-1, -1)``; a z-lab sliding layer is causal by default, ``(w - 1, 0)``."""
     native = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 1024}
     got = [v.window_tuple() for v in resolve_visibility(native, 2, Flavour.DSPARK, native=True)]
     assert got == [(1023, 1023), (-1, -1)]

@@ -1,4 +1,4 @@
-"""The static context bound ``DraftBlockPlacement.context_width`` (spec 7): the GQA block forward
+"""The static context bound ``DraftBlockPlacement.context_width``: the GQA block forward
 gives the same hidden states with and without it, reads nothing back to the host with it, costs
 the same whatever the number of unused pages, and (GPU) captures in a CUDA graph whose replay on
 new inputs copied into the static buffers equals the eager forward bit for bit."""

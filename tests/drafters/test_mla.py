@@ -343,7 +343,7 @@ def test_block_logits_markov_and_confidence() -> None:
     w1 = tensors["markov_head.markov_w1.weight"].to(torch.bfloat16).float()
     rows = torch.where(((prev >= 0) & (prev < 64))[..., None], w1[prev.clamp(0, 63)], 0.0)
     feat = torch.cat((hidden.float(), rows), -1)
-    # The confidence head keeps its fp32 weights on a bf16 load (spec 2.5, 9 item 9).
+    # The confidence head keeps its fp32 weights on a bf16 load (it is computed in fp32).
     proj = drafter._modules["confidence_head"].proj
     assert proj.weight.dtype == proj.bias.dtype == torch.float32
     w = tensors["confidence_head.proj.weight"]
@@ -416,7 +416,7 @@ def test_family_loads_checkpoint_and_random(tmp_path: Path) -> None:
     target = TargetInfo(vocab_size=64, hidden_size=24, num_layers=12)
     opts = DSparkMLAOptions(num_layers=3, markov_rank=8, tp_fusions=[TPFusion.AR_RESIDUAL_RMSNORM])
     drafter = FAMILY.load(LoadRequest(options=opts, target=target, seed=3))
-    assert drafter.cfg.target_layer_ids == (1, 5, 9)  # spec 1.2 spread over [1, L_t - 3]
+    assert drafter.cfg.target_layer_ids == (1, 5, 9)  # build_target_layer_ids: spread over [1, L_t - 3]
     assert drafter.requested_tp_fusions == {TPFusion.AR_RESIDUAL_RMSNORM}
     drafter.save(tmp_path)
     loaded = load_dspark_mla(LoadRequest(options=DSparkMLAOptions(), checkpoint=tmp_path,
@@ -690,8 +690,8 @@ def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def test_tp_fused_vs_stock_bf16(pool: RankPool) -> None:
-    """bf16 drafters, fused and stock, against the fp32 one-rank drafter (spec 8.27: relative
-    error < 1e-2 for the whole block)."""
+    """bf16 drafters, fused and stock, against the fp32 one-rank drafter: relative error < 1e-2
+    for the whole block."""
     for r in pool.run(_tp_against_single, 24, 2, ALL_FUSIONS, "bfloat16"):
         assert r["active"] == ALL_FUSIONS and r["h_tp"].dtype == torch.bfloat16
         for name in ("h_tp", "h_stock", "h_single"):

@@ -6,8 +6,8 @@ The configs declare Qwen3-8B widths (a 1B-parameter drafter), too large to fill 
 suite, so the conformance runs keep every key and value of the published file except the five
 width keys of :data:`NARROW` (the vocabulary, layer count, block size, mask id, capture ids and
 Markov rank stay as published), then fill random tensors of the shapes that config declares. The
-shapes come from :func:`declared_shapes`, written from the tensor tables of spec 1.1 and 2.2,
-not from draftsmith's model.
+shapes come from :func:`declared_shapes`, written from the published tensor tables of the z-lab
+and DeepSpec checkpoint layouts, not from draftsmith's model.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def published(name: str) -> dict[str, Any]:
 
 
 def declared_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape of a z-lab DFlash (spec 1.1) or DeepSpec DSpark (spec 2.2) config."""
+    """Tensor name -> shape of a z-lab DFlash or DeepSpec DSpark config."""
     section = config.get("dflash_config") or {}
     ids = section.get("target_layer_ids", config.get("target_layer_ids"))
     h, i_size, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]

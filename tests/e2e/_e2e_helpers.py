@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from _tiny_models import make_tiny_causal_lm
 
 from draftsmith.runtime.api import Decoder
-from draftsmith.runtime.targets.tiny import make_tiny_causal_lm
 
 DATA = Path("/work/shared/data")
 """The shared evaluation prompt sets (``{"turns": [...]}`` per line)."""

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from _tiny_models import save_tiny_model
 
 from draftsmith.cli import main
 from draftsmith.contract import LoadRequest, TargetInfo
 from draftsmith.runtime.registry import load_registry
-from draftsmith.runtime.targets.tiny import save_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -185,9 +185,10 @@ def test_bad_prompt_files(capsys, tiny_dir, tmp_path) -> None:
 
 
 def test_progress_callback_sees_growing_tokens_and_is_removed() -> None:
+    from _tiny_models import make_byte_tokenizer, tiny_target
+
     from draftsmith.runtime.api import load_decoder
     from draftsmith.runtime.config import SpecConfig
-    from draftsmith.runtime.targets.tiny import make_byte_tokenizer, tiny_target
 
     config = SpecConfig.from_dict({"num_draft_tokens": 2,
                                    "target": {"model": "toy", "device": "cpu"}})
@@ -203,9 +204,10 @@ def test_progress_callback_sees_growing_tokens_and_is_removed() -> None:
 def test_a_drafter_without_checkpoint_is_announced_as_untrained() -> None:
     """Random weights accept next to nothing: the load log says so and names the shipped
     drafter, so ``draftsmith eval`` without ``--checkpoint`` is not mistaken for a result."""
+    from _tiny_models import make_byte_tokenizer, tiny_target
+
     from draftsmith.runtime.api import load_decoder
     from draftsmith.runtime.config import SpecConfig
-    from draftsmith.runtime.targets.tiny import make_byte_tokenizer, tiny_target
 
     config = SpecConfig.from_dict({"num_draft_tokens": 2,
                                    "target": {"model": "toy", "device": "cpu"}})

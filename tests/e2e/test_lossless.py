@@ -15,12 +15,12 @@ from collections import Counter
 import pytest
 import torch
 from _e2e_helpers import PET, encode_all, first_turns, nudged_model
+from _tiny_models import make_byte_tokenizer
 
 from draftsmith.contract import ConfigError
 from draftsmith.runtime.api import Decoder, bf16_step, load_decoder
 from draftsmith.runtime.config import SpecConfig
 from draftsmith.runtime.targets.hf import HFTarget
-from draftsmith.runtime.targets.tiny import make_byte_tokenizer
 
 FAMILIES = ("dflash", "dspark-gqa", "dspark-mla")
 MAX_NEW = 16

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from _threads import run_threaded
 
 from draftsmith.contract import (
     BlockConvention,
@@ -22,7 +23,6 @@ from draftsmith.contract import (
     TargetOutput,
 )
 from draftsmith.drafters.nn import gather_context, rms_norm
-from draftsmith.testing.threads import run_threaded
 
 
 class TinyDrafter:

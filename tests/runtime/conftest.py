@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from draftsmith.runtime.targets import ToyTarget
+from _toy_target import ToyTarget
 
 PET = 7
 """The token whose head row the nudged toy target points at its raised embedding column."""

@@ -8,6 +8,7 @@ from typing import Literal
 
 import pytest
 import torch
+from _toy_target import ToyTarget
 from pydantic import BaseModel, ConfigDict
 
 import draftsmith
@@ -22,7 +23,6 @@ from draftsmith.contract import (
 from draftsmith.runtime.bind import bind, plan_only, target_info_from_config
 from draftsmith.runtime.config import SpecConfig, TargetConfig
 from draftsmith.runtime.registry import load_registry, make_plugin_manager
-from draftsmith.runtime.targets import ToyTarget
 
 
 class SoftmaxDrawConfig(BaseModel):

@@ -5,10 +5,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
+from _toy_target import ToyTarget
 
 from draftsmith.runtime.bind import bind
 from draftsmith.runtime.config import SpecConfig
-from draftsmith.runtime.targets import ToyTarget
 
 
 def _decoder(max_batch=6):

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _toy_target import ToyTarget
 from scipy.stats import chisquare
 
 from draftsmith.contract import DraftsmithError
 from draftsmith.runtime.bind import bind
 from draftsmith.runtime.config import SpecConfig
 from draftsmith.runtime.reference_loop import reference_generate
-from draftsmith.runtime.targets import ToyTarget
 
 FAMILIES = ("dflash", "dspark-gqa", "dspark-mla")
 PROMPTS = [[(i * 7 + j * 3 + 1) % 60 for j in range(2 + 3 * i)] for i in range(8)]  # 2..23 tokens

@@ -9,11 +9,11 @@ import warnings
 
 import pytest
 import torch
+from _toy_target import ToyTarget
 
 from draftsmith.runtime.bind import bind
 from draftsmith.runtime.config import SpecConfig
 from draftsmith.runtime.decoder import MIN_CONTEXT_BUCKET, row_buckets, width_buckets
-from draftsmith.runtime.targets import ToyTarget
 
 PROMPTS = [[(i * 5 + j) % 60 for j in range(3 + 2 * i)] for i in range(6)]
 SYNC_MESSAGE = "called a synchronizing CUDA operation"
@@ -154,8 +154,9 @@ def test_static_context_width_matches_dynamic_on_cpu(family):
 def test_graphed_rounds_with_a_hugging_face_target(architecture, k):
     """The static-cache HF target inside captured rounds: fp32 greedy output equals
     transformers' own greedy ``generate`` for every prompt, at several batch sizes."""
+    from _tiny_models import make_tiny_causal_lm
+
     from draftsmith.runtime.targets.hf import HFTarget
-    from draftsmith.runtime.targets.tiny import make_tiny_causal_lm
 
     model = make_tiny_causal_lm(architecture=architecture, seed=5).cuda()
     target = HFTarget(model, max_slots=8)

@@ -8,6 +8,7 @@ import pydantic
 import pytest
 import torch
 from _runtime_doubles import TinyDrafter
+from _toy_target import ToyTarget
 
 from draftsmith.contract import (
     BlockConvention,
@@ -23,7 +24,6 @@ from draftsmith.runtime.bind import bind, plan_only
 from draftsmith.runtime.config import SpecConfig
 from draftsmith.runtime.plan import PlanInputs, format_plan, make_plan, plan_command
 from draftsmith.runtime.registry import Registry, load_registry
-from draftsmith.runtime.targets import ToyTarget
 
 TOY = TargetInfo(vocab_size=64, hidden_size=32, num_layers=4)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 
 import torch
+from _threads import run_threaded  # noqa: F401 - re-exported to the tests
 
 from draftsmith.contract import LogitsShard
-from draftsmith.testing.threads import run_threaded  # noqa: F401 - re-exported to the tests
 
 
 def chi_square_pvalue(observed: torch.Tensor, probs: torch.Tensor) -> float:

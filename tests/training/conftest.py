@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from draftsmith.runtime.targets.tiny import make_byte_tokenizer, make_tiny_causal_lm
+from _tiny_models import make_byte_tokenizer, make_tiny_causal_lm
 
 
 @pytest.fixture(scope="module")

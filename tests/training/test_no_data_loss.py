@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 from _interrupt import interrupt_at
+from _tiny_models import save_tiny_model
 from safetensors.torch import load_file, save_file
 
 from draftsmith.cli import main
 from draftsmith.contract import ConfigError
-from draftsmith.runtime.targets.tiny import save_tiny_model
 from draftsmith.training import data as data_module
 from draftsmith.training import trainer as trainer_module
 from draftsmith.training.data import (

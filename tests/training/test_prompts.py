@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith.training.prompts import BOXED, TESTED_SOLUTION, training_prompts, write_prompts
+from draftsmith.training.prompts import BOXED, TESTED_SOLUTION, training_prompts
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
@@ -39,9 +39,3 @@ def test_disjoint_from_evaluation_sets() -> None:
         prompt = items(prompt)
         assert not any(prompt[i:i + 60] in shingles for i in range(0, len(prompt) - 60, 7))
     assert formats > 100  # the formats are in use, so the replacement above is exercised
-
-
-def test_jsonl_uses_the_turns_format(tmp_path: Path) -> None:
-    path = write_prompts(tmp_path / "p.jsonl", 5)
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    assert len(rows) == 5 and all(len(r["turns"]) == 1 for r in rows)

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from draftsmith.contract import ConfigError
-from draftsmith.runtime.targets.tiny import (
+from _tiny_models import (
     make_byte_tokenizer,
     make_tiny_causal_lm,
     save_tiny_model,
 )
+
+from draftsmith.contract import ConfigError
 from draftsmith.training.selfprompts import (
     EvalExclusion,
     SelfPromptConfig,

@@ -42,14 +42,16 @@ logger = logging.getLogger(__name__)
 DFLASH_ARCH = "DFlashDraftModel"
 """``architectures[0]`` of z-lab DFlash checkpoints and of DFlash-style DSpark exports."""
 DFLASH2_ARCH = "DFlash2DraftModel"
-"""The z-lab "DFlash 2" variant, which draftsmith does not implement (spec 1.9)."""
+"""The z-lab "DFlash 2" variant (dynamic convolutions and a candidate selector), which draftsmith
+does not implement."""
 DEEPSPEC_SUFFIX = "DSparkModel"
 """DeepSpec native architectures end with this (``Qwen3DSparkModel``)."""
 
 
 
 class Flavour(StrEnum):
-    """Which reference a checkpoint follows; it fixes the sliding-window rule (spec 9, item 8)."""
+    """Which reference a checkpoint follows. The references disagree on sliding layers, so the
+    flavour fixes their rule: causal for z-lab, a symmetric non-causal window for DSpark."""
 
     ZLAB = "z-lab"
     """z-lab DFlash: sliding layers causal unless ``is_causal`` says otherwise."""
@@ -59,7 +61,7 @@ class Flavour(StrEnum):
 
 @dataclass(frozen=True)
 class LayerVisibility:
-    """Which keys a block query sees in one layer (spec 1.6).
+    """Which keys a block query sees in one layer.
 
     ``window = None`` means unbounded. A key at position ``kp`` is visible to a query at ``qp`` iff
     ``(not causal or kp <= qp)`` and, with a window ``w``, ``qp - kp < w`` and (non-causal)
@@ -121,7 +123,8 @@ class GQADrafterSpec:
     confidence_head_with_markov: bool = False
     own_embedding: bool = False
     sts_temperatures: tuple[float, ...] | None = None
-    """Sequential Temperature Scaling table (spec 2.6): one ``tau > 0`` per block position."""
+    """Sequential Temperature Scaling table: one ``tau > 0`` per block position, dividing that
+    position's confidence logit before the sigmoid."""
 
     @property
     def feature_width(self) -> int:
@@ -262,7 +265,7 @@ def _rope_theta(config: Mapping[str, Any]) -> float:
 def resolve_visibility(
     config: Mapping[str, Any], num_layers: int, flavour: Flavour, native: bool = False
 ) -> tuple[LayerVisibility, ...]:
-    """Per-layer visibility (spec 1.6, 2.9 and 9 item 8).
+    """Per-layer visibility, by the flavour's rule for sliding layers.
 
     * z-lab: ``layer_types`` / ``sliding_window``, sliding layers causal unless ``is_causal``.
     * DSpark, DeepSpec native (``native``): Hugging Face semantics, ``sliding_window`` on the
@@ -291,7 +294,7 @@ def resolve_visibility(
         if truthy(draft_value(config, "causal", False), "causal"):
             raise CheckpointError(
                 "DSpark config sets causal = true; DSpark drafters attend non-causally over the "
-                "block (spec 2.9). Set causal to false or remove it"
+                "block. Set causal to false or remove it"
             )
         if native:
             window = config.get("sliding_window")
@@ -330,7 +333,7 @@ def has_dspark_heads(config: Mapping[str, Any]) -> bool:
 
 
 def resolve_flavour(config: Mapping[str, Any], family: str, arch: str) -> Flavour:
-    """Spec 9 item 8: which reference a checkpoint follows, from the checkpoint alone.
+    """Which reference a checkpoint follows (z-lab or DSpark), from the checkpoint alone.
 
     DeepSpec architectures and ``projector_type == "dspark"`` are DSpark. A DFlash-style DSpark
     export that omits ``projector_type`` still says what it is (a ``dspark_config`` section,
@@ -359,8 +362,10 @@ def resolve_flavour(config: Mapping[str, Any], family: str, arch: str) -> Flavou
 def resolve_block_convention(
     config: Mapping[str, Any], family: str, arch: str, flavour: Flavour
 ) -> BlockConvention:
-    """Spec 9 item 7: ``Qwen3DSparkModel`` and DSpark exports shift; ``DFlashDraftModel`` shifts
-    only when ``shift_label`` (or ``projector_type == "dspark"``) says so. The decision is logged."""
+    """The block convention of a checkpoint. z-lab DFlash uses ``W = K + 1`` with a silent bonus
+    slot; DeepSpec and DSpark exports use the shift convention (``W = K``, slot ``j`` predicts
+    draft ``j``). ``Qwen3DSparkModel`` and DSpark exports shift; ``DFlashDraftModel`` shifts only
+    when ``shift_label`` (or ``projector_type == "dspark"``) says so. The decision is logged."""
     shift_label = draft_value(config, "shift_label")
     if shift_label is not None:
         shift, why = truthy(shift_label, "shift_label"), f"shift_label = {shift_label!r}"

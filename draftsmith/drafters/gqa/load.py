@@ -88,7 +88,9 @@ def _check_against_target(spec: GQADrafterSpec, target: TargetInfo | None, origi
 
 
 def _check_markov_tensors(source: TensorSource, spec: GQADrafterSpec) -> None:
-    """Spec 2.2: ``markov_w1`` with rank 0 is an error; shapes must be ``(V, markov_rank)``."""
+    """A Markov tensor in a checkpoint whose config says ``markov_rank = 0`` is an error (loading
+    would drop the head silently); the shapes themselves, ``(V, markov_rank)``, are checked on
+    load."""
     for canonical in ("markov_w1.weight", "markov_w2.weight"):
         names = _ALIASES[canonical]
         found = source.find(names)

@@ -88,7 +88,7 @@ class GQALayer(nn.Module):
 
 
 class GQADrafter(nn.Module):
-    """A DFlash / DSpark GQA drafter (spec 1.5-1.7, 2.3-2.5) implementing ``Drafter``.
+    """A DFlash / DSpark GQA drafter implementing ``Drafter``.
 
     Parameter names are the z-lab ones (``fc``, ``hidden_norm``, ``norm``, ``layers.{i}.*``) plus
     ``embed_tokens.weight``, ``markov_w1.weight``, ``markov_w2.weight``, ``markov_gate_proj.*``,
@@ -191,7 +191,7 @@ class GQADrafter(nn.Module):
         return self.fc.weight.dtype
 
     def project_context(self, features: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Context K/V (spec 1.5): ``features: [T, n_cap * H_t]``, ``positions: [T] int64`` ->
+        """Context K/V: ``features: [T, n_cap * H_t]``, ``positions: [T] int64`` ->
         ``[T, L, 2, n_kv, hd]`` (K with ``k_norm`` and RoPE, V plain) in the weight dtype."""
         sizes: dict[str, int] = {}
         check_tensor("features", features, ("T", self.spec.feature_width), _FLOATS, sizes)
@@ -252,12 +252,12 @@ class GQADrafter(nn.Module):
         placement: DraftBlockPlacement,
         cache: PagedContextCache,
     ) -> torch.Tensor:
-        """Block forward over the paged context (spec 1.6): final-normed hidden ``[G, W, H]``.
+        """Block forward over the paged context: final-normed hidden ``[G, W, H]``.
 
         Context column ``c`` of a request sits at RoPE position ``c``; columns ``>= num_ctx`` are
         never attended. Block RoPE positions are ``inputs.positions``. With
         ``placement.context_width`` set the forward reads nothing back to the host and allocates
-        only fixed-shape tensors, so it can be captured in a CUDA graph (spec 7); without it one
+        only fixed-shape tensors, so it can be captured in a CUDA graph; without it one
         ``max(num_ctx)`` read-back sizes the gather.
         """
         s = self.spec
@@ -332,7 +332,7 @@ class GQADrafter(nn.Module):
 
     def block_logits(self, hidden: torch.Tensor, head: OutputHead) -> LogitsShard:
         """``hidden: [rows, H]`` -> logits ``[rows, S] fp32`` of ``head``'s shard, times
-        output_multiplier, then ``cap * tanh(logits / cap)`` when soft-capping is set (spec 1.7)."""
+        output_multiplier, then ``cap * tanh(logits / cap)`` when soft-capping is set."""
         s = self.spec
         check_tensor("hidden", hidden, ("rows", s.hidden_size), _FLOATS)
         if head.vocab_size != s.vocab_size or head.weight.shape[1] != s.hidden_size:
@@ -370,7 +370,7 @@ class GQADrafter(nn.Module):
         )
 
     def confidence(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
-        """Raw survival logits ``[G, K] fp32`` (spec 2.5), computed in fp32.
+        """Raw survival logits ``[G, K] fp32``, computed in fp32.
 
         ``hidden: [G, K, H]`` are the draft slots' final-normed states; ``prev_tokens: [G, K]
         int64`` the anchor then the proposed drafts. With ``confidence_head_with_markov`` the
@@ -393,7 +393,8 @@ class GQADrafter(nn.Module):
             return F.linear(feat, weight, bias).squeeze(-1)
 
     def survival(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
-        """Calibrated prefix survival ``a: [G, K] fp32`` (spec 2.5, 2.6).
+        """Calibrated prefix survival ``a: [G, K] fp32``: ``a_j`` estimates the probability that
+        drafts ``0..j`` are all accepted.
 
         ``c_j = sigmoid(raw_j / tau_j)`` with the drafter's STS table (plain ``sigmoid(raw_j)``
         when it has none), ``a_j = prod_{i <= j} c_i``; ``hidden`` and ``prev_tokens`` as in
@@ -442,7 +443,8 @@ class GQADrafter(nn.Module):
         return table
 
     def _w1_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """``w1[ids]`` with zero rows for ids outside the vocabulary (spec 2.3)."""
+        """``w1[ids]`` with zero rows for ids outside the vocabulary (such an id contributes
+        nothing to the feature instead of raising)."""
         assert self.markov_w1 is not None
         inside = (ids >= 0) & (ids < self.spec.vocab_size)
         rows = F.embedding(ids.clamp(0, self.spec.vocab_size - 1), self.markov_w1.weight)
@@ -468,8 +470,8 @@ class GQADrafter(nn.Module):
 
 
 def _finish(model: GQADrafter, device: torch.device, dtype: torch.dtype) -> GQADrafter:
-    """Move to ``device``/``dtype``; the confidence head stays fp32 (spec 2.5 computes in fp32,
-    and an fp32 checkpoint weight must not be rounded)."""
+    """Move to ``device``/``dtype``; the confidence head stays fp32 (it is computed in fp32, and
+    an fp32 checkpoint weight must not be rounded)."""
     model = model.to(device=device, dtype=dtype).eval()
     if model.confidence_proj is not None:
         model.confidence_proj.float()

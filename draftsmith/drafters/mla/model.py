@@ -1,4 +1,4 @@
-"""The MLA network of the ``dspark-mla`` drafter family (spec section 2.10).
+"""The MLA network of the ``dspark-mla`` drafter family: a single-latent paged context cache.
 
 A DSpark drafter whose attention is DeepSeek-style multi-head latent attention, modelled on the
 Kimi-K3 MLA drafter of TensorRT-LLM:
@@ -15,7 +15,7 @@ Kimi-K3 MLA drafter of TensorRT-LLM:
   factor folded into cos/sin; the softmax scale is ``mscale^2 / sqrt(d_nope + d_rope)``;
 * the drafter ships its **own** embedding table; only the target's output head is shared.
 
-Tensor parallelism (spec 6): ``q_b_proj``/``kv_b_proj`` (by heads) and ``gate``/``up`` (by
+Tensor parallelism: ``q_b_proj``/``kv_b_proj`` (by heads) and ``gate``/``up`` (by
 intermediate size) are column-parallel, ``o_proj``/``down_proj`` row-parallel; the low-rank
 ``*_a`` projections, norms, embedding and latent are replicated. The fusions of
 :mod:`draftsmith.drafters.tp` are taken when requested and eligible, and reported by
@@ -408,8 +408,8 @@ class DSparkMLADrafter(nn.Module):
                 raise CheckpointError(
                     f"tensor {name!r} has shape {tuple(full.shape)}, expected {shapes[name]}"
                 )
-            # The confidence head stays fp32 whatever the weight dtype (spec 2.5 and 9 item 9:
-            # it is computed in fp32, and an fp32 checkpoint weight must not be rounded).
+            # The confidence head stays fp32 whatever the weight dtype: it is computed in fp32,
+            # and an fp32 checkpoint weight must not be rounded.
             keep = torch.float32 if name.startswith("confidence_head.") else dtype
             local[name] = model._local_shard(name, full, dim).to(device=device, dtype=keep)
         model.load_state_dict(local, strict=True, assign=True)
@@ -433,7 +433,8 @@ class DSparkMLADrafter(nn.Module):
         return cls.from_tensors(cfg, tensors, collectives, tp_fusions, dtype or ckpt_dtype, device)
 
     def _after_load(self, dtype: torch.dtype) -> None:
-        """Derived weights; re-run after any weight reload (spec 6.1: re-apply the split)."""
+        """Derived weights (the stacked latent projections and norms); re-run after any weight
+        reload, or they keep the old values."""
         attns = [layer.self_attn for layer in self.layers]
         self._kv_a_stacked = torch.cat([a.kv_a_proj_with_mqa.weight for a in attns]).contiguous()
         self._kv_a_norm_stacked = torch.stack([a.kv_a_layernorm.weight for a in attns])
@@ -565,7 +566,7 @@ class DSparkMLADrafter(nn.Module):
 
     @torch.no_grad()
     def confidence(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
-        """Raw survival logits ``[G, K] fp32`` (spec 2.5), computed in fp32.
+        """Raw survival logits ``[G, K] fp32``, computed in fp32.
 
         ``hidden: [G, K, H]`` draft-slot hidden; ``prev_tokens: [G, K] int64`` (anchor, then the
         proposed drafts). With ``confidence_head_with_markov`` the feature is

@@ -64,7 +64,8 @@ class MLAArchitecture(BaseModel):
     mask_token_id: int = Field(default=0, ge=0)
     """Token id whose embedding fills the mask slots of a block."""
     target_layer_ids: tuple[int, ...] | None = None
-    """Target layers to capture; ``None`` spreads ``num_layers`` over the target (spec 1.2)."""
+    """Target layers to capture; ``None`` spreads ``num_layers`` over the target
+    (``build_target_layer_ids``)."""
     markov_rank: int = Field(default=0, ge=0)
     """``r`` of the vanilla Markov head; 0 for none."""
     confidence_head: bool = False

@@ -1,13 +1,15 @@
-"""The Hugging Face target adapter against transformers itself (spec 1.3, 3.3; invariant 2)."""
+"""The Hugging Face target adapter against transformers itself: the feature captured at the end
+of layer ``l`` equals ``hidden_states[l + 1]`` (so the last layer cannot be captured), ragged
+verify and commit match a fresh forward, and configs it cannot serve are refused."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from _tiny_models import make_tiny_causal_lm, save_tiny_model
 
 from draftsmith.contract import ConfigError, PlanError, ShapeError, TargetModel
 from draftsmith.runtime.targets.hf import HFTarget, load_hf_target
-from draftsmith.runtime.targets.tiny import make_tiny_causal_lm, save_tiny_model
 
 ATOL = 1e-5
 

@@ -1,10 +1,10 @@
 """A tiny deterministic causal transformer that implements :class:`TargetModel` (pure torch, CPU).
 
-Used by the runtime tests and the conformance kit as the verifier: per-slot KV caches, capture of
-the residual stream after chosen layers (spec 1.3), prefill / verify / commit / release. It is small
-on purpose (default ``V = 64``, ``H_t = 32``, 4 layers) so that a CPU test decodes thousands of
-tokens in seconds. It computes in float64 and hands out fp32 logits, features, embedding and head,
-so a token's outputs do not depend on how many tokens or requests were batched with it.
+The runtime tests' verifier: per-slot KV caches, capture of the residual stream after chosen
+layers, prefill / verify / commit / release. It is small on purpose (default ``V = 64``,
+``H_t = 32``, 4 layers) so that a CPU test decodes thousands of tokens in seconds. It computes in
+float64 and hands out fp32 logits, features, embedding and head, so a token's outputs do not
+depend on how many tokens or requests were batched with it.
 """
 
 from __future__ import annotations
@@ -271,7 +271,8 @@ class ToyTarget:
     # ---- helpers for tests --------------------------------------------------------------
 
     def greedy_generate(self, prompt: Sequence[int], max_new_tokens: int, slot: int = 0) -> list[int]:
-        """The target's own greedy decoding, one token per forward (the oracle of spec 8.6)."""
+        """The target's own greedy decoding, one token per forward: the oracle that greedy
+        speculative decoding must equal token for token."""
         out = self.prefill([slot], [torch.tensor(list(prompt))])
         tok = int(out.logits.logits[-1].argmax())
         tokens = [tok]
