@@ -17,6 +17,7 @@ ALLOWED: dict[str, set[str]] = {
     "selection": {"contract", "kernels", "selection", "<root>"},
     "drafters": {"contract", "kernels", "drafters", "<root>"},
     "parallel": {"contract", "parallel"},
+    "__main__": {"cli"},
     "runtime": {"contract", "kernels", "selection", "drafters", "parallel", "runtime", "<root>"},
     "cli": {"contract", "kernels", "selection", "drafters", "parallel", "runtime", "cli", "testing",
             "training", "<root>"},

@@ -3,15 +3,11 @@
 Every "is this path eligible?" question is answered once, at bind time, and recorded here as a
 :class:`Decision` ``(name, value, reason)``. The decoding step reads the plan and never probes.
 This module also holds :func:`make_plan` (the pure decision function, no weights, no plugins) and
-the ``draftsmith plan`` entry point :func:`plan_command`. It must not import pluggy at module level
-(the registry is imported inside :func:`plan_command`).
+:func:`format_plan` (what ``draftsmith plan`` prints). It imports neither pluggy nor ``bind``.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,7 +15,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from draftsmith.contract import (
     BlockConvention,
     DrafterCapabilities,
-    DraftsmithError,
     MarkovHeadKind,
     ParallelMapping,
     PlanError,
@@ -491,28 +486,6 @@ def format_plan(plan: DraftPlan) -> str:
     return "\n".join(lines)
 
 
-def plan_command(config_path: str | Path, *, json_output: bool = False) -> int:
-    """``draftsmith plan --config FILE``: print the plan; return the exit status.
-
-    Loads the drafter through the registry (random weights when no checkpoint is configured) to
-    read its capabilities; reads the target's sizes from the config without loading its weights.
-    """
-    from draftsmith.runtime.bind import plan_only, target_info_from_config
-    from draftsmith.runtime.config import SpecConfig
-
-    try:
-        config = SpecConfig.load(config_path)
-        plan = plan_only(config, target_info_from_config(config.target))
-    except DraftsmithError as exc:
-        print(f"draftsmith plan: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
-    if json_output:
-        print(json.dumps(plan.model_dump(mode="json"), indent=2))
-    else:
-        print(format_plan(plan))
-    return 0
-
-
 __all__ = [
     "Decision",
     "DraftPlan",
@@ -520,5 +493,4 @@ __all__ = [
     "check_capabilities",
     "format_plan",
     "make_plan",
-    "plan_command",
 ]

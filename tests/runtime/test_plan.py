@@ -1,8 +1,6 @@
-"""The DraftPlan: decisions with reasons, immutability, hashing, PlanErrors at bind, the CLI."""
+"""The DraftPlan: decisions with reasons, immutability, hashing, PlanErrors at bind."""
 
 from __future__ import annotations
-
-import hashlib
 
 import pydantic
 import pytest
@@ -21,7 +19,7 @@ from draftsmith.contract import (
 )
 from draftsmith.runtime.bind import bind, plan_only
 from draftsmith.runtime.config import SpecConfig
-from draftsmith.runtime.plan import PlanInputs, format_plan, make_plan, plan_command
+from draftsmith.runtime.plan import PlanInputs, format_plan, make_plan
 from draftsmith.runtime.registry import Registry, load_registry
 from draftsmith.runtime.targets import ToyTarget
 
@@ -254,22 +252,3 @@ def test_bind_reads_drafter_capture_layers_and_loads_family():
     assert target.capture_layers == (0, 2)
     assert dec.plan.family == "dspark-gqa" and dec.plan.markov == "eager"
     assert dec.plan == plan_only(cfg, TOY, capabilities=dec.drafter.capabilities)
-
-
-def test_plan_command(tmp_path, capsys):
-    cfg = tmp_path / "spec.toml"
-    cfg.write_text(
-        'num_draft_tokens = 3\n[drafter]\nfamily = "dspark-gqa"\n'
-        '[drafter.options]\ntarget_layer_ids = [0, 2]\n[target]\nmodel = "toy"\n'
-        '[runtime]\nmax_context = 64\n'
-    )
-    assert plan_command(cfg) == 0
-    out = capsys.readouterr().out
-    assert "DraftPlan for family 'dspark-gqa': K = 3, W = 3" in out
-    assert "markov" in out and "# " in out
-    bad = tmp_path / "bad.toml"
-    bad.write_text('num_draft_tokens = 30\n[drafter]\nfamily = "dspark-gqa"\n'
-                   '[drafter.options]\ntarget_layer_ids = [0, 2]\n[target]\nmodel = "toy"\n')
-    assert plan_command(bad) == 2
-    assert "PlanError" in capsys.readouterr().err
-    assert hashlib.sha256(out.encode()).hexdigest()  # printable, deterministic text

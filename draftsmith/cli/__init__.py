@@ -1,0 +1,123 @@
+"""The ``draftsmith`` command: its parser and :func:`main`; one module per sub-command.
+
+Sub-commands: ``plugins`` (:mod:`.plugins`), ``config validate FILE`` and ``plan --config FILE``
+(:mod:`.plan`), ``export --format F CKPT OUT`` (:mod:`.export`), ``generate`` (:mod:`.generate`),
+``eval`` (:mod:`.eval`), ``demo`` (:mod:`.demo`), ``train-data`` and ``train`` (:mod:`.train`);
+what ``generate`` and ``eval`` share is in :mod:`.common`. Errors that a user can fix print one
+line and exit with status 2; they never show a traceback.
+
+The sub-command modules are imported when the parser is built, never by the modules of the
+layers below (``cli`` sits at the top of the layer graph).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+
+from draftsmith.contract import DraftsmithError, DraftsmithWarning
+
+
+def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """A handler that imports ``draftsmith.cli.<module>`` only when its command runs."""
+
+    def run(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(f"draftsmith.cli.{module}"), name)(args)
+
+    return run
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from draftsmith.cli.plan import plan_command
+
+    return plan_command(args.config)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``draftsmith`` command."""
+    from draftsmith.cli.export import add_export_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="draftsmith", description="Speculative-decoding block drafters (DFlash, DSpark)."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("plugins", help="list drafter families and selection strategies")
+    p.set_defaults(func=_lazy("plugins", "plugins_command"))
+
+    p = sub.add_parser("config", help="configuration files")
+    csub = p.add_subparsers(dest="config_command", required=True)
+    v = csub.add_parser("validate", help="validate a TOML or JSON config file")
+    v.add_argument("file")
+    v.add_argument("--show", action="store_true", help="print the validated config as JSON")
+    v.set_defaults(func=_lazy("plan", "config_validate_command"))
+
+    p = sub.add_parser("plan", help="print the DraftPlan that bind would build for a config")
+    p.add_argument("--config", required=True)
+    p.set_defaults(func=_plan)
+
+    p = sub.add_parser("export", help="write a drafter checkpoint in a layout serving engines read")
+    add_export_arguments(p)
+    p.set_defaults(func=_lazy("export", "export_command"))
+
+    _add_model_commands(sub)
+    _add_training_commands(sub)
+    return parser
+
+
+def _add_model_commands(sub: argparse._SubParsersAction) -> None:
+    try:
+        from draftsmith.cli import eval as eval_cli
+        from draftsmith.cli import generate
+    except ImportError:  # the end-to-end commands need the optional `hf` extra
+        return
+    p = sub.add_parser("generate", help="generate text with speculative decoding")
+    generate.add_generate_arguments(p)
+    p.set_defaults(func=generate.generate_command)
+    p = sub.add_parser("eval", help="accepted length and throughput over prompt files")
+    eval_cli.add_eval_arguments(p)
+    p.set_defaults(func=eval_cli.eval_command)
+    p = sub.add_parser("demo", help="run the embedded default model with the default drafter")
+    p.set_defaults(func=_lazy("demo", "demo_command"))
+
+
+def _add_training_commands(sub: argparse._SubParsersAction) -> None:
+    from draftsmith.cli import train
+
+    p = sub.add_parser("train-data", help="generate distillation data from the target")
+    train.add_train_data_arguments(p)
+    p.set_defaults(func=train.train_data_command)
+    p = sub.add_parser("train", help="train a dspark-gqa or dflash drafter (resumable)")
+    train.add_train_arguments(p)
+    p.set_defaults(func=train.train_command)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings draftsmith gives a user read as one line, like its errors."""
+    if issubclass(category, DraftsmithWarning):
+        print(f"draftsmith: warning: {message}", file=sys.stderr)
+    else:
+        _default_show_warning(message, category, filename, lineno, file, line)
+
+
+_default_show_warning = warnings.showwarning
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``draftsmith`` console script."""
+    args = build_parser().parse_args(argv)
+    with warnings.catch_warnings():  # restores showwarning for callers of main()
+        warnings.showwarning = _show_warning
+        try:
+            return int(args.func(args) or 0)
+        except DraftsmithError as exc:
+            print(f"draftsmith: error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 130
+
+
+__all__ = ["build_parser", "main"]
