@@ -1,5 +1,5 @@
 """``draftsmith plugins``: the drafter families and selection strategies every installed plugin
-registered, with their distributions, capabilities and options."""
+registered, with their distributions and options."""
 
 from __future__ import annotations
 
@@ -16,16 +16,12 @@ def plugins_command(_args: argparse.Namespace) -> int:
         status = "" if fam.load is not None else "  [declared; model not built]"
         print(f"  {fam.name:<14} ({fam.distribution}){status}")
         print(f"      {fam.summary}")
-        for key, value in fam.features.items():
-            print(f"      {key}: {value}")
         options = ", ".join(fam.options_model.model_fields) or "(none)"
         print(f"      options: {options}")
     print("Selection strategies:")
     for sel in sorted(registry.selectors.values(), key=lambda s: s.name):
         print(f"  {sel.name:<14} ({sel.distribution})")
         print(f"      {sel.summary}")
-        for key, value in sel.features.items():
-            print(f"      {key}: {value}")
         params = ", ".join(n for n in sel.config_model.model_fields if n != "kind") or "(none)"
         print(f"      parameters: {params}")
     return 0

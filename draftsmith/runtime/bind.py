@@ -18,6 +18,7 @@ from draftsmith.contract import (
     ConfigError,
     Drafter,
     DrafterCapabilities,
+    DrafterFamily,
     LoadRequest,
     MarkovHeadKind,
     ParallelMapping,
@@ -123,34 +124,51 @@ def _precheck(config: SpecConfig, mapping: ParallelMapping, selector: TokenSelec
         )
 
 
-def load_drafter(
-    config: SpecConfig, target: TargetInfo, registry: Registry, collectives: Collectives,
-    device: torch.device | str = "cpu",
-) -> Drafter:
-    """Build the configured drafter through its family; :class:`PlanError` if it has no model."""
+def _built_family(config: SpecConfig, registry: Registry) -> DrafterFamily:
+    """The configured family; :class:`PlanError` if it has no model."""
     family = registry.family(config.drafter.family)
     if family.load is None:
         raise PlanError(
             f"drafter family {family.name!r} is declared but its model is not built yet "
             "(load=None); choose another family or pass a Drafter to bind"
         )
-    return family.load(LoadRequest(
+    return family
+
+
+def _load_request(config: SpecConfig, target: TargetInfo, collectives: Collectives,
+                  device: torch.device | str = "cpu") -> LoadRequest:
+    return LoadRequest(
         options=config.drafter.options, checkpoint=config.drafter.checkpoint, target=target,
         collectives=collectives, device=torch.device(device), seed=config.drafter.seed,
-    ))
+    )
+
+
+def load_drafter(
+    config: SpecConfig, target: TargetInfo, registry: Registry, collectives: Collectives,
+    device: torch.device | str = "cpu",
+) -> Drafter:
+    """Build the configured drafter through its family; :class:`PlanError` if it has no model."""
+    family = _built_family(config, registry)
+    assert family.load is not None
+    return family.load(_load_request(config, target, collectives, device))
 
 
 def plan_only(
     config: SpecConfig, target_info: TargetInfo, *, registry: Registry | None = None,
     capabilities: DrafterCapabilities | None = None,
 ) -> DraftPlan:
-    """The plan ``bind`` would make, without a target (for ``draftsmith plan``)."""
+    """The plan ``bind`` would make, without a target (for ``draftsmith plan``): the drafter's
+    capabilities are those its family declares, so no weight is built or read."""
     mapping = config.parallel
     registry = registry if registry is not None else load_registry()
     selector = _build_selector(config, registry)
     _precheck(config, mapping, selector)
     if capabilities is None:
-        capabilities = load_drafter(config, target_info, registry, SingleRank()).capabilities
+        family = _built_family(config, registry)
+        if family.capabilities is None:  # load_registry refuses this; a hand-made Registry may not
+            raise PlanError(f"drafter family {family.name!r} declares no capabilities(request), "
+                            "so its plan cannot be made without building it")
+        capabilities = family.capabilities(_load_request(config, target_info, SingleRank()))
     device = _plan_device(config.target.device)
     return make_plan(_plan_inputs(config, mapping, device, selector), capabilities, target_info,
                      fused_kernels_available=_fused_kernels_available(device))

@@ -26,6 +26,7 @@ from draftsmith import PROJECT_NAME
 from draftsmith.contract import (
     ConfigError,
     Drafter,
+    DrafterCapabilities,
     DrafterFamily,
     DraftsmithError,
     PluginError,
@@ -130,7 +131,13 @@ class _Registrar:
         if not isinstance(family, DrafterFamily):
             raise PluginError(f"add_family takes a DrafterFamily, got {type(family).__name__}")
         _check_record(family, "drafter family", options_model=family.options_model,
-                      factories=(("load", family.load, True),))
+                      factories=(("load", family.load, True),
+                                 ("capabilities", family.capabilities, True)))
+        if family.load is not None and family.capabilities is None:
+            raise PluginError(
+                f"drafter family {family.name!r} has a load but no capabilities; give it "
+                "capabilities(request) -> DrafterCapabilities, the capabilities load(request) "
+                "declares, found without weights (draftsmith plan plans from them)")
         self.families.append((self._caller("add_family"), family))
 
     def add_selector(self, selector: SelectorFamily) -> None:
@@ -170,7 +177,10 @@ class _Registrar:
             families[family.name] = replace(
                 family, distribution=dist,
                 load=family.load and _Checked(family.load, Drafter, "drafter family",
-                                              family.name, dist))
+                                              family.name, dist),
+                capabilities=family.capabilities and _Checked(
+                    family.capabilities, DrafterCapabilities, "drafter family", family.name,
+                    dist, "capabilities"))
         selectors: dict[str, SelectorFamily] = {}
         for impl, selector in sorted(self.selectors, key=lambda e: order[id(e[0].plugin)]):
             dist = _distribution(self.pm, impl.plugin)
@@ -202,10 +212,6 @@ def _check_record(record: DrafterFamily | SelectorFamily, kind: str, options_mod
     for label, function, optional in factories:
         if not (callable(function) or (optional and function is None)):
             problems.append(f"{label} is {type(function).__name__}, not callable")
-    features = record.features
-    if not (isinstance(features, Mapping)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in features.items())):
-        problems.append("features is not a mapping of strings to strings")
     if problems:
         raise PluginError(f"{kind} {name!r}: {'; '.join(problems)}")
 
@@ -217,10 +223,12 @@ class _Checked:
     family still pickles to the ranks of a tensor-parallel group."""
 
     def __init__(self, factory: Callable[[Any], Any], protocol: type, kind: str, name: str,
-                 distribution: str) -> None:
+                 distribution: str, method: str = "") -> None:
         functools.update_wrapper(self, factory)  # __module__ and __name__ stay the plugin's
         self.factory, self.protocol = factory, protocol
         self.what = f"{kind} {name!r} (distribution {distribution})"
+        if method:
+            self.what += f" {method}"
 
     def __call__(self, request: Any) -> Any:
         try:

@@ -236,6 +236,31 @@ def test_family_without_model_fails_before_loading():
         plan_only(cfg, TOY, registry=reg)
 
 
+def test_plan_only_plans_from_declared_capabilities_without_loading(tmp_path):
+    """``draftsmith plan`` builds no drafter: a family whose load refuses still plans, from its
+    declared capabilities, the plan bind makes with the loaded drafter (random and checkpoint)."""
+    from dataclasses import replace
+
+    def refuse(request):
+        raise AssertionError("plan_only loaded the drafter")
+
+    base = load_registry()
+    reg = Registry(families={**base.families,
+                             "dspark-gqa": replace(base.family("dspark-gqa"), load=refuse)},
+                   selectors=base.selectors)
+    cfg = SpecConfig.from_dict({"drafter": {"family": "dspark-gqa",
+                                            "options": {"target_layer_ids": [0, 2]}},
+                                "num_draft_tokens": 3, "runtime": {"max_context": 64}})
+    dec = bind(ToyTarget(), None, cfg)
+    assert plan_only(cfg, TOY, registry=reg) == dec.plan
+    dec.drafter.save(tmp_path)
+    from_checkpoint = SpecConfig.from_dict({"drafter": {"family": "dspark-gqa",
+                                                        "checkpoint": str(tmp_path)},
+                                            "num_draft_tokens": 3,
+                                            "runtime": {"max_context": 64}})
+    assert plan_only(from_checkpoint, TOY, registry=reg) == dec.plan
+
+
 def test_markov_head_with_reduced_vocab_fails():
     drafter = TinyDrafter(64, 32, (0, 2), markov_rank=4)
     drafter.markov = MarkovHeadWeights(MarkovHeadKind.VANILLA, torch.randn(48, 4), torch.randn(48, 4))
