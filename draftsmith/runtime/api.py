@@ -236,7 +236,7 @@ class Decoder:
     @property
     def greedy(self) -> bool:
         """Whether the configured selection is greedy."""
-        return bool(self.spec.selector.is_greedy)
+        return self.spec.plan.greedy
 
     @property
     def plain(self) -> SpecDecoder:

@@ -36,8 +36,6 @@ from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager, SlotManager
 from draftsmith.runtime.plan import DraftPlan, PlanInputs, make_plan
 from draftsmith.runtime.registry import Registry, load_registry
-from draftsmith.selection.strategies import GreedySelector, SampleSelector
-from draftsmith.selection.vocab_parallel import ExchangeWorkspace
 
 _KNOWN_TARGETS = {
     "smollm2-135m": TargetInfo(vocab_size=49152, hidden_size=576, num_layers=30),
@@ -96,7 +94,7 @@ def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str,
     rt = config.runtime
     return PlanInputs(
         num_draft_tokens=config.num_draft_tokens,
-        selection=config.selection,
+        selector=selector.capabilities,
         mapping=mapping,
         max_batch=rt.max_batch,
         max_context=rt.max_context,
@@ -107,15 +105,13 @@ def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str,
         record_margins=rt.record_margins,
         allow_gather=rt.allow_gather,
         device=device,
-        greedy=bool(selector.is_greedy),
     )
 
 
 def _precheck(config: SpecConfig, mapping: ParallelMapping, selector: TokenSelector) -> None:
     """Checks that need no weights: run before a drafter is loaded."""
-    sel = config.selection
-    if (mapping.tp_size > 1 and not selector.is_greedy
-            and getattr(sel, "acceptance", "strict") == "rejection"
+    declared = selector.capabilities
+    if (mapping.tp_size > 1 and not declared.greedy and declared.acceptance == "rejection"
             and not config.runtime.allow_gather):
         raise PlanError(
             "rejection sampling with a TP-sharded vocabulary needs full-vocabulary draft_probs "
@@ -175,19 +171,19 @@ def plan_only(
 
 
 def _build_selector(config: SpecConfig, registry: Registry) -> TokenSelector:
-    """The configured strategy, built once; its ``is_greedy`` decides the acceptance rule."""
-    return registry.selector(getattr(config.selection, "kind", "greedy")).build(config.selection)
+    """The configured strategy, built once; its declared capabilities decide the acceptance
+    rule, the vocab-parallel path and the gathers (every strategy config carries its ``kind``:
+    the registry refuses one without)."""
+    kind = config.selection.kind  # type: ignore[attr-defined]
+    return registry.selector(kind).build(config.selection)
 
 
-def _bind_selector(selector: TokenSelector, plan: DraftPlan, device: torch.device) -> None:
-    """Give a built-in strategy the plan's kernel choice and an exchange workspace allocated now,
-    before any capture (a plugin strategy manages its own)."""
-    if not isinstance(selector, GreedySelector | SampleSelector):
-        return
-    selector.use_kernels = plan.kernels == "fused"
-    if plan.tp_size > 1:
-        rows = (plan.slot_capacity + 1) * max(plan.num_draft_tokens + 1, plan.block_width, 1)
-        selector.bind_workspace(ExchangeWorkspace(rows, device))
+def _prepare_selector(selector: TokenSelector, plan: DraftPlan, device: torch.device) -> None:
+    """Hand the strategy the plan's kernel choice and the largest selection it will make, before
+    any capture, so it allocates what it needs now (the built-ins: an exchange workspace)."""
+    rows = (plan.slot_capacity + 1) * max(plan.num_draft_tokens + 1, plan.block_width, 1)
+    selector.prepare(max_rows=rows, tp_size=plan.tp_size, use_kernels=plan.kernels == "fused",
+                     device=device)
 
 
 def _check_markov(drafter: Drafter, plan: DraftPlan) -> None:
@@ -260,7 +256,7 @@ def bind(
                         f"{max_slots} request slots; lower max_batch or load the target with "
                         "more slots")
     target.set_capture_layers(caps.target_layer_ids)
-    _bind_selector(selector, plan, device)
+    _prepare_selector(selector, plan, device)
 
     pool_dtype = getattr(torch, caps.dtype)
     buffers = DecoderBuffers.allocate(
@@ -283,11 +279,10 @@ def bind(
         num_draft_tokens=plan.num_draft_tokens, selector=selector, collectives=collectives,
         fused=plan.kernels == "fused", device=device,
     )
-    default_seed = int(getattr(config.selection, "seed", 0))
     return SpecDecoder(
         plan=plan, target=target, drafter=drafter, selector=selector, collectives=collectives,
         buffers=buffers, slots=slots, pager=pager, chain=chain, acceptance=acceptance,
-        mask_token_id=caps.mask_token_id, default_seed=default_seed,
+        mask_token_id=caps.mask_token_id, default_seed=selector.capabilities.default_seed,
     )
 
 

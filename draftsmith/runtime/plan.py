@@ -18,6 +18,7 @@ from draftsmith.contract import (
     MarkovHeadKind,
     ParallelMapping,
     PlanError,
+    SelectorCapabilities,
     TargetInfo,
     TPFusion,
 )
@@ -139,10 +140,12 @@ class DraftPlan(BaseModel):
 class PlanInputs(BaseModel):
     """The sub-configs :func:`make_plan` reads (never the root config)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     num_draft_tokens: int
-    selection: BaseModel
+    selector: SelectorCapabilities
+    """What the built selection strategy declares (greedy, temperature, acceptance, filters,
+    vocab-parallel path)."""
     mapping: ParallelMapping
     max_batch: int
     max_context: int
@@ -153,31 +156,13 @@ class PlanInputs(BaseModel):
     record_margins: Literal["auto", "on", "off"] | bool = "auto"
     allow_gather: bool = True
     device: str = "cpu"
-    greedy: bool | None = None
-    """The built selector's ``is_greedy`` (``bind`` passes it, so a plugin strategy decides);
-    ``None`` derives it from the config: kind ``greedy`` or temperature 0."""
 
 
-def _selection_facts(selection: BaseModel,
-                     greedy: bool | None = None) -> tuple[str, bool, float, bool, str]:
-    """``(kind, greedy, temperature, filtered, acceptance)`` of a selection config; ``greedy``
-    from the built selector when known."""
-    kind = str(getattr(selection, "kind", "greedy"))
-    temperature = float(getattr(selection, "temperature", 0.0) or 0.0)
-    if greedy is None:
-        greedy = kind == "greedy" or temperature == 0.0
-    top_k = int(getattr(selection, "top_k", 0) or 0)
-    top_p = float(getattr(selection, "top_p", 1.0) or 1.0)
-    filtered = (top_k > 0 or top_p < 1.0) and not greedy
-    acceptance = str(getattr(selection, "acceptance", "strict"))
-    if greedy:
-        acceptance = "strict"
-    return kind, greedy, temperature, filtered, acceptance
-
-
-def _sampling_words(kind: str, selection: BaseModel, temperature: float) -> str:
-    """``T = ...`` for a config with a temperature, else the strategy's name."""
-    return f"T = {temperature}" if hasattr(selection, "temperature") else f"strategy {kind!r}"
+def _sampling_words(selector: SelectorCapabilities) -> str:
+    """``T = ...`` for a strategy that samples at a temperature, else the strategy's name."""
+    if selector.temperature > 0:
+        return f"T = {selector.temperature}"
+    return f"strategy {selector.kind!r}"
 
 
 def check_capabilities(
@@ -254,14 +239,15 @@ def make_plan(
     )
 
     # ---- selection and acceptance ----
-    kind, greedy, temperature, filtered, acc = _selection_facts(inputs.selection,
-                                                                inputs.greedy)
+    sel = inputs.selector
+    greedy = sel.greedy
+    acc = "strict" if greedy else sel.acceptance
     if greedy:
         base = decide("acceptance_rule", "strict",
                       "greedy selection: a draft is accepted iff it equals the target argmax")
     elif acc == "rejection":
         base = decide("acceptance_rule", "rejection",
-                      f"sampling ({_sampling_words(kind, inputs.selection, temperature)}) with "
+                      f"sampling ({_sampling_words(sel)}) with "
                       "acceptance = 'rejection': lossless rejection sampling u * q < p (3.6)")
     else:
         base = decide("acceptance_rule", "strict",
@@ -278,7 +264,7 @@ def make_plan(
         vp = decide("vocab_parallel", False, "TP = 1: one rank holds the whole vocabulary")
     else:
         elig = vocab_parallel_eligibility(tp_size=tp, vocab_size=target.vocab_size,
-                                          selection=inputs.selection,
+                                          strategy=sel,
                                           attention_dp=inputs.mapping.attention_dp)
         vp = decide("vocab_parallel", elig.ok,
                     f"{elig.reason}: one [rows, 128] SUM exchange per selection" if elig.ok
@@ -288,8 +274,8 @@ def make_plan(
     if tp > 1:
         if acc == "rejection" and not greedy:
             gathers.append("rejection sampling builds draft_probs over the full vocabulary")
-        if filtered:
-            gathers.append("top-k/top-p filtering needs the full row")
+        if sel.filters and not greedy:
+            gathers.append(f"{'/'.join(sel.filters)} filtering needs the full row")
         if inputs.mapping.attention_dp:
             gathers.append("attention-DP")
         if not vp and not gathers:
@@ -445,9 +431,9 @@ def make_plan(
         vocab_start=rho * (target.vocab_size // tp),
         tp_size=tp,
         tp_rank=rho,
-        selection_kind=kind,
+        selection_kind=sel.kind,
         greedy=greedy,
-        temperature=0.0 if greedy else temperature,
+        temperature=0.0 if greedy else sel.temperature,
         acceptance=acceptance,  # type: ignore[arg-type]
         forced_base=base,  # type: ignore[arg-type]
         force_accepted=inputs.force_accepted,

@@ -26,12 +26,13 @@ from draftsmith.runtime.targets import ToyTarget
 TOY = TargetInfo(vocab_size=64, hidden_size=32, num_layers=4)
 
 
-def _inputs(**kw) -> PlanInputs:
-    from draftsmith.selection.configs import GreedyConfig
+def _inputs(selection=None, **kw) -> PlanInputs:
+    """Plan inputs; ``selection``: a built-in strategy config, planned from what it declares."""
+    from draftsmith.selection.configs import GreedyConfig, capabilities_of
 
-    base = dict(num_draft_tokens=3, selection=GreedyConfig(), mapping=ParallelMapping(),
-                max_batch=4, max_context=128, page_size=8, kernels="auto", cuda_graphs=False,
-                force_accepted=0.0)
+    base = dict(num_draft_tokens=3, selector=capabilities_of(selection or GreedyConfig()),
+                mapping=ParallelMapping(), max_batch=4, max_context=128, page_size=8,
+                kernels="auto", cuda_graphs=False, force_accepted=0.0)
     base.update(kw)
     return PlanInputs(**base)
 
