@@ -1,8 +1,9 @@
 """``bind``: turn a target, a drafter and a config into a :class:`SpecDecoder` with a frozen plan.
 
-Owns :func:`bind`, :func:`plan_only` (the plan without a target, for ``draftsmith plan``) and
-:func:`target_info_from_config`. Plugins (the registry) are consulted here and only here; the
-decoder built at the end never calls a hook.
+Owns :func:`bind`, :func:`plan_only` (the plan without a target, for ``draftsmith plan``),
+:func:`target_info_from_config` and :func:`check_fit`, the one check that a drafter fits its
+target. Plugins (the registry) are consulted here and only here; the decoder built at the
+end never calls a hook.
 """
 
 from __future__ import annotations
@@ -72,6 +73,44 @@ def target_info_from_config(config: TargetConfig) -> TargetInfo:
                           f"positive integers ({exc})") from None
 
 
+def check_fit(caps: DrafterCapabilities, target: TargetInfo, origin: str = "the drafter") -> None:
+    """The one check that a drafter fits its target: the vocabulary it predicts over, the width
+    of the target layers it reads (and of the embedding and head it shares), and which target
+    layers it captures. Run by :func:`bind` on the family's declared capabilities before any
+    weight loads, and on the drafter it binds; ``origin`` names the drafter in the message.
+
+    :raises PlanError: naming what differs and what to use instead.
+    """
+    if caps.vocab_size != target.vocab_size:
+        raise PlanError(
+            f"vocabulary mismatch: {origin} predicts a vocabulary of {caps.vocab_size} tokens but "
+            f"the target has {target.vocab_size}; use a drafter trained for this target (a "
+            "reduced draft vocabulary / d2t is not supported)"
+        )
+    if caps.target_hidden_size != target.hidden_size:
+        raise PlanError(
+            f"hidden size mismatch: {origin} reads target hidden states of width "
+            f"{caps.target_hidden_size} but the target's hidden size is {target.hidden_size}; "
+            "use a drafter trained for this target"
+        )
+    if (caps.shares_target_embedding or caps.shares_target_lm_head) and (
+        caps.hidden_size != target.hidden_size
+    ):
+        raise PlanError(
+            f"hidden size mismatch: {origin} has hidden size {caps.hidden_size} but the target's "
+            f"hidden size is {target.hidden_size} (it shares the target's embedding or LM "
+            "head); use a drafter trained for this target"
+        )
+    for lid in caps.target_layer_ids:
+        if not -1 <= lid < target.num_layers - 1:
+            raise PlanError(
+                f"target layer id {lid} cannot be captured: ids must lie in -1..{target.num_layers - 2}"
+                f" (L_t = {target.num_layers}; the last layer's output is final-normed)"
+            )
+    if list(caps.target_layer_ids) != sorted(set(caps.target_layer_ids)):
+        raise PlanError(f"target_layer_ids {caps.target_layer_ids} must be strictly increasing")
+
+
 def _device_of(target: TargetModel) -> torch.device:
     return target.input_embedding().device
 
@@ -139,14 +178,30 @@ def _load_request(config: SpecConfig, target: TargetInfo, collectives: Collectiv
     )
 
 
+def _declared(family: DrafterFamily, request: LoadRequest) -> DrafterCapabilities | None:
+    return family.capabilities(request) if family.capabilities is not None else None
+
+
+def _origin(config: SpecConfig) -> str:
+    """How messages name the configured drafter."""
+    checkpoint = config.drafter.checkpoint
+    return f"checkpoint {checkpoint}" if checkpoint is not None else "the drafter"
+
+
 def load_drafter(
     config: SpecConfig, target: TargetInfo, registry: Registry, collectives: Collectives,
     device: torch.device | str = "cpu",
 ) -> Drafter:
-    """Build the configured drafter through its family; :class:`PlanError` if it has no model."""
+    """Build the configured drafter through its family, after checking that what the family
+    declares for it fits ``target`` (so a drafter made for another target fails before any
+    weight loads); :class:`PlanError` if the family has no model."""
     family = _built_family(config, registry)
     assert family.load is not None
-    return family.load(_load_request(config, target, collectives, device))
+    request = _load_request(config, target, collectives, device)
+    declared = _declared(family, request)
+    if declared is not None:
+        check_fit(declared, target, _origin(config))
+    return family.load(request)
 
 
 def plan_only(
@@ -161,10 +216,11 @@ def plan_only(
     _precheck(config, mapping, selector)
     if capabilities is None:
         family = _built_family(config, registry)
-        if family.capabilities is None:  # load_registry refuses this; a hand-made Registry may not
+        capabilities = _declared(family, _load_request(config, target_info, SingleRank()))
+        if capabilities is None:  # load_registry refuses this; a hand-made Registry may not
             raise PlanError(f"drafter family {family.name!r} declares no capabilities(request), "
                             "so its plan cannot be made without building it")
-        capabilities = family.capabilities(_load_request(config, target_info, SingleRank()))
+    check_fit(capabilities, target_info, _origin(config))
     device = _plan_device(config.target.device)
     return make_plan(_plan_inputs(config, mapping, device, selector), capabilities, target_info,
                      fused_kernels_available=_fused_kernels_available(device))
@@ -243,9 +299,12 @@ def bind(
     device = _device_of(target)
     info = TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
                       num_layers=target.num_layers, graph_blocker=target.graph_blocker)
+    origin = "the drafter"
     if drafter is None:
         drafter = load_drafter(config, info, registry, collectives, device)
+        origin = _origin(config)
     caps = drafter.capabilities
+    check_fit(caps, info, origin)
     where = device.type if device.type != "cuda" else str(device)
     plan = make_plan(_plan_inputs(config, mapping, where, selector), caps, info,
                      fused_kernels_available=_fused_kernels_available(where))
@@ -286,4 +345,4 @@ def bind(
     )
 
 
-__all__ = ["bind", "load_drafter", "plan_only", "target_info_from_config"]
+__all__ = ["bind", "check_fit", "load_drafter", "plan_only", "target_info_from_config"]

@@ -165,10 +165,10 @@ def _sampling_words(selector: SelectorCapabilities) -> str:
     return f"strategy {selector.kind!r}"
 
 
-def check_capabilities(
-    caps: DrafterCapabilities, target: TargetInfo, num_draft_tokens: int, tp_size: int
-) -> None:
-    """Raise :class:`PlanError` naming the missing capability when drafter and target disagree."""
+def _check_block_and_shards(caps: DrafterCapabilities, vocab_size: int, num_draft_tokens: int,
+                            tp_size: int) -> None:
+    """:class:`PlanError` when ``K`` asks for a block wider than the drafter was trained with, or
+    the vocabulary does not split evenly over the ranks."""
     if num_draft_tokens > 0:
         w = caps.block_width(num_draft_tokens)
         if w > caps.trained_block_size:
@@ -177,35 +177,9 @@ def check_capabilities(
                 f"exceeds the drafter's trained_block_size {caps.trained_block_size}; lower "
                 f"num_draft_tokens to at most {caps.trained_block_size - caps.first_draft_slot}"
             )
-    if caps.vocab_size != target.vocab_size:
+    if vocab_size % tp_size:
         raise PlanError(
-            f"vocabulary mismatch: the drafter predicts over {caps.vocab_size} ids, the target "
-            f"over {target.vocab_size}; the drafter must share the target vocabulary "
-            "(a reduced draft vocabulary / d2t is not supported)"
-        )
-    if caps.target_hidden_size != target.hidden_size:
-        raise PlanError(
-            f"hidden size mismatch: the drafter expects target layers of width "
-            f"{caps.target_hidden_size}, the target has hidden_size {target.hidden_size}"
-        )
-    if (caps.shares_target_embedding or caps.shares_target_lm_head) and (
-        caps.hidden_size != target.hidden_size
-    ):
-        raise PlanError(
-            f"the drafter shares the target's embedding/head but its hidden size {caps.hidden_size}"
-            f" differs from the target's {target.hidden_size}"
-        )
-    for lid in caps.target_layer_ids:
-        if not -1 <= lid < target.num_layers - 1:
-            raise PlanError(
-                f"target layer id {lid} cannot be captured: ids must lie in -1..{target.num_layers - 2}"
-                f" (L_t = {target.num_layers}; the last layer's output is final-normed)"
-            )
-    if list(caps.target_layer_ids) != sorted(set(caps.target_layer_ids)):
-        raise PlanError(f"target_layer_ids {caps.target_layer_ids} must be strictly increasing")
-    if target.vocab_size % tp_size:
-        raise PlanError(
-            f"the column-parallel head needs V = S * TP, but V = {target.vocab_size} does not "
+            f"the column-parallel head needs V = S * TP, but V = {vocab_size} does not "
             f"split into {tp_size} even shards"
         )
 
@@ -214,10 +188,12 @@ def make_plan(
     inputs: PlanInputs, caps: DrafterCapabilities, target: TargetInfo, *,
     fused_kernels_available: bool = True,
 ) -> DraftPlan:
-    """Decide every path; raise :class:`PlanError` for an impossible combination."""
+    """Decide every path; raise :class:`PlanError` for an impossible combination. Whether the
+    drafter fits the target (vocabulary, widths, layers) is ``bind``'s check
+    (:func:`draftsmith.runtime.bind.check_fit`), made before this is called."""
     k = inputs.num_draft_tokens
     tp, rho = inputs.mapping.tp_size, inputs.mapping.tp_rank
-    check_capabilities(caps, target, k, tp)
+    _check_block_and_shards(caps, target.vocab_size, k, tp)
     decisions: list[Decision] = []
 
     def decide(name: str, value: DecisionValue, reason: str) -> DecisionValue:
@@ -476,7 +452,6 @@ __all__ = [
     "Decision",
     "DraftPlan",
     "PlanInputs",
-    "check_capabilities",
     "format_plan",
     "make_plan",
 ]

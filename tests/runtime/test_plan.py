@@ -17,7 +17,7 @@ from draftsmith.contract import (
     TargetInfo,
     TPFusion,
 )
-from draftsmith.runtime.bind import bind, plan_only
+from draftsmith.runtime.bind import bind, check_fit, plan_only
 from draftsmith.runtime.config import SpecConfig
 from draftsmith.runtime.plan import PlanInputs, format_plan, make_plan
 from draftsmith.runtime.registry import Registry, load_registry
@@ -201,15 +201,34 @@ def test_every_decision_has_a_reason(plan):
     ("caps_kw", "inputs_kw", "target", "match"),
     [
         ({"trained_block_size": 4}, {"num_draft_tokens": 5}, TOY, "exceeds the drafter's trained_block_size 4"),
-        ({}, {}, TargetInfo(vocab_size=65, hidden_size=32, num_layers=4), "vocabulary mismatch"),
-        ({}, {}, TargetInfo(vocab_size=64, hidden_size=48, num_layers=4), "hidden size mismatch"),
-        ({}, {}, TargetInfo(vocab_size=64, hidden_size=32, num_layers=3), "target layer id 2 cannot be captured"),
         ({}, {"mapping": ParallelMapping(tp_size=3)}, TOY, "does not split into 3 even shards"),
     ],
 )
 def test_plan_errors_name_the_capability(caps_kw, inputs_kw, target, match):
     with pytest.raises(PlanError, match=match):
         make_plan(_inputs(**inputs_kw), _caps(**caps_kw), target)
+
+
+@pytest.mark.parametrize(
+    ("target", "match"),
+    [
+        (TargetInfo(vocab_size=65, hidden_size=32, num_layers=4), "vocabulary mismatch"),
+        (TargetInfo(vocab_size=64, hidden_size=48, num_layers=4), "hidden size mismatch"),
+        (TargetInfo(vocab_size=64, hidden_size=32, num_layers=3),
+         "target layer id 2 cannot be captured"),
+    ],
+)
+def test_a_drafter_that_does_not_fit_the_target_fails_at_bind(target, match):
+    """bind's check_fit is the one check of drafter against target: bind runs it on the drafter
+    it is given, plan_only on the declared capabilities."""
+    with pytest.raises(PlanError, match=match):
+        check_fit(_caps(), target)
+    with pytest.raises(PlanError, match=match):
+        bind(ToyTarget(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
+                       num_layers=target.num_layers), TinyDrafter(64, 32, (0, 2)),
+             SpecConfig.from_dict({"num_draft_tokens": 3}))
+    with pytest.raises(PlanError, match=match):
+        plan_only(SpecConfig.from_dict({"num_draft_tokens": 3}), target, capabilities=_caps())
 
 
 def test_rejection_under_tp_without_gather_fails():
