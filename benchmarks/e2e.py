@@ -62,8 +62,8 @@ def _prompts(data: Path, limit: int) -> list[tuple[str, str]]:
 
 def _decoder(target, tokenizer, dtype_name: str, batch: int, k: int, family: str = "dspark-gqa",
              checkpoint: str | None = None):
+    from draftsmith.cli.common import SHIPPED_DRAFTER
     from draftsmith.runtime.api import load_decoder
-    from draftsmith.runtime.commands import SHIPPED_DRAFTER
     from draftsmith.runtime.config import SpecConfig
 
     config = SpecConfig.from_dict({

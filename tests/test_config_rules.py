@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from draftsmith.cli.common import build_config
+from draftsmith.cli.generate import add_generate_arguments
 from draftsmith.contract import ConfigError
-from draftsmith.runtime.commands import add_generate_arguments, build_config
 from draftsmith.runtime.config import SpecConfig, read_config_file
 
 

@@ -17,6 +17,7 @@ _BELOW_RUNTIME = {"<root>", "contract", "parallel", "kernels", "selection", "dra
 ALLOWED: dict[str, set[str]] = {
     "contract": {"contract"},
     "parallel": {"contract", "parallel"},
+    "__main__": {"__main__", "cli"},
     "kernels": {"<root>", "contract", "kernels"},
     "selection": {"<root>", "contract", "kernels", "selection"},
     "drafters": {"<root>", "contract", "kernels", "drafters"},
@@ -110,7 +111,7 @@ def _documented_rules() -> dict[str, set[str]]:
             continue
         layer = cells[0].strip("`").replace("draftsmith", "<root>")
         if cells[2].startswith("every layer"):
-            rules[layer] = set(ALLOWED) - {"checkpoints"}
+            rules[layer] = set(ALLOWED) - {"checkpoints", "__main__"}
         elif cells[2].startswith("nothing"):
             rules[layer] = {layer} if layer != "checkpoints" else set()
         else:

@@ -98,7 +98,7 @@ def test_random_config_files_raise_only_draftsmith_errors(raw: bytes, suffix: st
                                            "family", "val_fraction", "seed", "x", ""]),
                           json_values.map(lambda v: json.dumps(v, default=str))), max_size=4))
 def test_random_train_settings_raise_only_draftsmith_errors(items) -> None:
-    from draftsmith.training.commands import _train_config
+    from draftsmith.cli.train import _train_config
 
     args = argparse.Namespace(family="dspark-gqa", steps=None, init_from=None,
                               set=[f"{k}={v}" for k, v in items])

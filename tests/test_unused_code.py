@@ -53,6 +53,8 @@ ALLOW: dict[tuple[str, str], str] = {
         "the golden-path loop: the decoder is tested against it, and it is how to read a round",
     ("draftsmith.runtime.scheduler", "*"): "the prefix scheduler: the batched-speculation issue",
     ("draftsmith.checkpoints", "*"): "data: the shipped checkpoint, read by path",
+    ("draftsmith.__main__", "*"): "entry point: python -m draftsmith",
+    ("draftsmith.cli.__main__", "*"): "entry point: python -m draftsmith.cli",
     # pruned by the kernels work (issue 25): launchers and knobs only tests and benchmarks use
     ("draftsmith.kernels.argmax_pair", "MERGE_KEYS"): "pruned by the kernels work",
     ("draftsmith.kernels.argmax_pair", "_INT32_MAX"): "pruned by the kernels work",

@@ -9,6 +9,7 @@ from draftsmith.contract.capabilities import (
     ContextEntrySpec,
     DrafterCapabilities,
     MarkovHeadKind,
+    SelectorCapabilities,
     TPFusion,
     WeightDtype,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "PluginWarning",
     "Registrar",
     "SamplingKey",
+    "SelectorCapabilities",
     "SelectorFamily",
     "ShapeError",
     "SingleRank",

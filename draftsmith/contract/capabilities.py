@@ -1,4 +1,5 @@
-"""What a drafter family declares once: :class:`DrafterCapabilities`.
+"""What a drafter family declares once, :class:`DrafterCapabilities`, and what a selection
+strategy declares, :class:`SelectorCapabilities`.
 
 The runtime reads capabilities at bind time to decide every path (block width, Markov chain,
 cache layout, TP fusions, which target layers to capture). It never probes a drafter's attributes.
@@ -170,12 +171,48 @@ class DrafterCapabilities(BaseModel):
         return 1 if self.block_convention is BlockConvention.BONUS_SILENT else 0
 
 
+class SelectorCapabilities(BaseModel):
+    """What a token-selection strategy bound to its config declares: ``bind`` decides the
+    acceptance rule, the vocab-parallel path and the gathers from these, never from the config's
+    fields or the strategy's class."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    kind: str
+    """The strategy's registered name (its config's ``kind``)."""
+    greedy: bool
+    """Deterministic argmax: acceptance is strict token matching, and the output is comparable
+    token for token with plain greedy decoding."""
+    temperature: float = Field(default=0.0, ge=0.0)
+    """The sampling temperature the plan records (0 when greedy, or when the strategy has
+    none)."""
+    acceptance: Literal["strict", "rejection"] = "strict"
+    """How sampled drafts are verified: ``strict`` (one target sample per row, matched) or
+    lossless ``rejection`` sampling, which needs the draft distributions. Greedy is strict."""
+    filters: tuple[str, ...] = ()
+    """The filters that truncate each row's distribution (``top-k = 50``, ``top-p = 0.9``),
+    in words; with a vocabulary split over ranks they need the whole row."""
+    vocab_parallel: bool = False
+    """``select`` works on vocabulary shards with one pair exchange (argmax pairs when greedy,
+    Gumbel-max pairs when sampling without filters), so TP needs no gather of the logits."""
+    default_seed: int = Field(default=0, ge=0)
+    """Request ``i`` samples with seed ``default_seed + i`` when none is given."""
+
+    @model_validator(mode="after")
+    def _greedy_is_strict(self) -> SelectorCapabilities:
+        if self.greedy and (self.acceptance != "strict" or self.temperature or self.filters):
+            raise ValueError("a greedy strategy declares acceptance 'strict', temperature 0 "
+                             "and no filters")
+        return self
+
+
 __all__ = [
     "BlockConvention",
     "ContextCacheKind",
     "ContextEntrySpec",
     "DrafterCapabilities",
     "MarkovHeadKind",
+    "SelectorCapabilities",
     "TPFusion",
     "WeightDtype",
 ]

@@ -6,7 +6,7 @@ A family or strategy is plain data plus a factory. Plugins build these records i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from draftsmith.contract.capabilities import DrafterCapabilities
 from draftsmith.contract.protocols import Collectives, Drafter, SingleRank, TokenSelector
 
 
@@ -81,15 +82,18 @@ class DrafterFamily:
     """A registered drafter family.
 
     ``load`` is ``None`` for a family that is declared but whose model does not exist yet; bind
-    then fails with a :class:`PlanError` that says so.
+    then fails with a :class:`PlanError` that says so. A family with a ``load`` declares its
+    ``capabilities`` too.
     """
 
     name: str
     summary: str
     load: Callable[[LoadRequest], Drafter] | None
     options_model: type[BaseModel] = _NoOptions
-    features: Mapping[str, str] = field(default_factory=dict)
-    """Static capability summary shown by ``draftsmith plugins`` (convention, heads, cache...)."""
+    capabilities: Callable[[LoadRequest], DrafterCapabilities] | None = None
+    """The capabilities of the drafter ``load`` builds for the same request, found without
+    building or reading any weights (from the options, or the checkpoint's config and tensor
+    headers): ``draftsmith plan`` plans from them. Required when ``load`` is set."""
     distribution: str = "draftsmith"
     """Distribution that registered the family (filled in by the registry)."""
 
@@ -106,8 +110,8 @@ class SelectorFamily:
     summary: str
     config_model: type[BaseModel]
     build: Callable[[BaseModel], TokenSelector]
-    features: Mapping[str, str] = field(default_factory=dict)
     distribution: str = "draftsmith"
+    """Distribution that registered the strategy (filled in by the registry)."""
 
 
 class Registrar(Protocol):

@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from draftsmith.contract.capabilities import DrafterCapabilities
+from draftsmith.contract.capabilities import DrafterCapabilities, SelectorCapabilities
 from draftsmith.contract.checks import check_tensor
 from draftsmith.contract.tensors import (
     DraftBlockInputs,
@@ -87,8 +87,16 @@ class TokenSelector(Protocol):
     """A token-selection strategy bound to its validated config."""
 
     @property
-    def is_greedy(self) -> bool:
-        """True when the strategy is deterministic argmax (strict acceptance applies)."""
+    def capabilities(self) -> SelectorCapabilities:
+        """What this strategy declares (fixed for its lifetime)."""
+        ...
+
+    def prepare(self, *, max_rows: int, tp_size: int, use_kernels: bool,
+                device: torch.device) -> None:
+        """Take the plan's choices before any round runs or is captured: at most ``max_rows``
+        rows per call, ``tp_size`` ranks sharing the vocabulary, ``use_kernels`` the plan's
+        kernel choice; allocate here, on ``device``, what a captured round must not allocate
+        (a strategy with nothing to prepare does nothing)."""
         ...
 
     def select(

@@ -364,6 +364,38 @@ def load_tensors(directory: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64,
+    "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+"""torch dtypes of the safetensors header's dtype names."""
+
+
+def tensor_dtypes(directory: Path) -> dict[str, torch.dtype]:
+    """Name -> dtype of every tensor of the checkpoint's ``*.safetensors`` files, read from the
+    file headers only (no tensor data): what can be known about the weights without reading
+    them."""
+    from safetensors import safe_open
+
+    directory = Path(directory)
+    found: dict[str, torch.dtype] = {}
+    for path in _weight_files(directory):
+        check_readable(path, "checkpoint shard")
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                names = {name: handle.get_slice(name).get_dtype() for name in handle.keys()}
+        except Exception as exc:  # safetensors raises its own error types
+            raise CheckpointError(f"cannot read {path}: {exc}") from None
+        for name, kind in names.items():
+            if kind not in _SAFETENSORS_DTYPES:
+                raise CheckpointError(f"{path}: tensor {name!r} is stored as {kind}, which "
+                                      "draftsmith cannot read")
+            found[name] = _SAFETENSORS_DTYPES[kind]
+    return found
+
+
 def draft_value(config: Mapping[str, Any], name: str, default: Any = None) -> Any:
     """Resolve a drafter key: ``dspark_config``, then ``dflash_config``, then the top level."""
     for section in _SECTIONS:
@@ -537,6 +569,7 @@ __all__ = [
     "read_config",
     "require",
     "shape_str",
+    "tensor_dtypes",
     "truthy",
     "validate_target_layer_ids",
 ]

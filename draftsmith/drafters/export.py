@@ -1,4 +1,5 @@
-"""Checkpoint layouts that serving engines read, and ``draftsmith export`` (docs/serving.md).
+"""Checkpoint layouts that serving engines read (docs/serving.md); ``draftsmith export``
+(:mod:`draftsmith.cli.export`) runs :func:`export_checkpoint`.
 
 Three layouts, each named after the reader that defines it:
 
@@ -25,7 +26,6 @@ May import ``contract`` and ``drafters`` only; never ``runtime`` or ``selection`
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -443,29 +443,6 @@ def export_checkpoint(source: Path, destination: Path, layout: str) -> ExportRes
     return ExportResult(destination, layout, family, len(built.tensors), built.notes)
 
 
-# --------------------------------------------------------------------------------------------
-# The `draftsmith export` command
-# --------------------------------------------------------------------------------------------
-
-
-def add_export_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``draftsmith export``."""
-    parser.add_argument("--format", required=True, dest="layout", metavar="FORMAT",
-                        help=f"layout to write: {', '.join(EXPORT_FORMATS)}")
-    parser.add_argument("checkpoint", metavar="CKPT", help="a dflash or dspark-gqa checkpoint")
-    parser.add_argument("out", metavar="OUT", help="new (or empty) output directory")
-
-
-def export_command(args: argparse.Namespace) -> int:
-    """Run ``draftsmith export`` and print what was written and what engines ignore."""
-    result = export_checkpoint(Path(args.checkpoint), Path(args.out), args.layout)
-    print(f"wrote a {result.layout} checkpoint ({result.family}, {result.num_tensors} tensors) "
-          f"to {result.directory}")
-    for note in result.notes:
-        print(f"note: {note}")
-    return 0
-
-
 __all__ = [
     "DEEPSPEC_ARCH",
     "DEEPSPEC_DSPARK",
@@ -474,9 +451,7 @@ __all__ = [
     "SPECULATORS_VERSION",
     "ZLAB_DFLASH",
     "ExportResult",
-    "add_export_arguments",
     "checkpoint_family",
     "export_checkpoint",
-    "export_command",
     "is_mla_config",
 ]

@@ -61,6 +61,7 @@ class Acceptance:
         self.force_accepted = force_accepted
         self.k = num_draft_tokens
         self.selector = selector
+        self.greedy = selector.capabilities.greedy
         self.collectives = collectives
         self.fused = fused
         # the forced-acceptance pool and counter are persistent device state (graph-safe)
@@ -69,7 +70,7 @@ class Acceptance:
 
     def target_tokens(self, logits: LogitsShard, key: SamplingKey | None, rows: int) -> torch.Tensor:
         """One target token per row (``[G*rows] int64``): argmax, or a keyed stream-0 sample."""
-        rkey = row_key(key, rows) if key is not None and not self.selector.is_greedy else None
+        rkey = row_key(key, rows) if key is not None and not self.greedy else None
         return self.selector.select(logits, rkey, TARGET_STREAM, self.collectives)
 
     def accept(
@@ -99,7 +100,7 @@ class Acceptance:
             return tokens, torch.ones(g, dtype=torch.int64, device=tokens.device)
         if self.rule == "rejection":
             accepted, n = self._rejection(logits, drafts, key, draft_probs, verify_len)
-        elif self.selector.is_greedy and logits.is_full:
+        elif self.greedy and logits.is_full:
             fn = strict_accept if self.fused else strict_accept_reference
             accepted, n = fn(logits.logits.view(g, k + 1, -1).contiguous(), drafts, verify_len)
         else:

@@ -20,7 +20,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -236,7 +235,7 @@ class Decoder:
     @property
     def greedy(self) -> bool:
         """Whether the configured selection is greedy."""
-        return bool(self.spec.selector.is_greedy)
+        return self.spec.plan.greedy
 
     @property
     def plain(self) -> SpecDecoder:
@@ -357,46 +356,6 @@ def _stop_ids(tokenizer: Any, target: HFTarget) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def check_drafter_fits(capabilities: Any, target: HFTarget, checkpoint: Path | None) -> None:
-    """:class:`CheckpointError` unless the drafter was made for this target's sizes."""
-    where = f"checkpoint {checkpoint}" if checkpoint is not None else "the drafter"
-    if capabilities.vocab_size != target.vocab_size:
-        raise CheckpointError(
-            f"{where} predicts a vocabulary of {capabilities.vocab_size} tokens but the target "
-            f"has {target.vocab_size}; use a drafter trained for this target"
-        )
-    if capabilities.target_hidden_size != target.hidden_size:
-        raise CheckpointError(
-            f"{where} reads target hidden states of width {capabilities.target_hidden_size} but "
-            f"the target's hidden size is {target.hidden_size}; use a drafter trained for this "
-            "target"
-        )
-
-
-def _precheck_checkpoint(checkpoint: Path | None, target: HFTarget) -> None:
-    """Compare a checkpoint's ``config.json`` sizes with the target before loading weights."""
-    if checkpoint is None:
-        return
-    path = Path(checkpoint) / "config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return  # the family's loader reports a missing or broken config in its own words
-    vocab = data.get("vocab_size") if isinstance(data, dict) else None
-    if isinstance(vocab, int) and vocab != target.vocab_size:
-        raise CheckpointError(
-            f"checkpoint {checkpoint} predicts a vocabulary of {vocab} tokens but the target "
-            f"has {target.vocab_size}; use a drafter trained for this target"
-        )
-    hidden = data.get("hidden_size")
-    if isinstance(hidden, int) and hidden != target.hidden_size:
-        raise CheckpointError(
-            f"checkpoint {checkpoint} has hidden size {hidden} but the target's hidden size is "
-            f"{target.hidden_size} (a drafter reads the target's hidden states and embeddings); "
-            "use a drafter trained for this target"
-        )
-
-
 def load_decoder(
     config: SpecConfig | str | Path | None = None,
     *,
@@ -440,9 +399,8 @@ def load_decoder(
             f"drafter checkpoint {str(config.drafter.checkpoint)!r} is not a directory; pass a "
             "directory with config.json and *.safetensors"
         )
-    _precheck_checkpoint(config.drafter.checkpoint, target)
+    # load_drafter checks that the drafter fits the target before any weight loads
     drafter = load_drafter(config, info, registry, SingleRank(), target.device)
-    check_drafter_fits(drafter.capabilities, target, config.drafter.checkpoint)
     spec = bind(target, drafter, config, registry=registry)
     return Decoder(spec=spec, target=target, tokenizer=tokenizer, config=config,
                    stop_token_ids=_stop_ids(tokenizer, target))
@@ -454,6 +412,5 @@ __all__ = [
     "bf16_step",
     "GenerateReport",
     "TextResult",
-    "check_drafter_fits",
     "load_decoder",
 ]

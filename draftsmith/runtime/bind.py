@@ -1,8 +1,9 @@
 """``bind``: turn a target, a drafter and a config into a :class:`SpecDecoder` with a frozen plan.
 
-Owns :func:`bind`, :func:`plan_only` (the plan without a target, for ``draftsmith plan``) and
-:func:`target_info_from_config`. Plugins (the registry) are consulted here and only here; the
-decoder built at the end never calls a hook.
+Owns :func:`bind`, :func:`plan_only` (the plan without a target, for ``draftsmith plan``),
+:func:`target_info_from_config` and :func:`check_fit`, the one check that a drafter fits its
+target. Plugins (the registry) are consulted here and only here; the decoder built at the
+end never calls a hook.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from draftsmith.contract import (
     ConfigError,
     Drafter,
     DrafterCapabilities,
+    DrafterFamily,
     LoadRequest,
     MarkovHeadKind,
     ParallelMapping,
@@ -35,8 +37,6 @@ from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager, SlotManager
 from draftsmith.runtime.plan import DraftPlan, PlanInputs, make_plan
 from draftsmith.runtime.registry import Registry, load_registry
-from draftsmith.selection.strategies import GreedySelector, SampleSelector
-from draftsmith.selection.vocab_parallel import ExchangeWorkspace
 
 _KNOWN_TARGETS = {
     "smollm2-135m": TargetInfo(vocab_size=49152, hidden_size=576, num_layers=30),
@@ -73,6 +73,44 @@ def target_info_from_config(config: TargetConfig) -> TargetInfo:
                           f"positive integers ({exc})") from None
 
 
+def check_fit(caps: DrafterCapabilities, target: TargetInfo, origin: str = "the drafter") -> None:
+    """The one check that a drafter fits its target: the vocabulary it predicts over, the width
+    of the target layers it reads (and of the embedding and head it shares), and which target
+    layers it captures. Run by :func:`bind` on the family's declared capabilities before any
+    weight loads, and on the drafter it binds; ``origin`` names the drafter in the message.
+
+    :raises PlanError: naming what differs and what to use instead.
+    """
+    if caps.vocab_size != target.vocab_size:
+        raise PlanError(
+            f"vocabulary mismatch: {origin} predicts a vocabulary of {caps.vocab_size} tokens but "
+            f"the target has {target.vocab_size}; use a drafter trained for this target (a "
+            "reduced draft vocabulary / d2t is not supported)"
+        )
+    if caps.target_hidden_size != target.hidden_size:
+        raise PlanError(
+            f"hidden size mismatch: {origin} reads target hidden states of width "
+            f"{caps.target_hidden_size} but the target's hidden size is {target.hidden_size}; "
+            "use a drafter trained for this target"
+        )
+    if (caps.shares_target_embedding or caps.shares_target_lm_head) and (
+        caps.hidden_size != target.hidden_size
+    ):
+        raise PlanError(
+            f"hidden size mismatch: {origin} has hidden size {caps.hidden_size} but the target's "
+            f"hidden size is {target.hidden_size} (it shares the target's embedding or LM "
+            "head); use a drafter trained for this target"
+        )
+    for lid in caps.target_layer_ids:
+        if not -1 <= lid < target.num_layers - 1:
+            raise PlanError(
+                f"target layer id {lid} cannot be captured: ids must lie in -1..{target.num_layers - 2}"
+                f" (L_t = {target.num_layers}; the last layer's output is final-normed)"
+            )
+    if list(caps.target_layer_ids) != sorted(set(caps.target_layer_ids)):
+        raise PlanError(f"target_layer_ids {caps.target_layer_ids} must be strictly increasing")
+
+
 def _device_of(target: TargetModel) -> torch.device:
     return target.input_embedding().device
 
@@ -95,7 +133,7 @@ def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str,
     rt = config.runtime
     return PlanInputs(
         num_draft_tokens=config.num_draft_tokens,
-        selection=config.selection,
+        selector=selector.capabilities,
         mapping=mapping,
         max_batch=rt.max_batch,
         max_context=rt.max_context,
@@ -106,15 +144,13 @@ def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str,
         record_margins=rt.record_margins,
         allow_gather=rt.allow_gather,
         device=device,
-        greedy=bool(selector.is_greedy),
     )
 
 
 def _precheck(config: SpecConfig, mapping: ParallelMapping, selector: TokenSelector) -> None:
     """Checks that need no weights: run before a drafter is loaded."""
-    sel = config.selection
-    if (mapping.tp_size > 1 and not selector.is_greedy
-            and getattr(sel, "acceptance", "strict") == "rejection"
+    declared = selector.capabilities
+    if (mapping.tp_size > 1 and not declared.greedy and declared.acceptance == "rejection"
             and not config.runtime.allow_gather):
         raise PlanError(
             "rejection sampling with a TP-sharded vocabulary needs full-vocabulary draft_probs "
@@ -123,53 +159,87 @@ def _precheck(config: SpecConfig, mapping: ParallelMapping, selector: TokenSelec
         )
 
 
-def load_drafter(
-    config: SpecConfig, target: TargetInfo, registry: Registry, collectives: Collectives,
-    device: torch.device | str = "cpu",
-) -> Drafter:
-    """Build the configured drafter through its family; :class:`PlanError` if it has no model."""
+def _built_family(config: SpecConfig, registry: Registry) -> DrafterFamily:
+    """The configured family; :class:`PlanError` if it has no model."""
     family = registry.family(config.drafter.family)
     if family.load is None:
         raise PlanError(
             f"drafter family {family.name!r} is declared but its model is not built yet "
             "(load=None); choose another family or pass a Drafter to bind"
         )
-    return family.load(LoadRequest(
+    return family
+
+
+def _load_request(config: SpecConfig, target: TargetInfo, collectives: Collectives,
+                  device: torch.device | str = "cpu") -> LoadRequest:
+    return LoadRequest(
         options=config.drafter.options, checkpoint=config.drafter.checkpoint, target=target,
         collectives=collectives, device=torch.device(device), seed=config.drafter.seed,
-    ))
+    )
+
+
+def _declared(family: DrafterFamily, request: LoadRequest) -> DrafterCapabilities | None:
+    return family.capabilities(request) if family.capabilities is not None else None
+
+
+def _origin(config: SpecConfig) -> str:
+    """How messages name the configured drafter."""
+    checkpoint = config.drafter.checkpoint
+    return f"checkpoint {checkpoint}" if checkpoint is not None else "the drafter"
+
+
+def load_drafter(
+    config: SpecConfig, target: TargetInfo, registry: Registry, collectives: Collectives,
+    device: torch.device | str = "cpu",
+) -> Drafter:
+    """Build the configured drafter through its family, after checking that what the family
+    declares for it fits ``target`` (so a drafter made for another target fails before any
+    weight loads); :class:`PlanError` if the family has no model."""
+    family = _built_family(config, registry)
+    assert family.load is not None
+    request = _load_request(config, target, collectives, device)
+    declared = _declared(family, request)
+    if declared is not None:
+        check_fit(declared, target, _origin(config))
+    return family.load(request)
 
 
 def plan_only(
     config: SpecConfig, target_info: TargetInfo, *, registry: Registry | None = None,
     capabilities: DrafterCapabilities | None = None,
 ) -> DraftPlan:
-    """The plan ``bind`` would make, without a target (for ``draftsmith plan``)."""
+    """The plan ``bind`` would make, without a target (for ``draftsmith plan``): the drafter's
+    capabilities are those its family declares, so no weight is built or read."""
     mapping = config.parallel
     registry = registry if registry is not None else load_registry()
     selector = _build_selector(config, registry)
     _precheck(config, mapping, selector)
     if capabilities is None:
-        capabilities = load_drafter(config, target_info, registry, SingleRank()).capabilities
+        family = _built_family(config, registry)
+        capabilities = _declared(family, _load_request(config, target_info, SingleRank()))
+        if capabilities is None:  # load_registry refuses this; a hand-made Registry may not
+            raise PlanError(f"drafter family {family.name!r} declares no capabilities(request), "
+                            "so its plan cannot be made without building it")
+    check_fit(capabilities, target_info, _origin(config))
     device = _plan_device(config.target.device)
     return make_plan(_plan_inputs(config, mapping, device, selector), capabilities, target_info,
                      fused_kernels_available=_fused_kernels_available(device))
 
 
 def _build_selector(config: SpecConfig, registry: Registry) -> TokenSelector:
-    """The configured strategy, built once; its ``is_greedy`` decides the acceptance rule."""
-    return registry.selector(getattr(config.selection, "kind", "greedy")).build(config.selection)
+    """The configured strategy, built once; its declared capabilities decide the acceptance
+    rule, the vocab-parallel path and the gathers (every strategy config carries its ``kind``:
+    the registry refuses one without)."""
+    kind = config.selection.kind  # type: ignore[attr-defined]
+    return registry.selector(kind).build(config.selection)
 
 
-def _bind_selector(selector: TokenSelector, plan: DraftPlan, device: torch.device) -> None:
-    """Give a built-in strategy the plan's kernel choice and an exchange workspace allocated now,
-    before any capture (a plugin strategy manages its own)."""
-    if not isinstance(selector, GreedySelector | SampleSelector):
-        return
-    selector.use_kernels = plan.kernels == "fused"
-    if plan.tp_size > 1:
-        rows = (plan.slot_capacity + 1) * max(plan.num_draft_tokens + 1, plan.block_width, 1)
-        selector.bind_workspace(ExchangeWorkspace(rows, device))
+def _prepare_selector(selector: TokenSelector, plan: DraftPlan, device: torch.device) -> None:
+    """Hand the strategy the plan's kernel choice and the largest selection it will make, before
+    any capture, so it allocates what it needs now (the built-ins: an exchange workspace)."""
+    rows = (plan.slot_capacity + 1) * max(plan.num_draft_tokens + 1, plan.block_width, 1)
+    selector.prepare(max_rows=rows, tp_size=plan.tp_size, use_kernels=plan.kernels == "fused",
+                     device=device)
 
 
 def _check_markov(drafter: Drafter, plan: DraftPlan) -> None:
@@ -229,9 +299,12 @@ def bind(
     device = _device_of(target)
     info = TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
                       num_layers=target.num_layers, graph_blocker=target.graph_blocker)
+    origin = "the drafter"
     if drafter is None:
         drafter = load_drafter(config, info, registry, collectives, device)
+        origin = _origin(config)
     caps = drafter.capabilities
+    check_fit(caps, info, origin)
     where = device.type if device.type != "cuda" else str(device)
     plan = make_plan(_plan_inputs(config, mapping, where, selector), caps, info,
                      fused_kernels_available=_fused_kernels_available(where))
@@ -242,7 +315,7 @@ def bind(
                         f"{max_slots} request slots; lower max_batch or load the target with "
                         "more slots")
     target.set_capture_layers(caps.target_layer_ids)
-    _bind_selector(selector, plan, device)
+    _prepare_selector(selector, plan, device)
 
     pool_dtype = getattr(torch, caps.dtype)
     buffers = DecoderBuffers.allocate(
@@ -265,12 +338,11 @@ def bind(
         num_draft_tokens=plan.num_draft_tokens, selector=selector, collectives=collectives,
         fused=plan.kernels == "fused", device=device,
     )
-    default_seed = int(getattr(config.selection, "seed", 0))
     return SpecDecoder(
         plan=plan, target=target, drafter=drafter, selector=selector, collectives=collectives,
         buffers=buffers, slots=slots, pager=pager, chain=chain, acceptance=acceptance,
-        mask_token_id=caps.mask_token_id, default_seed=default_seed,
+        mask_token_id=caps.mask_token_id, default_seed=selector.capabilities.default_seed,
     )
 
 
-__all__ = ["bind", "load_drafter", "plan_only", "target_info_from_config"]
+__all__ = ["bind", "check_fit", "load_drafter", "plan_only", "target_info_from_config"]

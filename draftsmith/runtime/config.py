@@ -128,6 +128,11 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+EMBEDDED_TARGET_NAMES = frozenset({"smollm2-135m", "smollm2-135m-instruct", "smollm2"})
+"""Names of the embedded default target, SmolLM2-135M-Instruct, that ``target.model`` accepts
+(:mod:`draftsmith.runtime.targets.smollm2` fetches and converts it)."""
+
+
 class TargetConfig(_Strict):
     """The verifying target model."""
 
@@ -338,10 +343,8 @@ def check_target_dir(model: str) -> None:
 
     :raises ConfigError: naming the directory and what to change.
     """
-    from draftsmith.runtime.targets.smollm2 import TARGET_ALIASES  # imports this module
-
     directory = Path(model).expanduser()
-    if model in TARGET_ALIASES or not directory.is_dir():
+    if model in EMBEDDED_TARGET_NAMES or not directory.is_dir():
         return
     try:
         names = sorted(p.name for p in directory.iterdir())
@@ -393,6 +396,7 @@ def format_validation_error(exc: ValidationError) -> str:
 
 
 __all__ = [
+    "EMBEDDED_TARGET_NAMES",
     "DrafterConfig",
     "RuntimeOptions",
     "SpecConfig",

@@ -3,15 +3,11 @@
 Every "is this path eligible?" question is answered once, at bind time, and recorded here as a
 :class:`Decision` ``(name, value, reason)``. The decoding step reads the plan and never probes.
 This module also holds :func:`make_plan` (the pure decision function, no weights, no plugins) and
-the ``draftsmith plan`` entry point :func:`plan_command`. It must not import pluggy at module level
-(the registry is imported inside :func:`plan_command`).
+:func:`format_plan` (what ``draftsmith plan`` prints). It imports neither pluggy nor ``bind``.
 """
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,10 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from draftsmith.contract import (
     BlockConvention,
     DrafterCapabilities,
-    DraftsmithError,
     MarkovHeadKind,
     ParallelMapping,
     PlanError,
+    SelectorCapabilities,
     TargetInfo,
     TPFusion,
 )
@@ -144,10 +140,12 @@ class DraftPlan(BaseModel):
 class PlanInputs(BaseModel):
     """The sub-configs :func:`make_plan` reads (never the root config)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     num_draft_tokens: int
-    selection: BaseModel
+    selector: SelectorCapabilities
+    """What the built selection strategy declares (greedy, temperature, acceptance, filters,
+    vocab-parallel path)."""
     mapping: ParallelMapping
     max_batch: int
     max_context: int
@@ -158,37 +156,19 @@ class PlanInputs(BaseModel):
     record_margins: Literal["auto", "on", "off"] | bool = "auto"
     allow_gather: bool = True
     device: str = "cpu"
-    greedy: bool | None = None
-    """The built selector's ``is_greedy`` (``bind`` passes it, so a plugin strategy decides);
-    ``None`` derives it from the config: kind ``greedy`` or temperature 0."""
 
 
-def _selection_facts(selection: BaseModel,
-                     greedy: bool | None = None) -> tuple[str, bool, float, bool, str]:
-    """``(kind, greedy, temperature, filtered, acceptance)`` of a selection config; ``greedy``
-    from the built selector when known."""
-    kind = str(getattr(selection, "kind", "greedy"))
-    temperature = float(getattr(selection, "temperature", 0.0) or 0.0)
-    if greedy is None:
-        greedy = kind == "greedy" or temperature == 0.0
-    top_k = int(getattr(selection, "top_k", 0) or 0)
-    top_p = float(getattr(selection, "top_p", 1.0) or 1.0)
-    filtered = (top_k > 0 or top_p < 1.0) and not greedy
-    acceptance = str(getattr(selection, "acceptance", "strict"))
-    if greedy:
-        acceptance = "strict"
-    return kind, greedy, temperature, filtered, acceptance
+def _sampling_words(selector: SelectorCapabilities) -> str:
+    """``T = ...`` for a strategy that samples at a temperature, else the strategy's name."""
+    if selector.temperature > 0:
+        return f"T = {selector.temperature}"
+    return f"strategy {selector.kind!r}"
 
 
-def _sampling_words(kind: str, selection: BaseModel, temperature: float) -> str:
-    """``T = ...`` for a config with a temperature, else the strategy's name."""
-    return f"T = {temperature}" if hasattr(selection, "temperature") else f"strategy {kind!r}"
-
-
-def check_capabilities(
-    caps: DrafterCapabilities, target: TargetInfo, num_draft_tokens: int, tp_size: int
-) -> None:
-    """Raise :class:`PlanError` naming the missing capability when drafter and target disagree."""
+def _check_block_and_shards(caps: DrafterCapabilities, vocab_size: int, num_draft_tokens: int,
+                            tp_size: int) -> None:
+    """:class:`PlanError` when ``K`` asks for a block wider than the drafter was trained with, or
+    the vocabulary does not split evenly over the ranks."""
     if num_draft_tokens > 0:
         w = caps.block_width(num_draft_tokens)
         if w > caps.trained_block_size:
@@ -197,35 +177,9 @@ def check_capabilities(
                 f"exceeds the drafter's trained_block_size {caps.trained_block_size}; lower "
                 f"num_draft_tokens to at most {caps.trained_block_size - caps.first_draft_slot}"
             )
-    if caps.vocab_size != target.vocab_size:
+    if vocab_size % tp_size:
         raise PlanError(
-            f"vocabulary mismatch: the drafter predicts over {caps.vocab_size} ids, the target "
-            f"over {target.vocab_size}; the drafter must share the target vocabulary "
-            "(a reduced draft vocabulary / d2t is not supported)"
-        )
-    if caps.target_hidden_size != target.hidden_size:
-        raise PlanError(
-            f"hidden size mismatch: the drafter expects target layers of width "
-            f"{caps.target_hidden_size}, the target has hidden_size {target.hidden_size}"
-        )
-    if (caps.shares_target_embedding or caps.shares_target_lm_head) and (
-        caps.hidden_size != target.hidden_size
-    ):
-        raise PlanError(
-            f"the drafter shares the target's embedding/head but its hidden size {caps.hidden_size}"
-            f" differs from the target's {target.hidden_size}"
-        )
-    for lid in caps.target_layer_ids:
-        if not -1 <= lid < target.num_layers - 1:
-            raise PlanError(
-                f"target layer id {lid} cannot be captured: ids must lie in -1..{target.num_layers - 2}"
-                f" (L_t = {target.num_layers}; the last layer's output is final-normed)"
-            )
-    if list(caps.target_layer_ids) != sorted(set(caps.target_layer_ids)):
-        raise PlanError(f"target_layer_ids {caps.target_layer_ids} must be strictly increasing")
-    if target.vocab_size % tp_size:
-        raise PlanError(
-            f"the column-parallel head needs V = S * TP, but V = {target.vocab_size} does not "
+            f"the column-parallel head needs V = S * TP, but V = {vocab_size} does not "
             f"split into {tp_size} even shards"
         )
 
@@ -234,10 +188,12 @@ def make_plan(
     inputs: PlanInputs, caps: DrafterCapabilities, target: TargetInfo, *,
     fused_kernels_available: bool = True,
 ) -> DraftPlan:
-    """Decide every path; raise :class:`PlanError` for an impossible combination."""
+    """Decide every path; raise :class:`PlanError` for an impossible combination. Whether the
+    drafter fits the target (vocabulary, widths, layers) is ``bind``'s check
+    (:func:`draftsmith.runtime.bind.check_fit`), made before this is called."""
     k = inputs.num_draft_tokens
     tp, rho = inputs.mapping.tp_size, inputs.mapping.tp_rank
-    check_capabilities(caps, target, k, tp)
+    _check_block_and_shards(caps, target.vocab_size, k, tp)
     decisions: list[Decision] = []
 
     def decide(name: str, value: DecisionValue, reason: str) -> DecisionValue:
@@ -259,14 +215,15 @@ def make_plan(
     )
 
     # ---- selection and acceptance ----
-    kind, greedy, temperature, filtered, acc = _selection_facts(inputs.selection,
-                                                                inputs.greedy)
+    sel = inputs.selector
+    greedy = sel.greedy
+    acc = "strict" if greedy else sel.acceptance
     if greedy:
         base = decide("acceptance_rule", "strict",
                       "greedy selection: a draft is accepted iff it equals the target argmax")
     elif acc == "rejection":
         base = decide("acceptance_rule", "rejection",
-                      f"sampling ({_sampling_words(kind, inputs.selection, temperature)}) with "
+                      f"sampling ({_sampling_words(sel)}) with "
                       "acceptance = 'rejection': lossless rejection sampling u * q < p (3.6)")
     else:
         base = decide("acceptance_rule", "strict",
@@ -283,7 +240,7 @@ def make_plan(
         vp = decide("vocab_parallel", False, "TP = 1: one rank holds the whole vocabulary")
     else:
         elig = vocab_parallel_eligibility(tp_size=tp, vocab_size=target.vocab_size,
-                                          selection=inputs.selection,
+                                          strategy=sel,
                                           attention_dp=inputs.mapping.attention_dp)
         vp = decide("vocab_parallel", elig.ok,
                     f"{elig.reason}: one [rows, 128] SUM exchange per selection" if elig.ok
@@ -293,8 +250,8 @@ def make_plan(
     if tp > 1:
         if acc == "rejection" and not greedy:
             gathers.append("rejection sampling builds draft_probs over the full vocabulary")
-        if filtered:
-            gathers.append("top-k/top-p filtering needs the full row")
+        if sel.filters and not greedy:
+            gathers.append(f"{'/'.join(sel.filters)} filtering needs the full row")
         if inputs.mapping.attention_dp:
             gathers.append("attention-DP")
         if not vp and not gathers:
@@ -450,9 +407,9 @@ def make_plan(
         vocab_start=rho * (target.vocab_size // tp),
         tp_size=tp,
         tp_rank=rho,
-        selection_kind=kind,
+        selection_kind=sel.kind,
         greedy=greedy,
-        temperature=0.0 if greedy else temperature,
+        temperature=0.0 if greedy else sel.temperature,
         acceptance=acceptance,  # type: ignore[arg-type]
         forced_base=base,  # type: ignore[arg-type]
         force_accepted=inputs.force_accepted,
@@ -491,34 +448,10 @@ def format_plan(plan: DraftPlan) -> str:
     return "\n".join(lines)
 
 
-def plan_command(config_path: str | Path, *, json_output: bool = False) -> int:
-    """``draftsmith plan --config FILE``: print the plan; return the exit status.
-
-    Loads the drafter through the registry (random weights when no checkpoint is configured) to
-    read its capabilities; reads the target's sizes from the config without loading its weights.
-    """
-    from draftsmith.runtime.bind import plan_only, target_info_from_config
-    from draftsmith.runtime.config import SpecConfig
-
-    try:
-        config = SpecConfig.load(config_path)
-        plan = plan_only(config, target_info_from_config(config.target))
-    except DraftsmithError as exc:
-        print(f"draftsmith plan: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
-    if json_output:
-        print(json.dumps(plan.model_dump(mode="json"), indent=2))
-    else:
-        print(format_plan(plan))
-    return 0
-
-
 __all__ = [
     "Decision",
     "DraftPlan",
     "PlanInputs",
-    "check_capabilities",
     "format_plan",
     "make_plan",
-    "plan_command",
 ]

@@ -42,7 +42,7 @@ class ReferenceResult:
 
 
 def _key(selector: TokenSelector, seed: int, position: int) -> SamplingKey | None:
-    if selector.is_greedy:
+    if selector.capabilities.greedy:
         return None
     return SamplingKey(seeds=torch.tensor([seed], dtype=_I64),
                        offsets=torch.tensor([position], dtype=_I64))

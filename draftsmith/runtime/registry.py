@@ -11,9 +11,12 @@ import functools
 import importlib
 import importlib.metadata
 import os
+import sys
+import traceback
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from types import CodeType, FrameType, TracebackType
 from typing import Any
 
 import pluggy
@@ -23,6 +26,7 @@ from draftsmith import PROJECT_NAME
 from draftsmith.contract import (
     ConfigError,
     Drafter,
+    DrafterCapabilities,
     DrafterFamily,
     DraftsmithError,
     PluginError,
@@ -104,39 +108,43 @@ def _load_entrypoints(pm: pluggy.PluginManager) -> None:
                 f"{type(exc).__name__}: {exc}; {_disable_hint(name)}") from None
 
 
-@dataclass
-class _Registrar:
-    """Collects registrations, tagging each with the distribution that made it."""
+REGISTRATION_HOOKS = ("draftsmith_register_drafters", "draftsmith_register_selectors")
+"""The hooks :func:`load_registry` calls, in this order."""
 
-    families: dict[str, DrafterFamily] = field(default_factory=dict)
-    selectors: dict[str, SelectorFamily] = field(default_factory=dict)
-    distribution: str = PROJECT_NAME
+
+class _Registrar:
+    """What the registration hooks add, each record with the plugin whose hook added it.
+
+    pluggy calls every plugin's hook in one call, so a record does not say who registered it:
+    the registrar finds the hook implementation on the call stack (the same way a failure is
+    traced to its plugin). Records are only collected here; :meth:`registry` orders them by
+    plugin registration, so that a duplicate name is blamed on the plugin that came later.
+    """
+
+    def __init__(self, pm: pluggy.PluginManager) -> None:
+        self.pm = pm
+        self.impls = _registration_impls(pm)
+        self.families: list[tuple[_Impl, DrafterFamily]] = []
+        self.selectors: list[tuple[_Impl, SelectorFamily]] = []
 
     def add_family(self, family: DrafterFamily) -> None:
         if not isinstance(family, DrafterFamily):
             raise PluginError(f"add_family takes a DrafterFamily, got {type(family).__name__}")
         _check_record(family, "drafter family", options_model=family.options_model,
-                      factory=("load", family.load, True))
-        if family.name in self.families:
+                      factories=(("load", family.load, True),
+                                 ("capabilities", family.capabilities, True)))
+        if family.load is not None and family.capabilities is None:
             raise PluginError(
-                f"drafter family {family.name!r} is registered twice (by "
-                f"{self.families[family.name].distribution} and {self.distribution}); "
-                "family names are what configs refer to, so they must be unique"
-            )
-        load = family.load and _Checked(family.load, Drafter, "drafter family", family.name,
-                                        self.distribution)
-        self.families[family.name] = replace(family, load=load, distribution=self.distribution)
+                f"drafter family {family.name!r} has a load but no capabilities; give it "
+                "capabilities(request) -> DrafterCapabilities, the capabilities load(request) "
+                "declares, found without weights (draftsmith plan plans from them)")
+        self.families.append((self._caller("add_family"), family))
 
     def add_selector(self, selector: SelectorFamily) -> None:
         if not isinstance(selector, SelectorFamily):
             raise PluginError(f"add_selector takes a SelectorFamily, got {type(selector).__name__}")
         _check_record(selector, "selection strategy", options_model=selector.config_model,
-                      factory=("build", selector.build, False))
-        if selector.name in self.selectors:
-            raise PluginError(
-                f"selection strategy {selector.name!r} is registered twice (by "
-                f"{self.selectors[selector.name].distribution} and {self.distribution})"
-            )
+                      factories=(("build", selector.build, False),))
         kind = selector.config_model.model_fields.get("kind")
         if kind is None or kind.default != selector.name:
             raise PluginError(
@@ -144,14 +152,51 @@ class _Registrar:
                 f"{selector.config_model.__name__} needs a field kind: Literal[{selector.name!r}] "
                 f"= {selector.name!r}"
             )
-        build = _Checked(selector.build, TokenSelector, "selection strategy", selector.name,
-                         self.distribution)
-        self.selectors[selector.name] = replace(selector, build=build,
-                                                distribution=self.distribution)
+        self.selectors.append((self._caller("add_selector"), selector))
+
+    def _caller(self, method: str) -> _Impl:
+        impl = _innermost_impl(_stack(sys._getframe(2)), self.impls)
+        if impl is None:
+            raise PluginError(f"registrar.{method} was called outside a draftsmith registration "
+                              "hook; call it from draftsmith_register_drafters or "
+                              "draftsmith_register_selectors")
+        return impl
+
+    def registry(self) -> Registry:
+        """The records in plugin registration order; :class:`PluginError` blaming the later
+        plugin for a name registered twice."""
+        order = {id(plugin): i for i, (_, plugin) in enumerate(self.pm.list_name_plugin())}
+        families: dict[str, DrafterFamily] = {}
+        for impl, family in sorted(self.families, key=lambda e: order[id(e[0].plugin)]):
+            dist = _distribution(self.pm, impl.plugin)
+            if family.name in families:
+                raise _registration_error(self.pm, impl, dist, PluginError(
+                    f"drafter family {family.name!r} is registered twice (by "
+                    f"{families[family.name].distribution} and {dist}); family names are what "
+                    "configs refer to, so they must be unique"))
+            families[family.name] = replace(
+                family, distribution=dist,
+                load=family.load and _Checked(family.load, Drafter, "drafter family",
+                                              family.name, dist),
+                capabilities=family.capabilities and _Checked(
+                    family.capabilities, DrafterCapabilities, "drafter family", family.name,
+                    dist, "capabilities"))
+        selectors: dict[str, SelectorFamily] = {}
+        for impl, selector in sorted(self.selectors, key=lambda e: order[id(e[0].plugin)]):
+            dist = _distribution(self.pm, impl.plugin)
+            if selector.name in selectors:
+                raise _registration_error(self.pm, impl, dist, PluginError(
+                    f"selection strategy {selector.name!r} is registered twice (by "
+                    f"{selectors[selector.name].distribution} and {dist})"))
+            selectors[selector.name] = replace(
+                selector, distribution=dist,
+                build=_Checked(selector.build, TokenSelector, "selection strategy",
+                               selector.name, dist))
+        return Registry(families=families, selectors=selectors)
 
 
 def _check_record(record: DrafterFamily | SelectorFamily, kind: str, options_model: Any,
-                  factory: tuple[str, Any, bool]) -> None:
+                  factories: tuple[tuple[str, Any, bool], ...]) -> None:
     """Refuse a registration whose fields have the wrong types (``draftsmith plugins`` and
     config validation would otherwise fail on them later, far from the plugin)."""
     name = record.name
@@ -164,13 +209,9 @@ def _check_record(record: DrafterFamily | SelectorFamily, kind: str, options_mod
     field_name = "options_model" if kind == "drafter family" else "config_model"
     if not (isinstance(options_model, type) and issubclass(options_model, BaseModel)):
         problems.append(f"{field_name} is {options_model!r}, not a pydantic model class")
-    label, function, optional = factory
-    if not (callable(function) or (optional and function is None)):
-        problems.append(f"{label} is {type(function).__name__}, not callable")
-    features = record.features
-    if not (isinstance(features, Mapping)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in features.items())):
-        problems.append("features is not a mapping of strings to strings")
+    for label, function, optional in factories:
+        if not (callable(function) or (optional and function is None)):
+            problems.append(f"{label} is {type(function).__name__}, not callable")
     if problems:
         raise PluginError(f"{kind} {name!r}: {'; '.join(problems)}")
 
@@ -182,10 +223,12 @@ class _Checked:
     family still pickles to the ranks of a tensor-parallel group."""
 
     def __init__(self, factory: Callable[[Any], Any], protocol: type, kind: str, name: str,
-                 distribution: str) -> None:
+                 distribution: str, method: str = "") -> None:
         functools.update_wrapper(self, factory)  # __module__ and __name__ stay the plugin's
         self.factory, self.protocol = factory, protocol
         self.what = f"{kind} {name!r} (distribution {distribution})"
+        if method:
+            self.what += f" {method}"
 
     def __call__(self, request: Any) -> Any:
         try:
@@ -227,56 +270,100 @@ class Registry:
 
 
 def load_registry(pm: pluggy.PluginManager | None = None) -> Registry:
-    """Call the registration hooks of ``pm`` (a fresh default manager when ``None``)."""
+    """Call the registration hooks of ``pm`` (a fresh default manager when ``None``) through
+    pluggy, drafters first, and return what they registered.
+
+    A hook that raises is reported as a :class:`PluginError` naming the plugin, its
+    distribution and, for an installed plugin, how to leave it out."""
     pm = pm if pm is not None else make_plugin_manager()
-    dists = {id(plugin): dist.project_name for plugin, dist in pm.list_plugin_distinfo()}
-    registrar = _Registrar()
-    arguments = {"registrar": registrar}
-    for hook_name in ("draftsmith_register_drafters", "draftsmith_register_selectors"):
-        for impl in _registration_order(pm, hook_name):
-            registrar.distribution = dists.get(id(impl.plugin), _builtin_or_extra(impl.plugin))
-            try:
-                # As pluggy calls an impl: only the spec arguments it names (a subset is valid).
-                impl.function(*(arguments[name] for name in impl.argnames))
-            except Exception as exc:  # the plugin's fault, never the user's config
-                raise _registration_error(pm, impl, hook_name, registrar.distribution,
-                                          exc) from None
-    return Registry(families=registrar.families, selectors=registrar.selectors)
+    registrar = _Registrar(pm)
+    for hook_name in REGISTRATION_HOOKS:
+        try:
+            getattr(pm.hook, hook_name)(registrar=registrar)
+        except Exception as exc:  # the plugin's fault, never the user's config
+            impl = _innermost_impl(_frames(exc.__traceback__), registrar.impls)
+            if impl is None:
+                raise PluginError(f"a plugin failed in {hook_name}: "
+                                  f"{type(exc).__name__}: {exc}") from None
+            raise _registration_error(pm, impl, _distribution(pm, impl.plugin), exc) from None
+    return registrar.registry()
 
 
-def _registration_error(pm: pluggy.PluginManager, impl: pluggy.HookImpl, hook_name: str,
-                        distribution: str, exc: Exception) -> PluginError:
-    name = pm.get_name(impl.plugin) or repr(impl.plugin)
-    detail = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
-    installed = not distribution.startswith(("<", PROJECT_NAME))
-    hint = f"; {_disable_hint(name)}" if installed else ""
-    return PluginError(f"plugin {name} (distribution {distribution}) failed in {hook_name}: "
-                       f"{detail}{hint}")
+@dataclass(frozen=True)
+class _Impl:
+    """One plugin's implementation of one registration hook."""
+
+    hook_name: str
+    impl: pluggy.HookImpl
+
+    @property
+    def plugin(self) -> object:
+        return self.impl.plugin
 
 
-def _registration_order(pm: pluggy.PluginManager, hook_name: str) -> Iterator[pluggy.HookImpl]:
-    # get_hookimpls() lists plugins in registration order (pluggy *calls* them in reverse);
-    # walking in registration order blames a duplicate name on the plugin that came later.
-    # Each impl is called on its own so that a registration is tagged with its distribution,
-    # which leaves nothing for a wrapper to wrap: refuse wrappers rather than drop them.
-    for impl in getattr(pm.hook, hook_name).get_hookimpls():
-        if impl.wrapper or impl.hookwrapper:
-            name = pm.get_name(impl.plugin) or repr(impl.plugin)
-            raise PluginError(
-                f"plugin {name}: {hook_name} is declared with "
-                f"{'wrapper' if impl.wrapper else 'hookwrapper'}=True; registration hooks do not "
-                "support wrappers. Declare it with a plain @hookimpl and register directly"
-            )
-        yield impl
+def _registration_impls(pm: pluggy.PluginManager) -> dict[CodeType, list[_Impl]]:
+    """The code object of every registration hook implementation, mapped to the implementations
+    that run it (how a frame on the stack is recognised as a plugin's hook; two instances of one
+    plugin class share their methods' code)."""
+    impls: dict[CodeType, list[_Impl]] = {}
+    for hook_name in REGISTRATION_HOOKS:
+        for impl in getattr(pm.hook, hook_name).get_hookimpls():
+            code = getattr(impl.function, "__code__", None)
+            if code is not None:
+                impls.setdefault(code, []).append(_Impl(hook_name, impl))
+    return impls
 
 
-def _builtin_or_extra(plugin: object) -> str:
+def _stack(frame: FrameType | None) -> Iterator[FrameType]:
+    """``frame`` and its callers, innermost first."""
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
+def _frames(tb: TracebackType | None) -> Iterator[FrameType]:
+    """The frames an exception passed through, innermost first."""
+    return reversed([frame for frame, _ in traceback.walk_tb(tb)])
+
+
+def _innermost_impl(frames: Iterable[FrameType],
+                    impls: Mapping[CodeType, list[_Impl]]) -> _Impl | None:
+    """The registration hook implementation running in the innermost of ``frames`` that runs
+    one; a method is told from the same method of another instance by its ``self``."""
+    for frame in frames:
+        candidates = impls.get(frame.f_code)
+        if not candidates:
+            continue
+        code = frame.f_code
+        first = frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
+        bound = [c for c in candidates if getattr(c.impl.function, "__self__", None) is first]
+        return (bound or candidates)[0]
+    return None
+
+
+def _distribution(pm: pluggy.PluginManager, plugin: object) -> str:
+    """The distribution an installed plugin came from (pluggy records it when it loads an entry
+    point), ``draftsmith`` for a built-in, ``<plugin NAME>`` for an extra plugin object."""
+    for loaded, dist in pm.list_plugin_distinfo():
+        if loaded is plugin:
+            return str(dist.project_name)
     name = getattr(plugin, "__name__", "")
     return PROJECT_NAME if name.startswith(f"{PROJECT_NAME}.") else f"<plugin {name or plugin!r}>"
 
 
+def _registration_error(pm: pluggy.PluginManager, impl: _Impl, distribution: str,
+                        exc: Exception) -> PluginError:
+    name = pm.get_name(impl.plugin) or repr(impl.plugin)
+    detail = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
+    installed = not distribution.startswith(("<", PROJECT_NAME))
+    hint = f"; {_disable_hint(name)}" if installed else ""
+    return PluginError(f"plugin {name} (distribution {distribution}) failed in "
+                       f"{impl.hook_name}: {detail}{hint}")
+
+
 __all__ = [
     "LOAD_PLUGINS_ENV",
+    "REGISTRATION_HOOKS",
     "Registry",
     "load_registry",
     "make_plugin_manager",

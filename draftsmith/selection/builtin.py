@@ -28,7 +28,6 @@ GREEDY = SelectorFamily(
     summary="argmax in torch.argmax order; vocab-parallel pair exchange; strict acceptance",
     config_model=GreedyConfig,
     build=_build_greedy,
-    features={"vocab_parallel": "pair exchange", "acceptance": "strict"},
 )
 
 SAMPLE = SelectorFamily(
@@ -36,7 +35,6 @@ SAMPLE = SelectorFamily(
     summary="temperature / top-k / top-p sampling with keyed Gumbel noise; rejection sampling",
     config_model=SampleConfig,
     build=_build_sample,
-    features={"vocab_parallel": "Gumbel-max pairs (temperature only)", "acceptance": "rejection"},
 )
 
 

@@ -1,4 +1,5 @@
-"""Validated configs of the built-in selection strategies (one tagged variant each)."""
+"""Validated configs of the built-in selection strategies (one tagged variant each) and what a
+strategy bound to each declares (:func:`capabilities_of`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
+
+from draftsmith.contract import SelectorCapabilities
 
 MIN_TEMPERATURE = 1e-5
 """Smallest positive temperature; below it ``z / T`` overflows (DeepSpec treats it as greedy)."""
@@ -76,4 +79,23 @@ def _temperature_error(value: float, problem: str) -> PydanticCustomError:
     )
 
 
-__all__ = ["MIN_TEMPERATURE", "GreedyConfig", "SampleConfig"]
+def capabilities_of(config: GreedyConfig | SampleConfig) -> SelectorCapabilities:
+    """What the built-in strategy bound to ``config`` declares: both select on vocabulary
+    shards through one pair exchange; sampling at ``T = 0`` is greedy."""
+    if isinstance(config, GreedyConfig):
+        return SelectorCapabilities(kind=config.kind, greedy=True, vocab_parallel=True)
+    if config.temperature == 0.0:  # filters cannot change an argmax
+        return SelectorCapabilities(kind=config.kind, greedy=True, vocab_parallel=True,
+                                    default_seed=config.seed)
+    filters = []
+    if config.top_k > 0:
+        filters.append(f"top-k = {config.top_k}")
+    if config.top_p < 1.0:
+        filters.append(f"top-p = {config.top_p}")
+    return SelectorCapabilities(
+        kind=config.kind, greedy=False, temperature=config.temperature,
+        acceptance=config.acceptance, filters=tuple(filters), vocab_parallel=True,
+        default_seed=config.seed)
+
+
+__all__ = ["MIN_TEMPERATURE", "GreedyConfig", "SampleConfig", "capabilities_of"]

@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel
-
-from draftsmith.selection.configs import GreedyConfig, SampleConfig
+from draftsmith.contract import SelectorCapabilities
+from draftsmith.selection.configs import GreedyConfig, SampleConfig, capabilities_of
 
 MAX_EXACT_VOCAB = 2**24
 """Global ids travel as fp32 values in the pair exchange; exact only below ``2**24``."""
@@ -59,7 +58,7 @@ def vocab_parallel_eligibility(
     *,
     tp_size: int,
     vocab_size: int,
-    selection: BaseModel | None = None,
+    strategy: SelectorCapabilities | None = None,
     attention_dp: bool = False,
     penalties: bool = False,
     logit_processors: bool = False,
@@ -74,13 +73,13 @@ def vocab_parallel_eligibility(
 ) -> VocabParallelEligibility:
     """Decide whether token selection may run on vocabulary shards (spec 5.1, 5.7).
 
-    The sharded pair path needs: ``TP > 1`` without attention-DP; every row greedy or
-    temperature-only (``selection`` a :class:`GreedyConfig`, or a :class:`SampleConfig` without
-    top-k / top-p; ``None`` means greedy); no penalties, logit processors, guided decoding or
-    min-p; a bias-free, unquantized head; ``V % TP == 0``; ``S % 4 == 0``; ``V < 2**24``; an
-    exchange workspace allocated before capture; and none of the 5.7 gather triggers (the caller
-    wants logits, rejection sampling with full-vocabulary probabilities, a reduced draft
-    vocabulary). At ``TP == 1`` nothing is sharded: not ok, and no gather is needed.
+    The sharded pair path needs: ``TP > 1`` without attention-DP; a ``strategy`` that declares
+    a vocab-parallel path and, unless greedy, no filter (``None`` means greedy); no penalties,
+    logit processors, guided decoding or min-p; a bias-free, unquantized head;
+    ``V % TP == 0``; ``S % 4 == 0``; ``V < 2**24``; an exchange workspace allocated before
+    capture; and none of the 5.7 gather triggers (the caller wants logits, rejection sampling
+    with full-vocabulary probabilities, a reduced draft vocabulary). At ``TP == 1`` nothing is
+    sharded: not ok, and no gather is needed.
     """
     if tp_size <= 1:
         return VocabParallelEligibility(False, "TP == 1: the full vocabulary is local", False)
@@ -94,7 +93,7 @@ def vocab_parallel_eligibility(
         blockers.append(f"shard width S = {vocab_size // tp_size} is not a multiple of 4")
     if vocab_size >= MAX_EXACT_VOCAB:
         blockers.append(f"V = {vocab_size} >= 2**24: ids are not exact as fp32")
-    kind, filt = _strategy_blockers(selection, vocab_size)
+    kind, filt = _strategy_blockers(strategy)
     blockers.extend(kind)
     filters.extend(filt)
     for flag, why in (
@@ -121,25 +120,17 @@ def vocab_parallel_eligibility(
     )
 
 
-def _strategy_blockers(selection: BaseModel | None, vocab_size: int) -> tuple[list[str], list[str]]:
-    """``(other blockers, filter blockers)`` of a selection config."""
-    if selection is None or isinstance(selection, GreedyConfig):
+def _strategy_blockers(strategy: SelectorCapabilities | None) -> tuple[list[str], list[str]]:
+    """``(other blockers, filter blockers)`` of a strategy's declared capabilities."""
+    if strategy is None or (strategy.greedy and strategy.vocab_parallel):
         return [], []
-    if isinstance(selection, SampleConfig):
-        if selection.temperature == 0.0:
-            return [], []  # greedy rows: filters cannot change an argmax
-        filters = []
-        if 0 < selection.top_k < vocab_size:
-            filters.append(f"top-k = {selection.top_k} is enabled")
-        if selection.top_p < 1.0:
-            filters.append(f"top-p = {selection.top_p} is enabled")
-        return [], filters
-    kind = getattr(selection, "kind", type(selection).__name__)
-    return [f"strategy {kind!r} does not declare a vocab-parallel path"], []
+    if not strategy.vocab_parallel:
+        return [f"strategy {strategy.kind!r} does not declare a vocab-parallel path"], []
+    return [], [f"{f} is enabled" for f in strategy.filters]
 
 
 def selection_route(
-    selection: BaseModel | None,
+    selection: GreedyConfig | SampleConfig | None,
     tp_size: int,
     vocab_size: int,
     eligibility: VocabParallelEligibility | None = None,
@@ -149,7 +140,8 @@ def selection_route(
     if tp_size <= 1:
         return SelectionRoute("local", "TP == 1: the full vocabulary is local")
     elig = eligibility or vocab_parallel_eligibility(
-        tp_size=tp_size, vocab_size=vocab_size, selection=selection
+        tp_size=tp_size, vocab_size=vocab_size,
+        strategy=capabilities_of(selection) if selection is not None else None,
     )
     greedy = selection is None or isinstance(selection, GreedyConfig) or (
         isinstance(selection, SampleConfig) and selection.temperature == 0.0

@@ -14,10 +14,11 @@ from draftsmith.contract import (
     Collectives,
     LogitsShard,
     SamplingKey,
+    SelectorCapabilities,
     ShapeError,
     SingleRank,
 )
-from draftsmith.selection.configs import GreedyConfig, SampleConfig
+from draftsmith.selection.configs import GreedyConfig, SampleConfig, capabilities_of
 from draftsmith.selection.eligibility import SelectionRoute, selection_route
 from draftsmith.selection.sampling import (
     apply_top_p,
@@ -45,6 +46,7 @@ class _Selector:
     """Shared plumbing: kernel choice, the exchange workspace and route lookup."""
 
     config: GreedyConfig | SampleConfig
+    _capabilities: SelectorCapabilities
 
     def __init__(self, use_kernels: bool | None = None,
                  workspace: ExchangeWorkspace | None = None) -> None:
@@ -52,6 +54,19 @@ class _Selector:
         """Use the Triton pair kernels (``None``: when the logits are on a CUDA device)."""
         self.workspace = workspace
         """Exchange staging buffer, allocated once by the runtime before capture (optional)."""
+
+    @property
+    def capabilities(self) -> SelectorCapabilities:
+        """Declared by the config (:func:`~draftsmith.selection.configs.capabilities_of`)."""
+        return self._capabilities
+
+    def prepare(self, *, max_rows: int, tp_size: int, use_kernels: bool,
+                device: torch.device) -> None:
+        """Take the plan's kernel choice and, with the vocabulary split over ranks, allocate the
+        exchange workspace now, before any capture."""
+        self.use_kernels = use_kernels
+        if tp_size > 1:
+            self.bind_workspace(ExchangeWorkspace(max_rows, device))
 
     def bind_workspace(self, workspace: ExchangeWorkspace) -> None:
         """Use ``workspace`` for every later exchange (call before CUDA-graph capture)."""
@@ -82,11 +97,7 @@ class GreedySelector(_Selector):
                  workspace: ExchangeWorkspace | None = None) -> None:
         super().__init__(use_kernels, workspace)
         self.config = config or GreedyConfig()
-
-    @property
-    def is_greedy(self) -> bool:
-        """Always true: strict acceptance applies."""
-        return True
+        self._capabilities = capabilities_of(self.config)
 
     def select(self, logits: LogitsShard, key: SamplingKey | None, stream: int,
                collectives: Collectives) -> torch.Tensor:
@@ -112,11 +123,7 @@ class SampleSelector(_Selector):
                  workspace: ExchangeWorkspace | None = None) -> None:
         super().__init__(use_kernels, workspace)
         self.config = config
-
-    @property
-    def is_greedy(self) -> bool:
-        """True only at temperature 0."""
-        return self.config.temperature == 0.0
+        self._capabilities = capabilities_of(config)
 
     def select(self, logits: LogitsShard, key: SamplingKey | None, stream: int,
                collectives: Collectives) -> torch.Tensor:
@@ -126,7 +133,7 @@ class SampleSelector(_Selector):
         1 draft (spec 5.5).
         """
         cfg = self.config
-        if self.is_greedy:
+        if self._capabilities.greedy:
             return self._argmax(logits, collectives)
         rows = logits.logits.shape[0]
         if key is None:
@@ -157,7 +164,7 @@ class SampleSelector(_Selector):
         """The filtered, temperature-scaled distribution ``[rows, V] float32`` (gathers)."""
         cfg = self.config
         full = gather_logits(logits, local_group(logits, collectives))
-        if self.is_greedy:
+        if self._capabilities.greedy:
             return one_hot_argmax(full)
         return filtered_probs(full, cfg.temperature, cfg.top_k, cfg.top_p)
 

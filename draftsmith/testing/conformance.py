@@ -497,6 +497,25 @@ def check_capabilities(
         _fail("capabilities say shares_target_lm_head, but block_logits ignores the head it is given")
     if not caps.shares_target_lm_head and not same:
         _fail("capabilities say the drafter has its own LM head, but block_logits reads the target's")
+    _check_declared_capabilities(family, caps, request)
+
+
+def _check_declared_capabilities(family: DrafterFamily, caps: DrafterCapabilities,
+                                 request: LoadRequest | None) -> None:
+    """The family's ``capabilities(request)`` (what ``draftsmith plan`` plans from) equals what
+    the drafter ``load(request)`` built declares."""
+    if family.capabilities is None:
+        _fail(f"{family.name}: the family has no capabilities(request); give it one that returns "
+              "what load(request) declares, found without weights")
+    if request is None:
+        return
+    declared = family.capabilities(request)
+    if declared != caps:
+        fields = [name for name in DrafterCapabilities.model_fields
+                  if getattr(declared, name) != getattr(caps, name)]
+        _fail(f"{family.name}: capabilities(request) differs from the loaded drafter's in "
+              + "; ".join(f"{name} ({getattr(declared, name)!r} declared, "
+                          f"{getattr(caps, name)!r} loaded)" for name in fields))
 
 
 def check_shapes_and_dtypes(drafter: Drafter, case: ConformanceCase) -> None:

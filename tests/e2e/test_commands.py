@@ -277,7 +277,8 @@ def test_the_shipped_drafter_is_the_default_for_the_embedded_target(tmp_path) ->
     told otherwise; any other target, family, explicit options or ``--random-drafter`` do not."""
     import argparse
 
-    from draftsmith.runtime.commands import SHIPPED_DRAFTER, add_generate_arguments, build_config
+    from draftsmith.cli.common import SHIPPED_DRAFTER, build_config
+    from draftsmith.cli.generate import add_generate_arguments
 
     parser = argparse.ArgumentParser()
     add_generate_arguments(parser)
@@ -307,7 +308,7 @@ def test_an_interrupted_eval_leaves_no_report_that_reads_as_its_own(capsys, tiny
                                                                     monkeypatch) -> None:
     """The previous report is set aside before the model loads and removed once the new one is
     written; an eval interrupted in between leaves no eval.json at all."""
-    from draftsmith.runtime import commands
+    from draftsmith.cli import common
 
     path = tmp_path / "set.jsonl"
     path.write_text(json.dumps({"turns": ["one two"]}) + "\n")
@@ -320,7 +321,7 @@ def test_an_interrupted_eval_leaves_no_report_that_reads_as_its_own(capsys, tiny
     def interrupted(*_args, **_kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(commands, "load_decoder", interrupted)
+    monkeypatch.setattr(common, "load_decoder", interrupted)
     assert _run(capsys, *argv)[0] == 130
     assert sorted(p.name for p in out.iterdir()) == ["acceptance.previous.png",
                                                      "eval.previous.json"]

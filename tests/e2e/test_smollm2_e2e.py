@@ -46,7 +46,7 @@ def test_bf16_divergences_are_near_ties() -> None:
     so speculative and plain outputs may part; every place they part must be a near-tie: the
     target's top-2 margin there, in the path with the smaller one, at most a few bf16 steps of
     the winning logit. A wider margin would mean a bug, not rounding."""
-    from draftsmith.runtime.commands import SHIPPED_DRAFTER
+    from draftsmith.cli.common import SHIPPED_DRAFTER
 
     config = SpecConfig.from_dict({
         "drafter": {"family": "dspark-gqa", "checkpoint": str(SHIPPED_DRAFTER)},

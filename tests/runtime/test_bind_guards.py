@@ -17,6 +17,7 @@ from draftsmith.contract import (
     DraftsmithError,
     ParallelMapping,
     PlanError,
+    SelectorCapabilities,
     SelectorFamily,
     TargetInfo,
 )
@@ -39,10 +40,15 @@ class SoftmaxDrawConfig(BaseModel):
 class SoftmaxDraw:
     def __init__(self, config: SoftmaxDrawConfig) -> None:
         self.config = config
+        self.prepared: dict | None = None
 
     @property
-    def is_greedy(self) -> bool:
-        return False
+    def capabilities(self) -> SelectorCapabilities:
+        return SelectorCapabilities(kind="softmax-draw", greedy=False,
+                                    acceptance=self.config.acceptance)
+
+    def prepare(self, **plan_choices) -> None:
+        self.prepared = plan_choices
 
     def select(self, logits, key, stream, collectives) -> torch.Tensor:
         seed = int(key.seeds.sum() + 7 * key.offsets.sum() + 131 * stream)
@@ -77,7 +83,9 @@ def _config(selection: dict | None = None, registry=None, parallel: dict | None 
     }, registry=registry)
 
 
-def test_a_plugin_strategy_without_temperature_is_planned_by_its_is_greedy(target):
+def test_a_plugin_strategy_is_planned_by_its_declared_capabilities(target):
+    """A plugin strategy is planned as a built-in is: from what it declares (here sampling with
+    no temperature, rejection acceptance), and it is handed the plan's choices before capture."""
     registry = load_registry(make_plugin_manager(extra_plugins=[SoftmaxDrawPlugin()],
                                                  load_entrypoints=False))
     cfg = _config({"kind": "softmax-draw"}, registry)
@@ -86,6 +94,9 @@ def test_a_plugin_strategy_without_temperature_is_planned_by_its_is_greedy(targe
     assert dec.plan.acceptance == "rejection"
     assert "strategy 'softmax-draw'" in dec.plan.decision("acceptance_rule").reason
     assert dec.buffers.draft_probs is not None  # rejection sampling needs q
+    assert dec.selector.prepared == {"max_rows": 5 * 4, "tp_size": 1,
+                                     "use_kernels": dec.plan.kernels == "fused",
+                                     "device": torch.device("cpu")}
     (res,) = dec.generate([[1, 2, 3, 4]], 8)
     assert len(res.tokens) == 8
     assert plan_only(cfg, TargetInfo(vocab_size=64, hidden_size=32, num_layers=4),

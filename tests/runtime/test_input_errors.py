@@ -119,12 +119,12 @@ def test_read_prompt_file_rejects_a_limit_below_one(tmp_path: Path, limit: int) 
 
 @pytest.fixture
 def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    from draftsmith.runtime import commands
+    from draftsmith.cli import common
 
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the flags must be checked before any model loads")
 
-    monkeypatch.setattr(commands, "_load", refuse)
+    monkeypatch.setattr(common, "load_decoder", refuse)
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,6 @@
-"""The DraftPlan: decisions with reasons, immutability, hashing, PlanErrors at bind, the CLI."""
+"""The DraftPlan: decisions with reasons, immutability, hashing, PlanErrors at bind."""
 
 from __future__ import annotations
-
-import hashlib
 
 import pydantic
 import pytest
@@ -20,20 +18,21 @@ from draftsmith.contract import (
     TargetInfo,
     TPFusion,
 )
-from draftsmith.runtime.bind import bind, plan_only
+from draftsmith.runtime.bind import bind, check_fit, plan_only
 from draftsmith.runtime.config import SpecConfig
-from draftsmith.runtime.plan import PlanInputs, format_plan, make_plan, plan_command
+from draftsmith.runtime.plan import PlanInputs, format_plan, make_plan
 from draftsmith.runtime.registry import Registry, load_registry
 
 TOY = TargetInfo(vocab_size=64, hidden_size=32, num_layers=4)
 
 
-def _inputs(**kw) -> PlanInputs:
-    from draftsmith.selection.configs import GreedyConfig
+def _inputs(selection=None, **kw) -> PlanInputs:
+    """Plan inputs; ``selection``: a built-in strategy config, planned from what it declares."""
+    from draftsmith.selection.configs import GreedyConfig, capabilities_of
 
-    base = dict(num_draft_tokens=3, selection=GreedyConfig(), mapping=ParallelMapping(),
-                max_batch=4, max_context=128, page_size=8, kernels="auto", cuda_graphs=False,
-                force_accepted=0.0)
+    base = dict(num_draft_tokens=3, selector=capabilities_of(selection or GreedyConfig()),
+                mapping=ParallelMapping(), max_batch=4, max_context=128, page_size=8,
+                kernels="auto", cuda_graphs=False, force_accepted=0.0)
     base.update(kw)
     return PlanInputs(**base)
 
@@ -202,15 +201,34 @@ def test_every_decision_has_a_reason(plan):
     ("caps_kw", "inputs_kw", "target", "match"),
     [
         ({"trained_block_size": 4}, {"num_draft_tokens": 5}, TOY, "exceeds the drafter's trained_block_size 4"),
-        ({}, {}, TargetInfo(vocab_size=65, hidden_size=32, num_layers=4), "vocabulary mismatch"),
-        ({}, {}, TargetInfo(vocab_size=64, hidden_size=48, num_layers=4), "hidden size mismatch"),
-        ({}, {}, TargetInfo(vocab_size=64, hidden_size=32, num_layers=3), "target layer id 2 cannot be captured"),
         ({}, {"mapping": ParallelMapping(tp_size=3)}, TOY, "does not split into 3 even shards"),
     ],
 )
 def test_plan_errors_name_the_capability(caps_kw, inputs_kw, target, match):
     with pytest.raises(PlanError, match=match):
         make_plan(_inputs(**inputs_kw), _caps(**caps_kw), target)
+
+
+@pytest.mark.parametrize(
+    ("target", "match"),
+    [
+        (TargetInfo(vocab_size=65, hidden_size=32, num_layers=4), "vocabulary mismatch"),
+        (TargetInfo(vocab_size=64, hidden_size=48, num_layers=4), "hidden size mismatch"),
+        (TargetInfo(vocab_size=64, hidden_size=32, num_layers=3),
+         "target layer id 2 cannot be captured"),
+    ],
+)
+def test_a_drafter_that_does_not_fit_the_target_fails_at_bind(target, match):
+    """bind's check_fit is the one check of drafter against target: bind runs it on the drafter
+    it is given, plan_only on the declared capabilities."""
+    with pytest.raises(PlanError, match=match):
+        check_fit(_caps(), target)
+    with pytest.raises(PlanError, match=match):
+        bind(ToyTarget(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
+                       num_layers=target.num_layers), TinyDrafter(64, 32, (0, 2)),
+             SpecConfig.from_dict({"num_draft_tokens": 3}))
+    with pytest.raises(PlanError, match=match):
+        plan_only(SpecConfig.from_dict({"num_draft_tokens": 3}), target, capabilities=_caps())
 
 
 def test_rejection_under_tp_without_gather_fails():
@@ -238,6 +256,31 @@ def test_family_without_model_fails_before_loading():
         plan_only(cfg, TOY, registry=reg)
 
 
+def test_plan_only_plans_from_declared_capabilities_without_loading(tmp_path):
+    """``draftsmith plan`` builds no drafter: a family whose load refuses still plans, from its
+    declared capabilities, the plan bind makes with the loaded drafter (random and checkpoint)."""
+    from dataclasses import replace
+
+    def refuse(request):
+        raise AssertionError("plan_only loaded the drafter")
+
+    base = load_registry()
+    reg = Registry(families={**base.families,
+                             "dspark-gqa": replace(base.family("dspark-gqa"), load=refuse)},
+                   selectors=base.selectors)
+    cfg = SpecConfig.from_dict({"drafter": {"family": "dspark-gqa",
+                                            "options": {"target_layer_ids": [0, 2]}},
+                                "num_draft_tokens": 3, "runtime": {"max_context": 64}})
+    dec = bind(ToyTarget(), None, cfg)
+    assert plan_only(cfg, TOY, registry=reg) == dec.plan
+    dec.drafter.save(tmp_path)
+    from_checkpoint = SpecConfig.from_dict({"drafter": {"family": "dspark-gqa",
+                                                        "checkpoint": str(tmp_path)},
+                                            "num_draft_tokens": 3,
+                                            "runtime": {"max_context": 64}})
+    assert plan_only(from_checkpoint, TOY, registry=reg) == dec.plan
+
+
 def test_markov_head_with_reduced_vocab_fails():
     drafter = TinyDrafter(64, 32, (0, 2), markov_rank=4)
     drafter.markov = MarkovHeadWeights(MarkovHeadKind.VANILLA, torch.randn(48, 4), torch.randn(48, 4))
@@ -254,22 +297,3 @@ def test_bind_reads_drafter_capture_layers_and_loads_family():
     assert target.capture_layers == (0, 2)
     assert dec.plan.family == "dspark-gqa" and dec.plan.markov == "eager"
     assert dec.plan == plan_only(cfg, TOY, capabilities=dec.drafter.capabilities)
-
-
-def test_plan_command(tmp_path, capsys):
-    cfg = tmp_path / "spec.toml"
-    cfg.write_text(
-        'num_draft_tokens = 3\n[drafter]\nfamily = "dspark-gqa"\n'
-        '[drafter.options]\ntarget_layer_ids = [0, 2]\n[target]\nmodel = "toy"\n'
-        '[runtime]\nmax_context = 64\n'
-    )
-    assert plan_command(cfg) == 0
-    out = capsys.readouterr().out
-    assert "DraftPlan for family 'dspark-gqa': K = 3, W = 3" in out
-    assert "markov" in out and "# " in out
-    bad = tmp_path / "bad.toml"
-    bad.write_text('num_draft_tokens = 30\n[drafter]\nfamily = "dspark-gqa"\n'
-                   '[drafter.options]\ntarget_layer_ids = [0, 2]\n[target]\nmodel = "toy"\n')
-    assert plan_command(bad) == 2
-    assert "PlanError" in capsys.readouterr().err
-    assert hashlib.sha256(out.encode()).hexdigest()  # printable, deterministic text

@@ -106,7 +106,9 @@ class _Opts(BaseModel):
         ({"summary": 3}, "summary is int, not str"),
         ({"options_model": dict}, "options_model is <class 'dict'>, not a pydantic model"),
         ({"load": "not callable"}, "load is str, not callable"),
-        ({"features": ["a"]}, "features is not a mapping of strings to strings"),
+        ({"capabilities": "not callable"}, "capabilities is str, not callable"),
+        ({"load": lambda request: None},
+         "has a load but no capabilities; give it capabilities\\(request\\)"),
         ({"name": ""}, "registered with name ''"),
     ],
 )
@@ -130,9 +132,11 @@ def test_a_load_or_build_of_the_wrong_type_is_a_plugin_error() -> None:
         @hookimpl
         def draftsmith_register_drafters(self, registrar):
             registrar.add_family(DrafterFamily(name="liar", summary="s",
-                                               load=lambda request: "a string"))
+                                               load=lambda request: "a string",
+                                               capabilities=lambda request: "a string"))
             registrar.add_family(DrafterFamily(name="crasher", summary="s",
-                                               load=lambda request: {}["missing"]))
+                                               load=lambda request: {}["missing"],
+                                               capabilities=lambda request: {}["missing"]))
 
         @hookimpl
         def draftsmith_register_selectors(self, registrar):
@@ -147,6 +151,13 @@ def test_a_load_or_build_of_the_wrong_type_is_a_plugin_error() -> None:
         registry.family("liar").load(request)
     with pytest.raises(PluginError, match=r"drafter family 'crasher' .* failed: KeyError"):
         registry.family("crasher").load(request)
+    with pytest.raises(PluginError, match=r"drafter family 'liar' \(distribution <plugin.*\) "
+                                          r"capabilities returned a str, not a "
+                                          r"DrafterCapabilities"):
+        registry.family("liar").capabilities(request)
+    with pytest.raises(PluginError, match=r"drafter family 'crasher' .* capabilities failed: "
+                                          r"KeyError"):
+        registry.family("crasher").capabilities(request)
     with pytest.raises(PluginError, match="selection strategy 'echo' .* returned a int, not a "
                                           "TokenSelector"):
         registry.selector("echo").build(EchoConfig())

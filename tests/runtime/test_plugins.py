@@ -108,7 +108,9 @@ def test_strategy_config_must_carry_its_kind() -> None:
         load_registry(make_plugin_manager([NoKind()], load_entrypoints=False))
 
 
-def test_hook_order_is_drafters_then_selectors_in_registration_order() -> None:
+def test_hooks_are_called_through_pluggy_drafters_then_selectors() -> None:
+    """One pluggy call per hook, drafters first; pluggy calls the last registered plugin first,
+    and the registry still lists records in plugin registration order."""
     calls: list[str] = []
 
     def recorder(tag: str):
@@ -116,14 +118,73 @@ def test_hook_order_is_drafters_then_selectors_in_registration_order() -> None:
             @hookimpl
             def draftsmith_register_drafters(self, registrar):
                 calls.append(f"{tag}:drafters")
+                registrar.add_family(_family(f"family-{tag}"))
 
             @hookimpl
             def draftsmith_register_selectors(self, registrar):
                 calls.append(f"{tag}:selectors")
         return Rec()
 
-    load_registry(make_plugin_manager([recorder("a"), recorder("b")], load_entrypoints=False))
-    assert calls == ["a:drafters", "b:drafters", "a:selectors", "b:selectors"]
+    pm = make_plugin_manager([recorder("a"), recorder("b")], load_entrypoints=False)
+    hook_calls: list[tuple[str, list[str]]] = []
+    pm.add_hookcall_monitoring(
+        lambda name, impls, kwargs: hook_calls.append((name, sorted(kwargs))),
+        lambda outcome, name, impls, kwargs: None)
+    registry = load_registry(pm)
+    assert hook_calls == [("draftsmith_register_drafters", ["registrar"]),
+                          ("draftsmith_register_selectors", ["registrar"])]
+    assert calls == ["b:drafters", "a:drafters", "b:selectors", "a:selectors"]
+    assert list(registry.families) == ["dflash", "dspark-gqa", "dspark-mla", "family-a",
+                                       "family-b"]
+
+
+def test_a_duplicate_name_is_blamed_on_the_plugin_registered_later() -> None:
+    """pluggy calls the later plugin first, yet the built-in keeps the name and the error names
+    the plugin that came later (the built-ins are registered first)."""
+    class Dup:
+        @hookimpl
+        def draftsmith_register_drafters(self, registrar):
+            registrar.add_family(_family("dflash"))
+
+    with pytest.raises(PluginError, match=r"^plugin \d+ \(distribution <plugin <.*Dup object.*"
+                                          r"failed in draftsmith_register_drafters: drafter "
+                                          r"family 'dflash' is registered twice \(by draftsmith "
+                                          r"and <plugin"):
+        load_registry(make_plugin_manager([Dup()], load_entrypoints=False))
+
+
+def test_a_failure_is_traced_to_the_plugin_whose_hook_raised() -> None:
+    def helper(registrar):
+        raise KeyError("deep inside the plugin")
+
+    class Fine:
+        @hookimpl
+        def draftsmith_register_drafters(self, registrar):
+            registrar.add_family(_family("fine"))
+
+    class Broken:
+        @hookimpl
+        def draftsmith_register_drafters(self, registrar):
+            helper(registrar)
+
+    for plugins in ([Fine(), Broken()], [Broken(), Fine()]):
+        pm = make_plugin_manager(plugins, load_entrypoints=False)
+        with pytest.raises(PluginError, match=r"plugin .*Broken object.* failed in "
+                                              r"draftsmith_register_drafters: KeyError"):
+            load_registry(pm)
+
+
+def test_the_registrar_refuses_a_call_from_outside_a_hook() -> None:
+    kept = []
+
+    class Keeps:
+        @hookimpl
+        def draftsmith_register_drafters(self, registrar):
+            kept.append(registrar)
+
+    load_registry(make_plugin_manager([Keeps()], load_entrypoints=False))
+    with pytest.raises(PluginError, match="called outside a draftsmith registration hook"):
+        kept[0].add_family(_family("late"))
 
 
 def test_every_hookspec_is_documented() -> None:
@@ -141,7 +202,9 @@ def test_every_hookspec_is_documented() -> None:
 
 
 def test_no_plugin_manager_is_built_at_import_time() -> None:
-    import draftsmith.cli  # noqa: F401  (imports the command's whole module graph)
+    from draftsmith.cli import build_parser
+
+    build_parser()  # imports every sub-command module, so the command's whole module graph
 
     for name, module in list(sys.modules.items()):
         if name == "draftsmith" or name.startswith("draftsmith."):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+import draftsmith
 from draftsmith.runtime.registry import LOAD_PLUGINS_ENV, load_registry, make_plugin_manager
 from draftsmith.testing import ConformanceCase, run_conformance
 
@@ -56,9 +57,11 @@ def site(installed: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> Itera
 
 
 def _subprocess_env(site: Path) -> dict[str, str]:
+    """The plugin's install directory, then the draftsmith under test (not another copy that
+    happens to be installed), and nothing else of the caller's path."""
     env = {k: v for k, v in os.environ.items()
            if k not in (LOAD_PLUGINS_ENV, "PYTEST_ADDOPTS", "PYTHONPATH")}
-    env["PYTHONPATH"] = str(site)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(Path(draftsmith.__file__).parents[1])])
     return env
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftsmith.contract import LogitsShard, PlanError, SingleRank
+from draftsmith.contract import LogitsShard, PlanError, SelectorCapabilities, SingleRank
 from draftsmith.selection import ExchangeWorkspace, decode_pairs
-from draftsmith.selection.configs import GreedyConfig, SampleConfig
+from draftsmith.selection.configs import GreedyConfig, SampleConfig, capabilities_of
 from draftsmith.selection.eligibility import (
     SelectionRoute,
     selection_route,
@@ -21,7 +21,8 @@ V = 151936
 def test_eligible_greedy_and_temperature_only() -> None:
     for sel in (None, GreedyConfig(), SampleConfig(temperature=0.7),
                 SampleConfig(temperature=0.0, top_k=5)):
-        e = vocab_parallel_eligibility(tp_size=4, vocab_size=V, selection=sel)
+        e = vocab_parallel_eligibility(tp_size=4, vocab_size=V,
+                                       strategy=sel and capabilities_of(sel))
         assert e.ok and not e.gather_required, e
 
 
@@ -51,10 +52,11 @@ def test_tp1_needs_nothing() -> None:
 ])
 def test_each_condition_blocks_with_its_reason(kwargs: dict, needle: str) -> None:
     args = dict(tp_size=2, vocab_size=V) | kwargs
-    e = vocab_parallel_eligibility(**args)
+    selection = args.pop("selection", None)
+    e = vocab_parallel_eligibility(**args, strategy=selection and capabilities_of(selection))
     assert not e.ok and e.gather_required
     assert needle in e.reason, e.reason
-    route = selection_route(args.get("selection"), args["tp_size"], args["vocab_size"], e)
+    route = selection_route(selection, args["tp_size"], args["vocab_size"], e)
     assert isinstance(route, SelectionRoute)
     if needle == "top-k":
         assert e.filter_only and route.kind == "topk_candidates"
@@ -62,14 +64,15 @@ def test_each_condition_blocks_with_its_reason(kwargs: dict, needle: str) -> Non
         assert route.kind == "gather" and needle in route.reason
 
 
-def test_plugin_strategy_is_not_assumed_shardable() -> None:
-    from pydantic import BaseModel
-
-    class Other(BaseModel):
-        kind: str = "mine"
-
-    e = vocab_parallel_eligibility(tp_size=2, vocab_size=V, selection=Other())
-    assert not e.ok and "'mine'" in e.reason
+def test_a_strategy_is_shardable_only_when_it_declares_it() -> None:
+    mine = SelectorCapabilities(kind="mine", greedy=False, temperature=0.5)
+    e = vocab_parallel_eligibility(tp_size=2, vocab_size=V, strategy=mine)
+    assert not e.ok and "strategy 'mine' does not declare a vocab-parallel path" in e.reason
+    shardable = mine.model_copy(update={"vocab_parallel": True})
+    assert vocab_parallel_eligibility(tp_size=2, vocab_size=V, strategy=shardable).ok
+    filtered = shardable.model_copy(update={"filters": ("top-q = 3",)})
+    e = vocab_parallel_eligibility(tp_size=2, vocab_size=V, strategy=filtered)
+    assert not e.ok and e.filter_only and "top-q = 3 is enabled" in e.reason
 
 
 def test_routes_by_config() -> None:
@@ -80,7 +83,8 @@ def test_routes_by_config() -> None:
     assert selection_route(SampleConfig(top_k=300), 4, 1024).kind == "gather"  # k > S = 256
     assert selection_route(SampleConfig(top_p=0.9), 4, V).kind == "gather"
     # a top-k that is blocked for another reason still gathers
-    e = vocab_parallel_eligibility(tp_size=2, vocab_size=V, selection=SampleConfig(top_k=5),
+    e = vocab_parallel_eligibility(tp_size=2, vocab_size=V,
+                                   strategy=capabilities_of(SampleConfig(top_k=5)),
                                    penalties=True)
     assert selection_route(SampleConfig(top_k=5), 2, V, e).kind == "gather"
 

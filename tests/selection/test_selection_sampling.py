@@ -93,7 +93,7 @@ def test_sampling_is_keyed_and_leaves_global_rng_alone() -> None:
 def test_temperature_zero_is_argmax_and_key_optional() -> None:
     logits = LogitsShard.full(torch.randn(5, 50))
     sel = SampleSelector(SampleConfig(temperature=0.0, top_p=0.5))
-    assert sel.is_greedy
+    assert sel.capabilities.greedy and sel.capabilities.filters == ()
     want = torch.argmax(logits.logits, dim=1)
     assert torch.equal(sel.select(logits, None, 0, SingleRank()), want)
     assert torch.equal(GreedySelector().select(logits, None, 0, SingleRank()), want)

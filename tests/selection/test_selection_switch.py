@@ -14,6 +14,7 @@ from draftsmith.contract import (
     ConfigError,
     LogitsShard,
     SamplingKey,
+    SelectorCapabilities,
     SelectorFamily,
     SingleRank,
     TokenSelector,
@@ -39,8 +40,11 @@ class LowestOfTop:
         self.config = config
 
     @property
-    def is_greedy(self) -> bool:
-        return True
+    def capabilities(self) -> SelectorCapabilities:
+        return SelectorCapabilities(kind="lowest-of-top", greedy=True)
+
+    def prepare(self, **_plan_choices) -> None:
+        pass
 
     def select(self, logits, key, stream, collectives) -> torch.Tensor:
         top = torch.topk(logits.logits.float(), self.config.width, dim=1).indices
@@ -78,11 +82,12 @@ def test_switching_is_configuration_only(registry) -> None:
     key = SamplingKey(torch.arange(3), torch.zeros(3, dtype=torch.int64))
 
     greedy = _build(registry, {"kind": "greedy"})
-    assert isinstance(greedy, GreedySelector) and greedy.is_greedy
+    assert isinstance(greedy, GreedySelector) and greedy.capabilities.greedy
     assert greedy.select(logits, None, 0, SingleRank()).tolist() == [1, 1, 1]
 
     sample = _build(registry, {"kind": "sample", "temperature": 0.8, "top_k": 2, "seed": 5})
-    assert isinstance(sample, SampleSelector) and not sample.is_greedy
+    assert isinstance(sample, SampleSelector) and not sample.capabilities.greedy
+    assert sample.capabilities.filters == ("top-k = 2",) and sample.capabilities.default_seed == 5
     picked = sample.select(logits, key, 0, SingleRank())
     assert set(picked.tolist()) <= {1, 4}
     probs = sample.probs(logits, SingleRank())

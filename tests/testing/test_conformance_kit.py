@@ -75,10 +75,11 @@ def load_good(request: LoadRequest):
     return load_example_mlp(request)
 
 
-def _family(load, name: str = "example-mlp") -> DrafterFamily:
-    from draftsmith_example_plugin.model import ExampleMLPOptions
+def _family(load, name: str = "example-mlp", capabilities=None) -> DrafterFamily:
+    from draftsmith_example_plugin.model import ExampleMLPOptions, example_mlp_capabilities
 
-    return DrafterFamily(name=name, summary="test", load=load, options_model=ExampleMLPOptions)
+    return DrafterFamily(name=name, summary="test", load=load, options_model=ExampleMLPOptions,
+                         capabilities=capabilities or example_mlp_capabilities)
 
 
 class _Wrapped:
@@ -377,6 +378,24 @@ def test_wrong_target_layers_fail() -> None:
     too_shallow = replace(request, target=TargetInfo(vocab_size=32, hidden_size=16, num_layers=3))
     with pytest.raises(ConformanceFailure, match="target_layer_ids"):
         check_capabilities(family, drafter, CASE, too_shallow)
+
+
+def test_declared_capabilities_must_be_the_loaded_drafters() -> None:
+    """What draftsmith plan plans from (the family's capabilities(request)) must be what the
+    drafter load(request) builds declares; a family with a load must declare them."""
+    from draftsmith_example_plugin.model import example_mlp_capabilities
+
+    def wrong(request):
+        return example_mlp_capabilities(request).model_copy(update={"trained_block_size": 3})
+
+    family = _family(load_good, capabilities=wrong)
+    with pytest.raises(ConformanceFailure, match=r"capabilities\(request\) differs from the "
+                                                 r"loaded drafter's in trained_block_size \(3 "
+                                                 r"declared, 8 loaded\)"):
+        check_capabilities(family, family.load(_request()), CASE, _request())
+    family = replace(_family(load_good), capabilities=None)
+    with pytest.raises(ConformanceFailure, match="has no capabilities"):
+        check_capabilities(family, family.load(_request()), CASE)
 
 
 def test_misnamed_family_fails() -> None:

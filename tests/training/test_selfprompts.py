@@ -146,7 +146,7 @@ def test_sampler_drops_a_prompt_of_an_evaluation_set(tiny, tmp_path: Path) -> No
 
 
 def test_mix_plan_respects_the_fraction() -> None:
-    from draftsmith.training.commands import plan_sources
+    from draftsmith.cli.train import plan_sources
 
     assert plan_sources("recipe", 10, 0.3) == (10, 0)
     assert plan_sources("self", 10, 0.3) == (0, 10)

@@ -217,8 +217,8 @@ def test_several_dataset_directories_are_concatenated(tiny, dataset: Path,
 
 
 def test_part_flag_is_validated() -> None:
+    from draftsmith.cli.train import _parse_part
     from draftsmith.contract import ConfigError
-    from draftsmith.training.commands import _parse_part
 
     assert _parse_part("1/2") == (1, 2)
     for bad in ("2/2", "x", "1/0", "-1/3"):

@@ -14,7 +14,14 @@ from typing import Any
 from pydantic import ConfigDict
 
 from draftsmith import hookimpl
-from draftsmith.contract import DrafterFamily, LoadRequest, Registrar, TargetInfo
+from draftsmith.contract import (
+    DrafterCapabilities,
+    DrafterFamily,
+    LoadRequest,
+    Registrar,
+    TargetInfo,
+)
+from draftsmith.drafters.builtin.gqa_capabilities import gqa_capabilities
 from draftsmith.drafters.gqa import GQAArchitectureOptions, GQADrafter, load_gqa_drafter
 
 NAME = "dflash"
@@ -40,6 +47,11 @@ class DFlashOptions(GQAArchitectureOptions):
         return config
 
 
+def capabilities(request: LoadRequest) -> DrafterCapabilities:
+    """The capabilities :func:`load` declares for ``request``, found without weights."""
+    return gqa_capabilities(request, NAME)
+
+
 def load(request: LoadRequest) -> GQADrafter:
     """Load a ``dflash`` drafter from ``request.checkpoint``, or build a random one."""
     return load_gqa_drafter(request, NAME)
@@ -50,16 +62,7 @@ FAMILY = DrafterFamily(
     summary="z-lab DFlash block drafter (bonus-silent block, KV injection from target layers)",
     load=load,
     options_model=DFlashOptions,
-    features={
-        "block convention": "bonus-silent (shift when the checkpoint says so)",
-        "markov head": "none",
-        "confidence head": "no",
-        "context cache": "paged GQA K/V, entry [L, 2, n_kv, hd]",
-        "attention": "full non-causal; sliding layers causal unless is_causal",
-        "embedding / head": "target's input table x input_embedding_scale; target's LM head",
-        "checkpoints": "z-lab DFlashDraftModel; DeepSpec Qwen3DSparkModel with markov_rank 0",
-        "tp fusions": "none",
-    },
+    capabilities=capabilities,
 )
 
 

@@ -14,7 +14,8 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from draftsmith import hookimpl
-from draftsmith.contract import DrafterFamily, LoadRequest, Registrar
+from draftsmith.contract import DrafterCapabilities, DrafterFamily, LoadRequest, Registrar
+from draftsmith.drafters.builtin.gqa_capabilities import gqa_capabilities
 from draftsmith.drafters.gqa import GQAArchitectureOptions, GQADrafter, load_gqa_drafter
 
 NAME = "dspark-gqa"
@@ -64,6 +65,11 @@ class DSparkGQAOptions(GQAArchitectureOptions):
         return fields
 
 
+def capabilities(request: LoadRequest) -> DrafterCapabilities:
+    """The capabilities :func:`load` declares for ``request``, found without weights."""
+    return gqa_capabilities(request, NAME)
+
+
 def load(request: LoadRequest) -> GQADrafter:
     """Load a ``dspark-gqa`` drafter from ``request.checkpoint``, or build a random one."""
     return load_gqa_drafter(request, NAME)
@@ -74,17 +80,7 @@ FAMILY = DrafterFamily(
     summary="DSpark with GQA attention: shift convention, Markov head, confidence head",
     load=load,
     options_model=DSparkGQAOptions,
-    features={
-        "block convention": "shift (W = K)",
-        "markov head": "vanilla / gated / rnn as data (checkpoint's markov_rank)",
-        "confidence head": "raw logits, computed in fp32 (optional w1[prev] feature)",
-        "context cache": "paged GQA K/V, entry [L, 2, n_kv, hd]",
-        "attention": "full non-causal; sliding layers non-causal symmetric window",
-        "embedding / head": "own embed_tokens when shipped (DeepSpec), else the target's; "
-                            "target's LM head",
-        "checkpoints": "DeepSpec Qwen3DSparkModel; DFlash-style DSpark export",
-        "tp fusions": "none",
-    },
+    capabilities=capabilities,
 )
 
 

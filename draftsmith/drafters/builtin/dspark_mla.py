@@ -9,16 +9,33 @@ the options, taking the hidden size and vocabulary from ``LoadRequest.target``.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
 from pydantic import ConfigDict
 
 from draftsmith import hookimpl
-from draftsmith.contract import ConfigError, DrafterFamily, LoadRequest, Registrar, TPFusion
-from draftsmith.drafters.checkpoint import check_options_agree
+from draftsmith.contract import (
+    ConfigError,
+    DrafterCapabilities,
+    DrafterFamily,
+    LoadRequest,
+    Registrar,
+    TPFusion,
+)
+from draftsmith.drafters.checkpoint import (
+    CONFIG_FILE,
+    check_options_agree,
+    config_dtype,
+    read_config,
+)
 from draftsmith.drafters.mla import (
     FAMILY_NAME,
     DSparkMLADrafter,
     MLAArchitecture,
     MLAConfig,
+    default_tp_fusions,
+    mla_config_from_json,
     random_mla_tensors,
 )
 
@@ -40,14 +57,33 @@ class DSparkMLAOptions(MLAArchitecture):
     does not divide by TP stays replicated whatever is asked."""
 
 
-def load_dspark_mla(request: LoadRequest) -> DSparkMLADrafter:
-    """Build a ``dspark-mla`` drafter from a checkpoint or, without one, from random weights."""
+def _options(request: LoadRequest) -> DSparkMLAOptions:
     options = request.options
     if not isinstance(options, DSparkMLAOptions):
         raise ConfigError(
             f"dspark-mla needs DSparkMLAOptions, got {type(options).__name__}; validate the "
             "options with the family's options_model"
         )
+    return options
+
+
+def _random_config(request: LoadRequest, options: DSparkMLAOptions) -> MLAConfig:
+    """The architecture of random weights: the options, sized by the target."""
+    if request.target is None:
+        raise ConfigError(
+            "dspark-mla random initialisation takes its hidden size and vocabulary from the "
+            "target: pass LoadRequest.target (or a checkpoint)"
+        )
+    arch = MLAArchitecture(**options.model_dump(exclude={"tp_fusions"}))
+    try:
+        return MLAConfig.from_architecture(arch, request.target)
+    except ValueError as exc:
+        raise ConfigError(f"dspark-mla options do not fit the target: {exc}") from None
+
+
+def load_dspark_mla(request: LoadRequest) -> DSparkMLADrafter:
+    """Build a ``dspark-mla`` drafter from a checkpoint or, without one, from random weights."""
+    options = _options(request)
     if request.checkpoint is not None:
         drafter = DSparkMLADrafter.load(
             request.checkpoint,
@@ -60,16 +96,7 @@ def load_dspark_mla(request: LoadRequest) -> DSparkMLADrafter:
         actual = {name: getattr(drafter.cfg, name) for name in MLAArchitecture.model_fields}
         check_options_agree(options, actual, str(request.checkpoint), skip={"tp_fusions"})
         return drafter
-    if request.target is None:
-        raise ConfigError(
-            "dspark-mla random initialisation takes its hidden size and vocabulary from the "
-            "target: pass LoadRequest.target (or a checkpoint)"
-        )
-    arch = MLAArchitecture(**options.model_dump(exclude={"tp_fusions"}))
-    try:
-        cfg = MLAConfig.from_architecture(arch, request.target)
-    except ValueError as exc:
-        raise ConfigError(f"dspark-mla options do not fit the target: {exc}") from None
+    cfg = _random_config(request, options)
     return DSparkMLADrafter.from_tensors(
         cfg,
         random_mla_tensors(cfg, request.seed),
@@ -80,22 +107,31 @@ def load_dspark_mla(request: LoadRequest) -> DSparkMLADrafter:
     )
 
 
+def dspark_mla_capabilities(request: LoadRequest) -> DrafterCapabilities:
+    """The capabilities :func:`load_dspark_mla` declares for ``request``, from the options or
+    the checkpoint's ``config.json``: the drafter is built with its weights left as meta
+    placeholders, which it is until weights are assigned."""
+    options = _options(request)
+    if request.checkpoint is not None:
+        directory = Path(request.checkpoint)
+        raw = read_config(directory)
+        origin = str(directory / CONFIG_FILE)
+        cfg = mla_config_from_json(raw, request.target, origin)
+        dtype = request.dtype or config_dtype(raw, origin) or torch.float32
+    else:
+        cfg = _random_config(request, options)
+        dtype = request.dtype or request.target.dtype
+    fusions = default_tp_fusions(dtype) if options.tp_fusions is None else options.tp_fusions
+    caps = DSparkMLADrafter(cfg, request.collectives, fusions).capabilities
+    return caps.model_copy(update={"dtype": str(dtype).removeprefix("torch.")})
+
+
 FAMILY = DrafterFamily(
     name=FAMILY_NAME,
     summary="DSpark with MLA attention: single-latent paged context, TP fusions",
     load=load_dspark_mla,
     options_model=DSparkMLAOptions,
-    features={
-        "block convention": "shift (W = K; slot j predicts draft j)",
-        "attention": "absorbed MLA, non-causal block, no window, no sink",
-        "rope": "YaRN, interleaved (adjacent-pair) on the rope slice",
-        "context cache": "paged-mla-latent: [L, 1, 1, kv_lora + d_rope] per token, replicated",
-        "markov head": "vanilla (when markov_rank > 0)",
-        "confidence head": "optional, fp32 raw logits",
-        "tp fusions": "fc-split-hidden-norm, ar-residual-rmsnorm",
-        "embedding": "own table",
-        "lm head": "target's",
-    },
+    capabilities=dspark_mla_capabilities,
 )
 
 

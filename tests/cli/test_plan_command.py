@@ -1,0 +1,40 @@
+"""``draftsmith plan --config FILE`` and ``python -m draftsmith``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from draftsmith.cli import main
+from draftsmith.cli.plan import plan_command
+
+_TOY_PLAN = ('num_draft_tokens = 3\n[drafter]\nfamily = "dspark-gqa"\n'
+             '[drafter.options]\ntarget_layer_ids = [0, 2]\n[target]\nmodel = "toy"\n'
+             '[runtime]\nmax_context = 64\n')
+
+
+def test_plan_command(tmp_path, capsys):
+    cfg = tmp_path / "spec.toml"
+    cfg.write_text(_TOY_PLAN)
+    assert plan_command(cfg) == 0
+    out = capsys.readouterr().out
+    assert "DraftPlan for family 'dspark-gqa': K = 3, W = 3" in out
+    assert "markov" in out and "# " in out
+    bad = tmp_path / "bad.toml"
+    bad.write_text('num_draft_tokens = 30\n[drafter]\nfamily = "dspark-gqa"\n'
+                   '[drafter.options]\ntarget_layer_ids = [0, 2]\n[target]\nmodel = "toy"\n')
+    assert plan_command(bad) == 2
+    err = capsys.readouterr().err
+    assert "PlanError" in err and len(err.strip().splitlines()) == 1
+    assert main(["plan", "--config", str(cfg)]) == 0
+    assert capsys.readouterr().out.strip() == out.strip()
+
+
+def test_python_dash_m_draftsmith_runs_the_command(tmp_path):
+    cfg = tmp_path / "spec.toml"
+    cfg.write_text(_TOY_PLAN)
+    for module in ("draftsmith", "draftsmith.cli"):
+        proc = subprocess.run([sys.executable, "-m", module, "plan", "--config", str(cfg)],
+                              capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stderr
+        assert "DraftPlan for family 'dspark-gqa'" in proc.stdout

@@ -1,0 +1,49 @@
+"""A drafter made for another target is refused by bind's one fit check, before any of its weights
+load, with a message naming the checkpoint and what to use instead."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from draftsmith.contract import LoadRequest, PlanError, SingleRank, TargetInfo
+from draftsmith.drafters import gqa
+from draftsmith.runtime.bind import load_drafter
+from draftsmith.runtime.config import SpecConfig
+from draftsmith.runtime.registry import load_registry
+
+TOY = TargetInfo(vocab_size=64, hidden_size=32, num_layers=4)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A dspark-gqa checkpoint made for the toy target's sizes."""
+    directory = tmp_path_factory.mktemp("ckpt")
+    family = load_registry().family("dspark-gqa")
+    request = LoadRequest(options=family.options_model(target_layer_ids=[0, 2]), target=TOY)
+    family.load(request).save(directory)
+    return directory
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    (TargetInfo(vocab_size=96, hidden_size=32, num_layers=4),
+     "vocabulary mismatch: checkpoint {ckpt} predicts a vocabulary of 64 tokens but the target "
+     "has 96; use a drafter trained for this target"),
+    (TargetInfo(vocab_size=64, hidden_size=48, num_layers=4),
+     "hidden size mismatch: checkpoint {ckpt} has hidden size 32 but the target's hidden size "
+     "is 48 (it shares the target's embedding or LM head); use a drafter trained for this "
+     "target"),
+])
+def test_a_checkpoint_for_another_target_fails_before_its_weights_load(saved, target, message,
+                                                                       monkeypatch):
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the weights were read before the fit was checked")
+
+    registry = load_registry()
+    config = SpecConfig.from_dict({"drafter": {"family": "dspark-gqa", "checkpoint": str(saved)},
+                                   "num_draft_tokens": 3}, registry)
+    assert load_drafter(config, TOY, registry, SingleRank()).capabilities.vocab_size == 64
+    monkeypatch.setattr(gqa, "load_tensors", refuse)
+    with pytest.raises(PlanError, match=re.escape(message.format(ckpt=saved))):
+        load_drafter(config, target, registry, SingleRank())
