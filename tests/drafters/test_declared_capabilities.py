@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from draftsmith.contract import CheckpointError, LoadRequest, SingleRank, TargetInfo
-from draftsmith.drafters import checkpoint, gqa
+from draftsmith.drafters import checkpoint
+from draftsmith.drafters.gqa import load as gqa_load
 from draftsmith.drafters.builtin import dflash, dspark_gqa, dspark_mla
 
 TARGET = TargetInfo(vocab_size=64, hidden_size=32, num_layers=4)
@@ -60,8 +61,8 @@ def test_no_weight_is_drawn_or_read(family, options, tmp_path, monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("capabilities read or drew weights")
 
-    monkeypatch.setattr(gqa, "_random_init", refuse)
-    monkeypatch.setattr(gqa, "load_tensors", refuse)
+    monkeypatch.setattr(gqa_load, "_random_init", refuse)
+    monkeypatch.setattr(gqa_load, "load_tensors", refuse)
     monkeypatch.setattr(checkpoint, "load_file", refuse)
     monkeypatch.setattr(dspark_mla, "random_mla_tensors", refuse)
     monkeypatch.setattr(torch, "randn", refuse)

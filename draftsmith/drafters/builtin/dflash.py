@@ -21,8 +21,8 @@ from draftsmith.contract import (
     Registrar,
     TargetInfo,
 )
-from draftsmith.drafters.builtin.gqa_capabilities import gqa_capabilities
 from draftsmith.drafters.gqa import GQAArchitectureOptions, GQADrafter, load_gqa_drafter
+from draftsmith.drafters.gqa.capabilities import gqa_capabilities
 
 NAME = "dflash"
 

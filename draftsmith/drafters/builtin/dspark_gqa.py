@@ -15,8 +15,8 @@ from pydantic import ConfigDict, Field, model_validator
 
 from draftsmith import hookimpl
 from draftsmith.contract import DrafterCapabilities, DrafterFamily, LoadRequest, Registrar
-from draftsmith.drafters.builtin.gqa_capabilities import gqa_capabilities
 from draftsmith.drafters.gqa import GQAArchitectureOptions, GQADrafter, load_gqa_drafter
+from draftsmith.drafters.gqa.capabilities import gqa_capabilities
 
 NAME = "dspark-gqa"
 

@@ -171,7 +171,7 @@ def load_gqa_drafter(request: LoadRequest, family: str) -> GQADrafter:
     source.ignore(*_IGNORED)
     _check_leftovers(source, spec, family)
     _check_against_target(declared, target, origin)
-    dtype = request.dtype or _checkpoint_dtype(config, state["fc.weight"], origin)
+    dtype = request.dtype or checkpoint_dtype(config, state["fc.weight"], origin)
     model.load_state_dict(state)
     return _finish(model, request.device, dtype)
 
@@ -203,7 +203,7 @@ def _check_leftovers(source: TensorSource, spec: GQADrafterSpec, family: str) ->
     )
 
 
-def _checkpoint_dtype(config: Mapping[str, Any], fc_weight: torch.Tensor,
+def checkpoint_dtype(config: Mapping[str, Any], fc_weight: torch.Tensor,
                       origin: str) -> torch.dtype:
     """The dtype to build a checkpoint's drafter in when the request names none: the config's
     ``torch_dtype``, else the dtype ``fc.weight`` is stored in (which must be a weight dtype)."""

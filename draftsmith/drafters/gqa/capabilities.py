@@ -13,12 +13,10 @@ import torch
 
 from draftsmith.contract import ConfigError, DrafterCapabilities, LoadRequest
 from draftsmith.drafters.checkpoint import CONFIG_FILE, read_config, tensor_dtypes
-from draftsmith.drafters.gqa import (
-    GQAArchitectureOptions,
-    GQADrafter,
-    _checkpoint_dtype,
-    spec_from_config,
-)
+from draftsmith.drafters.gqa.config import spec_from_config
+from draftsmith.drafters.gqa.load import checkpoint_dtype
+from draftsmith.drafters.gqa.model import GQADrafter
+from draftsmith.drafters.gqa.options import GQAArchitectureOptions
 
 
 def gqa_capabilities(request: LoadRequest, family: str) -> DrafterCapabilities:
@@ -43,7 +41,7 @@ def gqa_capabilities(request: LoadRequest, family: str) -> DrafterCapabilities:
         spec = spec_from_config(config, family, own_embedding="embed_tokens.weight" in stored,
                                 target=target, origin=str(directory / CONFIG_FILE))
         fc = torch.empty(0, dtype=stored.get("fc.weight", torch.float32), device="meta")
-        dtype = request.dtype or _checkpoint_dtype(config, fc, str(directory))
+        dtype = request.dtype or checkpoint_dtype(config, fc, str(directory))
     with torch.device("meta"):
         model = GQADrafter(spec, family, int(collectives.rank), int(collectives.world_size))
     return model.to(dtype).capabilities
