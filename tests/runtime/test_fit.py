@@ -8,7 +8,7 @@ import re
 import pytest
 
 from draftsmith.contract import LoadRequest, PlanError, SingleRank, TargetInfo
-from draftsmith.drafters import gqa
+from draftsmith.drafters.gqa import load as gqa_load
 from draftsmith.runtime.bind import load_drafter
 from draftsmith.runtime.config import SpecConfig
 from draftsmith.runtime.registry import load_registry
@@ -44,6 +44,6 @@ def test_a_checkpoint_for_another_target_fails_before_its_weights_load(saved, ta
     config = SpecConfig.from_dict({"drafter": {"family": "dspark-gqa", "checkpoint": str(saved)},
                                    "num_draft_tokens": 3}, registry)
     assert load_drafter(config, TOY, registry, SingleRank()).capabilities.vocab_size == 64
-    monkeypatch.setattr(gqa, "load_tensors", refuse)
+    monkeypatch.setattr(gqa_load, "load_tensors", refuse)
     with pytest.raises(PlanError, match=re.escape(message.format(ckpt=saved))):
         load_drafter(config, target, registry, SingleRank())
