@@ -268,13 +268,17 @@ class TargetModel(Protocol):
         (kernel autotuning, attention plans)."""
         ...
 
-    def forward_rows(self, tokens: torch.Tensor, starts: torch.Tensor,
-                     context_width: int) -> TargetOutput:
-        """Forward ``tokens: [G, Q] int64`` for slots ``0 .. G-1``, token ``j`` of row ``b`` at
-        position ``starts[b] + j`` (``starts: [G] int64``, on the device), attending to columns
-        ``0 .. context_width - 1``; keys and values are written in place.
+    def forward_rows(self, tokens: torch.Tensor, starts: torch.Tensor, context_width: int,
+                     slots: torch.Tensor | None = None,
+                     logit_rows: torch.Tensor | None = None) -> TargetOutput:
+        """Forward ``tokens: [G, Q] int64`` for slots ``0 .. G-1`` (or ``slots: [G] int64`` on the
+        device), token ``j`` of row ``b`` at position ``starts[b] + j`` (``starts: [G] int64``, on
+        the device), attending to columns ``0 .. context_width - 1``; keys and values are written
+        in place.
 
-        Rows are ``G * Q`` in request-major order. Reads nothing back to the host.
+        Features have ``G * Q`` rows in request-major order; logits the same rows, or only
+        ``logit_rows: [R] int64`` (device indices into them; a prefill needs its last token's).
+        Reads nothing back to the host.
         """
         ...
 

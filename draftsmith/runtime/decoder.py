@@ -44,14 +44,18 @@ from draftsmith.contract import (
     values_trusted,
 )
 from draftsmith.runtime.acceptance import TARGET_STREAM, Acceptance
+from draftsmith.runtime.buckets import (
+    MIN_CONTEXT_BUCKET,
+    row_buckets,
+    width_buckets,
+)
+from draftsmith.runtime.buckets import bucket as _bucket
 from draftsmith.runtime.buffers import BucketView, DecoderBuffers
 from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager, SlotManager
 from draftsmith.runtime.plan import DraftPlan
 
 _I64 = torch.int64
-MIN_CONTEXT_BUCKET = 128
-"""Smallest context width a round is captured for; widths double up to the target cache."""
 
 
 @dataclass(frozen=True)
@@ -150,29 +154,6 @@ def _float_pairs(bits: list[int]) -> list[tuple[float, float]]:
     """fp32 values written into the int64 result as their 32-bit patterns, in pairs."""
     values = struct.unpack(f"<{len(bits)}f", struct.pack(f"<{len(bits)}i", *bits))
     return list(zip(values[::2], values[1::2], strict=True))
-
-
-def row_buckets(capacity: int) -> tuple[int, ...]:
-    """Round sizes captured for ``capacity`` slots: powers of two below it, then itself."""
-    out, g = [], 1
-    while g < capacity:
-        out.append(g)
-        g *= 2
-    return (*out, capacity)
-
-
-def width_buckets(length: int) -> tuple[int, ...]:
-    """Context widths captured for a target cache of ``length`` positions: doubling from
-    :data:`MIN_CONTEXT_BUCKET`, then ``length`` itself."""
-    out, w = [], MIN_CONTEXT_BUCKET
-    while w < length:
-        out.append(w)
-        w *= 2
-    return (*out, length)
-
-
-def _bucket(value: int, buckets: tuple[int, ...]) -> int:
-    return next(b for b in buckets if b >= value)
 
 
 class SpecDecoder:

@@ -10,8 +10,8 @@ import torch
 
 from draftsmith.contract import CheckpointError, LoadRequest, SingleRank, TargetInfo
 from draftsmith.drafters import checkpoint
-from draftsmith.drafters.gqa import load as gqa_load
 from draftsmith.drafters.builtin import dflash, dspark_gqa, dspark_mla
+from draftsmith.drafters.gqa import load as gqa_load
 
 TARGET = TargetInfo(vocab_size=64, hidden_size=32, num_layers=4)
 LAYERS = {"target_layer_ids": [0, 2]}

@@ -161,5 +161,7 @@ class ShardedTarget:
     def warm_prefill(self, max_prompt) -> None:
         self.base.warm_prefill(max_prompt)
 
-    def forward_rows(self, tokens, starts, context_width) -> TargetOutput:
-        return self._cut(self.base.forward_rows(tokens, starts, context_width))
+    def forward_rows(self, tokens, starts, context_width, slots=None,
+                     logit_rows=None) -> TargetOutput:
+        return self._cut(self.base.forward_rows(tokens, starts, context_width, slots,
+                                                logit_rows))

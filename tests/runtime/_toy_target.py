@@ -144,17 +144,21 @@ class ToyTarget:
     def warm_prefill(self, max_prompt: int) -> None:
         """Nothing to warm: the toy's forward has no shape-specific first-call cost."""
 
-    def forward_rows(self, tokens: torch.Tensor, starts: torch.Tensor,
-                     context_width: int) -> TargetOutput:
-        """Forward ``tokens: [G, Q]`` for slots ``0 .. G-1`` at positions ``starts[b] + j``,
-        attending to columns ``0 .. context_width - 1``; no host read (graph-capturable)."""
+    def forward_rows(self, tokens: torch.Tensor, starts: torch.Tensor, context_width: int,
+                     slots: torch.Tensor | None = None,
+                     logit_rows: torch.Tensor | None = None) -> TargetOutput:
+        """Forward ``tokens: [G, Q]`` for slots ``0 .. G-1`` (or ``slots``) at positions
+        ``starts[b] + j``, attending to columns ``0 .. context_width - 1``; logits of every row
+        or of ``logit_rows``; no host read (graph-capturable)."""
         g, q = tokens.shape
         if g > self.max_slots or not q <= context_width <= self.max_len:
             raise ShapeError(f"forward_rows of {g} rows over {context_width} columns does not "
                              f"fit ToyTarget(max_slots={self.max_slots}, max_len={self.max_len})")
-        rows = torch.arange(g, device=self.device)
+        rows = torch.arange(g, device=self.device) if slots is None else slots.to(self.device)
         logits, feats = self._forward(rows, starts.to(self.device), tokens.to(self.device),
                                       context_width)
+        if logit_rows is not None:
+            logits = logits[logit_rows.to(self.device)]
         return TargetOutput(LogitsShard.full(logits), feats)
 
     # ---- forward ------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from draftsmith.contract import (
     TargetOutput,
     check_tensor,
 )
+from draftsmith.runtime.buckets import PREFILL_TOKENS, PREFILL_WIDTHS, prefill_width
 from draftsmith.runtime.buffers import available_bytes
 
 _UNSUPPORTED_CONFIG_KEYS = ("final_logit_softcapping", "attn_logit_softcapping", "logits_scaling",
@@ -255,15 +256,12 @@ class HFTarget:
 
         return hook
 
-    def _take_features(self, rows: torch.Tensor | None) -> torch.Tensor:
-        """Captured ``[N, Q, H_t]`` per layer -> ``[rows, n_cap * H_t]`` in layer-id order."""
+    def _take_features(self) -> torch.Tensor:
+        """Captured ``[N, Q, H_t]`` per layer -> ``[N * Q, n_cap * H_t]`` in layer-id order
+        (``[0, 0]`` when no layer is captured)."""
         if not self._capture_ids:
-            n = int(rows.numel()) if rows is not None else 0
-            return torch.empty(n, 0, dtype=self.dtype, device=self.device)
-        parts = []
-        for i in self._capture_ids:
-            h = self._captured[i].reshape(-1, self.hidden_size)
-            parts.append(h if rows is None else h.index_select(0, rows))
+            return torch.empty(0, 0, dtype=self.dtype, device=self.device)
+        parts = [self._captured[i].reshape(-1, self.hidden_size) for i in self._capture_ids]
         self._captured.clear()
         return torch.cat(parts, dim=-1)
 
@@ -324,15 +322,18 @@ class HFTarget:
     # ---- forward passes ---------------------------------------------------------------
 
     @torch.inference_mode()
-    def forward_rows(self, tokens: torch.Tensor, starts: torch.Tensor,
-                     context_width: int) -> TargetOutput:
-        """Forward ``tokens: [G, Q] int64`` for slots ``0 .. G-1``; token ``j`` of row ``b`` sits
-        at position ``starts[b] + j`` (``starts: [G] int64`` on the device).
+    def forward_rows(self, tokens: torch.Tensor, starts: torch.Tensor, context_width: int,
+                     slots: torch.Tensor | None = None,
+                     logit_rows: torch.Tensor | None = None) -> TargetOutput:
+        """Forward ``tokens: [G, Q] int64`` for slots ``0 .. G-1`` (or ``slots: [G] int64`` on
+        the device); token ``j`` of row ``b`` sits at position ``starts[b] + j``
+        (``starts: [G] int64`` on the device).
 
         Writes all ``Q`` keys and values in place; attention reads columns
         ``0 .. context_width - 1`` (``context_width >= max(starts) + Q``, a static bound the
-        caller knows). Rows are ``G * Q``, request-major. Reads nothing back to the host and
-        allocates nothing persistent: a CUDA graph can capture it.
+        caller knows). Features have ``G * Q`` rows, request-major; logits those rows or only
+        ``logit_rows`` (device indices). Reads nothing back to the host and allocates nothing
+        persistent: a CUDA graph can capture it.
         """
         g, q = tokens.shape
         kv = self._kv
@@ -343,8 +344,12 @@ class HFTarget:
                 f"{self.cache_slots} x {self.cache_length})"
             )
         positions = starts[:, None] + kv.columns[:q]
-        hidden = self._forward(tokens, kv, None, kv.row_ids[:g, None], positions, context_width)
-        return self._output(hidden, None)
+        if slots is None:
+            hidden = self._forward(tokens, kv, None, kv.row_ids[:g, None], positions,
+                                   context_width)
+        else:
+            hidden = self._forward(tokens, kv, slots, slots[:, None], positions, context_width)
+        return self._output(hidden, logit_rows)
 
     @torch.inference_mode()
     def prefill(self, slots: Sequence[int], prompts: Sequence[torch.Tensor]) -> TargetOutput:
@@ -528,27 +533,13 @@ class HFTarget:
             self._cache_kwarg_name = name
         return name
 
-    def _output(self, hidden: torch.Tensor, rows: torch.Tensor | None) -> TargetOutput:
+    def _output(self, hidden: torch.Tensor, logit_rows: torch.Tensor | None) -> TargetOutput:
+        """Logits of every row of ``hidden`` or of ``logit_rows``; features of every row."""
         h = hidden.reshape(-1, self.hidden_size)
-        if rows is not None:
-            h = h.index_select(0, rows)
+        if logit_rows is not None:
+            h = h.index_select(0, logit_rows)
         logits = self._head(h).float()
-        return TargetOutput(logits=LogitsShard.full(logits), features=self._take_features(rows))
-
-
-PREFILL_TOKENS = 4096
-"""Positions one prefill forward holds (padded rows times columns); longer prompts run in chunks."""
-
-PREFILL_WIDTHS = tuple(sorted({w for p in range(4, 13) for w in (1 << p, 3 << (p - 1))
-                               if w <= PREFILL_TOKENS}))
-"""Widths a prefill batch is padded to: 16, 24, 32, 48, ... 3072, 4096 (at most 1.5x padding)."""
-
-
-def prefill_width(length: int, room: int) -> int:
-    """The smallest of :data:`PREFILL_WIDTHS` that holds ``length`` positions, but no more than
-    ``room`` (the cache positions left; at least ``length``)."""
-    width = next((w for w in PREFILL_WIDTHS if w >= length), length)
-    return max(min(width, room), length)
+        return TargetOutput(logits=LogitsShard.full(logits), features=self._take_features())
 
 
 def _prefill_attention() -> Any:

@@ -297,7 +297,7 @@ def test_load_hf_target_never_unpickles(tmp_path) -> None:
 
 
 def test_prefill_widths_pad_at_most_half_and_fit_the_cache() -> None:
-    from draftsmith.runtime.targets.hf import PREFILL_TOKENS, PREFILL_WIDTHS, prefill_width
+    from draftsmith.runtime.buckets import PREFILL_TOKENS, PREFILL_WIDTHS, prefill_width
 
     assert PREFILL_WIDTHS[0] == 16 and PREFILL_WIDTHS[-1] == PREFILL_TOKENS
     for n in range(1, PREFILL_TOKENS + 1, 7):
