@@ -1,8 +1,8 @@
 """Per-rank Gumbel-max pair of a logits shard: temperature sampling without gathering (spec 5.5).
 
 Owns ``gumbel_pair``, its eager reference, the Gumbel constants and ``gumbel_from_uniform``.
-Reuses the Philox helpers of :mod:`draftsmith.kernels.philox` and the order-T pair machinery of
-:mod:`draftsmith.kernels.argmax_pair`. Imports ``draftsmith.contract`` only.
+Uses the Philox helpers of :mod:`draftsmith.kernels.philox` and the pair reduction of
+:mod:`draftsmith.kernels._pair`. Imports ``draftsmith.contract`` only.
 
 The noise of element ``i`` depends only on ``(seed, offset, stream, global id i)``, so every
 tensor-parallel split of the same row yields the same winner after the pair exchange.
@@ -17,17 +17,8 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
-from draftsmith.kernels import argmax_pair as _pairs
-from draftsmith.kernels._launch import FastLaunch, hooks_installed, raw_stream
-from draftsmith.kernels.argmax_pair import (
-    PairTuning,
-    _check_args,
-    argmax_pair_reference,
-    finish_lanes,
-    lane_update,
-    pick_pair_launch,
-    run_pair_reduction,
-)
+from draftsmith.kernels._pair import PairScratch, check_pair_args, finish_lanes, launch_pair
+from draftsmith.kernels.argmax_pair import argmax_pair_reference
 from draftsmith.kernels.philox import (
     centred_uniform,
     philox_uniform_reference,
@@ -92,7 +83,7 @@ def gumbel_pair_reference(
     row's largest non-NaN ``z``) get ``s_i = -inf`` without drawing noise; they cannot win, so the
     pair is the same bits either way. NaNs are never skipped (they win under order T).
     """
-    out = _check_args("gumbel_pair", logits, vocab_start, out, slot)
+    out = check_pair_args("gumbel_pair", logits, vocab_start, out, slot)
     _check_key(logits, temperatures, seeds, offsets, stream)
     greedy = (temperatures <= 0)[:, None]
     x = logits.to(torch.float32)
@@ -106,21 +97,25 @@ def gumbel_pair_reference(
     return argmax_pair_reference(scores, vocab_start, out, slot)
 
 
-GUMBEL_TUNING = {
-    regime: PairTuning(programs_per_sm=4, block_bytes=8192, unroll=1, num_warps=4, num_stages=1,
-                       tree_reduce=False)  # the tree costs this Philox-heavy kernel registers
-    for regime in ("latency", "bandwidth")
-}
-"""Launch defaults of ``gumbel_pair`` (Philox-bound: ``block_bytes`` of fp32 = 2048 lanes)."""
+@triton.jit
+def _lane_update(best_val, best_idx, x, cols, take_ok):
+    """Merge a tile ``x`` at columns ``cols`` into per-lane bests that start empty
+    (``idx == INT32_MAX``): a lane takes a candidate (``take_ok``) that is strictly larger, a NaN
+    over a non-NaN, or anything while empty; ties keep the earlier (lower) column."""
+    new_nan = x != x
+    old_nan = best_val != best_val
+    empty = best_idx == 2147483647
+    take = take_ok & (empty | (new_nan & ~old_nan) | (x > best_val))
+    return tl.where(take, x, best_val), tl.where(take, cols, best_idx)
 
 
 @triton.jit(do_not_specialize=["tiles", "n_chunks"])
 def _gumbel_pair_kernel(
     x_ptr, x_row_stride, S, temp_ptr, seeds_ptr, offsets_ptr,
     out_ptr, out_row_stride, C, vocab_start, slot, part_val_ptr, part_idx_ptr, count_ptr,
-    key_ptr, tiles, n_chunks,
-    BLOCK: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_OUT: tl.constexpr, TREE: tl.constexpr,
-    MERGE: tl.constexpr, STREAM: tl.constexpr, SKIP: tl.constexpr,
+    tiles, n_chunks,
+    BLOCK_C: tl.constexpr, BLOCK_OUT: tl.constexpr, TREE: tl.constexpr,
+    BLOCK: tl.constexpr, STREAM: tl.constexpr, SKIP: tl.constexpr,
     G_LO: tl.constexpr, G_HI: tl.constexpr, SPAN: tl.constexpr,
     SLACK: tl.constexpr, REL: tl.constexpr, WIDE_LOG: tl.constexpr,
 ):
@@ -161,14 +156,19 @@ def _gumbel_pair_kernel(
                     g = -tl.log(-tl.log(u))
                 g = tl.minimum(tl.maximum(g, G_LO), G_HI)
                 scores = z + g
-        best_val, best_idx = lane_update(best_val, best_idx, scores, cols, keep)
+        best_val, best_idx = _lane_update(best_val, best_idx, scores, cols, keep)
     finish_lanes(best_val, best_idx, row, chunk, n_chunks, out_ptr, out_row_stride, C,
-                 vocab_start, slot, part_val_ptr, part_idx_ptr, count_ptr, key_ptr, BLOCK_C,
-                 BLOCK_OUT, TREE, MERGE)
+                 vocab_start, slot, part_val_ptr, part_idx_ptr, count_ptr, BLOCK_C, BLOCK_OUT,
+                 TREE)
 
 
-_T = torch.Tensor
-_GUMBEL_LAUNCH = FastLaunch(_gumbel_pair_kernel)
+def _launch_sizes(shard_width: int) -> tuple[int, int]:
+    """``(BLOCK, num_warps)``: 2048 fp32 lanes (the block holds as many lanes whatever the
+    logits dtype: the kernel is bound by Philox, not by loads)."""
+    return min(2048, max(16, triton.next_power_of_2(shard_width))), 4
+
+
+_SCRATCH = PairScratch()
 
 
 def gumbel_pair(
@@ -188,27 +188,7 @@ def gumbel_pair(
     as in :func:`gumbel_from_uniform` on each device). The kernel skips Philox for a whole tile
     whose elements are all dominated by the running maximum of its chunk.
     """
-    # the argmax_pair plan, with the sampling key's tensors also passed by pointer
-    key = None
-    if (type(logits) is _T and type(out) is _T and type(temperatures) is _T
-            and type(seeds) is _T and type(offsets) is _T and type(vocab_start) is int
-            and type(slot) is int and type(stream) is int):
-        lp, op = logits.data_ptr(), out.data_ptr()
-        tp, sp, fp = temperatures.data_ptr(), seeds.data_ptr(), offsets.data_ptr()
-        key = ("gumbel", logits.shape, logits.stride(), logits.dtype, logits.get_device(),
-               lp & 15, out.shape, out.stride(), out.dtype, out.get_device(), op & 15,
-               vocab_start, slot, stream, bool(skip_dominated),
-               temperatures.shape, temperatures.stride(), temperatures.dtype,
-               temperatures.get_device(), tp & 15, seeds.shape, seeds.stride(), seeds.dtype,
-               seeds.get_device(), sp & 15, offsets.shape, offsets.stride(), offsets.dtype,
-               offsets.get_device(), fp & 15)
-        plan = _pairs._PAIR_PLANS.get(key)  # through the module: one table, cleared in one place
-        if plan is not None and not hooks_installed():
-            g0, g1, run, function, packed, dev, mid, _, _, _, tail = plan
-            run(g0, g1, 1, raw_stream(dev), function, packed, None, None, None,
-                lp, *mid, tp, sp, fp, op, *tail)
-            return out
-    out = _check_args("gumbel_pair", logits, vocab_start, out, slot)
+    out = check_pair_args("gumbel_pair", logits, vocab_start, out, slot)
     _check_key(logits, temperatures, seeds, offsets, stream)
     for name, t in (("temperatures", temperatures), ("seeds", seeds), ("offsets", offsets)):
         if not t.is_contiguous():
@@ -216,14 +196,13 @@ def gumbel_pair(
     rows, shard_width = logits.shape
     if rows == 0:
         return out
-    # fp32 lanes: the block holds the same number of lanes whatever the logits dtype
-    launch = pick_pair_launch("gumbel", GUMBEL_TUNING, rows, shard_width, 4, logits.device)
-    return run_pair_reduction(
-        _GUMBEL_LAUNCH, launch, out, rows, shard_width, vocab_start, slot,
-        (logits, logits.stride(0), shard_width, temperatures, seeds, offsets),
-        (stream, bool(skip_dominated), G_MIN, G_MAX, GUMBEL_SPAN, SKIP_SLACK, SKIP_REL,
-         not logits.is_cuda),
-        key, (0, 3, 4, 5),
+    block, num_warps = _launch_sizes(shard_width)
+    return launch_pair(
+        _gumbel_pair_kernel, _SCRATCH,
+        (logits, logits.stride(0), shard_width, temperatures, seeds, offsets), out, vocab_start,
+        slot, triton.cdiv(shard_width, block), 1, num_warps, False, BLOCK=block, STREAM=stream,
+        SKIP=bool(skip_dominated), G_LO=G_MIN, G_HI=G_MAX, SPAN=GUMBEL_SPAN, SLACK=SKIP_SLACK,
+        REL=SKIP_REL, WIDE_LOG=not logits.is_cuda,
     )
 
 
@@ -241,7 +220,6 @@ def _check_key(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Te
 
 __all__ = [
     "GUMBEL_SPAN",
-    "GUMBEL_TUNING",
     "G_MAX",
     "G_MIN",
     "gumbel_from_uniform",

@@ -1,8 +1,8 @@
 """Counter-based uniforms: Philox4x32-10 keyed by a 64-bit seed (spec 5.5, 9 item 15).
 
-Owns ``philox_uniform`` (one uniform per ``(row, id)``), its pure-torch reference, the raw block
-function ``philox4x32_10_reference`` and the ``@triton.jit`` helpers that other kernels call
-(``philox_word0``, ``centred_uniform``). Imports ``draftsmith.contract`` only.
+Owns the keyed uniforms' pure-torch reference ``philox_uniform_reference`` (one uniform per
+``(row, id)``), the raw block function ``philox4x32_10_reference`` and the ``@triton.jit`` helpers
+that kernels call (``philox_word0``, ``centred_uniform``). Imports ``draftsmith.contract`` only.
 
 Keying (fixed by the spec, identical on every tensor-parallel rank)::
 
@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from draftsmith.contract import ShapeError, check_tensor
+from draftsmith.contract import ShapeError
 
 PHILOX_M0 = 0xD2511F53
 """Philox4x32 round multiplier applied to counter word 0."""
@@ -134,65 +134,6 @@ def split_u64(x):
     return lo, hi
 
 
-@triton.jit
-def _philox_uniform_kernel(
-    seeds_ptr, offsets_ptr, ids_ptr, out_ptr,
-    n, ids_row_stride,
-    STREAM: tl.constexpr, BLOCK: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)  # row * n passes 2**31 at large rows x vocabularies
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n
-    k0, k1 = split_u64(tl.load(seeds_ptr + row))
-    off_lo, off_hi = split_u64(tl.load(offsets_ptr + row))
-    ids = tl.load(ids_ptr + row * ids_row_stride + cols, mask=mask, other=0)
-    c0 = ids.to(tl.uint32)
-    zero = tl.zeros_like(c0)
-    word = philox_word0(k0, k1, c0, zero + off_lo, zero + off_hi, zero + STREAM)
-    tl.store(out_ptr + row * n + cols, centred_uniform(word), mask=mask)
-
-
-_MAX_GRID_Y = 65535
-"""CUDA's limit on the second grid axis (the column blocks of a row)."""
-
-
-def _uniform_launch(n: int) -> int:
-    """Columns per program of :func:`philox_uniform`."""
-    return max(16, min(1024, triton.next_power_of_2(max(n, 1))))
-
-
-def philox_uniform(
-    seeds: torch.Tensor, offsets: torch.Tensor, ids: torch.Tensor, stream: int
-) -> torch.Tensor:
-    """Triton form of :func:`philox_uniform_reference` (same arguments, identical bits)."""
-    _check_stream(stream)
-    sizes: dict[str, int] = {}
-    check_tensor("seeds", seeds, ("rows",), torch.int64, sizes, contiguous=True)
-    check_tensor("offsets", offsets, ("rows",), torch.int64, sizes, device=seeds.device,
-                 contiguous=True)
-    if ids.dim() == 1:
-        check_tensor("ids", ids, ("n",), torch.int64, sizes, device=seeds.device,
-                     contiguous=True)
-        row_stride = 0
-    else:
-        check_tensor("ids", ids, ("rows", "n"), torch.int64, sizes, device=seeds.device)
-        if ids.shape[1] > 1 and ids.stride(1) != 1:
-            raise ShapeError("ids must have unit stride along the last dim; call .contiguous()")
-        row_stride = ids.stride(0)
-    rows, n = seeds.shape[0], ids.shape[-1]
-    out = torch.empty(rows, n, dtype=torch.float32, device=seeds.device)
-    if rows == 0 or n == 0:
-        return out
-    block = _uniform_launch(n)
-    if triton.cdiv(n, block) > _MAX_GRID_Y:
-        raise ShapeError(f"ids has {n} columns; philox_uniform launches at most "
-                         f"{_MAX_GRID_Y * block} per row (split the columns)")
-    _philox_uniform_kernel[(rows, triton.cdiv(n, block))](
-        seeds, offsets, ids, out, n, row_stride, STREAM=stream, BLOCK=block
-    )
-    return out
-
-
 def _check_stream(stream: int) -> None:
     if not isinstance(stream, int) or not 0 <= stream < 2**32:
         raise ShapeError(f"stream must be an int in [0, 2**32) (0 target, 1 draft, 2 accept), "
@@ -206,7 +147,6 @@ __all__ = [
     "centred_uniform",
     "centred_uniform_reference",
     "philox4x32_10_reference",
-    "philox_uniform",
     "philox_uniform_reference",
     "philox_word0",
     "split_u64",
