@@ -245,10 +245,7 @@ def gumbel_pair(
     logarithm, see the module docstring); the value agrees to that tolerance.
     """
     out = check_pair_args("gumbel_pair", logits, vocab_start, out, slot)
-    _check_key(logits, temperatures, seeds, offsets, stream)
-    for name, t in (("temperatures", temperatures), ("seeds", seeds), ("offsets", offsets)):
-        if not t.is_contiguous():
-            raise ShapeError(f"gumbel_pair: {name} must be contiguous; call .contiguous()")
+    _check_key(logits, temperatures, seeds, offsets, stream, contiguous=True)
     rows, shard_width = logits.shape
     if rows == 0:
         return out
@@ -265,13 +262,15 @@ def gumbel_pair(
 
 
 def _check_key(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor,
-               offsets: torch.Tensor, stream: int) -> None:
-    sizes = {"rows": int(logits.shape[0])}
+               offsets: torch.Tensor, stream: int, contiguous: bool = False) -> None:
+    sizes = {"rows": logits.shape[0]}
     dev = logits.device
     check_tensor("gumbel_pair: temperatures", temperatures, ("rows",), torch.float32, sizes,
-                 device=dev)
-    check_tensor("gumbel_pair: seeds", seeds, ("rows",), torch.int64, sizes, device=dev)
-    check_tensor("gumbel_pair: offsets", offsets, ("rows",), torch.int64, sizes, device=dev)
+                 device=dev, contiguous=contiguous)
+    check_tensor("gumbel_pair: seeds", seeds, ("rows",), torch.int64, sizes, device=dev,
+                 contiguous=contiguous)
+    check_tensor("gumbel_pair: offsets", offsets, ("rows",), torch.int64, sizes, device=dev,
+                 contiguous=contiguous)
     if type(stream) is not int or not 0 <= stream < 2**32:
         raise ShapeError(f"gumbel_pair: stream must be an int in [0, 2**32), got {stream!r}")
 
