@@ -118,7 +118,7 @@ def _mul_wide(a, b: tl.constexpr):
     """``(hi, lo)`` of the 64-bit product of uint32 ``a`` and the constant ``b``, as one
     ``mul.wide.u32`` (ptxas keeps ``umulhi`` and ``*`` as two multiplies)."""
     return tl.inline_asm_elementwise(
-        "mul.wide.u32 %rd0, $2, $3; mov.b64 {$1, $0}, %rd0;", "=r,=r,r,r",
+        "{ .reg .b64 p; mul.wide.u32 p, $2, $3; mov.b64 {$1, $0}, p; }", "=r,=r,r,r",
         [a, tl.full(a.shape, b, tl.uint32)], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1)
 
 
