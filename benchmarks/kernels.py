@@ -11,25 +11,25 @@ graph, the floor (bytes the op must move / measured device copy bandwidth), and 
     python benchmarks/kernels.py --smoke         # tiny shapes on the CPU (TRITON_INTERPRET=1)
     python benchmarks/kernels.py --smoke --sweep # the sweep code path on the CPU
 
-``--sweep`` times every ``strict_accept._SWEEP_CONFIGS`` entry (``(LANE, BLOCK_V,
-TARGET_PROGRAMS, num_warps)``; bit-identity to the reference checked first, a mismatch is
-never ranked) at each strict_accept shape, and every ``markov_chain._SWEEP_CONFIGS`` entry
-(``(BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages)``) that fits each Markov batch;
-the end of the run prints the best per op/shape next to the default and paste-ready
-``_DEFAULT_BY_ROWS`` blocks for both files (sweep one Markov rank at a time: the block is
-keyed by batch only).
+``--sweep`` times every ``STRICT_SWEEP`` entry (``(BLOCK_V, programs, num_warps)``; bit-identity
+to the reference checked first, a mismatch is never ranked) at each strict_accept shape, and every
+``MARKOV_SWEEP`` entry (``(BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages)``) that fits each
+Markov batch, by patching the op's launch-size helper; the end of the run prints the best per
+op/shape next to the default (carry a better pick into the helper by hand).
     python benchmarks/kernels.py --out benchmarks/results   # also write the raw output there
-    python benchmarks/kernels.py --ops markov --order  # also time the w2 walk order and hints
+    python benchmarks/kernels.py --ops markov --order  # also time the w2 walk order
+
+The Markov chain is timed as the runtime runs it: ``K`` fused ``markov_step`` calls (two launches
+each), odd positions walking ``w2`` backwards.
 
 Every time is the median of ``--repeats`` windows (5 on the GPU) of ``--iters`` calls.
 
 Targets (H200, V = 163840, r = 256, bf16 w2, fp32 logits, K = 6): at B = 4 the fused chain in a
 graph within 1.3x of the floor; at B = 128 at least 3x faster than the eager chain in a graph and
-within 1.6x of the floor. Spec-tail ops (strict_accept, decode_block_table, prepare_placement,
-forced_accept, store_context): fused at least 5x faster than the eager chain, both launched
-eagerly (column ``eag/fus``), in one launch (column ``launches``). ``decode_block_table`` is
-timed in both forms: fresh outputs, and rows ``:B`` of bind-time buffers (spec 4.5, the
-graph-safe form of spec 7). ``strict_accept`` at B = 32 and 128 reads 19 and 78 MB of logits:
+within 1.6x of the floor. Spec-tail ops (strict_accept, prepare_placement, forced_accept,
+store_context): fused at least 5x faster than the eager chain, both launched eagerly (column
+``eag/fus``), in one launch (column ``launches``). ``strict_accept`` at B = 32 and 128 reads 19
+and 78 MB of logits:
 the eager chain there is itself within 3.7-3.9x and 1.35-1.4x of the floor (the H200 runs of
 2026-11-30 and 12-01), so no kernel can be 5x faster than it, and those rows measure the
 distance to the floor instead.
@@ -53,7 +53,6 @@ if "--smoke" in sys.argv:
 
 import torch  # noqa: E402
 
-from draftsmith.kernels import block_table as bt  # noqa: E402
 from draftsmith.kernels import context_store as cs  # noqa: E402
 from draftsmith.kernels import forced_accept as fa  # noqa: E402
 from draftsmith.kernels import markov_chain as mc  # noqa: E402
@@ -229,6 +228,36 @@ def measure(timer: Timer, op: str, shape: str, eager, fused, nbytes: float, bw: 
 # ---------------------------------------------------------------------------------------- ops
 
 
+def markov_chain(base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                 alternate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The greedy chain as ``runtime.markov.DraftChain`` runs it in fused mode: one
+    ``markov_step`` per position, the selected token fed forward, odd positions walking ``w2``
+    backwards (``alternate``) so each pass starts on the tiles still in L2."""
+    rows, k, vocab = base.shape
+    drafts = torch.empty((rows, k), dtype=torch.int64, device=base.device)
+    corrected = torch.empty((rows, k, vocab), dtype=torch.float32, device=base.device)
+    prev = anchor
+    for j in range(k):
+        _, prev = mc.markov_step(base[:, j], prev, w1, w2, 0, corrected[:, j],
+                                 reverse=alternate and j % 2 == 1)
+        drafts[:, j] = prev
+    return drafts, corrected
+
+
+class patched:
+    """``with patched(module, "name", value):`` sets a module attribute for the block."""
+
+    def __init__(self, module, name: str, value) -> None:
+        self.module, self.name, self.value = module, name, value
+
+    def __enter__(self) -> None:
+        self.saved = getattr(self.module, self.name)
+        setattr(self.module, self.name, self.value)
+
+    def __exit__(self, *exc) -> None:
+        setattr(self.module, self.name, self.saved)
+
+
 def bench_markov(timer: Timer, bw: float, dev: str, smoke: bool, sweep: bool,
                  ranks: list[int] | None = None, batches: list[int] | None = None,
                  order: bool = False) -> None:
@@ -249,7 +278,7 @@ def bench_markov(timer: Timer, bw: float, dev: str, smoke: bool, sweep: bool,
             shape = f"B={rows} K={k} V={vocab} r={rank} {str(wdtype)[6:]}"
             measure(timer, "markov_chain", shape,
                     lambda b=base, a=anchor, x=w1, y=w2: mc.markov_chain_reference(b, a, x, y),
-                    lambda b=base, a=anchor, x=w1, y=w2: mc.markov_chain(b, a, x, y),
+                    lambda b=base, a=anchor, x=w1, y=w2: markov_chain(b, a, x, y),
                     nbytes, bw)
             if sweep:
                 sweep_markov(timer, base, anchor, w1, w2, nbytes, bw, smoke)
@@ -285,28 +314,50 @@ def _sweep_line(run: SweepRun) -> str:
             f"vs_floor {run.us / max(run.floor, 1e-9):5.2f}x{mark}{run.note}")
 
 
+MARKOV_SWEEP: tuple[tuple[int, int, int, int, int], ...] = (
+    (16, 128, 64, 4, 3), (32, 128, 32, 4, 3), (64, 128, 64, 8, 3),  # the defaults
+    (64, 64, 32, 4, 3), (16, 128, 64, 4, 4), (16, 256, 32, 4, 3), (16, 64, 64, 4, 3),
+    (32, 128, 32, 8, 3), (32, 128, 64, 8, 3), (64, 128, 32, 8, 3), (64, 256, 32, 8, 3),
+    (128, 64, 64, 4, 3), (128, 128, 32, 8, 3), (128, 128, 64, 8, 3), (128, 256, 32, 8, 3),
+)
+"""``(BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages)`` tilings of ``markov_step`` to time."""
+
+STRICT_SWEEP: tuple[tuple[int, int, int], ...] = (
+    (2048, 528, 4), (1024, 1056, 8),  # the defaults (up to 32 rows, beyond)
+    (1024, 1056, 4), (2048, 1056, 4), (2048, 2112, 4), (1024, 2112, 4), (1024, 4224, 4),
+    (4096, 1056, 8), (4096, 2112, 8), (512, 2112, 2), (512, 4224, 2), (2048, 4224, 8),
+)
+"""``(max BLOCK_V, programs, num_warps)`` launch layouts of ``strict_accept`` to time."""
+
+
+def strict_layout(rows: int, k1: int, vocab: int, cfg: tuple[int, int, int]) -> tuple:
+    """``strict_accept._launch_sizes``'s tuple for the layout ``cfg`` (the same chunk split)."""
+    max_block_v, programs, num_warps = cfg
+    want_chunks = max(1, round(programs / max(rows, 1)))
+    chunk = cdiv(cdiv(vocab, want_chunks), 64) * 64
+    num_chunks = cdiv(vocab, chunk)
+    block_v = max(16, min(max_block_v, triton_next_pow2(chunk)))
+    return (block_v, chunk, num_chunks, triton_next_pow2(k1),
+            max(2, triton_next_pow2(num_chunks)), num_warps)
+
+
 def sweep_markov(timer: Timer, base, anchor, w1, w2, nbytes: float, bw: float,
                  smoke: bool = False) -> None:
-    """Time every ``mc._SWEEP_CONFIGS`` entry that fits the batch (``BLOCK_G`` at most twice
-    the padded batch) in a graph; ``diff`` counts drafts that differ from the default tiling's
-    (bf16 near-ties may flip: tolerance-level parity, spec 9.20). The summary table is printed
-    at the end of the run."""
+    """Time every ``MARKOV_SWEEP`` tiling that fits the batch (``BLOCK_G`` at most twice the
+    padded batch) in a graph; ``diff`` counts drafts that differ from the default tiling's (bf16
+    near-ties may flip: tolerance-level parity, spec 9.20). The summary is printed at the end."""
     rows, k, vocab = base.shape
     shape = f"B={rows} r={w1.shape[1]}"
     floor = nbytes / bw * 1e6
     default = mc._markov_launch_sizes(rows, vocab, w1.shape[1], w1.dtype)
-    want = mc.markov_chain(base, anchor, w1, w2)[0]
-    configs = mc._SWEEP_CONFIGS
-    if smoke:  # the CPU interpreter: two tilings
-        configs = configs[:2]
-    try:
-        for cfg in configs:
-            if cfg[0] > max(16, 2 * triton_next_pow2(rows)):
-                continue
-            mc._SIZE_OVERRIDE = cfg
-
+    want = markov_chain(base, anchor, w1, w2)[0]
+    configs = MARKOV_SWEEP[:2] if smoke else MARKOV_SWEEP  # the CPU interpreter: two tilings
+    for cfg in configs:
+        if cfg[0] > max(16, 2 * triton_next_pow2(rows)):
+            continue
+        with patched(mc, "_markov_launch_sizes", lambda *_, cfg=cfg: cfg):
             def fused():
-                return mc.markov_chain(base, anchor, w1, w2)
+                return markov_chain(base, anchor, w1, w2)
 
             try:
                 diff = int((fused()[0] != want).sum())
@@ -315,162 +366,94 @@ def sweep_markov(timer: Timer, base, anchor, w1, w2, nbytes: float, bw: float,
             except Exception as exc:  # noqa: BLE001 - a config may not fit the device
                 emit(f"    sweep {cfg}: failed ({type(exc).__name__}: {str(exc)[:80]})")
                 continue
-            run = SweepRun("markov_chain", shape, rows, graph, eager, floor, cfg, cfg == default,
-                           f"  diff={diff}" if diff else "")
-            emit(_sweep_line(run))
-            SWEEP_RESULTS.append(run)
-    finally:
-        mc._SIZE_OVERRIDE = None
+        run = SweepRun("markov_chain", shape, rows, graph, eager, floor, cfg, cfg == default,
+                       f"  diff={diff}" if diff else "")
+        emit(_sweep_line(run))
+        SWEEP_RESULTS.append(run)
 
 
 def sweep_markov_order(timer: Timer, base, anchor, w1, w2, nbytes: float, bw: float) -> None:
-    """Time the default tiling with the ``w2`` walk always forward or alternating by position,
-    with and without eviction hints (in a graph); ``same`` checks the drafts and corrected rows
-    against the plain forward walk with ``torch.equal``."""
+    """Time the default tiling with the ``w2`` walk always forward or alternating by position
+    (in a graph); ``same`` checks the drafts and corrected rows against the forward walk with
+    ``torch.equal``."""
     rows, k, vocab = base.shape
     floor = nbytes / bw * 1e6
-    saved = (mc._ALTERNATE, mc._HINTS)
-    try:
-        mc._ALTERNATE, mc._HINTS = False, False
-        want = mc.markov_chain(base, anchor, w1, w2)
-        for alternate in (False, True):
-            for hints in (False, True):
-                mc._ALTERNATE, mc._HINTS = alternate, hints
-                got = mc.markov_chain(base, anchor, w1, w2)
-                same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-                graph = timer.graph(lambda: mc.markov_chain(base, anchor, w1, w2))
-                us = graph if graph is not None else timer.eager(
-                    lambda: mc.markov_chain(base, anchor, w1, w2))
-                mark = "  (default)" if (alternate, hints) == saved else ""
-                emit(f"    order B={rows} r={w1.shape[1]} walk="
-                     f"{'alternate' if alternate else 'forward':<9} hints={int(hints)}: "
-                     f"fused_g {us:8.1f} us  vs_floor {us / max(floor, 1e-9):5.2f}x  "
-                     f"same={same}{mark}")
-    finally:
-        mc._ALTERNATE, mc._HINTS = saved
+    want = markov_chain(base, anchor, w1, w2, alternate=False)
+    for alternate in (False, True):
+        def fused(alternate=alternate):
+            return markov_chain(base, anchor, w1, w2, alternate)
+
+        got = fused()
+        same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        graph = timer.graph(fused)
+        us = graph if graph is not None else timer.eager(fused)
+        mark = "  (default)" if alternate else ""
+        emit(f"    order B={rows} r={w1.shape[1]} walk="
+             f"{'alternate' if alternate else 'forward':<9}: fused_g {us:8.1f} us  "
+             f"vs_floor {us / max(floor, 1e-9):5.2f}x  same={same}{mark}")
 
 
 def sweep_strict(timer: Timer, logits, drafts, verify_len, nbytes: float, bw: float,
                  smoke: bool = False) -> None:
-    """Time every ``sa._SWEEP_CONFIGS`` launch configuration (eager and in a graph); a
-    configuration whose outputs are not bit-identical to the reference is reported and never
-    ranked."""
+    """Time every ``STRICT_SWEEP`` layout (eager and in a graph); a layout whose outputs are not
+    bit-identical to the reference is reported and never ranked."""
     g, k1, vocab = logits.shape
     shape = f"B={g} K+1={k1} V={vocab}"
     floor = nbytes / bw * 1e6
     want = sa.strict_accept_reference(logits, drafts, verify_len)
-    default = sa._strict_accept_launch_sizes(g * k1, k1, vocab)
-    configs = sa._SWEEP_CONFIGS
-    if smoke:  # the CPU interpreter: one configuration of each kernel variant
-        configs = (configs[0], next(c for c in configs if c[0]))
-    try:
-        for cfg in configs:
-            sa._SIZE_OVERRIDE = cfg
-            sa._SIZES.clear()
-            sa._PLANS.clear()
-            layout = sa._strict_accept_launch_sizes(g * k1, k1, vocab)
-
+    default = sa._launch_sizes(g * k1, k1, vocab, logits.device)
+    configs = STRICT_SWEEP[:2] if smoke else STRICT_SWEEP
+    for cfg in configs:
+        layout = strict_layout(g * k1, k1, vocab, cfg)
+        with patched(sa, "_launch_sizes", lambda *_, layout=layout: layout):
             def fused():
                 return sa.strict_accept(logits, drafts, verify_len)
 
             try:
                 got = fused()
-                fused()  # the second call takes the direct-launch plan on a GPU
-                same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
                 again = fused()
-                same = same and torch.equal(again[0], want[0]) and torch.equal(again[1], want[1])
+                same = all(torch.equal(a, w) for a, w in zip((*got, *again), want * 2, strict=True))
                 graph = timer.graph(fused)
                 eager = timer.eager(fused)
             except Exception as exc:  # noqa: BLE001 - a config may not fit the device
                 emit(f"    sweep {cfg}: failed ({type(exc).__name__}: {str(exc)[:80]})")
                 continue
-            note = f"  chunks={layout[2]} BLOCK_V={layout[0]} programs={g * k1 * layout[2]}"
-            run = SweepRun("strict_accept", shape, g * k1, graph, eager, floor, cfg,
-                           layout == default, note if same else note + "  MISMATCH")
-            emit(_sweep_line(run))
-            if same:
-                SWEEP_RESULTS.append(run)
-    finally:
-        sa._SIZE_OVERRIDE = None
-        sa._SIZES.clear()
-        sa._PLANS.clear()
-
-
-def _defaults_block(name: str, current: tuple, best: dict[int, SweepRun],
-                    defaults: dict[int, SweepRun], margin: float = 0.97) -> list[str]:
-    """A paste-ready ``_DEFAULT_BY_ROWS`` for one op. An entry covering several measured row
-    counts is split at them; each entry covering a measured row count takes that shape's best
-    config when it beats the measured default by more than 3%; other entries stay."""
-    table: list[list] = []
-    low = 0
-    for bound, cfg in current:
-        group = sorted(r for r in best if low < r <= bound)
-        table += [[r, cfg, r] for r in group[:-1]]
-        table.append([bound, cfg, group[-1] if group else None])
-        low = bound
-    changed = False
-    for entry in table:
-        rows = entry[2]
-        if rows is None:
-            continue
-        run, ref = best[rows], defaults.get(rows)
-        if ref is not None and run.us >= margin * ref.us:
-            continue
-        if tuple(entry[1]) != tuple(run.cfg):
-            entry[1], changed = run.cfg, True
-    if not changed:
-        return [f"# {name}: keep the current _DEFAULT_BY_ROWS (no config beats the default "
-                "by more than 3% at any measured shape)"]
-    merged: list[list] = []
-    for entry in table:  # neighbours with one config need one entry
-        if merged and tuple(merged[-1][1]) == tuple(entry[1]):
-            merged[-1][0] = entry[0]
-        else:
-            merged.append(entry)
-    lines = [f"# {name}: paste-ready _DEFAULT_BY_ROWS (best per measured row count; re-run "
-             "the sweep after pasting)", "_DEFAULT_BY_ROWS = ("]
-    lines += [f"    ({'1 << 62' if b >= 1 << 62 else b}, {tuple(c)})," for b, c, _ in merged]
-    return lines + [")"]
+        note = f"  chunks={layout[2]} BLOCK_V={layout[0]} programs={g * k1 * layout[2]}"
+        run = SweepRun("strict_accept", shape, g * k1, graph, eager, floor, cfg,
+                       layout == default, note if same else note + "  MISMATCH")
+        emit(_sweep_line(run))
+        if same:
+            SWEEP_RESULTS.append(run)
 
 
 def print_sweep_summary() -> None:
-    """Best configuration per op and shape, the 2nd best, the default, and paste-ready
-    ``_DEFAULT_BY_ROWS`` blocks for ``strict_accept.py`` and ``markov_chain.py``."""
+    """Best configuration per op and shape, the 2nd best and the default."""
     if not SWEEP_RESULTS:
         return
     emit("")
     emit("# Sweep: best per op/shape: time (us, in a graph where capturable), vs_floor, config;"
          " then the 2nd best and the default")
     keys = list(dict.fromkeys((r.op, r.shape) for r in SWEEP_RESULTS))
-    best: dict[str, dict[int, SweepRun]] = {}
-    defaults: dict[str, dict[int, SweepRun]] = {}
     for op, shape in keys:
         runs = sorted((r for r in SWEEP_RESULTS if (r.op, r.shape) == (op, shape)),
                       key=lambda r: r.us)
         top = runs[0]
-        best.setdefault(op, {})[top.rows] = top
         line = (f"{op:<14} {shape:<26} {top.us:8.1f} {top.us / max(top.floor, 1e-9):5.2f}x "
                 f"{top.cfg}")
         if len(runs) > 1:
             line += f"   | 2nd {runs[1].us:8.1f} {runs[1].cfg}"
         ref = next((r for r in runs if r.default), None)
         if ref is not None:
-            defaults.setdefault(op, {})[top.rows] = ref
             line += f"   | default {ref.us:8.1f} ({ref.us / top.us:4.2f}x the best)"
         emit(line)
-    emit("")
-    if "strict_accept" in best:
-        for line in _defaults_block("strict_accept.py", sa._DEFAULT_BY_ROWS,
-                                    best["strict_accept"], defaults.get("strict_accept", {})):
-            emit(line)
-    if "markov_chain" in best:
-        for line in _defaults_block("markov_chain.py (bf16/fp16 weights)", mc._DEFAULT_BY_ROWS,
-                                    best["markov_chain"], defaults.get("markov_chain", {})):
-            emit(line)
 
 
 def triton_next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def bench_strict_accept(timer: Timer, bw: float, dev: str, smoke: bool,
@@ -489,10 +472,16 @@ def bench_strict_accept(timer: Timer, bw: float, dev: str, smoke: bool,
             sweep_strict(timer, logits, drafts, verify_len, logits.numel() * 4, bw, smoke)
 
 
+def page_table(num_slots: int, max_ctx: int, width: int, page: int, dev: str) -> torch.Tensor:
+    """The private pool's static page table (spec 4.2), as ``DecoderBuffers`` builds it."""
+    pages = -(-(max_ctx + width) // page)
+    return torch.arange(num_slots * pages, dtype=torch.int64, device=dev).view(num_slots, pages)
+
+
 def bench_paging(timer: Timer, bw: float, dev: str, smoke: bool) -> None:
     rows = 5 if smoke else 128
     k1, width, page, max_ctx = 8, 7, 32, 8192
-    table = pg.private_page_table(rows + 1, max_ctx, width, page, dev)
+    table = page_table(rows + 1, max_ctx, width, page, dev)
     g = torch.Generator().manual_seed(2)
     ctx = torch.randint(0, max_ctx // 2, (rows + 1,), generator=g).to(dev)
     slots = torch.arange(rows, device=dev)
@@ -513,18 +502,6 @@ def bench_paging(timer: Timer, bw: float, dev: str, smoke: bool) -> None:
     measure(timer, "prepare_placement", f"G={rows} K+1={k1} W={width}", eager, fused, nbytes, bw,
             eager_capturable=False, launched=lambda: pg.prepare_placement(ctx, *args))
 
-    offsets = torch.randint(-1, 1 << 20, (rows, 2, 512), generator=g, dtype=torch.int32).to(dev)
-    plane = offsets[:, 0]
-    measure(timer, "decode_block_table", f"B={rows} max_blocks=512 int32",
-            lambda: bt.decode_block_table_reference(plane, 2),
-            lambda: bt.decode_block_table(plane, 2), rows * 512 * (4 + 8), bw)
-    # the graph-safe form of spec 4.5 / 7: rows :B of bind-time buffers sized by slot capacity
-    table = torch.empty(rows + 1, 512, dtype=torch.int64, device=dev)
-    counts = torch.empty(rows + 1, dtype=torch.int64, device=dev)
-    measure(timer, "decode_block_table", f"B={rows} max_blocks=512 int32, into buffers",
-            lambda: bt.decode_block_table_reference(plane, 2, table, counts),
-            lambda: bt.decode_block_table(plane, 2, table, counts), rows * 512 * (4 + 8), bw)
-
     pool = fa.forced_accept_pool(dev)
     counter = torch.zeros(1, dtype=torch.int64, device=dev)
     out = torch.empty(rows, dtype=torch.int64, device=dev)
@@ -540,7 +517,7 @@ def bench_store(timer: Timer, bw: float, dev: str, smoke: bool) -> None:
     g = torch.Generator().manual_seed(3)
     for layers, planes, heads, width in shapes:
         page, max_ctx = 32, 2048
-        table = pg.private_page_table(rows + 1, max_ctx, k1, page, dev)
+        table = page_table(rows + 1, max_ctx, k1, page, dev)
         pool = torch.zeros(layers, table.numel(), planes, heads, page, width, dtype=dtype,
                            device=dev)
         ctx = torch.randint(0, max_ctx - k1, (rows + 1,), generator=g).to(dev)
@@ -561,10 +538,8 @@ def bench_store(timer: Timer, bw: float, dev: str, smoke: bool) -> None:
 
 
 def host_breakdown(dev: str) -> None:
-    """Host microseconds per call (no synchronisation in the loop) of the decode_block_table
-    and strict_accept launch paths, piece by piece: where a spec-tail call's host time goes."""
-    from draftsmith.kernels import _launch
-
+    """Host microseconds per call (no synchronisation in the loop) of the spec-tail launchers
+    against their eager chains: what an op costs when it is not replayed in a graph."""
     emit("")
     emit("# host time per call (us, perf_counter over 2000 calls, no sync in the loop)")
 
@@ -579,49 +554,18 @@ def host_breakdown(dev: str) -> None:
         torch.cuda.synchronize()
         emit(f"  {label:<46} {(t1 - t0) / n * 1e6:8.2f}")
 
-    emit(f"  hooks_installed() = {_launch.hooks_installed()}; fast launch enabled = "
-         f"{_launch._ENABLED}")
-    g = torch.Generator().manual_seed(2)
-    offsets = torch.randint(-1, 1 << 20, (128, 2, 512), generator=g, dtype=torch.int32).to(dev)
-    plane = offsets[:, 0]
-    host("decode_block_table (fused)", lambda: bt.decode_block_table(plane, 2))
-    host("decode_block_table_reference (eager chain)",
-         lambda: bt.decode_block_table_reference(plane, 2))
-    table_buf = plane.new_empty((129, 512), dtype=torch.int64)
-    counts_buf = plane.new_empty((129,), dtype=torch.int64)
-    host("decode_block_table (fused, into buffers)",
-         lambda: bt.decode_block_table(plane, 2, table_buf, counts_buf))
-    host("decode_block_table_reference (eager chain, into buffers)",
-         lambda: bt.decode_block_table_reference(plane, 2, table_buf, counts_buf))
-    host("  new_empty x2", lambda: (plane.new_empty((128, 512), dtype=torch.int64),
-                                   plane.new_empty((128,), dtype=torch.int64)))
-    flat = plane.new_empty((128 * 512 + 128,), dtype=torch.int64)
-    host("  new_empty x1", lambda: plane.new_empty((128 * 512 + 128,), dtype=torch.int64))
-    host("  slice + view + slice", lambda: (flat[: 128 * 512].view(128, 512), flat[128 * 512:]))
-    host("  as_strided x2", lambda: (flat.as_strided((128, 512), (512, 1)),
-                                     flat.as_strided((128,), (1,), 128 * 512)))
-    host("  hooks_installed()", _launch.hooks_installed)
-    host("  raw_stream(dev)", lambda: _launch.raw_stream(0))
-    key = next(iter(bt._PLANS), None)
-    emit(f"  decode_block_table plans recorded: {len(bt._PLANS)}")
-    if key is not None:
-        *_, tail, run, function, packed = bt._PLANS[key]
-        table = plane.new_empty((128, 512), dtype=torch.int64)
-        counts = plane.new_empty((128,), dtype=torch.int64)
-        stream = _launch.raw_stream(0)
-        host("  direct run(...), tensors", lambda: run(128, 1, 1, stream, function, packed,
-                                                       None, None, None, plane, table, counts,
-                                                       *tail))
-        src, dst, cnt = plane.data_ptr(), table.data_ptr(), counts.data_ptr()
-        host("  direct run(...), raw pointers", lambda: run(128, 1, 1, stream, function, packed,
-                                                            None, None, None, src, dst, cnt,
-                                                            *tail))
     logits = torch.randn(4, 8, 151936, device=dev)
     drafts = torch.randint(0, 151936, (4, 7), device=dev)
     host("strict_accept G=4 (fused)", lambda: sa.strict_accept(logits, drafts))
     host("strict_accept_reference G=4 (eager chain)",
          lambda: sa.strict_accept_reference(logits, drafts))
-    emit(f"  strict_accept plans recorded: {len(sa._PLANS)}")
+    pool = fa.forced_accept_pool(dev)
+    counter = torch.zeros(1, dtype=torch.int64, device=dev)
+    out = torch.empty(128, dtype=torch.int64, device=dev)
+    host("forced_accept G=128 (fused)",
+         lambda: fa.forced_accept(out, None, pool, counter, 3.5, 7))
+    host("forced_accept_reference G=128 (eager chain)",
+         lambda: fa.forced_accept_reference(out, None, pool, counter, 3.5, 7))
 
 
 OPS = {
@@ -645,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", default=None, help="Markov ranks, comma list (64,128,256)")
     parser.add_argument("--batches", default=None, help="Markov batches, comma list (1,4,32,128)")
     parser.add_argument("--order", action="store_true",
-                        help="also time the Markov w2 walk (forward / alternating) and hints")
+                        help="also time the Markov w2 walk (forward / alternating)")
     parser.add_argument("--host", action="store_true",
                         help="also print the host time per call of the spec-tail launch paths")
     args = parser.parse_args(argv)

@@ -8,23 +8,24 @@ at ``V = 163840`` it prints, in microseconds and as ratios:
 * the memory floor: bytes read (``B * V * itemsize``) / measured device copy bandwidth;
 * the launch floor: an empty Triton kernel replayed in a CUDA graph (``empty_gr``) and launched
   eagerly (``empty``); ``host``: CPU microseconds per ``argmax_pair`` call (launcher overhead);
-* ``gumbel_pair`` (temperature sampling by keyed Gumbel-max, spec 5.5; eager and graph) vs
+* ``gumbel_pair`` (temperature sampling by keyed Gumbel-max, spec 5.5; eager, in a graph, and in a
+  graph without the dominated-tile skip) vs its eager reference ``gumbel_pair_reference`` and
   ``torch.multinomial(softmax(x / T))``.
 
 Targets (H200): ``argmax_pair`` >= 4x faster than ``torch.argmax`` at ``B <= 32``, and within
-1.5x of the floor at ``B >= 128``. ``pair/launch`` shows how far a small-B pair is from one
-graph-replayed empty launch (the best any one-launch kernel can do).
+1.5x of the floor at ``B >= 128``; ``gumbel_pair`` in a graph within 3x of the floor at
+``B = 32, 128, 256``. ``pair/launch`` shows how far a small-B pair is from one graph-replayed
+empty launch (the best any one-launch kernel can do).
 
-    python benchmarks/selection.py                          # the GPU table
-    python benchmarks/selection.py --sweep                  # + argmax_pair launch-config sweep
+    python benchmarks/selection.py                          # the GPU tables
+    python benchmarks/selection.py --sweep                  # + argmax_pair launch-layout sweep
     python benchmarks/selection.py --sweep --no-table       # only the sweep
     python benchmarks/selection.py --sweep --no-table --sweep-grid small  # B <= 32 variants only
 
 ``--sweep`` first prints the B = 1 probes (empty kernel / load-only / load + counter atomic over
 P programs: where the latency goes), then compiles the grid in ``--jobs`` processes, then times
-every configuration (pair, key and atomic merges; bit-checked before and after its graph
-replays) and prints the best per case, per merge form and per regime (``tiny`` < 4 MiB,
-``latency`` < 24 MiB, ``bandwidth``), with a paste-ready ``ARGMAX_TUNING``.
+every layout (bit-checked before and after its graph replays, by patching
+``argmax_pair._launch_sizes`` and the programs per SM) and prints the best per case.
     python benchmarks/selection.py --out benchmarks/results # also write the raw output there
     python benchmarks/selection.py --smoke                  # tiny sizes on the CPU (interpreter)
 """
@@ -51,20 +52,14 @@ from _timing import (  # noqa: E402
     time_us,
 )
 
+from draftsmith.kernels import _pair  # noqa: E402
 from draftsmith.kernels import argmax_pair as ap  # noqa: E402
 from draftsmith.kernels.argmax_pair import (  # noqa: E402
     EXCHANGE_COLUMNS,
-    KEY_EMPTY,
-    MERGE_ATOMIC,
-    MERGE_KEYS,
-    MERGE_PAIRS,
-    PairTuning,
     argmax_pair,
     argmax_pair_reference,
-    pair_regime,
-    set_pair_tuning,
 )
-from draftsmith.kernels.gumbel_pair import gumbel_pair  # noqa: E402
+from draftsmith.kernels.gumbel_pair import gumbel_pair, gumbel_pair_reference  # noqa: E402
 
 LINES: list[str] = []
 SINK: list = []  # the open results file, written line by line (a killed run keeps its lines)
@@ -138,6 +133,12 @@ def bench_one(batch: int, vocab: int, dtype: torch.dtype, device: torch.device, 
     def gumbel():
         return gumbel_pair(x, temps, seeds, offsets, 0, 0, out, 0)
 
+    def gumbel_noskip():
+        return gumbel_pair(x, temps, seeds, offsets, 0, 0, out, 0, False)
+
+    def gumbel_ref():
+        return gumbel_pair_reference(x, temps, seeds, offsets, 0, 0, out, 0)
+
     def multinomial():
         return torch.multinomial(torch.softmax(x.float() / 0.8, dim=-1), 1)
 
@@ -150,6 +151,8 @@ def bench_one(batch: int, vocab: int, dtype: torch.dtype, device: torch.device, 
     te, teg = time_us(empty, device, **kw), graph_time_us(empty, device, **kw)
     th = host_us(pair, iters)
     tg, tgg = time_us(gumbel, device, **kw), graph_time_us(gumbel, device, **kw)
+    tng = graph_time_us(gumbel_noskip, device, **kw)
+    tr = time_us(gumbel_ref, device, iters=max(2, iters // 10), warmup=1)
     tm = time_us(multinomial, device, **kw)
     name = str(dtype).removeprefix("torch.")
     best_pair = tpg if tpg is not None else tp
@@ -162,8 +165,9 @@ def bench_one(batch: int, vocab: int, dtype: torch.dtype, device: torch.device, 
         f" | {fmt(te)} {fmt(teg)} {fmt(th)} | {ratio(best_pair, best_empty)}"
     )
     gumbel_row = (
-        f"{name:>8} {batch:>4} | {fmt(tg)} {fmt(tgg)} | {fmt(tm)} | {fmt(floor, 9, 2)}"
-        f" | {ratio(tm, best_gumbel)} {ratio(best_gumbel, floor)}"
+        f"{name:>8} {batch:>4} | {fmt(tg)} {fmt(tgg)} {fmt(tng)} | {fmt(tr)} {fmt(tm)}"
+        f" | {fmt(floor, 9, 2)} | {ratio(tr, best_gumbel)} {ratio(tm, best_gumbel)}"
+        f" {ratio(best_gumbel, floor)}"
     )
     return argmax_row, gumbel_row
 
@@ -176,16 +180,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default=None, help="comma-separated B values")
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--sweep", action="store_true",
-                        help="also time argmax_pair over a grid of launch configurations")
+                        help="also time argmax_pair over a grid of launch layouts")
     parser.add_argument("--no-table", action="store_true", help="skip the main tables")
     parser.add_argument("--sweep-iters", type=int, default=None,
                         help="graph replays per sweep point (default 30)")
-    parser.add_argument("--sweep-grid", choices=("all", "base", "small", "merge", "deep"),
+    parser.add_argument("--sweep-grid", choices=("all", "base", "small", "deep"),
                         default="all",
-                        help="sweep configurations: base = the 2026-11-30 grid (pair merge), "
-                             "small = small programs / few warps (B <= 32 ideas), merge = the key "
-                             "and atomic merge forms on the base shapes, deep = 8 tiles in flight "
-                             "per trip, all = every one")
+                        help="sweep layouts: base = 4-16 KiB in flight per trip, small = small "
+                             "programs / few warps (B <= 32 ideas), deep = 8 tiles in flight per "
+                             "trip, all = every one")
     parser.add_argument("--jobs", type=int, default=None,
                         help="processes that compile the sweep's kernels into Triton's cache "
                              "before timing (default: min(16, CPUs) on a GPU, 0 = compile inline)")
@@ -236,8 +239,8 @@ def main_tables(batches: list[int], vocab: int, device: torch.device, bandwidth:
             emit("         " + a_row)
             gumbel_rows.append(g_row)
     emit()
-    emit("gumbel:     dtype    B |   gumbel gumbel_gr |  multin. |     floor |"
-         " multin/gumbel gumbel/floor")
+    emit("gumbel:     dtype    B |   gumbel gumbel_gr noskip_gr |      ref  multin. |     floor |"
+         " ref/gumbel multin/gumbel gumbel/floor   (ratios: best of eager / graph)")
     for row in gumbel_rows:
         emit("         " + row)
 
@@ -248,53 +251,58 @@ trip."""
 SMALL_SHAPES = [(512, 1), (1024, 1), (1024, 2), (2048, 1)]
 """``(block_bytes, unroll)`` of the small-program variants: 0.5-2 KiB per program, one trip, so
 that one row spreads over every SM and each program issues all its loads at once."""
-MERGES = (MERGE_PAIRS, MERGE_KEYS, MERGE_ATOMIC)
-MERGE_NAMES = {MERGE_PAIRS: "pairs", MERGE_KEYS: "keys", MERGE_ATOMIC: "atomic"}
 
 
-def sweep_grid(smoke: bool, which: str = "all") -> list[PairTuning]:
-    """The launch configurations that ``--sweep`` times (``num_stages`` 1: on sm_90 the pair
-    loop compiles to the same PTX for 1 and 3, no cp.async).
+def sweep_grid(smoke: bool, which: str = "all") -> list[tuple[int, int, int, bool, int]]:
+    """The launch layouts ``(block_bytes, unroll, num_warps, tree, programs_per_sm)`` that
+    ``--sweep`` times:
 
-    * ``base``: the grid of the 2026-11-30 sweep (pair merge, tree reduction), plus the current
-      defaults with the four-reduction form;
-    * ``small``: B <= 32 ideas: 8-32 programs per SM of 0.5-2 KiB, 1-2 warps (no cross-warp
-      barrier in the lane reduction, few registers), each in the pair, key and atomic merges;
-    * ``merge``: the best base shapes with the key merge (int64 ``tl.max`` lane reduction and
-      merge) and the atomic merge (one 64-bit ``atomic_max`` per program, no merge pass);
-    * ``deep``: 8 tiles (8-32 KiB) in flight per loop trip (B = 32: without pipelining every
-      trip of a program's loop is one dependent DRAM round trip);
-    * ``all``: every group, without duplicates.
+    * ``base``: 4-16 KiB in flight per trip, tree lane reduction, 4-16 programs per SM;
+    * ``small``: B <= 32 ideas: 8-32 programs per SM of 0.5-2 KiB, 1-2 warps;
+    * ``deep``: 8 tiles (8-32 KiB) in flight per loop trip;
+    * ``all``: every group, without duplicates (the current picks first).
     """
     if smoke:
-        grid = [PairTuning(4, 4096, 2, 4, 1, False), PairTuning(2, 2048, 4, 4, 1, True)]
-        grid += [PairTuning(8, 512, 1, 1, 1, False, m)
-                 for m in (MERGE_KEYS, MERGE_ATOMIC)]
-        return grid
-    base = [PairTuning(pps, bb, un, nw, 1, True)
+        return [(4096, 2, 4, False, 4), (2048, 4, 4, True, 2), (512, 1, 1, False, 8)]
+    current = [(1024, 8, 4, True, 4), (2048, 8, 4, True, 4), (2048, 8, 8, True, 4)]
+    base = [(bb, un, nw, True, pps)
             for pps, (bb, un), nw in itertools.product((4, 6, 8, 16), SWEEP_SHAPES, (4, 8))]
-    base += [t._replace(tree_reduce=False) for t in dict.fromkeys(ap.ARGMAX_TUNING.values())]
-    small = [PairTuning(pps, bb, un, nw, 1, True, m)
-             for m, pps, (bb, un), nw in itertools.product(MERGES, (8, 16, 32), SMALL_SHAPES,
-                                                           (1, 2))]
-    merge = [PairTuning(pps, bb, un, nw, 1, True, m)
-             for m, pps, (bb, un), nw in itertools.product(
-                 (MERGE_KEYS, MERGE_ATOMIC), (4, 8), [(2048, 2), (4096, 2), (4096, 4)],
-                 (4, 8))]
-    deep = [PairTuning(pps, bb, 8, nw, 1, True, m)
-            for m, pps, bb, nw in itertools.product((MERGE_PAIRS, MERGE_KEYS), (4, 8),
-                                                    (1024, 2048, 4096), (4, 8))]
-    parts = {"base": base, "small": small, "merge": merge, "deep": deep}
+    small = [(bb, un, nw, True, pps)
+             for pps, (bb, un), nw in itertools.product((8, 16, 32), SMALL_SHAPES, (1, 2))]
+    deep = [(bb, 8, nw, True, pps)
+            for pps, bb, nw in itertools.product((4, 8), (1024, 2048, 4096), (4, 8))]
+    parts = {"base": base, "small": small, "deep": deep}
     chosen = list(parts.values()) if which == "all" else [parts[which]]
-    return list(dict.fromkeys(t for part in chosen for t in part))
+    return list(dict.fromkeys(current + [t for part in chosen for t in part]))
+
+
+class use_layout:
+    """``with use_layout(cfg):`` pins argmax_pair's launch layout (``None``: the defaults)."""
+
+    def __init__(self, cfg: tuple[int, int, int, bool, int] | None) -> None:
+        self.cfg = cfg
+
+    def __enter__(self) -> None:
+        self.saved = (ap._launch_sizes, _pair.PROGRAMS_PER_SM)
+        if self.cfg is not None:
+            block_bytes, unroll, num_warps, tree, per_sm = self.cfg
+
+            def sizes(rows, width, itemsize, device):
+                block = min(max(16, block_bytes // itemsize),
+                            max(16, triton.next_power_of_2(width)))
+                return block, min(unroll, triton.next_power_of_2(triton.cdiv(width, block))), \
+                    num_warps, tree
+
+            ap._launch_sizes, _pair.PROGRAMS_PER_SM = sizes, per_sm
+
+    def __exit__(self, *exc) -> None:
+        ap._launch_sizes, _pair.PROGRAMS_PER_SM = self.saved
 
 
 def _state_is_clean(device: torch.device) -> bool:
-    """Every row counter is 0 and every atomic-merge slot empty (ready for a replay)."""
-    ws = ap._WORKSPACES.get(device)
-    if ws is None:
-        return True
-    return not bool(ws.counts.any()) and bool((ws.row_key == KEY_EMPTY).all())
+    """Every row counter is 0 (ready for a replay)."""
+    bufs = ap._SCRATCH._by_device.get(device)
+    return bufs is None or not bool(bufs[0].any())
 
 
 def probes(vocab: int, device: torch.device, iters: int, smoke: bool) -> None:
@@ -329,16 +337,16 @@ def probes(vocab: int, device: torch.device, iters: int, smoke: bool) -> None:
 
 
 def _compile_worker(job: tuple) -> int:
-    """Pool worker of :func:`precompile`: run ``argmax_pair`` once per ``(tuning, dtype, B)``
+    """Pool worker of :func:`precompile`: run ``argmax_pair`` once per ``(layout, dtype, B)``
     (garbage inputs) so that Triton writes every specialization to its on-disk cache."""
-    tunings, cases, vocab, device = job
+    layouts, cases, vocab, device = job
     done = 0
-    for tuning in tunings:
-        set_pair_tuning(tuning)
+    for cfg in layouts:
         try:
-            for dtype, b in cases:
-                x = torch.zeros(b, vocab, device=device, dtype=dtype)
-                argmax_pair(x, 0, torch.zeros(b, EXCHANGE_COLUMNS, device=device), 0)
+            with use_layout(cfg):
+                for dtype, b in cases:
+                    x = torch.zeros(b, vocab, device=device, dtype=dtype)
+                    argmax_pair(x, 0, torch.zeros(b, EXCHANGE_COLUMNS, device=device), 0)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             done += 1
@@ -347,7 +355,7 @@ def _compile_worker(job: tuple) -> int:
     return done
 
 
-def precompile(grid: list[PairTuning], cases: list, vocab: int, jobs: int,
+def precompile(grid: list[tuple], cases: list, vocab: int, jobs: int,
                device: torch.device) -> None:
     """Compile the sweep's kernels in ``jobs`` spawned processes (one GPU context each) into
     Triton's on-disk cache; the timing process then loads them instead of compiling ~2 per
@@ -367,7 +375,7 @@ def precompile(grid: list[PairTuning], cases: list, vocab: int, jobs: int,
         emit(f"# precompile failed ({type(exc).__name__}: {exc}); compiling inline")
 
 
-def _time_checked(i: int, tuning: PairTuning, case: tuple, dtype: torch.dtype, b: int,
+def _time_checked(i: int, tuning: tuple, case: tuple, dtype: torch.dtype, b: int,
                   device: torch.device, timer, iters: int, bad: list[str]) -> float | None:
     """One sweep point: bit check, graph-replay timing, bit check and workspace check after the
     replays (problems appended to ``bad`` as ``"cfg <i> ..."``); the time, or ``None``."""
@@ -388,13 +396,12 @@ def _time_checked(i: int, tuning: PairTuning, case: tuple, dtype: torch.dtype, b
 
 def sweep(batches: list[int], vocab: int, device: torch.device, bandwidth: float,
           iters: int, which: str = "all", jobs: int = 0) -> None:
-    """Time ``argmax_pair`` in a CUDA graph for every :func:`sweep_grid` configuration.
+    """Time ``argmax_pair`` in a CUDA graph for every :func:`sweep_grid` layout.
 
-    Prints one row per configuration (us per call), then per case the best configuration and
-    its target check, then the best configuration per regime of ``pick_pair_launch`` (the sum
-    of each configuration's time relative to the per-case best), ready to paste into
-    ``ARGMAX_TUNING``. Every point is checked bit for bit against the reference before and
-    after its timed graph replays, and the workspace (counters, atomic slots) must be clean.
+    Prints one row per layout (us per call), then per case the best layout and its target
+    check, and the layout with the best mean time relative to each case's best. Every point is
+    checked bit for bit against the reference before and after its timed graph replays, and the
+    row counters must be clean. A better pick goes into ``argmax_pair._launch_sizes`` by hand.
     """
     t_start = time.perf_counter()
     grid = sweep_grid(device.type != "cuda", which)
@@ -407,13 +414,11 @@ def sweep(batches: list[int], vocab: int, device: torch.device, bandwidth: float
     if jobs > 0:
         precompile(grid, cases, vocab, jobs, device)
     emit()
-    emit(f"# sweep: argmax_pair in a CUDA graph, us per call; {len(grid)} configurations;"
-         f" columns dtype/B; pps = programs per SM, bb = block bytes, un = unroll,"
-         f" nw = num_warps, ns = num_stages, tr = tree reduction,"
-         f" mg = merge (0 pairs, 1 keys, 2 atomic)")
+    emit(f"# sweep: argmax_pair in a CUDA graph, us per call; {len(grid)} layouts; columns"
+         f" dtype/B; bb = block bytes, un = unroll, nw = num_warps, tr = tree reduction,"
+         f" pps = programs per SM")
     head = " ".join(f"{str(d).removeprefix('torch.')[:4] + '/' + str(b):>10}" for d, b in cases)
-    emit(f"{'cfg':>4} {'pps':>4} {'bb':>5} {'un':>2} {'nw':>2} {'ns':>2} {'tr':>2} {'mg':>2}"
-         f" | {head}")
+    emit(f"{'cfg':>4} {'bb':>5} {'un':>2} {'nw':>2} {'tr':>2} {'pps':>4} | {head}")
     data = {}
     for dtype, b in cases:
         g = torch.Generator(device=device).manual_seed(b)
@@ -423,19 +428,18 @@ def sweep(batches: list[int], vocab: int, device: torch.device, bandwidth: float
         t_torch = timer(lambda x=x: torch.argmax(x, dim=-1), device, iters=iters, warmup=2)
         targets[(dtype, b)] = t_torch / 4 if b <= 32 else 1.5 * floor
         data[(dtype, b)] = (x, ref)
-    emit(f"{'target':>26} | " + " ".join(fmt(targets[c], 10, 2) for c in cases))
-    try:
-        for i, tuning in enumerate(grid):
-            set_pair_tuning(tuning)
-            cells = []
+    emit(f"{'target':>24} | " + " ".join(fmt(targets[c], 10, 2) for c in cases))
+    for i, cfg in enumerate(grid):
+        cells = []
+        with use_layout(cfg):
             for dtype, b in cases:
                 try:
-                    t = _time_checked(i, tuning, data[(dtype, b)], dtype, b, device, timer,
-                                      iters, bad)
+                    t = _time_checked(i, cfg, data[(dtype, b)], dtype, b, device, timer, iters,
+                                      bad)
                 except Exception as exc:  # noqa: BLE001 - one broken variant must not end the run
                     if device.type == "cuda":
                         torch.cuda.synchronize()
-                    bad.append(f"cfg {i} {tuning} {dtype} B={b}: {type(exc).__name__}: {exc}")
+                    bad.append(f"cfg {i} {cfg} {dtype} B={b}: {type(exc).__name__}: {exc}")
                     t = None
                 if t is None:
                     failed.add(i)
@@ -443,65 +447,28 @@ def sweep(batches: list[int], vocab: int, device: torch.device, bandwidth: float
                     continue
                 table.setdefault((dtype, b), {})[i] = t
                 cells.append(fmt(t, 10, 2))
-            emit(f"{i:>4} {tuning.programs_per_sm:>4} {tuning.block_bytes:>5} {tuning.unroll:>2}"
-                 f" {tuning.num_warps:>2} {tuning.num_stages:>2} {int(tuning.tree_reduce):>2}"
-                 f" {tuning.merge:>2} | {' '.join(cells)}")
-    finally:
-        set_pair_tuning(None)
-        ap.pair_launch_sizes.cache_clear()
-    for i in {int(m.split()[1]) for m in bad}:  # a wrong or dirty config is never picked
+        bb, un, nw, tr, pps = cfg
+        emit(f"{i:>4} {bb:>5} {un:>2} {nw:>2} {int(tr):>2} {pps:>4} | {' '.join(cells)}")
+    for i in {int(m.split()[1]) for m in bad}:  # a wrong or dirty layout is never picked
         failed.add(i)
     table = {case: {i: t for i, t in times.items() if i not in failed}
              for case, times in table.items()}
     table = {case: times for case, times in table.items() if times}
     emit()
-    emit("# best per case (target: B <= 32 torch_gr / 4, B >= 128 1.5 x floor)")
+    emit("# best per case (target: B <= 32 torch_gr / 4, B >= 128 1.5 x floor; on a GPU cfg 0-2"
+         " are the current picks)")
     for (dtype, b), times in table.items():
         i = min(times, key=times.get)
         tgt = targets[(dtype, b)]
         emit(f"  {str(dtype).removeprefix('torch.'):>8} B={b:<4} cfg {i:>3} {grid[i]}:"
              f" {times[i]:.2f} us, target {tgt:.2f} us -> {'MET' if times[i] <= tgt else 'missed'}")
-    emit()
-    emit("# best per case and merge form (us; cfg)")
-    emit(f"{'merge':>8} | " + " ".join(f"{str(d).removeprefix('torch.')[:4] + '/' + str(b):>14}"
-                                       for d, b in cases))
-    for m in MERGES:
-        cells = []
-        for case in cases:
-            times = {i: t for i, t in table.get(case, {}).items() if grid[i].merge == m}
-            if times:
-                i = min(times, key=times.get)
-                cells.append(f"{times[i]:>7.2f} ({i:>4})")
-            else:
-                cells.append(f"{'-':>14}")
-        emit(f"{MERGE_NAMES[m]:>8} | " + " ".join(cells))
-    emit()
-    picks = {}
-    regimes = ("tiny", "latency", "bandwidth")
-    case_regime = {k: pair_regime(k[1] * vocab * torch.empty(0, dtype=k[0]).element_size(),
-                                  dict.fromkeys(regimes)) for k in table}
-    for regime in regimes:
-        keys = [k for k in table if case_regime[k] == regime]
-        if not keys:
-            continue
-        score = {i: sum(table[k][i] / min(table[k].values()) for k in keys) / len(keys)
-                 for i in range(len(grid)) if i not in failed}
-        if not score:
-            continue
+    score = {i: sum(times[i] / min(times.values()) for times in table.values()) / len(table)
+             for i in range(len(grid)) if i not in failed and all(i in t for t in table.values())}
+    if score:
         i = min(score, key=score.get)
-        picks[regime] = grid[i]
-        over = ", ".join(f"{str(d).removeprefix('torch.')}/B={b}" for d, b in keys)
-        emit(f"# best {regime} config (mean time / per-case best = {score[i]:.3f}): cfg {i}"
-             f" over {over}")
-    emit("# paste into draftsmith/kernels/argmax_pair.py:")
-    emit("ARGMAX_TUNING = {")
-    for regime in regimes:  # a regime without a measured case keeps the current default
-        t = picks.get(regime, ap.ARGMAX_TUNING.get(regime))
-        if t is not None:
-            emit(f'    "{regime}": {t!r},' + ("" if regime in picks else "  # not measured"))
-    emit("}")
-    emit(f"# sweep: {len(bad)} bit mismatches / failures ({len(failed)} configurations left out"
-         f" of the picks)" + ("".join("\n#   " + m for m in bad)))
+        emit(f"# best overall (mean time / per-case best = {score[i]:.3f}): cfg {i} {grid[i]}")
+    emit(f"# sweep: {len(bad)} bit mismatches / failures ({len(failed)} layouts left out of the"
+         f" picks)" + ("".join("\n#   " + m for m in bad)))
     emit(f"# sweep took {time.perf_counter() - t_start:.1f} s")
 
 

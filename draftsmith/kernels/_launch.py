@@ -1,4 +1,4 @@
-"""A low-overhead launcher for the small spec-tail kernels of this package.
+"""A low-overhead launcher for small kernels (used by ``rms_norm``; the other ops launch plainly).
 
 ``kernel[grid](*args)`` goes through Triton's ``JITFunction.run`` on every call (argument binding,
 specialization, cache-key hashing, knob look-ups), which costs more host time than a spec-tail
@@ -58,13 +58,6 @@ def _hooks_installed() -> bool:
     return _hook_active(rt.launch_enter_hook) or _hook_active(rt.launch_exit_hook)
 
 
-hooks_installed = _hooks_installed
-"""Public name for the launch-hook check (per-op launch plans call it on every launch)."""
-
-raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-"""``raw_stream(device_index) -> int``: the current CUDA stream handle (``None`` without CUDA)."""
-
-
 class FastLaunch:
     """Wraps one ``@triton.jit`` function: ``launcher(grid, args, num_warps=.., num_stages=..)``.
 
@@ -98,19 +91,6 @@ class FastLaunch:
         if fast and all(hasattr(kernel, a) for a in ("run", "function", "packed_metadata")):
             if kernel.function is not None:
                 self.compiled[key] = (kernel.run, kernel.function, kernel.packed_metadata)
-
-    def handle(self, device: int, args: Sequence[object], num_warps: int = 4,
-               num_stages: int | None = None) -> tuple | None:
-        """``(run, function, packed_metadata)`` of a specialization already launched on CUDA
-        device ``device`` with exactly these kinds of ``args`` (``None`` when not yet launched).
-
-        A per-op launch plan stores it next to the arguments it fixes, and afterwards calls
-        ``run(gx, gy, gz, raw_stream(device), function, packed, None, None, None, *args)``
-        itself; the plan's own key must then determine this key (shape, dtypes, values, and
-        the 16-byte alignment of every caller-provided pointer), and it must check
-        :func:`hooks_installed` before each direct launch.
-        """
-        return self.compiled.get((device, (num_warps, num_stages), specialization_key(args)))
 
 
 __all__ = ["FastLaunch", "specialization_key"]

@@ -12,7 +12,6 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
-from draftsmith.kernels._launch import FastLaunch
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _I64 = torch.int64
@@ -139,42 +138,17 @@ def _check_store(pool, entries, dest_pages, dest_offsets, write_mask, dest_shape
         )
 
 
-def _fast_store_ok(pool, entries, dest_pages, dest_offsets, write_mask, dest_ndim: int) -> bool:
-    """The common case, checked with plain attribute comparisons (no message building); on
-    ``False`` the caller runs :func:`_check_store`, which raises with a precise message."""
-    for t in (pool, entries, dest_pages, dest_offsets, write_mask):
-        if type(t) is not torch.Tensor:
-            return False
-    ps, es, ds = pool.shape, entries.shape, dest_pages.shape
-    if (len(ps) != 6 or len(es) != 5 or len(ds) != dest_ndim or pool.dtype not in _FLOATS
-            or entries.dtype is not pool.dtype or dest_pages.dtype is not _I64
-            or dest_offsets.dtype is not _I64 or write_mask.dtype is not torch.bool
-            or dest_offsets.shape != ds or write_mask.shape != ds):
-        return False
-    if (es[1] != ps[0] or es[2] != ps[2] or es[3] != ps[3] or es[4] != ps[5]
-            or es[0] != dest_pages.numel()):
-        return False
-    if not (entries.is_contiguous() and dest_pages.is_contiguous()
-            and dest_offsets.is_contiguous() and write_mask.is_contiguous()):
-        return False
-    dev = pool.device
-    return (entries.device == dev and dest_pages.device == dev and dest_offsets.device == dev
-            and write_mask.device == dev)
-
-
-_LAUNCH = FastLaunch(_store_context_kernel)
-
-
 def _launch_store(pool, entries, dest_pages, dest_offsets, write_mask, group: int) -> None:
     t, num_layers, planes, heads, width = entries.shape
     if t == 0 or num_layers * planes * heads == 0:
         return
     block_ph, block_w, num_warps = _store_launch_sizes(planes * heads, width)
-    _LAUNCH((t, num_layers), (
+    _store_context_kernel[(t, num_layers)](
         pool, entries, dest_pages, dest_offsets, write_mask.view(torch.int8),
         group, num_layers, planes * heads, heads, width, *pool.stride(),
-        group > 1, triton.next_power_of_2(max(group, 1)), block_ph, block_w,
-    ), num_warps=num_warps)
+        SHADOW_CHECK=group > 1, BLOCK_G=triton.next_power_of_2(max(group, 1)),
+        BLOCK_PH=block_ph, BLOCK_W=block_w, num_warps=num_warps,
+    )
 
 
 def store_context(
@@ -186,8 +160,7 @@ def store_context(
 ) -> None:
     """Kernel form of :func:`store_context_reference` (every layer in one launch); identical
     pool contents. ``pool`` may be a strided view; the other tensors must be contiguous."""
-    if not _fast_store_ok(pool, entries, dest_pages, dest_offsets, write_mask, 2):
-        _check_store(pool, entries, dest_pages, dest_offsets, write_mask, ("G", "K1"))
+    _check_store(pool, entries, dest_pages, dest_offsets, write_mask, ("G", "K1"))
     _launch_store(pool, entries, dest_pages, dest_offsets, write_mask, int(dest_pages.shape[1]))
 
 
@@ -199,8 +172,7 @@ def store_context_rows(
     write_mask: torch.Tensor,
 ) -> None:
     """Kernel form of :func:`store_context_rows_reference` (prefill chunks, spec 4.7)."""
-    if not _fast_store_ok(pool, entries, dest_pages, dest_offsets, write_mask, 1):
-        _check_store(pool, entries, dest_pages, dest_offsets, write_mask, ("T",))
+    _check_store(pool, entries, dest_pages, dest_offsets, write_mask, ("T",))
     _launch_store(pool, entries, dest_pages, dest_offsets, write_mask, 1)
 
 

@@ -1,9 +1,8 @@
-"""Forced acceptance counts for benchmarks (spec 3.5) and the ragged cap (spec 3.4).
+"""Forced acceptance counts for benchmarks (spec 3.5), capped by the ragged rule (spec 3.4).
 
-Owns ``forced_accept`` (overrides ``num_accepted`` with a fixed mean acceptance, drawing the
+Owns ``forced_accept``: it overrides ``num_accepted`` with a fixed mean acceptance, drawing the
 fractional part from a fixed uniform pool through a device counter bumped inside the kernel, so a
-CUDA graph replays fresh draws) and ``ragged_cap`` (splits a count computed over the full ``K``
-window into committed and trimmed tokens). Imports ``draftsmith.contract`` only.
+CUDA graph replays fresh draws. Imports ``draftsmith.contract`` only.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ConfigError, check_tensor
-from draftsmith.kernels._launch import FastLaunch
 
 FORCED_POOL_SIZE = 65536
 """Number of fp32 uniforms in the forced-acceptance pool."""
@@ -85,18 +83,6 @@ def forced_accept_reference(
     return num_accepted
 
 
-def ragged_cap_reference(
-    num_accepted: torch.Tensor, verify_len: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cap counts made over the full ``K`` window to the verified window (spec 3.4).
-
-    ``num_accepted: [G] int64`` (``n``), ``verify_len: [G] int64`` (``v``). Returns
-    ``committed = min(n, v + 1)`` and ``trim = n - committed``, both ``[G] int64``.
-    """
-    committed = torch.minimum(num_accepted, verify_len + 1)
-    return committed, num_accepted - committed
-
-
 @triton.jit
 def _forced_accept_kernel(
     num_ptr, verify_ptr, pool_ptr, counter_ptr, G, base, fraction, K,
@@ -119,39 +105,6 @@ def _forced_accept_kernel(
         tl.store(num_ptr + rows, n, mask=ok)
 
 
-@triton.jit
-def _ragged_cap_kernel(num_ptr, verify_ptr, committed_ptr, trim_ptr, G, BLOCK: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ok = rows < G
-    n = tl.load(num_ptr + rows, mask=ok, other=0)
-    committed = tl.minimum(n, tl.load(verify_ptr + rows, mask=ok, other=0) + 1)
-    tl.store(committed_ptr + rows, committed, mask=ok)
-    tl.store(trim_ptr + rows, n - committed, mask=ok)
-
-
-_LAUNCH = FastLaunch(_forced_accept_kernel)
-_I64, _F32, _T = torch.int64, torch.float32, torch.Tensor
-
-
-def _fast_forced_ok(num_accepted, verify_len, pool, counter) -> bool:
-    """The common case, by plain attribute comparisons (no message building); on ``False`` the
-    caller runs the ``check_tensor`` calls, which raise with a precise message."""
-    if (type(num_accepted) is not _T or type(pool) is not _T or type(counter) is not _T
-            or num_accepted.dtype is not _I64 or num_accepted.dim() != 1
-            or not num_accepted.is_contiguous() or pool.dtype is not _F32 or pool.dim() != 1
-            or pool.shape[0] != FORCED_POOL_SIZE or not pool.is_contiguous()
-            or counter.dtype is not _I64 or counter.shape != (1,)):
-        return False
-    dev = num_accepted.device
-    if pool.device != dev or counter.device != dev:
-        return False
-    if verify_len is None:
-        return True
-    return (type(verify_len) is _T and verify_len.dtype is _I64 and verify_len.dim() == 1
-            and verify_len.shape[0] == num_accepted.shape[0] and verify_len.is_contiguous()
-            and verify_len.device == dev)
-
-
 def _forced_launch_sizes(rows: int) -> int:
     """``BLOCK`` rows per loop step of the single forced-acceptance program."""
     return max(16, min(triton.next_power_of_2(max(rows, 1)), 1024))
@@ -170,43 +123,22 @@ def forced_accept(
     ``num_accepted: [G] int64`` overwritten, ``verify_len: [G] int64 | None``,
     ``pool: [65536] fp32``, ``counter: [1] int64`` bumped in place inside the kernel.
     """
-    if not _fast_forced_ok(num_accepted, verify_len, pool, counter):
-        sizes: dict[str, int] = {}
-        dev = num_accepted.device
-        check_tensor("num_accepted", num_accepted, ("G",), torch.int64, sizes, contiguous=True)
-        if verify_len is not None:
-            check_tensor("verify_len", verify_len, ("G",), torch.int64, sizes, dev,
-                         contiguous=True)
-        check_tensor("pool", pool, (FORCED_POOL_SIZE,), torch.float32, None, dev,
-                     contiguous=True)
-        check_tensor("counter", counter, (1,), torch.int64, None, dev, contiguous=True)
+    sizes: dict[str, int] = {}
+    dev = num_accepted.device
+    check_tensor("num_accepted", num_accepted, ("G",), torch.int64, sizes, contiguous=True)
+    if verify_len is not None:
+        check_tensor("verify_len", verify_len, ("G",), torch.int64, sizes, dev, contiguous=True)
+    check_tensor("pool", pool, (FORCED_POOL_SIZE,), torch.float32, None, dev, contiguous=True)
+    check_tensor("counter", counter, (1,), torch.int64, None, dev, contiguous=True)
     base, fraction, draws = _forced_base(forced, num_draft_tokens)
     g = num_accepted.shape[0]
     has_verify = verify_len is not None
-    _LAUNCH((1,), (
-        num_accepted, verify_len if has_verify else num_accepted, pool, counter,
-        g, base, fraction, num_draft_tokens, draws, has_verify, _forced_launch_sizes(g),
-    ))
+    _forced_accept_kernel[(1,)](
+        num_accepted, verify_len if has_verify else num_accepted, pool, counter, g, base,
+        fraction, num_draft_tokens, DRAWS=draws, HAS_VERIFY=has_verify,
+        BLOCK=_forced_launch_sizes(g),
+    )
     return num_accepted
-
-
-def ragged_cap(
-    num_accepted: torch.Tensor, verify_len: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kernel form of :func:`ragged_cap_reference`; identical output."""
-    sizes: dict[str, int] = {}
-    check_tensor("num_accepted", num_accepted, ("G",), torch.int64, sizes, contiguous=True)
-    check_tensor("verify_len", verify_len, ("G",), torch.int64, sizes, num_accepted.device,
-                 contiguous=True)
-    g = num_accepted.shape[0]
-    committed = torch.empty_like(num_accepted)
-    trim = torch.empty_like(num_accepted)
-    if g:
-        block = _forced_launch_sizes(g)
-        _ragged_cap_kernel[(triton.cdiv(g, block),)](
-            num_accepted, verify_len, committed, trim, g, BLOCK=block
-        )
-    return committed, trim
 
 
 __all__ = [
@@ -215,6 +147,4 @@ __all__ = [
     "forced_accept",
     "forced_accept_pool",
     "forced_accept_reference",
-    "ragged_cap",
-    "ragged_cap_reference",
 ]

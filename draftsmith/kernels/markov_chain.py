@@ -2,8 +2,8 @@
 
 Owns ``markov_bias_reference`` (the low-rank bias ``w1[prev] @ w2^T``), ``markov_step`` (one block
 position on one vocabulary shard: bias, fp32 sum with the base logits, and the order-T argmax
-pair) and ``markov_chain`` (the greedy full-vocabulary chain over ``K`` positions). The sampled
-and the sharded chains are composed by the runtime from ``markov_step`` and the selection layer.
+pair) and ``markov_chain_reference`` (the greedy full-vocabulary chain over ``K`` positions, the
+specification of what the runtime composes from ``markov_step`` and the selection layer).
 Imports ``draftsmith.contract`` only.
 
 Precision (TensorRT-LLM form): base logits fp32 (bf16 is widened exactly), the bias rounded to
@@ -124,22 +124,20 @@ def markov_chain_reference(
 def _markov_step_kernel(
     base_ptr, prev_ptr, w1_ptr, w2_ptr, out_ptr, part_val_ptr, part_idx_ptr,
     G, S, R, V, stride_base, stride_prev, stride_out, num_tiles,
-    STORE: tl.constexpr, IEEE: tl.constexpr, REVERSE: tl.constexpr, HINTS: tl.constexpr,
+    STORE: tl.constexpr, IEEE: tl.constexpr, REVERSE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     """Stage 1: program ``(g_tile, s_tile)`` writes one order-T pair per row of its tile.
 
     Tile addresses are int32 offsets from per-program 64-bit bases (a tile spans far less than
     2**31 elements), which keeps the address arithmetic out of the register budget. (A
-    transposed tile with the vocabulary on the MMA's M side, and loading the base tile before
-    the GEMM loop, were both slower on an H200 at every swept shape; see
-    ``benchmarks/results/kernels_nvidia-h200_2026-11-30T093729Z.txt``.)
+    transposed tile with the vocabulary on the MMA's M side, loading the base tile before the
+    GEMM loop, and eviction hints were all no faster on an H200.)
 
     ``REVERSE`` walks the ``w2`` tiles from the last to the first (programs are dispatched in
     increasing id order): a chain that alternates the direction from one position to the next
     starts each pass on the tiles the previous pass read last, which are still in L2. The tile
-    pairs land at the same places either way, so the result does not depend on it. ``HINTS``
-    marks ``w2`` loads evict-last and the base / corrected rows evict-first.
+    pairs land at the same places either way, so the result does not depend on it.
     """
     pid_g = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -162,30 +160,19 @@ def _markov_step_kernel(
         r_ok = rr < R
         a = tl.load(w1_rows[:, None] + rr[None, :], mask=in_vocab[:, None] & r_ok[None, :],
                     other=0.0)
-        if HINTS:
-            b = tl.load(w2_tile + (cols[None, :] * R + rr[:, None]),
-                        mask=r_ok[:, None] & col_ok[None, :], other=0.0,
-                        eviction_policy="evict_last")
-        else:
-            b = tl.load(w2_tile + (cols[None, :] * R + rr[:, None]),
-                        mask=r_ok[:, None] & col_ok[None, :], other=0.0)
+        b = tl.load(w2_tile + (cols[None, :] * R + rr[:, None]),
+                    mask=r_ok[:, None] & col_ok[None, :], other=0.0)
         if IEEE:
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
     bias = acc.to(w2_ptr.dtype.element_ty).to(tl.float32)
     base_tile = base_ptr + row_base[:, None] * stride_base + (s0 + cols)[None, :]
-    if HINTS:
-        x = tl.load(base_tile, mask=tile_ok, other=float("-inf"), eviction_policy="evict_first")
-    else:
-        x = tl.load(base_tile, mask=tile_ok, other=float("-inf"))
+    x = tl.load(base_tile, mask=tile_ok, other=float("-inf"))
     z = x.to(tl.float32) + bias
     if STORE:
         out_tile = out_ptr + row_base[:, None] * stride_out + (s0 + cols)[None, :]
-        if HINTS:
-            tl.store(out_tile, z, mask=tile_ok, eviction_policy="evict_first")
-        else:
-            tl.store(out_tile, z, mask=tile_ok)
+        tl.store(out_tile, z, mask=tile_ok)
     val, idx = tile_argmax_t(z, (s0 + cols)[None, :], tile_ok)
     part = row_base * num_tiles + pid_s
     tl.store(part_val_ptr + part, val, mask=row_ok)
@@ -226,90 +213,21 @@ def _markov_launch_sizes(
     Up to 16 rows share one ``w2`` tile (``BLOCK_G = 16`` is the tensor-core minimum); larger
     batches use 32- or 64-row tiles whose programs for one ``w2`` tile run back to back (grid axis
     0), so ``w2`` comes from HBM once and from L2 after that. Tile sizes keep the sm_90 build at
-    <= ~170 registers per thread (3 programs per SM) so enough ``w2`` loads stay in flight;
-    ``benchmarks/kernels.py --sweep`` times the alternatives.
+    <= ~170 registers per thread (3 programs per SM) so enough ``w2`` loads stay in flight (the
+    picks of an H200 sweep of ``benchmarks/kernels.py``: B = 128, r = 256 in 512 us against 587 us
+    for a 64 x 64 x 32 tile). fp32 weights cap ``BLOCK_S`` at 64 and ``BLOCK_R`` at 32.
     """
-    if _SIZE_OVERRIDE is not None:
-        return _SIZE_OVERRIDE
-    block_g, block_s, block_r, num_warps, num_stages = next(
-        c for bound, c in _DEFAULT_BY_ROWS if rows <= bound
-    )
+    if rows <= 16:
+        block_g, block_s, block_r, num_warps = 16, 128, 64, 4
+    elif rows <= 32:
+        block_g, block_s, block_r, num_warps = 32, 128, 32, 4
+    else:
+        block_g, block_s, block_r, num_warps = 64, 128, 64, 8
     if dtype == torch.float32:
         block_s, block_r = min(block_s, 64), 32
     block_s = min(block_s, max(16, triton.next_power_of_2(max(shard, 1))))
     block_r = min(block_r, max(16, triton.next_power_of_2(max(rank, 1))))
-    return block_g, block_s, block_r, num_warps, num_stages
-
-
-_DEFAULT_BY_ROWS: tuple[tuple[int, tuple[int, int, int, int, int]], ...] = (
-    (16, (16, 128, 64, 4, 3)),
-    (32, (32, 128, 32, 4, 3)),
-    (1 << 62, (64, 128, 64, 8, 3)),
-)
-"""``(max rows, (BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages))`` in increasing
-order; the first entry whose bound holds the batch is the bf16/fp16 default (fp32 weights cap
-``BLOCK_S`` at 64 and ``BLOCK_R`` at 32). ``benchmarks/kernels.py --sweep`` prints a
-replacement; these are the picks of the H200 sweep of 2026-11-30 (B = 128: 512 us, against
-587 us for the previous 64 x 64 x 32 tile; ``benchmarks/results/kernels_nvidia-h200_2026-11-30T093729Z.txt``)."""
-
-
-_SIZE_OVERRIDE: tuple[int, int, int, int, int] | None = None
-"""Set only by ``benchmarks/kernels.py --sweep`` to time an alternative stage-1 tiling."""
-
-_ALTERNATE = True
-"""``markov_chain`` walks ``w2`` backwards on odd positions (see ``_markov_step_kernel``);
-``benchmarks/kernels.py --order`` times both settings (H200, B=4, r=256: 152.9 us alternating,
-176.9 us forward; ``benchmarks/results/kernels_nvidia-h200_2026-11-30T115931Z.txt``)."""
-_HINTS = False
-"""Cache eviction hints in the stage-1 kernel; ``benchmarks/kernels.py --order`` times both (off:
-within noise at B=4, slower at B=128 in the same run)."""
-
-_SWEEP_CONFIGS: tuple[tuple[int, int, int, int, int], ...] = (
-    # the three defaults first
-    (16, 128, 64, 4, 3), (32, 128, 32, 4, 3), (64, 128, 64, 8, 3),
-    (64, 64, 32, 4, 3), (16, 128, 64, 4, 4), (16, 256, 32, 4, 3), (16, 64, 64, 4, 3),
-    (32, 128, 32, 8, 3), (32, 128, 64, 8, 3), (64, 128, 32, 8, 3), (64, 256, 32, 8, 3),
-    (128, 64, 64, 4, 3), (128, 128, 32, 8, 3), (128, 128, 64, 8, 3), (128, 256, 32, 8, 3),
-)
-"""``(BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages)`` candidates the benchmark
-sweeps (each only where ``BLOCK_G`` is at most twice the padded batch)."""
-
-
-def _reduce_launch_sizes(num_tiles: int) -> int:
-    """``BLOCK_T`` tile pairs per loop step of the stage-2 kernel."""
-    return max(16, min(triton.next_power_of_2(max(num_tiles, 1)), 2048))
-
-
-class _StepScratch:
-    """Tile-pair buffers of one ``(G, S)`` step, reused across the positions of a chain."""
-
-    def __init__(self, rows: int, shard: int, rank: int, dtype: torch.dtype, device) -> None:
-        self.sizes = _markov_launch_sizes(rows, shard, rank, dtype)
-        self.num_tiles = triton.cdiv(shard, self.sizes[1])
-        self.part_val = torch.empty((rows, self.num_tiles), dtype=torch.float32, device=device)
-        self.part_idx = torch.empty((rows, self.num_tiles), dtype=_I64, device=device)
-
-
-def _run_step(base, prev, w1, w2, vocab_start, out_corrected, pair_val, pair_idx, scratch,
-              reverse=False):
-    """Launch both stages; ``pair_idx`` may be a strided column (the chain's draft column)."""
-    rows, shard = base.shape
-    block_g, block_s, block_r, num_warps, num_stages = scratch.sizes
-    grid = (triton.cdiv(rows, block_g), scratch.num_tiles)
-    _markov_step_kernel[grid](
-        base, prev, w1, w2, out_corrected if out_corrected is not None else base,
-        scratch.part_val, scratch.part_idx,
-        rows, shard, w1.shape[1], w1.shape[0], base.stride(0), prev.stride(0),
-        out_corrected.stride(0) if out_corrected is not None else 0, scratch.num_tiles,
-        STORE=out_corrected is not None, IEEE=w2.dtype == torch.float32,
-        REVERSE=bool(reverse), HINTS=_HINTS,
-        BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_R=block_r,
-        num_warps=num_warps, num_stages=num_stages,
-    )
-    _markov_reduce_kernel[(rows,)](
-        scratch.part_val, scratch.part_idx, pair_val, pair_idx, scratch.num_tiles, vocab_start,
-        pair_idx.stride(0), BLOCK_T=_reduce_launch_sizes(scratch.num_tiles),
-    )
+    return block_g, block_s, block_r, num_warps, 3
 
 
 def _check_rows(name: str, t: torch.Tensor) -> None:
@@ -371,56 +289,33 @@ def markov_step(
             f"vocab_start must be an int in 0..V-S = {s['V'] - s['S']} so the shard of {s['S']} "
             f"ids fits in the vocabulary of {s['V']}, got {vocab_start!r}"
         )
-    rows = s["G"]
+    rows, shard = base.shape
     pair_val = torch.empty((rows,), dtype=torch.float32, device=dev)
     pair_idx = torch.empty((rows,), dtype=_I64, device=dev)
-    if rows:
-        scratch = _StepScratch(rows, s["S"], s["r"], w2.dtype, dev)
-        _run_step(base, prev, w1, w2, vocab_start, out_corrected, pair_val, pair_idx, scratch,
-                  reverse)
-    return pair_val, pair_idx
-
-
-def markov_chain(
-    base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused :func:`markov_chain_reference`: two launches per position, no host sync (graph-safe).
-
-    Odd positions read ``w2`` backwards, so each pass starts on the tiles still in L2 from the
-    previous one (``w2`` is larger than L2 at r = 256, V = 163840).
-
-    ``base: [G, K, V]`` fp32 (bf16 widened), ``anchor: [G] int64``, ``w1, w2: [V, r]``
-    contiguous, same dtype. Returns ``(drafts [G, K] int64, corrected [G, K, V] fp32)``;
-    ``K == 0`` returns ``base`` itself.
-    """
-    s: dict[str, int] = {}
-    check_tensor("base", base, ("G", "K", "V"), _BASES, s)
-    dev = base.device
-    check_tensor("anchor", anchor, ("G",), _I64, s, dev)
-    check_tensor("w1", w1, ("V", "r"), _WEIGHTS, s, dev, contiguous=True)
-    check_tensor("w2", w2, ("V", "r"), w1.dtype, s, dev, contiguous=True)
-    _check_rows("base", base)
-    _check_width("base", s["V"])
-    rows, k, vocab = base.shape
-    drafts = torch.empty((rows, k), dtype=_I64, device=dev)
-    if k == 0:
-        return drafts, base
-    corrected = torch.empty((rows, k, vocab), dtype=torch.float32, device=dev)
     if rows == 0:
-        return drafts, corrected
-    scratch = _StepScratch(rows, vocab, s["r"], w2.dtype, dev)
-    pair_val = torch.empty((rows,), dtype=torch.float32, device=dev)
-    prev = anchor
-    for j in range(k):
-        _run_step(base[:, j], prev, w1, w2, 0, corrected[:, j], pair_val, drafts[:, j], scratch,
-                  _ALTERNATE and j % 2 == 1)
-        prev = drafts[:, j]
-    return drafts, corrected
+        return pair_val, pair_idx
+    block_g, block_s, block_r, num_warps, num_stages = _markov_launch_sizes(
+        rows, shard, s["r"], w2.dtype)
+    num_tiles = triton.cdiv(shard, block_s)
+    part_val = torch.empty((rows, num_tiles), dtype=torch.float32, device=dev)
+    part_idx = torch.empty((rows, num_tiles), dtype=_I64, device=dev)
+    _markov_step_kernel[(triton.cdiv(rows, block_g), num_tiles)](
+        base, prev, w1, w2, out_corrected if out_corrected is not None else base,
+        part_val, part_idx, rows, shard, w1.shape[1], w1.shape[0], base.stride(0),
+        prev.stride(0), out_corrected.stride(0) if out_corrected is not None else 0, num_tiles,
+        STORE=out_corrected is not None, IEEE=w2.dtype == torch.float32, REVERSE=bool(reverse),
+        BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_R=block_r, num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    _markov_reduce_kernel[(rows,)](
+        part_val, part_idx, pair_val, pair_idx, num_tiles, vocab_start, pair_idx.stride(0),
+        BLOCK_T=max(16, min(triton.next_power_of_2(num_tiles), 2048)),
+    )
+    return pair_val, pair_idx
 
 
 __all__ = [
     "markov_bias_reference",
-    "markov_chain",
     "markov_chain_reference",
     "markov_step",
     "markov_step_reference",

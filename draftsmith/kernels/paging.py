@@ -3,9 +3,8 @@
 Owns ``prepare_placement``: from the accepted tokens and counts of a step it advances every
 generation request's context length and computes the fixed-shape
 :class:`~draftsmith.contract.DraftBlockPlacement` (bonus, query and context positions, write mask,
-clamped destination columns, pages and offsets, advertised context length), in one kernel. Also
-``private_page_table``, the static page table of the private pool (spec 4.2). Imports
-``draftsmith.contract`` only.
+clamped destination columns, pages and offsets, advertised context length), in one kernel.
+Imports ``draftsmith.contract`` only.
 """
 
 from __future__ import annotations
@@ -16,49 +15,8 @@ import triton.language as tl
 
 from draftsmith.contract import DraftBlockPlacement, ShapeError, check_tensor
 from draftsmith.contract.checks import check_positive
-from draftsmith.kernels._launch import FastLaunch
 
 _I64 = torch.int64
-
-
-def private_page_table(
-    num_slots: int, max_ctx: int, width: int, page_size: int,
-    device: torch.device | str | None = None,
-) -> torch.Tensor:
-    """The static page table of the private pool: ``[num_slots, pages_per_slot] int64``.
-
-    ``pages_per_slot = ceil((max_ctx + width) / page_size)`` (the ``+ width`` leaves room for the
-    block's transient writes) and the table is ``arange(num_slots * pages_per_slot)`` row-major.
-    ``num_slots`` counts the dummy slot (``max_batch + 1``).
-    """
-    check_positive("num_slots", num_slots)
-    check_positive("max_ctx", max_ctx)
-    check_positive("width", width)
-    check_positive("page_size", page_size)
-    pages_per_slot = -(-(max_ctx + width) // page_size)
-    return torch.arange(num_slots * pages_per_slot, dtype=_I64, device=device).view(
-        num_slots, pages_per_slot
-    )
-
-
-def draft_slot_ids(
-    num_requests: int, width: int, num_draft_tokens: int, shift: bool,
-    device: torch.device | str | None = None,
-) -> torch.Tensor:
-    """Flat block-output rows of the drafts: ``[G * K] int64``, row of draft ``j`` of request ``b``
-    is ``b * W + first + j`` with ``first = 0`` under the shift convention (``W == K``) and ``1``
-    otherwise (``W == K + 1``, bonus slot silent) (spec 2.1)."""
-    check_positive("width", width)
-    check_positive("num_draft_tokens", num_draft_tokens, minimum=0)
-    first = 0 if shift else 1
-    if first + num_draft_tokens > width:
-        raise ShapeError(
-            f"{num_draft_tokens} drafts do not fit a block of width {width} "
-            f"({'shift' if shift else 'bonus-silent'} convention needs W >= K + {first})"
-        )
-    b = torch.arange(num_requests, dtype=_I64, device=device)[:, None]
-    j = torch.arange(num_draft_tokens, dtype=_I64, device=device)
-    return (b * width + first + j).reshape(-1)
 
 
 def prepare_placement_reference(
@@ -223,15 +181,11 @@ def _placement_launch_sizes(k1: int, width: int, pages: int) -> tuple[int, int, 
     )
 
 
-_LAUNCH = FastLaunch(_prepare_placement_kernel)
-_SIZES: dict[tuple[int, int, int], tuple[int, int, int]] = {}
-
-
 def _check_placement_inputs(
     ctx_len, batch_to_slot, accepted, num_accepted, page_table, cache_rows, alloc_counts,
     max_ctx, width, page_size, dummy_slot,
 ) -> None:
-    """Full validation with precise messages (the launcher's slow path)."""
+    """Validation with precise messages."""
     s: dict[str, int] = {}
     dev = ctx_len.device if isinstance(ctx_len, torch.Tensor) else None
     check_tensor("ctx_len", ctx_len, ("num_slots",), _I64, s, contiguous=True)
@@ -251,34 +205,6 @@ def _check_placement_inputs(
                          f"{s['num_slots']} slots")
 
 
-def _fast_ok(ctx_len, batch_to_slot, accepted, num_accepted, page_table, cache_rows,
-             alloc_counts, max_ctx, width, page_size, dummy_slot) -> bool:
-    """The common case, checked with plain attribute comparisons (no message building)."""
-    i64 = _I64
-    for t in (ctx_len, batch_to_slot, accepted, num_accepted, page_table, cache_rows):
-        if type(t) is not torch.Tensor or t.dtype is not i64 or not t.is_contiguous():
-            return False
-    if alloc_counts is not None and (
-        type(alloc_counts) is not torch.Tensor or alloc_counts.dtype is not i64
-        or not alloc_counts.is_contiguous() or alloc_counts.shape != batch_to_slot.shape
-    ):
-        return False
-    if (ctx_len.dim() != 1 or batch_to_slot.dim() != 1 or accepted.dim() != 2
-            or page_table.dim() != 2 or accepted.shape[1] < 1):
-        return False
-    g = batch_to_slot.shape
-    if accepted.shape[0] != g[0] or num_accepted.shape != g or cache_rows.shape != g:
-        return False
-    dev = ctx_len.device
-    if not (batch_to_slot.device == dev and accepted.device == dev and num_accepted.device == dev
-            and page_table.device == dev and cache_rows.device == dev
-            and (alloc_counts is None or alloc_counts.device == dev)):
-        return False
-    return (type(max_ctx) is int and type(width) is int and type(page_size) is int
-            and type(dummy_slot) is int and max_ctx >= 1 and width >= 1 and page_size >= 1
-            and 0 <= dummy_slot < ctx_len.shape[0])
-
-
 def prepare_placement(
     ctx_len: torch.Tensor,
     batch_to_slot: torch.Tensor,
@@ -296,10 +222,8 @@ def prepare_placement(
     """Fused :func:`prepare_placement_reference` (one kernel, including the copies of
     ``batch_to_slot`` and ``cache_rows``); bit-identical results and the same in-place update of
     ``ctx_len``. The integer outputs are views of one int64 allocation."""
-    args = (ctx_len, batch_to_slot, accepted, num_accepted, page_table, cache_rows, alloc_counts,
-            max_ctx, width, page_size, dummy_slot)
-    if not _fast_ok(*args):
-        _check_placement_inputs(*args)
+    _check_placement_inputs(ctx_len, batch_to_slot, accepted, num_accepted, page_table,
+                            cache_rows, alloc_counts, max_ctx, width, page_size, dummy_slot)
     if rows_start is not None and (type(rows_start) is not int or rows_start < 0):
         raise ShapeError(f"rows_start must be None or an int >= 0, got {rows_start!r}")
     p = page_table.shape[1]
@@ -307,7 +231,7 @@ def prepare_placement(
         raise ShapeError(
             f"private page table rows hold {p} pages of {page_size} = "
             f"{p * page_size} columns, fewer than max_ctx + width = {max_ctx + width}; "
-            "build it with private_page_table"
+            "size it with ceil((max_ctx + width) / page_size) pages per slot (spec 4.2)"
         )
     g, k1 = accepted.shape
     dev = ctx_len.device
@@ -320,17 +244,15 @@ def prepare_placement(
     if g == 0:
         ctx_len[dummy_slot] = 0
     else:
-        sizes = _SIZES.get((k1, width, p))
-        if sizes is None:
-            sizes = _SIZES[(k1, width, p)] = _placement_launch_sizes(k1, width, p)
+        block_k1, block_w, block_p = _placement_launch_sizes(k1, width, p)
         host_bound = alloc_counts is not None
-        _LAUNCH((g,), (
+        _prepare_placement_kernel[(g,)](
             ctx_len, batch_to_slot, accepted, num_accepted, page_table, cache_rows,
             alloc_counts if host_bound else num_accepted,
             bonus, qpos, cpos, mask.view(torch.int8), cols, pages, offs, num_ctx, new_len,
             tables, slots, rows, k1, width, p, max_ctx, page_size, dummy_slot,
-            host_bound, *sizes,
-        ))
+            HOST_BOUND=host_bound, BLOCK_K1=block_k1, BLOCK_W=block_w, BLOCK_P=block_p,
+        )
     return DraftBlockPlacement._trusted(
         slots=slots,
         cache_rows=rows,
@@ -350,8 +272,6 @@ def prepare_placement(
 
 
 __all__ = [
-    "draft_slot_ids",
     "prepare_placement",
     "prepare_placement_reference",
-    "private_page_table",
 ]

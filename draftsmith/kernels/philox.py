@@ -1,18 +1,20 @@
 """Counter-based uniforms: Philox4x32-10 keyed by a 64-bit seed (spec 5.5, 9 item 15).
 
-Owns ``philox_uniform`` (one uniform per ``(row, id)``), its pure-torch reference, the raw block
-function ``philox4x32_10_reference`` and the ``@triton.jit`` helpers that other kernels call
-(``philox_word0``, ``centred_uniform``). Imports ``draftsmith.contract`` only.
+Owns the keyed uniforms' pure-torch reference ``philox_uniform_reference``, the raw block
+function ``philox4x32_10_reference`` and the ``@triton.jit`` helpers that kernels call
+(``philox4x32_10``, ``centred_uniform``, ``split_u64``). Imports ``draftsmith.contract`` only.
 
-Keying (fixed by the spec, identical on every tensor-parallel rank)::
+Keying (identical on every tensor-parallel rank): one Philox call yields four 32-bit words, and
+the four consecutive global ids ``4q .. 4q + 3`` share call ``q``::
 
     key     = (seed & 0xFFFFFFFF, seed >> 32)                          the request seed
-    counter = (global_id, offset & 0xFFFFFFFF, offset >> 32, stream)    offset = sequence position
-    k       = philox4x32_10(counter, key)[0] >> 9                       top 23 bits of word 0
-    u       = (k + 0.5) * 2**-23                                        in [2**-24, 1 - 2**-24]
+    counter = (id >> 2, offset & 0xFFFFFFFF, offset >> 32, stream)     offset = sequence position
+    k       = philox4x32_10(counter, key)[id & 3] >> 9                 top 23 bits of that word
+    u       = (k + 0.5) * 2**-23                                       in [2**-24, 1 - 2**-24]
 
-Streams: 0 target sample / residual / bonus, 1 draft sample, 2 acceptance uniform (id 0).
-Every ``u`` is exact in fp32 and never 0 or 1, so ``-ln(-ln(u))`` is finite.
+Streams: 0 target sample / residual / bonus, 1 draft sample, 2 acceptance uniform (id 0, so
+word 0 of counter ``(0, offset, stream)``). Every ``u`` is exact in fp32 and never 0 or 1, so
+``-ln(-ln(u))`` is finite.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from draftsmith.contract import ShapeError, check_tensor
+from draftsmith.contract import ShapeError
 
 PHILOX_M0 = 0xD2511F53
 """Philox4x32 round multiplier applied to counter word 0."""
@@ -86,44 +88,71 @@ def centred_uniform_reference(word: torch.Tensor) -> torch.Tensor:
 def philox_uniform_reference(
     seeds: torch.Tensor, offsets: torch.Tensor, ids: torch.Tensor, stream: int
 ) -> torch.Tensor:
-    """Keyed uniforms ``u[row, i]`` for counter ``(ids[row, i], offsets[row], stream)``.
+    """Keyed uniforms ``u[row, i]`` of global id ``ids[row, i]`` at ``(offsets[row], stream)``.
 
     ``seeds: [rows] int64``, ``offsets: [rows] int64``, ``ids: [rows, n] int64`` (or ``[n]``,
     shared by every row) global token ids; ``stream`` 0, 1 or 2. Returns ``[rows, n] float32`` in
     ``[2**-24, 1 - 2**-24]`` (see the module docstring for the exact map).
     """
-    _check_stream(stream)
+    if not isinstance(stream, int) or not 0 <= stream < 2**32:
+        raise ShapeError(f"stream must be an int in [0, 2**32) (0 target, 1 draft, 2 accept), "
+                         f"got {stream!r}")
     seeds, offsets = seeds.to(torch.int64), offsets.to(torch.int64)
     ids = ids.to(torch.int64)
     if ids.dim() == 1:
         ids = ids.expand(seeds.shape[0], -1)
     col = (slice(None), None)
-    word0 = philox4x32_10_reference(
-        (ids, (offsets & _MASK32)[col], ((offsets >> 32) & _MASK32)[col],
+    words = philox4x32_10_reference(
+        (ids >> 2, (offsets & _MASK32)[col], ((offsets >> 32) & _MASK32)[col],
          torch.full_like(ids, stream)),
         ((seeds & _MASK32)[col], ((seeds >> 32) & _MASK32)[col]),
-    )[0]
-    return centred_uniform_reference(word0)
+    )
+    lane = ids & 3
+    word = torch.where(lane == 0, words[0], torch.where(lane == 1, words[1], torch.where(
+        lane == 2, words[2], words[3])))
+    return centred_uniform_reference(word)
 
 
 @triton.jit
-def philox_word0(k0, k1, c0, c1, c2, c3):
-    """Word 0 of Philox4x32-10 for uint32 key ``(k0, k1)`` and counter ``(c0..c3)`` (uint32)."""
+def _mul_wide(a, b: tl.constexpr):
+    """``(hi, lo)`` of the 64-bit product of uint32 ``a`` and the constant ``b``, as one
+    ``mul.wide.u32`` (ptxas keeps ``umulhi`` and ``*`` as two multiplies)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b64 p; mul.wide.u32 p, $2, $3; mov.b64 {$1, $0}, p; }", "=r,=r,r,r",
+        [a, tl.full(a.shape, b, tl.uint32)], dtype=(tl.uint32, tl.uint32), is_pure=True, pack=1)
+
+
+@triton.jit
+def philox4x32_10(k0, k1, c0, c1, c2, c3, WIDE_MUL: tl.constexpr):
+    """The four words of Philox4x32-10 for uint32 key ``(k0, k1)`` and counter ``(c0..c3)``.
+
+    Scalars stay scalars (a counter word shared by the tile costs one multiply per program).
+    ``WIDE_MUL`` (CUDA only): each round's products as one wide multiply (same bits).
+    """
     for _ in tl.static_range(10):
-        hi0 = tl.umulhi(c0, 0xD2511F53)
-        lo0 = c0 * 0xD2511F53
-        hi1 = tl.umulhi(c2, 0xCD9E8D57)
-        lo1 = c2 * 0xCD9E8D57
+        if WIDE_MUL:
+            hi0, lo0 = _mul_wide(c0, 0xD2511F53)
+            hi1, lo1 = _mul_wide(c2, 0xCD9E8D57)
+        else:
+            hi0 = tl.umulhi(c0, 0xD2511F53)
+            lo0 = c0 * 0xD2511F53
+            hi1 = tl.umulhi(c2, 0xCD9E8D57)
+            lo1 = c2 * 0xCD9E8D57
         c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
         k0 = k0 + 0x9E3779B9
         k1 = k1 + 0xBB67AE85
-    return c0
+    return c0, c1, c2, c3
 
 
 @triton.jit
 def centred_uniform(word):
-    """``((word >> 9) + 0.5) * 2**-23`` in fp32 for a uint32 ``word``; exact, never 0 or 1."""
-    return ((word >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07
+    """``((word >> 9) + 0.5) * 2**-23`` in fp32 for a uint32 ``word``; exact, never 0 or 1.
+
+    Built from bits (no int-to-float conversion): ``1 + k * 2**-23`` minus ``1 - 2**-24`` is
+    ``(2k + 1) * 2**-24``, representable, hence exact.
+    """
+    one_plus = ((word >> 9) | 0x3F800000).to(tl.float32, bitcast=True)
+    return one_plus - 0.9999999403953552  # 1 - 2**-24
 
 
 @triton.jit
@@ -134,80 +163,14 @@ def split_u64(x):
     return lo, hi
 
 
-@triton.jit
-def _philox_uniform_kernel(
-    seeds_ptr, offsets_ptr, ids_ptr, out_ptr,
-    n, ids_row_stride,
-    STREAM: tl.constexpr, BLOCK: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)  # row * n passes 2**31 at large rows x vocabularies
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n
-    k0, k1 = split_u64(tl.load(seeds_ptr + row))
-    off_lo, off_hi = split_u64(tl.load(offsets_ptr + row))
-    ids = tl.load(ids_ptr + row * ids_row_stride + cols, mask=mask, other=0)
-    c0 = ids.to(tl.uint32)
-    zero = tl.zeros_like(c0)
-    word = philox_word0(k0, k1, c0, zero + off_lo, zero + off_hi, zero + STREAM)
-    tl.store(out_ptr + row * n + cols, centred_uniform(word), mask=mask)
-
-
-_MAX_GRID_Y = 65535
-"""CUDA's limit on the second grid axis (the column blocks of a row)."""
-
-
-def _uniform_launch(n: int) -> int:
-    """Columns per program of :func:`philox_uniform`."""
-    return max(16, min(1024, triton.next_power_of_2(max(n, 1))))
-
-
-def philox_uniform(
-    seeds: torch.Tensor, offsets: torch.Tensor, ids: torch.Tensor, stream: int
-) -> torch.Tensor:
-    """Triton form of :func:`philox_uniform_reference` (same arguments, identical bits)."""
-    _check_stream(stream)
-    sizes: dict[str, int] = {}
-    check_tensor("seeds", seeds, ("rows",), torch.int64, sizes, contiguous=True)
-    check_tensor("offsets", offsets, ("rows",), torch.int64, sizes, device=seeds.device,
-                 contiguous=True)
-    if ids.dim() == 1:
-        check_tensor("ids", ids, ("n",), torch.int64, sizes, device=seeds.device,
-                     contiguous=True)
-        row_stride = 0
-    else:
-        check_tensor("ids", ids, ("rows", "n"), torch.int64, sizes, device=seeds.device)
-        if ids.shape[1] > 1 and ids.stride(1) != 1:
-            raise ShapeError("ids must have unit stride along the last dim; call .contiguous()")
-        row_stride = ids.stride(0)
-    rows, n = seeds.shape[0], ids.shape[-1]
-    out = torch.empty(rows, n, dtype=torch.float32, device=seeds.device)
-    if rows == 0 or n == 0:
-        return out
-    block = _uniform_launch(n)
-    if triton.cdiv(n, block) > _MAX_GRID_Y:
-        raise ShapeError(f"ids has {n} columns; philox_uniform launches at most "
-                         f"{_MAX_GRID_Y * block} per row (split the columns)")
-    _philox_uniform_kernel[(rows, triton.cdiv(n, block))](
-        seeds, offsets, ids, out, n, row_stride, STREAM=stream, BLOCK=block
-    )
-    return out
-
-
-def _check_stream(stream: int) -> None:
-    if not isinstance(stream, int) or not 0 <= stream < 2**32:
-        raise ShapeError(f"stream must be an int in [0, 2**32) (0 target, 1 draft, 2 accept), "
-                         f"got {stream!r}")
-
-
 __all__ = [
     "STREAM_ACCEPT",
     "STREAM_DRAFT",
     "STREAM_TARGET",
     "centred_uniform",
     "centred_uniform_reference",
+    "philox4x32_10",
     "philox4x32_10_reference",
-    "philox_uniform",
     "philox_uniform_reference",
-    "philox_word0",
     "split_u64",
 ]

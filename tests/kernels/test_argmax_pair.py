@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 from draftsmith.contract import ShapeError
+from draftsmith.kernels import _pair
 from draftsmith.kernels import argmax_pair as ap
+from draftsmith.kernels._pair import PairScratch
 from draftsmith.kernels.argmax_pair import (
     CANONICAL_NAN_BITS,
     EXCHANGE_COLUMNS,
-    KEY_EMPTY,
-    MERGE_ATOMIC,
-    MERGE_KEYS,
-    PairTuning,
     argmax_pair,
     argmax_pair_reference,
-    pair_launch_sizes,
-    set_pair_tuning,
 )
 
 SHAPES = [(1, 19360), (6, 19360), (7, 77), (9, 38720), (3, 8192), (2, 151936)]
@@ -136,39 +128,38 @@ def test_launcher_validates() -> None:
         argmax_pair_reference(x, 0, None, slot=-1)
 
 
-# one-launch merge: every unroll, single/multi-chunk split, tiny blocks (many chunks per row)
-TUNINGS = [
-    PairTuning(4, 4096, 1, 4, 1, False),
-    PairTuning(4, 4096, 4, 4, 1, False),
-    PairTuning(16, 512, 2, 4, 1, False),  # 128 fp32 lanes: up to 16 chunks per row
-    PairTuning(4, 2048, 2, 4, 1, True),  # the one-pass pair reduction (the GPU default)
-    PairTuning(1, 8192, 2, 4, 1, False),  # one slot: one chunk per row (no counter)
-    # the key merge forms (sweep variants): partial int64 keys / one 64-bit atomic_max per chunk
-    PairTuning(16, 512, 2, 4, 1, False, MERGE_KEYS),
-    PairTuning(4, 4096, 2, 4, 1, False, MERGE_KEYS),
-    PairTuning(16, 512, 1, 1, 1, False, MERGE_ATOMIC),  # one warp, one tile, 32 chunks per row
-    PairTuning(1, 8192, 2, 4, 1, False, MERGE_ATOMIC),  # one chunk: the key decoded in place
-    PairTuning(4, 1024, 8, 4, 1, False, MERGE_KEYS),  # 8 tiles in flight per trip
+# one-launch merge: every unroll, single/multi-chunk split, tiny blocks (many chunks per row),
+# the tree lane reduction: (BLOCK, UNROLL, num_warps, TREE, programs per SM)
+LAYOUTS = [
+    (1024, 1, 4, False, 4),
+    (1024, 4, 4, False, 4),
+    (128, 2, 4, False, 16),  # 128 fp32 lanes: up to 16 chunks per row
+    (512, 2, 4, True, 4),  # the one-pass pair reduction (the GPU form)
+    (2048, 2, 4, False, 1),  # one slot: one chunk per row (no counter)
+    (256, 8, 1, False, 8),  # one warp, 8 tiles in flight per trip
 ]
 
 
 def counters_are_zero(device: torch.device | str) -> bool:
-    """Row counters all 0 and atomic-merge row slots all empty: ready for the next launch."""
-    ws = ap._WORKSPACES.get(torch.device(device))
-    return ws is None or (not bool(ws.counts.any()) and bool((ws.row_key == KEY_EMPTY).all()))
+    """Row counters all 0: ready for the next launch."""
+    bufs = ap._SCRATCH._by_device.get(torch.device(device))
+    return bufs is None or not bool(bufs[0].any())
 
 
 @pytest.fixture
-def tuning():
-    """Yields set_pair_tuning; the defaults are restored afterwards."""
-    yield set_pair_tuning
-    set_pair_tuning(None)
+def layout(monkeypatch):
+    """Yields a setter that pins ``argmax_pair``'s launch layout for the test."""
+    def set_layout(cfg):
+        if cfg is not None:
+            block, unroll, num_warps, tree, per_sm = cfg
+            monkeypatch.setattr(ap, "_launch_sizes", lambda *_: (block, unroll, num_warps, tree))
+            monkeypatch.setattr(_pair, "PROGRAMS_PER_SM", per_sm)
+    return set_layout
 
 
-@pytest.mark.parametrize("cfg", TUNINGS, ids=lambda t: f"pps{t.programs_per_sm}-bb{t.block_bytes}"
-                         f"-u{t.unroll}-nw{t.num_warps}-tree{int(t.tree_reduce)}-m{t.merge}")
-def test_kernel_equals_reference_every_tuning(cfg: PairTuning, tuning) -> None:
-    tuning(cfg)
+@pytest.mark.parametrize("cfg", LAYOUTS, ids=lambda c: "-".join(map(str, c)))
+def test_kernel_equals_reference_every_layout(cfg, layout) -> None:
+    layout(cfg)
     x = adversarial_logits(8192, torch.float32)
     for r in (0, 2, 3, 5, 6):  # NaN late, border ties, -0.0/+0.0, first NaN, +inf ties
         one = x[r:r + 1]
@@ -181,117 +172,45 @@ def test_kernel_equals_reference_every_tuning(cfg: PairTuning, tuning) -> None:
     assert counters_are_zero("cpu")
 
 
-@triton.jit
-def _keys_kernel(val_ptr, idx_ptr, key_ptr, back_val_ptr, back_idx_ptr, N: tl.constexpr):
-    c = tl.arange(0, N)
-    key = ap.pair_key(tl.load(val_ptr + c), tl.load(idx_ptr + c))
-    tl.store(key_ptr + c, key)
-    val, idx = ap.key_pair(key)
-    tl.store(back_val_ptr + c, val)
-    tl.store(back_idx_ptr + c, idx)
+def test_launch_sizes() -> None:
+    """Tiles of 1-4 KiB (at most the padded row), ``UNROLL`` a power of two no larger than the
+    row's tile count; the GPU picks by shard size."""
+    for rows, width, itemsize in [(1, 163840, 2), (4, 163840, 4), (32, 163840, 2),
+                                  (128, 163840, 2), (256, 163840, 4), (7, 77, 4), (2, 151936, 2),
+                                  (5000, 1000, 2)]:
+        for device in ("cpu", "cuda"):
+            block, unroll, warps, tree = ap._launch_sizes(rows, width, itemsize,
+                                                          torch.device(device))
+            assert block * itemsize in (1024, 2048, 4096) or block >= width
+            assert unroll & (unroll - 1) == 0 and unroll <= max(1, -(-width // block) * 2)
+            assert tree == (device == "cuda") and warps in (4, 8)
+    assert ap._launch_sizes(1, 163840, 2, torch.device("cuda")) == (512, 8, 4, True)
+    assert ap._launch_sizes(256, 163840, 2, torch.device("cuda")) == (1024, 8, 8, True)
 
 
-def special_values() -> torch.Tensor:
-    """fp32 values whose order-T comparisons are easy to get wrong in an integer key."""
-    ints = [0x7FC00000, 0x7FC00001, 0xFFC00000 - 2**32, 0x7F800001, 0x80000001 - 2**32, 1]
-    floats = [0.0, -0.0, 1.0, -1.0, float("inf"), float("-inf"), 3.0e38, -3.0e38, 1e-45,
-              -1e-45, 1.1754944e-38, -1.1754944e-38, 2.5, 2.5000002, -2.5, -2.5000002]
-    return torch.cat([torch.tensor(ints, dtype=torch.int32).view(torch.float32),
-                      torch.tensor(floats, dtype=torch.float32)])
-
-
-def order_t_wins(a: float, i: int, b: float, j: int) -> bool:
-    """(a, i) beats (b, j) under order T (NaN first, larger, ties to the lower index)."""
-    na, nb = a != a, b != b
-    if na or nb:
-        return na and (not nb or i < j)
-    return a > b or (a == b and i < j)
-
-
-def test_pair_key_is_order_t_and_round_trips() -> None:
-    vals = special_values()
-    n = 64
-    idx_pool = [0, 1, 2**24 - 1, 2**24 - 2, 77, 8191]
-    pairs = list(itertools.product(range(vals.numel()), range(len(idx_pool))))[:n - 1]
-    val = torch.stack([vals[v] for v, _ in pairs] + [torch.tensor(float("-inf"))])
-    idx = torch.tensor([idx_pool[i] for _, i in pairs] + [2**31 - 1], dtype=torch.int32)
-    key = torch.empty(n, dtype=torch.int64)
-    back_val, back_idx = torch.empty(n), torch.empty(n, dtype=torch.int32)
-    _keys_kernel[(1,)](val, idx, key, back_val, back_idx, N=n)
-    assert int(key[-1]) == KEY_EMPTY  # an empty lane (idx INT32_MAX) loses to everything
-    assert bool((key[:-1] > KEY_EMPTY).all())
-    real = n - 1
-    assert torch.equal(back_idx[:real], idx[:real])
-    nan = torch.isnan(val[:real])
-    assert bool((bits(back_val[:real])[nan] == CANONICAL_NAN_BITS).all())
-    assert torch.equal(bits(back_val[:real])[~nan], bits(val[:real])[~nan])  # -0.0 keeps its sign
-    for p, q in itertools.combinations(range(real), 2):
-        if int(idx[p]) == int(idx[q]):
-            continue  # order T compares distinct indices only
-        a, i, b, j = float(val[p]), int(idx[p]), float(val[q]), int(idx[q])
-        assert (int(key[p]) > int(key[q])) == order_t_wins(a, i, b, j), (a, i, b, j)
-
-
-def test_set_pair_tuning_validates() -> None:
-    with pytest.raises(ap.ConfigError, match="unroll"):
-        set_pair_tuning(PairTuning(4, 4096, 3, 4, 1))
-    with pytest.raises(ap.ConfigError, match="merge"):
-        set_pair_tuning(PairTuning(4, 4096, 2, 4, 1, True, 7))
-
-
-def test_pair_regime() -> None:
-    tuning = ap.ARGMAX_TUNING
-    assert ap.pair_regime(163840 * 2, tuning) == "tiny"
-    assert ap.pair_regime(32 * 163840 * 2, tuning) == "latency"
-    assert ap.pair_regime(32 * 163840 * 4, tuning) == "latency"
-    assert ap.pair_regime(128 * 163840 * 2, tuning) == "bandwidth"
-    assert ap.pair_regime(100, {"latency": None, "bandwidth": None}) == "latency"  # no "tiny"
-
-
-def test_launch_sizes_cover_the_row_in_one_wave() -> None:
-    for rows, width, itemsize, sms in [(1, 163840, 2, 132), (4, 163840, 4, 132),
-                                       (32, 163840, 2, 132), (128, 163840, 2, 132),
-                                       (256, 163840, 4, 132), (7, 77, 4, 1), (2, 151936, 2, 132),
-                                       (5000, 1000, 2, 132)]:
-        sweep_small = [PairTuning(32, 512, 1, 1, 1, True, m)
-                       for m in (0, MERGE_KEYS, MERGE_ATOMIC)]
-        for cfg in TUNINGS + sweep_small + list(ap.ARGMAX_TUNING.values()):
-            launch = pair_launch_sizes(rows, width, itemsize, sms, cfg)
-            span = launch.tiles * launch.block
-            assert launch.tiles % launch.unroll == 0
-            assert launch.n_chunks * span >= width > (launch.n_chunks - 1) * span
-            assert launch.merge == cfg.merge
-            if cfg.merge == MERGE_ATOMIC:  # loads no partials: one compiled variant
-                assert launch.block_c == 128
-            else:
-                assert launch.block_c >= launch.n_chunks
-            if launch.n_chunks > 1:
-                assert rows * launch.n_chunks <= sms * cfg.programs_per_sm
-            if width * itemsize >= cfg.block_bytes:
-                assert launch.block * itemsize == cfg.block_bytes
-
-
-def test_workspace_grows_and_counters_reset(monkeypatch) -> None:
-    monkeypatch.setattr(ap, "_WORKSPACES", {})
-    monkeypatch.setattr(ap, "_MIN_ROWS_CAP", 1)
-    monkeypatch.setattr(ap, "_MIN_PARTS_CAP", 1)
-    for rows in (1, 2, 1):  # 2 rows x 2 chunks: the workspace grows once
+def test_scratch_grows_and_keeps_old_buffers() -> None:
+    scratch = PairScratch()
+    cpu = torch.device("cpu")
+    small = scratch.get(cpu, 1, 1)
+    assert scratch.get(cpu, 10, 100) is small  # room enough: the same buffers
+    grown = scratch.get(cpu, 5000, 1)
+    assert grown[0].numel() >= 5000 and not grown[0].any()
+    assert any(t is small[0] for t in scratch._retired)  # kept alive for captured graphs
+    for rows in (1, 2, 1):
         x = random_logits(rows, 8192, torch.float32, seed=rows)
         assert torch.equal(bits(argmax_pair(x, 0)), bits(argmax_pair_reference(x, 0)))
         assert counters_are_zero("cpu")
-    ws = ap._WORKSPACES[torch.device("cpu")]
-    assert ws.retired and ws.counts.numel() >= 2  # grew, old buffers kept alive for graphs
 
 
 # ---- GPU: bf16 / fp16 / fp32, large shapes, CUDA-graph replay ------------------------------
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", TUNINGS + [PairTuning(8, 4096, 2, 8, 3)],
-                         ids=lambda t: "-".join(map(str, t)))
+@pytest.mark.parametrize("cfg", LAYOUTS + [(2048, 2, 8, True, 8)],
+                         ids=lambda c: "-".join(map(str, c)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_every_tuning_gpu(cfg: PairTuning, dtype: torch.dtype, tuning) -> None:
-    tuning(cfg)
+def test_every_layout_gpu(cfg, dtype: torch.dtype, layout) -> None:
+    layout(cfg)
     x = adversarial_logits(163840, dtype).cuda()
     for rows in (x[:1], x[2:3], x[5:6], x, torch.cat([x] * 16)):
         assert torch.equal(bits(argmax_pair(rows, 0)), bits(argmax_pair_reference(rows, 0)))
@@ -303,23 +222,19 @@ def test_capture_with_too_small_workspace_falls_back(monkeypatch) -> None:
     x = random_logits(4, 163840, torch.bfloat16, seed=9).cuda()
     out = torch.zeros(4, EXCHANGE_COLUMNS, device="cuda")
     argmax_pair(x, 0, out, 0)  # compiles; the fallback reuses the same kernel (runtime sizes)
-    small = ap._Workspace()
-    small.counts = torch.zeros(1, dtype=torch.int32, device="cuda")
-    small.part_val = torch.empty(1, device="cuda")
-    small.part_idx = torch.empty(1, dtype=torch.int32, device="cuda")
-    small.part_key = torch.empty(1, dtype=torch.int64, device="cuda")
-    small.row_key = torch.full((1,), KEY_EMPTY, dtype=torch.int64, device="cuda")
-    monkeypatch.setattr(ap, "_WORKSPACES", {torch.device("cuda", 0): small, x.device: small})
-    ap.clear_pair_plans()  # the recorded launch holds the real workspace
+    small = PairScratch()
+    tiny = (torch.zeros(1, dtype=torch.int32, device="cuda"), torch.empty(1, device="cuda"),
+            torch.empty(1, dtype=torch.int32, device="cuda"))
+    small._by_device = {torch.device("cuda", 0): tiny, x.device: tiny}
+    monkeypatch.setattr(ap, "_SCRATCH", small)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         argmax_pair(x, 0, out, 0)
-    ap.clear_pair_plans()
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(bits(out), bits(argmax_pair_reference(x, 0, torch.zeros_like(out), 0)))
-    assert small.counts.numel() == 1  # no allocation happened during capture
+    assert small._by_device[x.device] is tiny  # no allocation happened during capture
 
 
 @pytest.mark.gpu
@@ -347,11 +262,10 @@ def test_adversarial_gpu(v: int, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", [None, PairTuning(16, 1024, 1, 1, 1, True, MERGE_KEYS),
-                                 PairTuning(32, 512, 1, 2, 1, True, MERGE_ATOMIC)],
-                         ids=["default", "keys", "atomic"])
-def test_graph_replay_equals_eager(cfg: PairTuning | None, tuning) -> None:
-    tuning(cfg)
+@pytest.mark.parametrize("cfg", [None, (512, 1, 1, True, 16), (256, 1, 2, True, 32)],
+                         ids=["default", "16-per-sm", "32-per-sm"])
+def test_graph_replay_equals_eager(cfg, layout) -> None:
+    layout(cfg)
     x = random_logits(32, 163840, torch.bfloat16, seed=11).cuda()
     out = torch.zeros(32, EXCHANGE_COLUMNS, device="cuda")
     argmax_pair(x, 0, out, 1)  # warm-up compiles outside capture
@@ -364,122 +278,3 @@ def test_graph_replay_equals_eager(cfg: PairTuning | None, tuning) -> None:
         torch.cuda.synchronize()
         assert torch.equal(bits(out), bits(argmax_pair_reference(x, 0, torch.zeros_like(out), 1)))
         assert counters_are_zero(x.device)  # the merging programs reset their rows' counters
-
-
-@pytest.mark.gpu
-def test_recorded_plans_respecialize_and_skip_the_checks(monkeypatch) -> None:
-    """Once each layout has run, calls take the recorded direct launch (the checked path's
-    launch-size choice is made to fail); misaligned views, other vocab starts, slots and out views each keep their own
-    plan, and every result equals the reference bit for bit."""
-    ap.clear_pair_plans()
-    base = random_logits(6, 19361, torch.float32, seed=3).cuda()
-    half = random_logits(6, 19361, torch.bfloat16, seed=4).cuda()
-    out = torch.full((6, EXCHANGE_COLUMNS + 2), float("nan"), device="cuda")
-    layouts = [(base[:, :19360], 0, out[:, :EXCHANGE_COLUMNS], 0),
-               (base[:, 1:], 0, out[:, :EXCHANGE_COLUMNS], 0),     # logits 4 bytes off
-               (base[:, 1:], 64, out[:, 2:], 5),                   # out 8 bytes off
-               (half[:, 1:], 7, out[:, :EXCHANGE_COLUMNS], 3),
-               (base[:4, :77], 0, out[:4, :EXCHANGE_COLUMNS], 1)]
-
-    def run_all() -> None:
-        for logits, start, dest, slot in layouts:
-            dest.fill_(float("nan"))
-            got = argmax_pair(logits, start, dest, slot).clone()
-            want = argmax_pair_reference(logits, start, torch.full_like(dest, float("nan")),
-                                         slot)
-            assert torch.equal(bits(got), bits(want))
-
-    run_all()
-    assert len(ap._PAIR_PLANS) == len(layouts)
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a recorded layout went through the checked launch path")
-
-    monkeypatch.setattr(ap, "pick_pair_launch", refuse)  # the reference never calls it
-    for _ in range(2):
-        base.copy_(random_logits(6, 19361, torch.float32, seed=5).cuda())
-        run_all()
-
-
-@pytest.mark.gpu
-def test_recorded_plans_follow_workspace_growth_and_tuning() -> None:
-    x = random_logits(2, 151936, torch.bfloat16, seed=6).cuda()
-    out = torch.zeros(2, EXCHANGE_COLUMNS, device="cuda")
-    argmax_pair(x, 0, out, 0)
-    assert ap._PAIR_PLANS
-    ws = ap._WORKSPACES[x.device]
-    parts = ws.part_val.numel()
-    rows = parts // 16  # 32 chunks of 256 columns each: twice the partials there is room for
-    per_sm = triton.next_power_of_2(-(-64 * rows // ap._sm_count(x.device)))
-    big = random_logits(rows, 8192, torch.float32, seed=7).cuda()
-    set_pair_tuning(PairTuning(per_sm, 1024, 1, 1, 1))
-    try:
-        assert not ap._PAIR_PLANS, "set_pair_tuning clears the plans"
-        argmax_pair(x, 0, out, 0)
-        argmax_pair(big, 0)
-        assert ap._WORKSPACES[x.device].part_val.numel() > parts
-        assert not ap._PAIR_PLANS, "a growing workspace clears the plans"
-        for _ in range(2):
-            assert torch.equal(bits(argmax_pair(x, 0, out, 0)),
-                               bits(argmax_pair_reference(x, 0, torch.zeros_like(out), 0)))
-    finally:
-        set_pair_tuning(None)
-    assert counters_are_zero("cuda:0")
-
-
-@pytest.mark.gpu
-def test_recorded_plan_in_a_graph() -> None:
-    x = random_logits(4, 163840, torch.bfloat16, seed=8).cuda()
-    out = torch.zeros(4, EXCHANGE_COLUMNS, device="cuda")
-    argmax_pair(x, 0, out, 0)
-    argmax_pair(x, 0, out, 0)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        argmax_pair(x, 0, out, 0)
-    x.copy_(random_logits(4, 163840, torch.bfloat16, seed=9).cuda())
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(bits(out), bits(argmax_pair_reference(x, 0, torch.zeros_like(out), 0)))
-
-
-def test_pair_ops_share_one_plan_table(monkeypatch) -> None:
-    """gumbel_pair looks its plans up through this module, so the table that set_pair_tuning
-    and a growing workspace clear is the one both ops read."""
-    from draftsmith.kernels.gumbel_pair import gumbel_pair
-
-    seen: list[str] = []
-
-    class Recording(dict):
-        def get(self, key, default=None):
-            seen.append(key[0])
-            return super().get(key, default)
-
-    monkeypatch.setattr(ap, "_PAIR_PLANS", Recording())
-    x = random_logits(2, 77, torch.float32)
-    out = torch.zeros(2, EXCHANGE_COLUMNS)
-    argmax_pair(x, 0, out, 0)
-    gumbel_pair(x, torch.ones(2), torch.zeros(2, dtype=torch.int64),
-                torch.zeros(2, dtype=torch.int64), 0, 0, out, 0)
-    assert seen == ["argmax", "gumbel"]
-
-
-def test_one_chunk_launch_gets_the_workspace(monkeypatch) -> None:
-    """A launch that never touches the scratch still passes the kept workspace tensors, never
-    the caller's ``out`` (a recorded launch would hold its address after it is freed)."""
-    monkeypatch.setattr(ap, "_WORKSPACES", {})
-    x = random_logits(3, 77, torch.float32)
-    assert pair_launch_sizes(3, 77, 4, 1, ap._INTERPRETER_TUNING).n_chunks == 1
-    argmax_pair(x, 0)
-    assert torch.device("cpu") in ap._WORKSPACES
-
-
-@pytest.mark.gpu
-def test_recorded_one_chunk_plan_holds_no_caller_pointer() -> None:
-    x = random_logits(3, 77, torch.float32).cuda()
-    out = torch.zeros(3, EXCHANGE_COLUMNS, device="cuda")
-    ap.clear_pair_plans()
-    argmax_pair(x, 0, out, 0)
-    (plan,) = ap._PAIR_PLANS.values()
-    assert plan[1] == 1, "one chunk per row"
-    assert out.data_ptr() not in plan[-1] and x.data_ptr() not in plan[-1]

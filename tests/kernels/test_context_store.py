@@ -12,7 +12,14 @@ from draftsmith.kernels.context_store import (
     store_context_rows,
     store_context_rows_reference,
 )
-from draftsmith.kernels.paging import prepare_placement_reference, private_page_table
+from draftsmith.kernels.paging import prepare_placement_reference
+
+
+def private_page_table(num_slots: int, max_ctx: int, width: int, page_size: int) -> torch.Tensor:
+    """The static page table of the private pool (spec 4.2), as the runtime's buffers build it."""
+    pages = -(-(max_ctx + width) // page_size)
+    return torch.arange(num_slots * pages, dtype=torch.int64).view(num_slots, pages)
+
 
 # (L, planes, heads, width): GQA K/V planes and an MLA-like single latent, odd widths
 ENTRY_SHAPES = [(3, 2, 3, 5), (2, 1, 1, 37)]

@@ -1,5 +1,6 @@
-"""DSpark vanilla Markov chain: eager reference vs a DeepSpec-style loop, fused step and chain vs
-the reference, shards (spec 2.3, 5.6; spec 8 rows 13-17, 20 of section 9)."""
+"""DSpark vanilla Markov chain: eager reference vs a DeepSpec-style loop, the fused step (alone and
+chained as the runtime chains it) vs the reference, shards (spec 2.3, 5.6; spec 8 rows 13-17, 20
+of section 9)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,27 @@ from torch import nn
 from draftsmith.contract import ShapeError
 from draftsmith.kernels.markov_chain import (
     markov_bias_reference,
-    markov_chain,
     markov_chain_reference,
     markov_step,
     markov_step_reference,
 )
+
+
+def markov_chain(base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                 alternate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The greedy chain composed from the fused step as the runtime's ``DraftChain`` runs it:
+    odd positions walk ``w2`` backwards (``alternate``); row-strided base and corrected views."""
+    rows, k, vocab = base.shape
+    drafts = torch.empty((rows, k), dtype=torch.int64, device=base.device)
+    if k == 0:
+        return drafts, base
+    corrected = torch.empty((rows, k, vocab), dtype=torch.float32, device=base.device)
+    prev = anchor
+    for j in range(k):
+        _, prev = markov_step(base[:, j], prev, w1, w2, 0, corrected[:, j],
+                              reverse=alternate and j % 2 == 1)
+        drafts[:, j] = prev
+    return drafts, corrected
 
 
 class VanillaMarkovLoop(nn.Module):
@@ -137,11 +154,11 @@ def test_fused_chain_row_tiles_cpu(rows: int) -> None:
 def test_fused_chain_sweep_tilings_cpu(
     cfg: tuple[int, int, int, int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Sweep tilings other than the default give the reference chain (several row tiles, a
-    ragged last vocabulary tile, out-of-vocabulary anchors)."""
+    """Tilings other than the default give the reference chain (several row tiles, a ragged
+    last vocabulary tile, out-of-vocabulary anchors)."""
     from draftsmith.kernels import markov_chain as mc
 
-    monkeypatch.setattr(mc, "_SIZE_OVERRIDE", cfg)
+    monkeypatch.setattr(mc, "_markov_launch_sizes", lambda *_: cfg)
     vocab, rank, rows, k = 111, 19, 37, 3
     w1, w2 = _head(vocab, rank, 30)
     base = _base(rows, k, vocab, 31)
@@ -154,23 +171,16 @@ def test_fused_chain_sweep_tilings_cpu(
     assert drafts[5, 0] == 40
 
 
-@pytest.mark.parametrize("alternate,hints", [(False, False), (True, True), (False, True)])
-def test_tile_order_and_hints_do_not_change_the_chain_cpu(
-    alternate: bool, hints: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Walking ``w2`` backwards (odd positions by default) or with eviction hints gives the
-    default chain bit for bit: the tile pairs land at the same places, reduced in one order."""
-    from draftsmith.kernels import markov_chain as mc
-
+def test_tile_order_does_not_change_the_chain_cpu() -> None:
+    """Walking ``w2`` backwards (odd positions in the chain) gives the forward chain bit for
+    bit: the tile pairs land at the same places, reduced in one order."""
     vocab, rank, rows, k = 300, 19, 5, 4  # 3 vocabulary tiles of 128 (the last one ragged)
     w1, w2 = _head(vocab, rank, 33)
     base = _base(rows, k, vocab, 34)
     base[1, 2, 17] = float("nan")
     base[1, 0, :] = 7.0  # anchor -1: no bias, a row tied across every tile; index 0 wins
     anchor = torch.tensor([3, -1, 299, 300, 150])
-    want = markov_chain(base, anchor, w1, w2)
-    monkeypatch.setattr(mc, "_ALTERNATE", alternate)
-    monkeypatch.setattr(mc, "_HINTS", hints)
+    want = markov_chain(base, anchor, w1, w2, alternate=False)
     got = markov_chain(base, anchor, w1, w2)
     assert torch.equal(got[0], want[0]) and got[0][1, 0] == 0 and got[0][1, 2] == 17
     assert _same_bits(got[1], want[1])
@@ -296,6 +306,14 @@ def test_gpu_bf16_steps_match_reference_away_from_ties(rows: int) -> None:
     assert torch.equal(idx, torch.argmax(out, dim=1))  # the pair is exact for its own row
 
 
+SWEEP_TILINGS = (
+    (16, 128, 64, 4, 3), (32, 128, 32, 4, 3), (64, 128, 64, 8, 3), (64, 64, 32, 4, 3),
+    (16, 256, 32, 4, 3), (32, 128, 64, 8, 3), (128, 128, 32, 8, 3),
+)
+"""``(BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages)``: the defaults and alternatives that
+``benchmarks/kernels.py --sweep`` times."""
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [4, 128])
 def test_gpu_bf16_sweep_tilings_match_reference_away_from_ties(
@@ -314,10 +332,10 @@ def test_gpu_bf16_sweep_tilings_match_reference_away_from_ties(
     bias_ulp = markov_bias_reference(w1, w2, prev).abs().amax(dim=1) * 2**-7
     top2 = ref_out.topk(2, dim=1).values
     clear = (top2[:, 0] - top2[:, 1]) > 2 * bias_ulp
-    for cfg in mc._SWEEP_CONFIGS:
+    for cfg in SWEEP_TILINGS:
         if cfg[0] > max(16, 2 * rows):
             continue
-        monkeypatch.setattr(mc, "_SIZE_OVERRIDE", cfg)
+        monkeypatch.setattr(mc, "_markov_launch_sizes", lambda *_, cfg=cfg: cfg)
         out = torch.empty_like(base)
         _, idx = markov_step(base, prev, w1, w2, 0, out)
         torch.testing.assert_close(out, ref_out, rtol=0, atol=float(bias_ulp.max()), msg=str(cfg))
@@ -327,24 +345,16 @@ def test_gpu_bf16_sweep_tilings_match_reference_away_from_ties(
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [4, 37, 128])
-def test_gpu_tile_order_and_hints_are_bit_identical(
-    rows: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """bf16 at the benchmark's shape: both directions and the eviction hints give the same
-    drafts and corrected rows as the forward walk without hints, bit for bit."""
-    from draftsmith.kernels import markov_chain as mc
-
+def test_gpu_tile_order_is_bit_identical(rows: int) -> None:
+    """bf16 at the benchmark's shape: both directions give the same drafts and corrected rows,
+    bit for bit."""
     vocab, rank, k = 163840, 256, 6
     w1, w2 = _head(vocab, rank, 35, torch.bfloat16, "cuda")
     base = _base(rows, k, vocab, 36, device="cuda")
     anchor = _ids(rows, -1, vocab + 1, 44, device="cuda")
-    monkeypatch.setattr(mc, "_ALTERNATE", False)
-    want = markov_chain(base, anchor, w1, w2)
-    for alternate, hints in ((True, False), (True, True), (False, True)):
-        monkeypatch.setattr(mc, "_ALTERNATE", alternate)
-        monkeypatch.setattr(mc, "_HINTS", hints)
-        got = markov_chain(base, anchor, w1, w2)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (alternate, hints)
+    want = markov_chain(base, anchor, w1, w2, alternate=False)
+    got = markov_chain(base, anchor, w1, w2)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.gpu

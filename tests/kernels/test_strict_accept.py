@@ -7,7 +7,7 @@ import torch
 
 from draftsmith.contract import ShapeError
 from draftsmith.kernels.strict_accept import (
-    _strict_accept_launch_sizes,
+    _launch_sizes,
     strict_accept,
     strict_accept_reference,
     strict_accept_tokens,
@@ -19,7 +19,7 @@ NAN, INF = float("nan"), float("inf")
 
 def _chunk_edge(rows: int, k1: int, vocab: int) -> int:
     """First column of the second vocabulary chunk (or near the end of a one-chunk row)."""
-    _, chunk, *_ = _strict_accept_launch_sizes(rows, k1, vocab)
+    _, chunk, *_ = _launch_sizes(rows, k1, vocab, torch.device("cpu"))
     return min(chunk, vocab - 2)
 
 
@@ -113,24 +113,21 @@ def test_random_batches_cpu(k1: int) -> None:
         _check_parity(logits, drafts, verify_len)
 
 
-@pytest.mark.parametrize(
-    "sizes",
-    [
-        (16, 32, 4, 8, 4, 4, False), (16, 48, 3, 8, 4, 4, False), (32, 32, 4, 8, 4, 2, False),
-        # lane-wise variant: chunks that are not a multiple of BLOCK_V, a masked last step
-        (16, 64, 2, 8, 2, 4, True), (32, 48, 3, 8, 4, 4, True), (16, 112, 1, 8, 2, 1, True),
-        (64, 64, 2, 8, 2, 2, True),
-    ],
-)
+# (BLOCK_V, CHUNK, NUM_CHUNKS, BLOCK_R, BLOCK_C, num_warps): several steps per chunk, uneven
+# last chunks, chunks that are not a multiple of BLOCK_V (a masked last step), one chunk
+LAYOUTS = [
+    (16, 32, 4, 8, 4, 4), (16, 48, 3, 8, 4, 4), (32, 32, 4, 8, 4, 2), (16, 64, 2, 8, 2, 4),
+    (32, 48, 3, 8, 4, 4), (16, 112, 1, 8, 2, 1), (64, 64, 2, 8, 2, 2),
+]
+
+
+@pytest.mark.parametrize("sizes", LAYOUTS)
 def test_chunk_layouts_cpu(sizes, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Several steps per chunk and uneven last chunks merge in index order (order T); in the
-    lane-wise variant ties within one lane (columns ``BLOCK_V`` apart) and across lanes keep the
-    first column."""
+    """Several steps per chunk and uneven last chunks merge in index order (order T); ties
+    within one lane (columns ``BLOCK_V`` apart) and across lanes keep the first column."""
     from draftsmith.kernels import strict_accept as sa
 
-    monkeypatch.setattr(sa, "_SIZES", {})
-    monkeypatch.setattr(sa, "_PLANS", {})
-    monkeypatch.setattr(sa, "_strict_accept_launch_sizes", lambda *_: sizes)
+    monkeypatch.setattr(sa, "_launch_sizes", lambda *_: sizes)
     logits = _adversarial_logits(3, 111, torch.float32, "cpu")
     for col in (31, 32, 47, 48, 95, 96):  # ties across step and chunk edges
         logits[col % logits.shape[0], 0, col] = 60.0
@@ -145,68 +142,20 @@ def test_chunk_layouts_cpu(sizes, monkeypatch: pytest.MonkeyPatch) -> None:
     assert int(torch.argmax(logits[4, 2])) == 7 + sizes[0]  # the row was all -inf before
     drafts, verify_len = _drafts_matching(logits, True, seed=5)
     _check_parity(logits, drafts, verify_len)
-    for scratch in sa._Scratch._cache.values():
-        assert not scratch.counter.any()  # the finishing program resets its request's counter
+    for counts, _, _ in sa._SCRATCH._by_device.values():
+        assert not counts.any()  # the finishing program resets its request's counter
 
 
-def _sweep_parity(logits: torch.Tensor, monkeypatch: pytest.MonkeyPatch, dedupe: bool) -> set:
-    from draftsmith.kernels import strict_accept as sa
-
-    drafts, verify_len = _drafts_matching(logits, True, seed=9)
-    want = strict_accept_reference(logits, drafts, verify_len)
-    rows, vocab = logits.shape[0] * logits.shape[1], logits.shape[2]
-    layouts = set()
-    for cfg in sa._SWEEP_CONFIGS:
-        monkeypatch.setattr(sa, "_SIZE_OVERRIDE", cfg)
-        monkeypatch.setattr(sa, "_SIZES", {})
-        monkeypatch.setattr(sa, "_PLANS", {})
-        layout = sa._strict_accept_launch_sizes(rows, logits.shape[1], vocab)
-        if dedupe and layout[:5] + layout[6:] in layouts:  # warps do not matter on the CPU
-            continue
-        layouts.add(layout[:5] + layout[6:])
-        for _ in range(2):  # the second call takes the direct-launch plan on the GPU
-            got = strict_accept(logits, drafts, verify_len)
-            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), cfg
-    return layouts
-
-
-def test_sweep_configs_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every launch layout the benchmark sweeps is bit-identical to the reference."""
-    from draftsmith.kernels import strict_accept as sa
-
-    assert sa._SWEEP_CONFIGS[0] == sa._DEFAULT_CONFIG
-    logits = _adversarial_logits(2, 300, torch.float32, "cpu")[:3]
-    assert len(_sweep_parity(logits, monkeypatch, dedupe=True)) >= 2
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_sweep_configs(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
-    logits = _adversarial_logits(8, 151936, dtype, "cuda")
-    assert len(_sweep_parity(logits, monkeypatch, dedupe=False)) >= 6
-
-
-def test_lane_sizes_cover_the_vocabulary() -> None:
-    """Lane layouts: 64-column aligned chunks covering ``V`` exactly once, about the target
-    program count, ``BLOCK_C`` covering the chunk count."""
-    from draftsmith.kernels import strict_accept as sa
-
-    for cfg in sa._SWEEP_CONFIGS:
-        for rows, vocab in ((32, 151936), (256, 151936), (1024, 151936), (8, 1111), (3, 50)):
-            sa._SIZE_OVERRIDE = cfg
-            try:
-                block_v, chunk, num_chunks, block_r, block_c, warps, lane = (
-                    sa._strict_accept_launch_sizes(rows, 8, vocab))
-            finally:
-                sa._SIZE_OVERRIDE = None
-            assert (num_chunks - 1) * chunk < vocab <= num_chunks * chunk
-            assert block_c >= num_chunks and block_r == 8 and warps == cfg[3]
-            assert block_v <= cfg[1] and lane == cfg[0]
-            if lane:
-                assert chunk % 64 == 0
-                assert rows * num_chunks <= max(rows, cfg[2] * 1.5) + rows
-            else:
-                assert chunk % block_v == 0
+def test_launch_sizes_cover_the_vocabulary() -> None:
+    """64-column aligned chunks covering ``V`` exactly once, about the target program count,
+    ``BLOCK_C`` covering the chunk count."""
+    for rows, vocab in ((32, 151936), (256, 151936), (1024, 151936), (8, 1111), (3, 50)):
+        block_v, chunk, num_chunks, block_r, block_c, warps = _launch_sizes(
+            rows, 8, vocab, torch.device("cpu"))
+        assert (num_chunks - 1) * chunk < vocab <= num_chunks * chunk
+        assert block_c >= num_chunks and block_r == 8 and chunk % 64 == 0
+        assert block_v <= 2048 and warps in (4, 8)
+        assert rows * num_chunks <= 1056 * 1.5 + rows
 
 
 def test_counts_by_hand() -> None:
@@ -253,6 +202,19 @@ def test_gpu_parity(dtype: torch.dtype, k1: int) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("sizes", [None, *LAYOUTS])
+def test_gpu_layouts(sizes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default layout and every hand-picked one are bit-identical on the GPU too."""
+    from draftsmith.kernels import strict_accept as sa
+
+    if sizes is not None:
+        monkeypatch.setattr(sa, "_launch_sizes", lambda *_: sizes)
+    logits = _adversarial_logits(3, 111, torch.bfloat16, "cuda")
+    drafts, verify_len = _drafts_matching(logits, True, seed=5)
+    _check_parity(logits, drafts, verify_len)
+
+
+@pytest.mark.gpu
 def test_gpu_graph_replay() -> None:
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(16, 8, 4099, generator=g).cuda()
@@ -266,27 +228,3 @@ def test_gpu_graph_replay() -> None:
     graph.replay()
     want = strict_accept_reference(logits, drafts, verify_len)
     assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1])
-
-
-@pytest.mark.gpu
-def test_gpu_direct_plan_respecializes() -> None:
-    """The direct-launch plan is used only for 16-byte aligned caller pointers: alternating
-    aligned and misaligned logits / drafts views, with and without ``verify_len``, never reuse
-    a wrong binary; aligned repeats do take the plan."""
-    from draftsmith.kernels import strict_accept as sa
-
-    g = torch.Generator().manual_seed(3)
-    n = 4 * 8 * 4096
-    buf = torch.randn(n + 1, generator=g).cuda()
-    for _ in range(2):
-        for shift in (0, 1, 0):
-            logits = buf[shift:shift + n].view(4, 8, 4096)
-            for verify in (False, True):
-                drafts, verify_len = _drafts_matching(logits, verify, seed=shift)
-                dbuf = torch.empty(drafts.numel() + 1, dtype=torch.int64, device="cuda")
-                # drafts share the logits' alignment: shift 0 -> every pointer aligned (the
-                # plan is recorded), shift 1 -> both misaligned (the plan must not be used)
-                dbuf[shift:shift + drafts.numel()].copy_(drafts.flatten())
-                _check_parity(logits, dbuf[shift:shift + drafts.numel()].view_as(drafts),
-                              verify_len)
-    assert any(key[:3] == (4, 8, 4096) for key in sa._PLANS)

@@ -15,10 +15,14 @@ from draftsmith.selection.strategies import GreedySelector, SampleSelector
 TRIALS = 20_000
 
 
-def _many_draws(logits_row: torch.Tensor, config: SampleConfig, stream: int = 0) -> torch.Tensor:
-    """One draw per trial: the same row, one key per trial (distinct offsets and seeds)."""
-    rows = logits_row.expand(TRIALS, -1).contiguous()
-    key = SamplingKey(seeds=torch.arange(TRIALS) % 7 + 12345, offsets=torch.arange(TRIALS))
+def _many_draws(logits_row: torch.Tensor, config: SampleConfig, stream: int = 0,
+                trials: int = TRIALS) -> torch.Tensor:
+    """One draw per trial: the same row, one key per trial (distinct offsets and seeds), on the
+    row's device (on CUDA temperature-only rows take the ``gumbel_pair`` kernel)."""
+    dev = logits_row.device
+    rows = logits_row.expand(trials, -1).contiguous()
+    key = SamplingKey(seeds=torch.arange(trials, device=dev) % 7 + 12345,
+                      offsets=torch.arange(trials, device=dev))
     return SampleSelector(config).select(LogitsShard.full(rows), key, stream, SingleRank())
 
 
@@ -37,6 +41,28 @@ DISTRIBUTIONS = [
 def test_sampled_distribution_chi_square(name: str, row: torch.Tensor,
                                          config: SampleConfig) -> None:
     tokens = _many_draws(row[None], config)
+    counts = torch.bincount(tokens, minlength=row.numel())
+    probs = SampleSelector(config).probs(LogitsShard.full(row[None]), SingleRank())[0]
+    assert chi_square_pvalue(counts, probs) > 1e-3
+
+
+@pytest.mark.parametrize("row", [torch.zeros(4), torch.zeros(8), torch.tensor(
+    [0.0, 0.1, 0.2, 0.3, 1.0, 0.9, 0.8, 0.7])], ids=["flat-v4", "flat-v8", "two-calls-v8"])
+def test_ids_sharing_a_philox_call_sample_independently(row: torch.Tensor) -> None:
+    """Ids ``4q .. 4q+3`` draw their noise from the four words of one Philox call: a flat or
+    mildly tilted row over one or two calls is still sampled as ``softmax``."""
+    tokens = _many_draws(row[None], SampleConfig(temperature=1.0))
+    probs = torch.softmax(row, dim=0)
+    assert chi_square_pvalue(torch.bincount(tokens, minlength=row.numel()), probs) > 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,row,config", DISTRIBUTIONS[:2], ids=[d[0] for d in DISTRIBUTIONS[:2]])
+def test_kernel_sampled_distribution_chi_square_gpu(name: str, row: torch.Tensor,
+                                                     config: SampleConfig) -> None:
+    """The ``gumbel_pair`` kernel (its own logarithms on CUDA) samples ``softmax(z / T)``:
+    200000 draws, one key each."""
+    tokens = _many_draws(row[None].cuda(), config, trials=200_000).cpu()
     counts = torch.bincount(tokens, minlength=row.numel())
     probs = SampleSelector(config).probs(LogitsShard.full(row[None]), SingleRank())[0]
     assert chi_square_pvalue(counts, probs) > 1e-3

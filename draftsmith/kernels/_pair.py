@@ -1,0 +1,262 @@
+"""The order-T pair reduction shared by ``argmax_pair`` and ``gumbel_pair`` (spec 5.2, 5.3).
+
+Owns the staging-row constants, the checks of the common pair arguments, the ``@triton.jit``
+pieces of a pair kernel (lane step, lane reduction, chunk merge, staging-row writer), the split
+of a launch over ``(row, chunk)`` and the per-device scratch of the chunk merge. Imports
+``draftsmith.contract`` only.
+
+A pair kernel is ONE launch over ``(row, chunk)``. Each program scans its chunk tile by tile,
+keeping a running order-T best per lane, and reduces its lanes at the end. When a row has several
+chunks, each program stores its partial pair and bumps the row's counter; the program that counts
+last merges the row's pairs in chunk order, writes the staging row and resets the counter to 0
+for the next launch or graph replay. So a handful of rows still spreads over the whole GPU,
+without a second launch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from draftsmith.contract import ShapeError, check_tensor
+
+EXCHANGE_COLUMNS = 128
+"""Width of the zero-padded fp32 staging row of the SUM exchange (spec 5.3); ``2 * TP <= 128``."""
+
+CANONICAL_NAN_BITS = 0x7FFF0000
+"""fp32 bit pattern of a NaN pair value: torch's bf16 ``max`` NaN (``0x7FFF``) widened."""
+
+MAX_EXACT_INDEX = 2**24
+"""Global ids travel as fp32 values, exact only below ``2**24`` (spec 5.1)."""
+
+PROGRAMS_PER_SM = 4
+"""Programs in flight per SM that a row split aims at: ``rows * n_chunks <= SMs * 4``."""
+
+_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def canonical_nan(device: torch.device | str = "cpu") -> torch.Tensor:
+    """The fp32 scalar NaN with bits :data:`CANONICAL_NAN_BITS`."""
+    return torch.tensor(CANONICAL_NAN_BITS, dtype=torch.int32, device=device).view(torch.float32)
+
+
+def check_pair_args(op: str, logits: torch.Tensor, vocab_start: int, out: torch.Tensor | None,
+                    slot: int) -> torch.Tensor:
+    """Validate the arguments every pair op shares; return ``out`` (allocated when ``None``)."""
+    sizes: dict[str, int] = {}
+    check_tensor(f"{op}: logits", logits, ("rows", "S"), _LOGIT_DTYPES, sizes)
+    if logits.shape[1] > 1 and logits.stride(1) != 1:
+        raise ShapeError(f"{op}: logits must have unit stride along S; call .contiguous()")
+    if logits.shape[1] == 0:
+        raise ShapeError(f"{op}: logits must have at least one column")
+    if type(slot) is not int or slot < 0:
+        raise ShapeError(f"{op}: slot must be an int >= 0 (the rank), got {slot!r}")
+    if type(vocab_start) is not int or vocab_start < 0:
+        raise ShapeError(f"{op}: vocab_start must be an int >= 0, got {vocab_start!r}")
+    if vocab_start + logits.shape[1] > MAX_EXACT_INDEX:
+        raise ShapeError(
+            f"{op}: global ids up to {vocab_start + logits.shape[1]} are not exact in fp32; "
+            f"vocab-parallel pairs need V < 2**24, gather the logits instead"
+        )
+    if out is None:
+        return torch.zeros(logits.shape[0], 2 * slot + 2, dtype=torch.float32,
+                           device=logits.device)
+    check_tensor(f"{op}: out", out, ("rows", "C"), torch.float32, sizes, device=logits.device)
+    if out.stride(1) != 1:
+        raise ShapeError(f"{op}: out must have unit stride along its columns")
+    if out.shape[0] > 1 and out.stride(0) < out.shape[1]:
+        raise ShapeError(f"{op}: out rows overlap in memory (row stride {out.stride(0)} < "
+                         f"{out.shape[1]} columns); pass a tensor with distinct rows")
+    if out.shape[1] % 2 or 2 * slot + 2 > out.shape[1]:
+        raise ShapeError(
+            f"{op}: out has {out.shape[1]} columns; it needs an even count >= 2 * slot + 2 = "
+            f"{2 * slot + 2} (use EXCHANGE_COLUMNS = {EXCHANGE_COLUMNS} for TP <= 64)"
+        )
+    return out
+
+
+# ---- device helpers --------------------------------------------------------------------------
+
+
+@triton.jit
+def lane_step(best_val, best_idx, x, cols):
+    """Merge a tile ``x`` (fp32) at columns ``cols`` into the per-lane running best.
+
+    Lanes start as ``(-inf, their first column)`` and see their columns in increasing order, so
+    a lane takes ``x`` only when it is strictly larger, or a NaN over a non-NaN (``~(x <= b)`` is
+    one compare); ties keep the earlier column. A lane that only sees ``-inf`` keeps its first
+    column, which is the order-T answer for it.
+    """
+    take = ~(x <= best_val) & (best_val == best_val)
+    return tl.where(take, x, best_val), tl.where(take, cols, best_idx)
+
+
+@triton.jit
+def _pick_t(v1, i1, v2, i2):
+    """Order-T combine of two ``(value, index)`` candidates (associative and commutative): a NaN
+    beats a non-NaN, else the larger value, ties (NaN/NaN, ``-0.0 == +0.0``) to the lower index;
+    the winner keeps its own bits."""
+    n1 = v1 != v1
+    n2 = v2 != v2
+    tie = (v2 == v1) | (n1 & n2)
+    second = (n2 & ~n1) | (v2 > v1) | (tie & (i2 < i1))
+    return tl.where(second, v2, v1), tl.where(second, i2, i1)
+
+
+@triton.jit
+def lane_argmax(vals, idxs, TREE: tl.constexpr):
+    """Order-T winner ``(value, index)`` over lanes ``vals: [N] fp32`` with distinct
+    ``idxs: [N] int32``; a winning NaN comes back as the canonical ``0x7FFF0000``, a ``±0.0`` with
+    its sign.
+
+    ``TREE``: one ``tl.reduce`` of pairs with :func:`_pick_t` (half the block barriers on a GPU);
+    otherwise four plain reductions (the same bits; fast on the CPU interpreter).
+    """
+    if TREE:
+        val, idx = tl.reduce((vals, idxs), 0, _pick_t)
+        is_nan = val != val
+    else:
+        nans = vals != vals
+        is_nan = tl.max(nans.to(tl.int32), 0) > 0
+        clean = tl.where(nans, float("-inf"), vals)
+        top = tl.max(clean, 0)
+        idx = tl.min(tl.where(tl.where(is_nan, nans, clean == top), idxs, 2147483647), 0)
+        val = tl.max(tl.where(idxs == idx, clean, float("-inf")), 0)
+    nan = tl.full([], 2147418112, tl.int32).to(tl.float32, bitcast=True)  # 0x7FFF0000
+    return tl.where(is_nan, nan, val), idx
+
+
+@triton.jit
+def _write_pair_row(row_ptr, C, slot, idx, val, BLOCK_OUT: tl.constexpr):
+    """Write a whole staging row: ``idx`` (fp32) at ``2*slot``, ``val`` at ``2*slot+1``, +0.0
+    elsewhere."""
+    cols = tl.arange(0, BLOCK_OUT)
+    row = tl.where(cols == 2 * slot, idx.to(tl.float32), tl.where(cols == 2 * slot + 1, val, 0.0))
+    tl.store(row_ptr + cols, row, mask=cols < C)
+
+
+@triton.jit
+def finish_lanes(best_val, best_idx, row, chunk, n_chunks, out_ptr, out_row_stride, C,
+                 vocab_start, slot, part_val_ptr, part_idx_ptr, count_ptr,
+                 BLOCK_C: tl.constexpr, BLOCK_OUT: tl.constexpr, TREE: tl.constexpr):
+    """Reduce the lanes ``best_val: [N] fp32``, ``best_idx: [N] int32`` (shard columns) of
+    program ``(row, chunk)`` and publish the chunk's pair.
+
+    One chunk: write the staging row. Several: store the partial pair and count the chunk on the
+    row's counter (acq_rel); the program that counts last merges the ``n_chunks`` pairs in order
+    T, writes the staging row and resets the counter.
+    """
+    val, idx = lane_argmax(best_val, best_idx, TREE)
+    out_row = out_ptr + row.to(tl.int64) * out_row_stride
+    if n_chunks == 1:
+        _write_pair_row(out_row, C, slot, idx + vocab_start, val, BLOCK_OUT)
+    else:
+        part = row.to(tl.int64) * n_chunks
+        tl.store(part_val_ptr + part + chunk, val)
+        tl.store(part_idx_ptr + part + chunk, idx)
+        tl.debug_barrier()  # every thread's partial store precedes the release below
+        done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
+        if done == n_chunks - 1:
+            c = tl.arange(0, BLOCK_C)
+            m = c < n_chunks
+            # .cg: read at L2, never a stale L1 line of another row's merge on this SM
+            vals = tl.load(part_val_ptr + part + c, mask=m, other=float("-inf"),
+                           cache_modifier=".cg")
+            idxs = tl.load(part_idx_ptr + part + c, mask=m, other=2147483647,
+                           cache_modifier=".cg")
+            win_val, win_idx = lane_argmax(vals, idxs, TREE)
+            _write_pair_row(out_row, C, slot, win_idx + vocab_start, win_val, BLOCK_OUT)
+            tl.store(count_ptr + row, 0)
+
+
+# ---- launch -----------------------------------------------------------------------------------
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (1 off CUDA: the interpreter runs one program at a
+    time, so a split there only exercises the merge)."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+class PairScratch:
+    """Per-device scratch of one op's chunk merge: ``counts: [rows] int32`` (all zero between
+    launches: the merging program resets its row), ``part_val: [parts] float32`` and
+    ``part_idx: [parts] int32``.
+
+    Buffers are only ever replaced by larger ones, and the old ones are kept alive, because a
+    captured CUDA graph holds their addresses. Launches of one op on two streams of one device
+    must not overlap (they would share the counters).
+    """
+
+    def __init__(self) -> None:
+        self._by_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._retired: list[torch.Tensor] = []
+
+    def get(self, device: torch.device, rows: int,
+            parts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """``(counts, part_val, part_idx)`` with room for ``rows`` and ``parts``, or ``None`` when
+        they would have to grow inside CUDA-graph capture (no zero fill may run then)."""
+        have = self._by_device.get(device)
+        if have is not None and have[0].numel() >= rows and have[1].numel() >= parts:
+            return have
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        if have is not None:
+            self._retired += have
+        rows_cap = max(1024, triton.next_power_of_2(rows), 2 * (have[0].numel() if have else 0))
+        parts_cap = max(1 << 14, triton.next_power_of_2(parts),
+                        2 * (have[1].numel() if have else 0))
+        have = self._by_device[device] = (
+            torch.zeros(rows_cap, dtype=torch.int32, device=device),
+            torch.empty(parts_cap, dtype=torch.float32, device=device),
+            torch.empty(parts_cap, dtype=torch.int32, device=device),
+        )
+        return have
+
+
+def launch_pair(kernel, scratch: PairScratch, lead_args: tuple, out: torch.Tensor,
+                vocab_start: int, slot: int, total_tiles: int, unroll: int, num_warps: int,
+                tree: bool, **meta) -> torch.Tensor:
+    """Launch a pair kernel once over ``(rows, n_chunks)`` and return ``out``.
+
+    The kernel's signature is ``*lead_args, out_ptr, out_row_stride, C, vocab_start, slot,
+    part_val, part_idx, counts, tiles, n_chunks, BLOCK_C, BLOCK_OUT, TREE, *meta`` where
+    ``tiles`` (a multiple of ``unroll``) is the tile count of one chunk. Long rows are split so
+    that ``rows * n_chunks`` fills about :data:`PROGRAMS_PER_SM` programs per SM; many rows get
+    one chunk each (no partials, no counter).
+    """
+    rows, columns = out.shape
+    slots = sm_count(out.device) * PROGRAMS_PER_SM
+    n_chunks = max(1, min(slots // rows, triton.cdiv(total_tiles, unroll)))
+    bufs = None
+    if n_chunks > 1:
+        bufs = scratch.get(out.device, rows, rows * n_chunks)
+    if bufs is None:  # one chunk per row (also inside a capture that would need a larger scratch)
+        n_chunks = 1
+        bufs = (out.view(torch.int32), out, out.view(torch.int32))  # never read by one chunk
+    tiles = triton.cdiv(triton.cdiv(total_tiles, n_chunks), unroll) * unroll
+    n_chunks = triton.cdiv(total_tiles, tiles)
+    counts, part_val, part_idx = bufs
+    kernel[(rows, n_chunks)](
+        *lead_args, out, out.stride(0), columns, vocab_start, slot, part_val, part_idx, counts,
+        tiles, n_chunks, BLOCK_C=max(128, triton.next_power_of_2(n_chunks)),
+        BLOCK_OUT=triton.next_power_of_2(columns), TREE=tree, num_warps=num_warps, **meta,
+    )
+    return out
+
+
+__all__ = [
+    "CANONICAL_NAN_BITS",
+    "EXCHANGE_COLUMNS",
+    "MAX_EXACT_INDEX",
+    "PairScratch",
+    "canonical_nan",
+    "check_pair_args",
+    "finish_lanes",
+    "lane_argmax",
+    "lane_step",
+    "launch_pair",
+]
