@@ -55,21 +55,8 @@ ALLOW: dict[tuple[str, str], str] = {
     ("draftsmith.checkpoints", "*"): "data: the shipped checkpoint, read by path",
     ("draftsmith.__main__", "*"): "entry point: python -m draftsmith",
     ("draftsmith.cli.__main__", "*"): "entry point: python -m draftsmith.cli",
-    # pruned by the kernels work (issue 25): launchers and knobs only tests and benchmarks use
-    ("draftsmith.kernels.argmax_pair", "MERGE_KEYS"): "pruned by the kernels work",
-    ("draftsmith.kernels.argmax_pair", "_INT32_MAX"): "pruned by the kernels work",
-    ("draftsmith.kernels.argmax_pair", "set_pair_tuning"): "pruned by the kernels work",
-    ("draftsmith.kernels.block_table", "*"): "pruned by the kernels work",
-    ("draftsmith.kernels.forced_accept", "ragged_cap"): "pruned by the kernels work",
-    ("draftsmith.kernels.markov_chain", "markov_chain"): "pruned by the kernels work",
-    ("draftsmith.kernels.markov_chain", "_ALTERNATE"): "pruned by the kernels work",
-    ("draftsmith.kernels.markov_chain", "_SWEEP_CONFIGS"): "pruned by the kernels work",
-    ("draftsmith.kernels.paging", "draft_slot_ids"): "pruned by the kernels work",
-    ("draftsmith.kernels.paging", "private_page_table"): "pruned by the kernels work",
-    ("draftsmith.kernels.philox", "STREAM_DRAFT"): "pruned by the kernels work",
-    ("draftsmith.kernels.philox", "philox_uniform"): "pruned by the kernels work",
-    ("draftsmith.kernels.strict_accept", "_DEFAULT_CONFIG"): "pruned by the kernels work",
-    ("draftsmith.kernels.strict_accept", "_SWEEP_CONFIGS"): "pruned by the kernels work",
+    ("draftsmith.kernels.markov_chain", "markov_chain_reference"):
+        "the Markov chain's specification: tests compare chains of markov_step with it",
 }
 """What the walk keeps although nothing in the package uses it, and why; ``"*"`` keeps a whole
 module. Every entry must name something that exists and that nothing else reaches."""

@@ -14,7 +14,6 @@ import triton.language as tl
 from draftsmith.contract import ShapeError, check_tensor
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-_I64 = torch.int64
 
 
 def _scatter_rows(pool, entries, dest_pages, dest_offsets, write_mask, skip) -> None:

@@ -25,8 +25,9 @@ from draftsmith.contract import (
     check_tensor,
 )
 from draftsmith.kernels.markov_chain import markov_bias_reference, markov_step
+from draftsmith.kernels.philox import STREAM_DRAFT
 
-DRAFT_STREAM = 1
+DRAFT_STREAM = STREAM_DRAFT
 """Counter stream of draft samples (spec 5.5)."""
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
