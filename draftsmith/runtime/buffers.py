@@ -182,16 +182,17 @@ class DecoderBuffers:
         """Start the round state of newly admitted ``slots: [A] int64``: each row's first token
         ``[A]`` is its pending bonus (``n = 1``) at ``positions: [A]`` (the prompt lengths), with
         its ``seeds: [A]`` and the prefill's last target features ``[A, F]``; the rows route to
-        their own slots from now on."""
-        self.accepted[slots] = 0
-        self.accepted[slots, 0] = first_tokens.to(self.accepted.device, _I64)
-        self.num_accepted[slots] = 1
-        self.target_len[slots] = positions
-        self.seeds[slots] = seeds
+        their own slots from now on. Index kernels only (no host value is copied): a CUDA graph
+        can capture it with ``slots`` on the device."""
+        self.accepted.index_fill_(0, slots, 0)
+        self.accepted[:, 0].index_copy_(0, slots, first_tokens.to(self.accepted.device, _I64))
+        self.num_accepted.index_fill_(0, slots, 1)
+        self.target_len.index_copy_(0, slots, positions.to(_I64))
+        self.seeds.index_copy_(0, slots, seeds.to(_I64))
         if features is not None:
-            self.features[slots] = 0
-            self.features[slots, 0] = features.to(self.features.dtype)
-        self.batch_to_slot[slots] = slots
+            self.features.index_fill_(0, slots, 0)
+            self.features[:, 0].index_copy_(0, slots, features.to(self.features.dtype))
+        self.batch_to_slot.index_copy_(0, slots, slots)
 
     def reset_slots(self) -> None:
         """Every row a padding row with empty state (after a capture ran rounds on them)."""

@@ -46,11 +46,14 @@ from draftsmith.contract import (
 from draftsmith.runtime.acceptance import TARGET_STREAM, Acceptance
 from draftsmith.runtime.buckets import (
     MIN_CONTEXT_BUCKET,
+    PREFILL_WIDTHS,
+    prefill_width,
     row_buckets,
     width_buckets,
 )
 from draftsmith.runtime.buckets import bucket as _bucket
 from draftsmith.runtime.buffers import BucketView, DecoderBuffers
+from draftsmith.runtime.graphs import CapturedCall
 from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager, SlotManager
 from draftsmith.runtime.plan import DraftPlan
@@ -190,7 +193,7 @@ class SpecDecoder:
         self.device = buffers.ctx_len.device
         self.target_embedding = target.input_embedding()
         self.head = target.output_head()
-        self.graphs: dict[tuple[int, int], RoundGraph] = {}
+        self.graphs: dict[tuple[int, int], CapturedCall] = {}
         """Captured rounds by ``(rows, context width)``."""
         self._graph_pool = None
         self._graph_cache_version = -1
@@ -201,6 +204,17 @@ class SpecDecoder:
         self._host_result = torch.empty(buffers.result.shape, dtype=_I64,
                                         pin_memory=self.device.type == "cuda")
         self._columns = torch.arange(plan.num_draft_tokens + 1, device=self.device)
+        self.admissions: dict[int, CapturedCall] = {}
+        """Captured one-prompt admissions by prefill width."""
+        pinned = self.device.type == "cuda"
+        self._adm_args = torch.zeros(3, dtype=_I64, device=self.device)
+        """The admission's ``[slot, prompt length, seed]``."""
+        self._host_args = torch.zeros(3, dtype=_I64, pin_memory=pinned)
+        self._adm_ids = torch.zeros(1, 0, dtype=_I64, device=self.device)
+        self._host_ids = torch.zeros(1, 0, dtype=_I64, pin_memory=pinned)
+        self._adm_result = torch.zeros(1, 4, dtype=_I64, device=self.device)
+        """``[first token, nan, winning logit, margin]`` (the last two as fp32 bit patterns)."""
+        self._host_adm = torch.zeros(1, 4, dtype=_I64, pin_memory=pinned)
 
     # ---- public API ---------------------------------------------------------------------
 
@@ -229,7 +243,7 @@ class SpecDecoder:
                 if waiting and self.slots.num_free:
                     admitted = waiting[: self.slots.num_free]
                     waiting = waiting[len(admitted):]
-                    active.extend(r for r in self._admit(admitted) if not r.finish)
+                    active.extend(r for r in self._admit_all(admitted) if not r.finish)
                 if active:
                     self.step(active)
                     active = [r for r in active if not r.finish]
@@ -265,6 +279,9 @@ class SpecDecoder:
             self._length = want
             self._widths = width_buckets(want)
             self._drop_graphs()  # their clamps and widths were for the shorter cache
+            pinned = self.device.type == "cuda"
+            self._adm_ids = torch.zeros(1, want, dtype=_I64, device=self.device)
+            self._host_ids = torch.zeros(1, want, dtype=_I64, pin_memory=pinned)
         self.target.reserve(plan.slot_capacity, self._length)
         if max_prompt:
             self.target.warm_prefill(max_prompt)
@@ -277,16 +294,26 @@ class SpecDecoder:
         rows = self._rows[: self._rows.index(_bucket(min(max_requests, plan.slot_capacity),
                                                      self._rows)) + 1]
         missing = [(g, w) for g in rows for w in self._widths if (g, w) not in self.graphs]
-        if not missing:
+        top = prefill_width(max(max_prompt, 1), self._length)
+        prefills = [w for w in PREFILL_WIDTHS
+                    if w <= top and w not in self.admissions and self._admits_rows(w)]
+        if not missing and not prefills:
             return
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
         counter = self.acceptance.forced_counter.clone()
-        # one eager round on this stream first: what a first forward builds and keeps (packed
-        # weights, RoPE frequencies, compiled kernels) is then made outside any capture stream
-        self.round_core(*max(missing))
-        for g, w in sorted(missing, reverse=True):  # largest first: the rest reuse its memory
-            self.graphs[(g, w)] = RoundGraph(self, g, w, self._graph_pool)
+        # one eager call of each on this stream first: what a first forward builds and keeps
+        # (packed weights, RoPE frequencies, compiled kernels) is made outside any capture
+        self._adm_args.copy_(torch.tensor([0, 1, 0]))  # slot 0, a one-token prompt
+        for w in prefills[-1:]:
+            self.admit_core(w)
+        if missing:
+            self.round_core(*max(missing))
+        for w in reversed(prefills):  # largest first: the rest reuse its memory
+            self.admissions[w] = CapturedCall(lambda w=w: self.admit_core(w), self._graph_pool)
+        for g, w in sorted(missing, reverse=True):
+            self.graphs[(g, w)] = CapturedCall(lambda g=g, w=w: self.round_core(g, w),
+                                               self._graph_pool)
         self.acceptance.forced_counter.copy_(counter)
         self.buffers.reset_slots()
 
@@ -302,9 +329,10 @@ class SpecDecoder:
                      max(len(r.prompt) for r in reqs))
 
     def _drop_graphs(self) -> None:
-        """Forget every captured round and their memory pool (a pool whose graphs are all gone
-        cannot take a new capture)."""
+        """Forget every captured round and admission and their memory pool (a pool whose graphs
+        are all gone cannot take a new capture)."""
         self.graphs.clear()
+        self.admissions.clear()
         self._graph_pool = None
 
     # ---- request lifecycle --------------------------------------------------------------
@@ -368,6 +396,85 @@ class SpecDecoder:
         return SamplingKey(seeds=torch.tensor(seeds, dtype=_I64, device=self.device),
                            offsets=offsets.to(self.device, _I64))
 
+    def _admits_rows(self, width: int) -> bool:
+        """Whether a prompt padded to ``width`` is admitted by :meth:`admit_core` (one rank,
+        a ladder width that fits the prepared cache); otherwise by the batched prefill."""
+        return (self.plan.tp_size == 1 and width in PREFILL_WIDTHS
+                and width <= self._adm_ids.shape[1])
+
+    def _admit_all(self, reqs: list[_Request]) -> list[_Request]:
+        """Admit ``reqs``: one at a time through :meth:`admit_core` (replayed when captured),
+        the rest (long prompts, several ranks) through the batched prefill."""
+        batched = []
+        for r in reqs:
+            width = prefill_width(len(r.prompt), self._length)
+            if not self._admits_rows(width):
+                batched.append(r)
+                continue
+            t0 = time.perf_counter()
+            r.slot = self.slots.assign(r.rid)
+            r.t_admit = t0
+            p = len(r.prompt)
+            self._host_ids[0, :p] = torch.tensor(r.prompt, dtype=_I64)
+            self._adm_ids[:, :p].copy_(self._host_ids[:, :p], non_blocking=True)
+            self._host_args.copy_(torch.tensor([r.slot, p, r.seed]))
+            self._adm_args.copy_(self._host_args, non_blocking=True)
+            graph = self.admissions.get(width) if self.plan.cuda_graphs else None
+            if graph is not None:
+                graph.replay()
+            else:
+                self.admit_core(width)
+            self._host_adm.copy_(self._adm_result)  # the admission's one read
+            tok, nan, *bits = self._host_adm[0].tolist()
+            self._start(r, tok, bool(nan),
+                        tuple(_float_pairs(bits)[0]) if self.plan.record_margins else (), t0)
+        return [r for r in reqs if r not in batched] + (self._admit(batched) if batched else [])
+
+    def admit_core(self, width: int) -> None:
+        """Admit one prompt, reading and writing only device state: ``_adm_ids[:, :width]``
+        (the prompt, then padding) at ``_adm_args = [slot, length, seed]``.
+
+        Prefills the slot's target cache (logits of the last prompt token only), selects the
+        first token, stores the drafter context of positions ``0 .. length - 2`` and loads the
+        slot's round state; writes ``[first, nan, winning logit, margin]`` to ``_adm_result``.
+        No host reads: a CUDA graph captures it per prefill width.
+        """
+        with values_trusted():
+            self._admission(width)
+
+    def _admission(self, width: int) -> None:
+        plan, args = self.plan, self._adm_args
+        slot, length, seed = args[0:1], args[1:2], args[2:3]
+        last = length - 1
+        out = self.target.forward_rows(self._adm_ids[:, :width], torch.zeros_like(slot), width,
+                                       slots=slot, logit_rows=last)
+        key = None if plan.greedy else SamplingKey(seed, length)
+        first = self.selector.select(out.logits, key, TARGET_STREAM, self.collectives)
+        features = None
+        if plan.drafting:
+            positions = torch.arange(width - 1, dtype=_I64, device=self.device)
+            entries = self.drafter.project_context(out.features[: width - 1], positions)
+            self.pager.store_prompt(slot, entries, last)
+            features = out.features.index_select(0, last)
+        self.buffers.load_slots(slot, first_tokens=first, positions=length, seeds=seed,
+                                features=features)
+        result = self._adm_result
+        result[:, 0] = first
+        result[:, 1] = self._any_nan(out.logits.logits)
+        if plan.record_margins:
+            result[:, 2:] = _top2(out.logits.logits).view(torch.int32).to(_I64)
+
+    def _start(self, r: _Request, token: int, nan: bool, margin: tuple, t0: float) -> None:
+        """Commit an admitted request's first token (or its NaN failure)."""
+        r.start = len(r.prompt)
+        if nan:
+            r.fail_on_nan()
+        elif r.emit([token]) and margin:
+            r.margins.append(tuple(margin))
+        r.prefill_s = time.perf_counter() - t0
+        if r.finish:
+            self._finish(r)
+
     def _admit(self, reqs: list[_Request]) -> list[_Request]:
         """Prefill new requests, select their first token, store their drafter context (4.7) and
         load their slots' round state."""
@@ -409,14 +516,7 @@ class SpecDecoder:
                    else [()] * len(reqs))
         for r, (tok, bad), margin in zip(reqs, torch.stack((first, nan), 1).tolist(), margins,
                                          strict=True):
-            r.start = len(r.prompt)
-            if bad:
-                r.fail_on_nan()
-            elif r.emit([tok]) and margin:
-                r.margins.append(tuple(margin))
-            r.prefill_s = time.perf_counter() - t0
-            if r.finish:
-                self._finish(r)
+            self._start(r, tok, bool(bad), tuple(margin), t0)
         return reqs
 
     def _any_nan(self, logits: torch.Tensor) -> torch.Tensor:
@@ -574,30 +674,4 @@ class SpecDecoder:
         return drafts, probs
 
 
-class RoundGraph:
-    """One round (:meth:`SpecDecoder.round_core`) for ``g`` rows and one context width, captured
-    in a CUDA graph (spec section 7).
-
-    Every input and output is a bind-time buffer, so a replay needs no copies in or out; tensors
-    created during capture live in the shared pool and are never read outside the graph. The
-    warm-up run before capture (lazy compilation, library handles, allocator growth) runs the
-    round on the buffers: :meth:`SpecDecoder.prepare` resets them afterwards.
-    """
-
-    def __init__(self, decoder: SpecDecoder, g: int, width: int, pool: object) -> None:
-        self.rows, self.width = g, width
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            decoder.round_core(g, width)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            decoder.round_core(g, width)
-
-    def replay(self) -> None:
-        """Run the captured round."""
-        self.graph.replay()
-
-
-__all__ = ["GenerationResult", "RoundGraph", "SpecDecoder", "row_buckets", "width_buckets"]
+__all__ = ["GenerationResult", "SpecDecoder", "row_buckets", "width_buckets"]

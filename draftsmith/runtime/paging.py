@@ -117,6 +117,26 @@ class ContextPager:
             store(self.buffers.cache.pool, entries.contiguous(), pages, offsets, mask)
         self.ctx_len[slot] = start + t
 
+    def store_prompt(self, slot: torch.Tensor, entries: torch.Tensor,
+                     count: torch.Tensor) -> None:
+        """Write the first ``count`` of a prompt's entries ``[T, L, planes, heads, width]`` at
+        positions ``0 .. count - 1`` of ``slot`` and set ``ctx_len[slot] = count`` (``slot``,
+        ``count``: ``[1] int64`` on the device; no host read, graph-capturable). Rows at and
+        after ``count`` write zeros at their positions: beyond the context, never attended, and
+        overwritten by the rounds that reach them."""
+        t = int(entries.shape[0])
+        if t > self.max_ctx:
+            raise ConfigError(f"a prefill of {t} positions exceeds the drafter context limit "
+                              f"{self.max_ctx}; shorten the prompt or raise runtime.max_context")
+        if t:
+            cols = torch.arange(t, dtype=_I64, device=self.ctx_len.device)
+            pages = self.buffers.page_table.index_select(0, slot)[0, cols // self.page_size]
+            offsets = cols % self.page_size
+            store = store_context_rows if self.mode == "fused" else store_context_rows_reference
+            store(self.buffers.cache.pool, entries.contiguous(), pages.contiguous(),
+                  offsets.contiguous(), cols < count)
+        self.ctx_len.index_copy_(0, slot, count)
+
     def place(
         self, batch_to_slot: torch.Tensor, accepted: torch.Tensor, num_accepted: torch.Tensor
     ) -> DraftBlockPlacement:

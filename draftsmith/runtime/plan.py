@@ -360,8 +360,11 @@ def make_plan(
         graphs = decide("cuda_graphs", True,
                         f"runtime.cuda_graphs = {wanted!r} on {inputs.device}: the whole round "
                         "(drafting, target verification, acceptance, commit) is captured per "
-                        "(batch, context width) bucket and replayed with one host read; buffers "
-                        "owned by the plan (7)")
+                        "(batch, context width) bucket and replayed with one host read; on one "
+                        "rank each prompt's admission (prefill, first token, drafter context) is "
+                        "captured per prefill width (16, 24, 32, 48, ... 4096) and replayed with "
+                        "one host read, longer prompts prefill eagerly; buffers owned by the "
+                        "plan (7)")
 
     # ---- margins ----
     want_margins = {True: "on", False: "off"}.get(inputs.record_margins, inputs.record_margins)

@@ -340,9 +340,9 @@ def test_generate_reports_a_request_ended_by_nan_logits(capsys, tiny_dir, monkey
     real = HFTarget.forward_rows
     calls = {"n": 0}
 
-    def poisoned(self, tokens, starts, context_width):
-        out = real(self, tokens, starts, context_width)
-        calls["n"] += 1
+    def poisoned(self, tokens, starts, context_width, slots=None, logit_rows=None):
+        out = real(self, tokens, starts, context_width, slots, logit_rows)
+        calls["n"] += slots is None  # rounds only, not the prompt's admission
         if calls["n"] == 2:
             logits = out.logits.logits.clone()
             logits[:, 3] = float("nan")

@@ -157,15 +157,17 @@ def test_the_default_seed_near_the_limit_is_refused_by_name(target):
 
 def test_a_failing_call_gives_its_slots_back(target, monkeypatch):
     dec = bind(target, None, _config())
-    real = target.prefill
+    real = target.forward_rows
 
-    def broken(slots, prompts):
-        raise RuntimeError("injected prefill failure")
+    def broken(tokens, starts, context_width, slots=None, logit_rows=None):
+        if slots is not None:  # a prompt's admission
+            raise RuntimeError("injected prefill failure")
+        return real(tokens, starts, context_width, slots, logit_rows)
 
-    monkeypatch.setattr(target, "prefill", broken)
+    monkeypatch.setattr(target, "forward_rows", broken)
     with pytest.raises(RuntimeError, match="injected"):
         dec.generate([[1, 2, 3], [4, 5]], 4)
-    monkeypatch.setattr(target, "prefill", real)
+    monkeypatch.setattr(target, "forward_rows", real)
     assert dec.slots.num_free == dec.plan.slot_capacity
     want = target.greedy_generate([1, 2, 3], 4, slot=5)
     assert list(dec.generate([[1, 2, 3]], 4)[0].tokens) == want

@@ -146,19 +146,21 @@ def test_more_requests_than_slots_and_stop_rule(target, greedy_oracle):
     assert res.tokens == (first,) and res.accepted_lengths == () and res.finish_reason == "stop"
 
 
+@pytest.mark.parametrize("admission", [False, True], ids=["round", "admission"])
 def test_a_failed_round_frees_every_slot_and_the_next_call_is_exact(target, greedy_oracle,
-                                                                     monkeypatch):
-    """A round that raises (here the target's forward, on the third round) ends the call: every
-    slot comes back, and the next call decodes exactly, from freshly loaded slot state."""
+                                                                     monkeypatch, admission):
+    """A round or an admission that raises (the target's forward, on its third call of that
+    kind) ends the call: every slot comes back, and the next call decodes exactly, from freshly
+    loaded slot state."""
     dec = bind(target, None, _config("dspark-gqa", 3))
     calls = {"n": 0}
     real = target.forward_rows
 
-    def flaky(tokens, starts, context_width):
-        calls["n"] += 1
+    def flaky(tokens, starts, context_width, slots=None, logit_rows=None):
+        calls["n"] += (slots is not None) == admission
         if calls["n"] == 3:
             raise RuntimeError("injected failure in the target forward")
-        return real(tokens, starts, context_width)
+        return real(tokens, starts, context_width, slots, logit_rows)
 
     monkeypatch.setattr(target, "forward_rows", flaky)
     with pytest.raises(RuntimeError, match="injected"):
@@ -281,8 +283,10 @@ def test_a_nan_in_the_targets_logits_ends_that_request_with_an_error(target, gre
     real = target.forward_rows
     calls = {"n": 0}
 
-    def poisoned(tokens, starts, context_width):
-        out = real(tokens, starts, context_width)
+    def poisoned(tokens, starts, context_width, slots=None, logit_rows=None):
+        out = real(tokens, starts, context_width, slots, logit_rows)
+        if slots is not None:  # an admission
+            return out
         calls["n"] += 1
         if calls["n"] == 3:  # third round: every row of slot 1 holds a NaN
             logits = out.logits.logits.clone().view(tokens.shape[0], tokens.shape[1], -1)
@@ -308,17 +312,24 @@ def test_a_nan_in_the_prefill_logits_ends_the_request_before_its_first_token(tar
     from draftsmith.contract import LogitsShard, TargetOutput
 
     dec = bind(target, None, _config("dspark-gqa", 3))
-    real = target.prefill
+    real_prefill, real_rows = target.prefill, target.forward_rows
 
-    def poisoned(slots, prompts):
-        out = real(slots, prompts)
+    def poison(out):
         logits = out.logits.logits.clone()
         logits[:, 9] = float("nan")
         return TargetOutput(LogitsShard.full(logits), out.features)
 
-    monkeypatch.setattr(target, "prefill", poisoned)
+    def rows(tokens, starts, context_width, slots=None, logit_rows=None):
+        out = real_rows(tokens, starts, context_width, slots, logit_rows)
+        return poison(out) if slots is not None else out  # admissions only
+
+    # one-prompt admissions run forward_rows on the prompt's slot, the batched path prefill
+    monkeypatch.setattr(target, "prefill", lambda slots, prompts: poison(real_prefill(slots,
+                                                                                      prompts)))
+    monkeypatch.setattr(target, "forward_rows", rows)
     (res,) = dec.generate(PROMPTS[:1], 5)
     assert res.finish_reason == "error" and res.tokens == () and res.accepted_lengths == ()
+    assert dec.slots.num_free == dec.plan.slot_capacity
 
 
 @pytest.mark.parametrize("k", [0, 3])
@@ -340,3 +351,24 @@ def test_recorded_margins_are_the_targets_top2_at_each_token(nudged, k):
     off = bind(target, None, _config("dspark-gqa", k, record_margins="off"))
     assert not off.plan.record_margins
     assert off.generate(PROMPTS[:1], 5)[0].margins is None
+
+
+def test_admissions_run_one_prompt_per_forward_and_equal_the_batched_prefill(target,
+                                                                           greedy_oracle,
+                                                                           monkeypatch):
+    """A prompt that fits the prefill ladder is admitted alone by ``admit_core`` (what a CUDA
+    graph captures per width; the target's batched prefill is not called); forcing every
+    admission through the batched prefill decodes the same tokens."""
+    dec = bind(target, None, _config("dspark-gqa", 3))
+    widths = []
+    real_core, real_prefill = dec.admit_core, target.prefill
+    monkeypatch.setattr(dec, "admit_core", lambda w: (widths.append(w), real_core(w))[1])
+    monkeypatch.setattr(target, "prefill", lambda *a: pytest.fail("batched prefill was used"))
+    results = dec.generate(PROMPTS[:5], BUDGETS[:5])
+    assert [list(r.tokens) for r in results] == greedy_oracle[:5]
+    assert widths == [16] * 5 and dec.slots.num_free == dec.plan.slot_capacity
+    monkeypatch.setattr(target, "prefill", real_prefill)
+    monkeypatch.setattr(dec, "_admits_rows", lambda width: False)
+    batched = dec.generate(PROMPTS[:5], BUDGETS[:5])
+    assert [(r.tokens, r.accepted_lengths) for r in batched] == [
+        (r.tokens, r.accepted_lengths) for r in results]

@@ -335,3 +335,26 @@ def test_warm_prefill_runs_each_width_once_and_keeps_the_cache() -> None:
     assert target._warm_widths == {16, 24, 32, 48, 64, 96, 128}
     target.warm_prefill(1000)  # beyond the cache: only the widths that fit
     assert max(target._warm_widths) == 256 and target.cache_version == version
+
+
+def test_forward_rows_into_a_slot_with_last_logits_equals_prefill(model: torch.nn.Module) -> None:
+    """A one-prompt admission: forward_rows of the padded prompt into slot 3 at position 0,
+    logits of its last token only, gives prefill's last logits and features, and the slot's
+    cache then verifies like a prefilled one."""
+    target = HFTarget(model)
+    target.set_capture_layers([1])
+    target.reserve(4, 64)
+    prompt = torch.arange(3, 40)
+    want = target.prefill([2], [prompt])
+    padded = torch.zeros(1, 48, dtype=torch.int64)
+    padded[0, :37] = prompt
+    out = target.forward_rows(padded, torch.zeros(1, dtype=torch.int64), 48,
+                              slots=torch.tensor([3]), logit_rows=torch.tensor([36]))
+    assert out.logits.logits.shape == (1, 512) and out.features.shape[0] == 48
+    torch.testing.assert_close(out.logits.logits, want.logits.logits[-1:], atol=ATOL, rtol=0)
+    torch.testing.assert_close(out.features[:37], want.features, atol=ATOL, rtol=0)
+    block = torch.tensor([[5, 6, 7]])
+    starts = torch.tensor([37])
+    a = target.forward_rows(block, starts, 40, slots=torch.tensor([3]))
+    b = target.forward_rows(block, starts, 40, slots=torch.tensor([2]))
+    torch.testing.assert_close(a.logits.logits, b.logits.logits, atol=ATOL, rtol=0)
