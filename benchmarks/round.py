@@ -123,7 +123,7 @@ def _breakdown(dec, ids: list[list[int]], max_new: int, say) -> None:
     for name, sd in (("spec", dec.spec), ("plain", dec.plain)):
         sd.prepare_for(ids, max_new)
         admit, steps = [], {}
-        real_admit, real_step = sd._admit, sd.step
+        real_admit, real_step = sd._admit_all, sd.step
 
         def timed_admit(reqs, real_admit=real_admit, admit=admit):
             t0 = time.perf_counter()
@@ -138,12 +138,12 @@ def _breakdown(dec, ids: list[list[int]], max_new: int, say) -> None:
             real_step(active)
             steps.setdefault(width, []).append(time.perf_counter() - t0)
 
-        sd._admit, sd.step = timed_admit, timed_step
+        sd._admit_all, sd.step = timed_admit, timed_step
         t0 = time.perf_counter()
         results = sd.generate(ids, max_new)
         torch.cuda.synchronize()
         total = time.perf_counter() - t0
-        sd._admit, sd.step = real_admit, real_step
+        sd._admit_all, sd.step = real_admit, real_step
         tokens = sum(len(r.tokens) for r in results)
         n_steps = sum(len(v) for v in steps.values())
         step_s = sum(sum(v) for v in steps.values())

@@ -94,7 +94,8 @@ def test_graphed_rounds_equal_eager_rounds(family, selection):
 def test_a_graphed_round_synchronizes_with_the_host_once(k):
     """torch's sync debug mode reports every synchronizing call; a replayed round (plain
     decoding at K = 0, speculation at K = 5) makes exactly one: the read of its counts and
-    tokens. The negative control adds a ``.item()`` and sees two."""
+    tokens; a replayed admission one per prompt. The negative control adds a ``.item()`` and
+    sees two."""
     target = ToyTarget(max_slots=8, max_len=256, device="cuda", mixing=0.3)
     dec = bind(target, None, _config("dspark-gqa", {"kind": "greedy"}, cuda_graphs=True, k=k))
     dec.generate(PROMPTS[:3], 20)  # captures
@@ -113,9 +114,24 @@ def test_a_graphed_round_synchronizes_with_the_host_once(k):
                 torch.cuda.set_sync_debug_mode("default")
         counts.append(sum(SYNC_MESSAGE in str(w.message) for w in caught))
 
-    dec.step = step
+    admissions: list[int] = []
+    real_admit = dec._admit_all
+
+    def admit(reqs):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                return real_admit(reqs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                admissions.append(sum(SYNC_MESSAGE in str(w.message) for w in caught)
+                                  - len(reqs))
+
+    dec.step, dec._admit_all = step, admit
     dec.generate(PROMPTS[:3], 20)
     assert len(counts) > 3 and set(counts) == {1}, counts
+    assert dec.admissions and set(admissions) == {0}, admissions  # one read per prompt
     counts.clear()
     dec.step = lambda active: step(active, extra=True)
     dec.generate(PROMPTS[:3], 20)
