@@ -139,9 +139,8 @@ class DraftChain:
         """
         self._check_inputs(base, vocab_start, anchor, hidden, probs_out)
         g, k, s = base.shape
-        drafts = torch.empty(g, k, dtype=torch.int64, device=base.device)
         if k == 0:
-            return drafts, base
+            return torch.empty(g, 0, dtype=torch.int64, device=base.device), base
         if self.weights is None:
             flat = LogitsShard(base.reshape(g * k, s), vocab_start, self.vocab_size)
             rows_key = None
@@ -156,13 +155,12 @@ class DraftChain:
                 probs_out.copy_(self.selector.probs(flat, self.collectives).view(g, k, -1))
             return drafts, base
         corrected = torch.empty(g, k, s, dtype=torch.float32, device=base.device)
-        prev, state = anchor, None
+        prev, state, tokens = anchor, None, []
         for j in range(k):
             z = corrected[:, j]
             if self.mode == "fused" and self.collectives.world_size == 1:
-                _, idx = markov_step(base[:, j].contiguous(), prev, self.weights.w1,
-                                     self.weights.w2, vocab_start, z, reverse=j % 2 == 1)
-                token = idx.to(torch.int64)
+                _, token = markov_step(base[:, j], prev, self.weights.w1, self.weights.w2,
+                                       vocab_start, z, reverse=j % 2 == 1)
             else:
                 h = hidden[:, j] if hidden is not None else None
                 bias, state = markov_bias(self.weights, prev, h, state)
@@ -174,9 +172,9 @@ class DraftChain:
             if probs_out is not None:
                 probs_out[:, j] = self.selector.probs(
                     LogitsShard(z, vocab_start, self.vocab_size), self.collectives)
-            drafts[:, j] = token
+            tokens.append(token)
             prev = token
-        return drafts, corrected
+        return torch.stack(tokens, dim=1), corrected
 
 
 __all__ = ["DRAFT_STREAM", "DraftChain", "markov_bias"]
