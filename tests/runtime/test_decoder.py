@@ -364,11 +364,12 @@ def test_admissions_run_one_prompt_per_forward_and_equal_the_batched_prefill(tar
     real_core, real_prefill = dec.admit_core, target.prefill
     monkeypatch.setattr(dec, "admit_core", lambda w: (widths.append(w), real_core(w))[1])
     monkeypatch.setattr(target, "prefill", lambda *a: pytest.fail("batched prefill was used"))
-    results = dec.generate(PROMPTS[:5], BUDGETS[:5])
-    assert [list(r.tokens) for r in results] == greedy_oracle[:5]
-    assert widths == [16] * 5 and dec.slots.num_free == dec.plan.slot_capacity
+    results = dec.generate(PROMPTS, BUDGETS)
+    assert [list(r.tokens) for r in results] == greedy_oracle
+    assert widths == [16 if len(p) <= 16 else 24 for p in PROMPTS]
+    assert dec.slots.num_free == dec.plan.slot_capacity
     monkeypatch.setattr(target, "prefill", real_prefill)
     monkeypatch.setattr(dec, "_admits_rows", lambda width: False)
-    batched = dec.generate(PROMPTS[:5], BUDGETS[:5])
+    batched = dec.generate(PROMPTS, BUDGETS)
     assert [(r.tokens, r.accepted_lengths) for r in batched] == [
         (r.tokens, r.accepted_lengths) for r in results]

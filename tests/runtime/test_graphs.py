@@ -77,14 +77,17 @@ def test_graphed_rounds_equal_eager_rounds(family, selection):
     eager = bind(target, None, _config(family, selection, cuda_graphs=False))
     graphed = bind(target, eager.drafter, _config(family, selection, cuda_graphs=True))
     assert graphed.plan.cuda_graphs and not eager.plan.cuda_graphs
+    # prompts over three prefill widths (16, 24, 48): admissions replay three captures
+    prompts = [*PROMPTS[:4], [7] * 20, [(3 * j) % 60 for j in range(40)]]
     budgets = [30, 17, 41, 9, 25, 33]
-    a = eager.generate(PROMPTS, budgets)
-    b = graphed.generate(PROMPTS, budgets)
+    a = eager.generate(prompts, budgets)
+    b = graphed.generate(prompts, budgets)
     assert graphed.graphs, "no round was captured"
+    assert {16, 24, 48} <= set(graphed.admissions), sorted(graphed.admissions)
     assert [(r.tokens, r.accepted_lengths) for r in a] == [(r.tokens, r.accepted_lengths)
                                                            for r in b]
     if selection["kind"] == "greedy":
-        want = [target.greedy_generate(p, n, slot=7) for p, n in zip(PROMPTS, budgets,
+        want = [target.greedy_generate(p, n, slot=7) for p, n in zip(prompts, budgets,
                                                                        strict=True)]
         assert [list(r.tokens) for r in b] == want
 
