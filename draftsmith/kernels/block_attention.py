@@ -95,6 +95,21 @@ def _dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _online_softmax(q, k, v, ok, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr):
+    """Fold one tile of keys ``k`` and values ``v`` ``[N, D]`` (visible where ``ok [M, N]``)
+    into the running max ``m_i``, sum ``l_i`` and output ``acc`` of the queries ``q [M, D]``
+    (base-2 softmax; masked scores contribute nothing)."""
+    s = _dot(q, tl.trans(k.to(q.dtype)), IEEE) * qk_scale
+    s = tl.where(ok, s, -1.0e30)
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.where(ok, tl.exp2(s - m_new[:, None]), 0.0)
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v.to(q.dtype), IEEE)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _block_attention_kernel(
     q_ptr, k_ptr, v_ptr, pool_ptr, tables_ptr, nctx_ptr, qpos_ptr, out_ptr,
     W, HD, COLUMNS, PAGE, MAX_PAGES, scale,
@@ -130,15 +145,8 @@ def _block_attention_kernel(
         ld_ok = c_ok[:, None] & d_ok[None, :]
         kt = tl.load(where[:, None] + d[None, :], mask=ld_ok, other=0.0)
         vt = tl.load(where[:, None] + s_plane + d[None, :], mask=ld_ok, other=0.0)
-        s = _dot(q, tl.trans(kt.to(q.dtype)), IEEE) * qk_scale
         ok = _seen(qp, cols.to(tl.int64), CAUSAL, WINDOW) & c_ok[None, :] & row_ok[:, None]
-        s = tl.where(ok, s, -1.0e30)
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.where(ok, tl.exp2(s - m_new[:, None]), 0.0)
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + _dot(p.to(q.dtype), vt.to(q.dtype), IEEE)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax(q, kt, vt, ok, m_i, l_i, acc, qk_scale, IEEE)
     # the block's own keys and values
     j = tl.arange(0, BLOCK_W)
     j_ok = j < W
@@ -148,14 +156,8 @@ def _block_attention_kernel(
     vb = tl.load(v_ptr + b * s_vg + j[:, None] * s_vw + kvh * s_vh + d[None, :], mask=ld_ok,
                  other=0.0)
     kp = tl.load(qpos_ptr + b * W + j, mask=j_ok, other=0)
-    s = _dot(q, tl.trans(kb.to(q.dtype)), IEEE) * qk_scale
     ok = _seen(qp, kp, CAUSAL, WINDOW) & j_ok[None, :] & row_ok[:, None]
-    s = tl.where(ok, s, -1.0e30)
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    p = tl.where(ok, tl.exp2(s - m_new[:, None]), 0.0)
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + _dot(p.to(q.dtype), vb.to(q.dtype), IEEE)
+    m_i, l_i, acc = _online_softmax(q, kb, vb, ok, m_i, l_i, acc, qk_scale, IEEE)
     o = acc / tl.maximum(l_i, 1.0e-30)[:, None]
     tl.store(out_ptr + b * s_og + row_w[:, None] * s_ow + head[:, None] * s_oh + d[None, :],
              o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])

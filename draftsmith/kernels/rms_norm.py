@@ -71,18 +71,25 @@ def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torc
 
 
 @triton.jit
+def _store_norm(x, w_ptr, out_ptr, d, ok, D, eps):
+    """Store ``weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)`` of one row ``x [BLOCK_D]``
+    (masked by ``ok``) at ``out_ptr + d``, rounded where the reference rounds."""
+    h = x.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / D + eps)
+    y = (h * inv).to(x.dtype)
+    w = tl.load(w_ptr + d, mask=ok, other=0.0)
+    out = w.to(tl.float32) * y.to(tl.float32)
+    tl.store(out_ptr + d, out.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, eps, s_x, s_out, BLOCK_D: tl.constexpr):
     """Program ``r`` normalises row ``r``."""
     r = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     ok = d < D
     x = tl.load(x_ptr + r * s_x + d, mask=ok, other=0.0)
-    h = x.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / D + eps)
-    y = (h * inv).to(x.dtype)
-    w = tl.load(w_ptr + d, mask=ok, other=0.0)
-    out = w.to(tl.float32) * y.to(tl.float32)
-    tl.store(out_ptr + r * s_out + d, out.to(out_ptr.dtype.element_ty), mask=ok)
+    _store_norm(x, w_ptr, out_ptr + r * s_out, d, ok, D, eps)
 
 
 def rope_cos_sin_reference(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
@@ -140,12 +147,7 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, D, eps, s_x, s_r
     res = tl.load(r_ptr + r * s_r + d, mask=ok, other=0.0)
     h = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
     tl.store(sum_ptr + r * s_s + d, h, mask=ok)
-    hf = h.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / D + eps)
-    y = (hf * inv).to(x.dtype)
-    w = tl.load(w_ptr + d, mask=ok, other=0.0)
-    out = w.to(tl.float32) * y.to(tl.float32)
-    tl.store(out_ptr + r * s_out + d, out.to(out_ptr.dtype.element_ty), mask=ok)
+    _store_norm(h, w_ptr, out_ptr + r * s_out, d, ok, D, eps)
 
 
 @triton.jit
