@@ -260,10 +260,11 @@ class SpecDecoder:
         ]
 
     def prepare(self, max_requests: int, max_positions: int, max_prompt: int = 0) -> None:
-        """Size the target cache for ``max_positions`` positions per slot, run the target's
-        prefill once at every width a prompt of up to ``max_prompt`` tokens uses and, with
+        """Size the target cache for ``max_positions`` positions per slot and, with
         ``plan.cuda_graphs``, capture the round for every (rows, width) bucket that
-        ``max_requests`` requests of at most that many positions can use.
+        ``max_requests`` requests of at most that many positions can use, and the admission
+        for every prefill width a prompt of up to ``max_prompt`` tokens uses. Where some prompt
+        takes the target's batched prefill instead, that prefill runs once at each width first.
 
         Must run while no request is active: capture runs the round on the buffers, and every
         per-slot state is reset afterwards.
@@ -283,8 +284,9 @@ class SpecDecoder:
             self._adm_ids = torch.zeros(1, want, dtype=_I64, device=self.device)
             self._host_ids = torch.zeros(1, want, dtype=_I64, pin_memory=pinned)
         self.target.reserve(plan.slot_capacity, self._length)
-        if max_prompt:
-            self.target.warm_prefill(max_prompt)
+        if max_prompt and not (plan.cuda_graphs and self._admits_rows(
+                prefill_width(max_prompt, self._length))):
+            self.target.warm_prefill(max_prompt)  # some prompt takes the batched prefill
         if not plan.cuda_graphs:
             return
         version = self.target.cache_version
