@@ -55,8 +55,8 @@ def _discard(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def save_checkpoint(directory: Path, drafter: GQADrafter, opt: torch.optim.Optimizer, state: dict,
-          config: TrainConfig) -> None:
+def save_checkpoint(directory: Path, drafter: GQADrafter, opt: torch.optim.Optimizer,
+                    state: dict, config: TrainConfig) -> None:
     """Save a checkpoint (``directory``) and its optimizer and trainer state (beside it).
 
     Both are written in full under hidden names first; only then is the pair marked complete
@@ -95,7 +95,8 @@ def finish_save(directory: Path) -> None:
     staged, retired = _staged(directory), _retired(directory)
     if marker.is_file():
         for new, final, old in ((staged, directory, retired),
-                                (state_directory(staged), state_directory(directory), state_directory(retired))):
+                                (state_directory(staged), state_directory(directory),
+                                 state_directory(retired))):
             if not new.is_dir():
                 continue  # moved in before the interruption
             _discard(old)
