@@ -50,6 +50,10 @@ def warm_start(drafter: GQADrafter, checkpoint: Path, family: str, target: Targe
         raise ConfigError(f"{origin}: not a {family} checkpoint for this target: {exc}") from None
     if not isinstance(source, GQADrafter):
         raise ConfigError(f"{origin}: {family} loaded a {type(source).__name__}, not a GQA drafter")
+    if source.spec.vocab_size != drafter.spec.vocab_size:
+        raise ConfigError(f"{origin}: the checkpoint predicts a vocabulary of "
+                          f"{source.spec.vocab_size} tokens, the target has "
+                          f"{drafter.spec.vocab_size}; start from a checkpoint trained for it")
     for name in ("target_layer_ids", "block_convention", "flavour", "markov_head",
                  "confidence_head", "mask_token_id"):
         have, want = getattr(source.spec, name), getattr(drafter.spec, name)
