@@ -1,8 +1,8 @@
 """Per-rank (value, global index) pair of a logits shard, packed for the vocab-parallel exchange.
 
-Owns ``argmax_pair`` (spec 5.2 and the staging row of 5.3) and its eager reference; the pair
-reduction it shares with ``gumbel_pair`` lives in :mod:`draftsmith.kernels._pair`. Imports
-``draftsmith.contract`` only.
+Owns ``argmax_pair`` (one rank's pair, written into its slot of the staging row) and its eager
+reference; the pair reduction it shares with ``gumbel_pair`` lives in
+:mod:`draftsmith.kernels._pair`. Imports ``draftsmith.contract`` only.
 
 Each program of the ``(row, chunk)`` launch loads ``UNROLL`` tiles before it reduces them (loads
 in flight are what a memory-bound scan needs), keeping a running order-T best per lane.
@@ -37,7 +37,7 @@ def argmax_pair_reference(
     (``C`` even, ``2 * slot + 2 <= C``; allocated as ``[rows, 2 * slot + 2]`` when ``None``) is
     overwritten entirely and returned::
 
-        loc              = argmax_T(logits[row])                  torch.argmax order (spec 0.3)
+        loc              = argmax_T(logits[row])                  torch.argmax order (NaN wins)
         out[row, 2*slot]   = float(vocab_start + loc)               exact, V < 2**24
         out[row, 2*slot+1] = float(logits[row, loc])                widened bit-exactly
         out[row, other]    = +0.0

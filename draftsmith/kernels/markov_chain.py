@@ -1,4 +1,4 @@
-"""The DSpark vanilla Markov chain (spec 2.3, 5.6; choices 9.1, 9.5, 9.6, 9.20).
+"""The DSpark vanilla Markov chain: each draft token biases the next position's logits.
 
 Owns ``markov_bias_reference`` (the low-rank bias ``w1[prev] @ w2^T``), ``markov_step`` (one block
 position on one vocabulary shard: bias, fp32 sum with the base logits, and the order-T argmax
@@ -8,7 +8,7 @@ Imports ``draftsmith.contract`` only.
 
 Precision (TensorRT-LLM form): base logits fp32 (bf16 is widened exactly), the bias rounded to
 the weight dtype then widened, the sum in fp32. The fused step computes the bias with its own
-dot-product order, so it matches the torch chain at tolerance level, not bitwise (spec 9.20).
+dot-product order, so it matches the torch chain at tolerance level, not bitwise.
 
 The fused step streams ``w2`` once for all ``G`` rows: program ``(g_tile, s_tile)`` multiplies the
 gathered ``w1`` rows of its request tile with one ``[BLOCK_S, r]`` tile of ``w2`` on tensor cores,
@@ -45,7 +45,7 @@ def markov_bias_reference(w1: torch.Tensor, w2: torch.Tensor, prev: torch.Tensor
         bias = float( (w1[prev] @ w2^T) rounded to the weight dtype )
 
     A ``prev`` outside ``0 .. V-1`` (e.g. ``-1`` padding) selects a zero ``w1`` row, hence a zero
-    bias (spec 9.6).
+    bias (TensorRT-LLM's rule; DeepSpec raises).
     """
     vocab = w1.shape[0]
     valid = (prev >= 0) & (prev < vocab)
@@ -271,7 +271,7 @@ def markov_step(
     ``base: [G, S]`` fp32/bf16 and ``out_corrected: [G, S] fp32 | None`` may be row-strided
     views (unit stride along ``S``); ``prev: [G] int64`` any stride; ``w1: [V, r]`` and
     ``w2: [S, r]`` contiguous, same dtype. Pairs match the reference at tolerance level: values
-    ``assert_close``, indices equal away from near-ties (spec 9.20).
+    ``assert_close``, indices equal away from near-ties.
     """
     s: dict[str, int] = {}
     check_tensor("base", base, ("G", "S"), _BASES, s)

@@ -1,4 +1,5 @@
-"""Strict (greedy) acceptance of a verified block (spec 3.2, 3.4 ragged lengths, 0.3 order T).
+"""Strict (greedy) acceptance of a verified block (ragged verify lengths,
+torch.argmax order).
 
 Owns ``strict_accept`` (argmax of the target logits fused with the leading-match count, one
 launch) and ``strict_accept_tokens`` (the same count when the target tokens already came from a

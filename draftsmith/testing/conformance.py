@@ -20,7 +20,7 @@ Each ``check_*`` function tests one promise a drafter family makes to the runtim
 :func:`run_conformance` runs them all. The helpers :func:`build_paged_batch` and :func:`run_probe`
 build a paged context (written through ``drafter.project_context``) and a
 :class:`DraftBlockPlacement` for a batch of requests with given context lengths, slots and page
-permutation, the way the runtime's paging component lays them out (spec section 4).
+permutation, the way the runtime's paging component lays them out.
 
 The probe helpers live in :mod:`draftsmith.testing.probe` and the TP check in
 :mod:`draftsmith.testing.tp`; this module re-exports them, so the kit has one import path. It
@@ -116,13 +116,13 @@ def check_capabilities(
                 f"capabilities.target_hidden_size {caps.target_hidden_size} != the target's "
                 f"hidden size {target.hidden_size}"
             )
-        # -1 is the embedding output (spec 1.2, 1.3); the last layer holds a final-normed state.
+        # -1 is the embedding output; the last layer holds a final-normed state.
         bad = [i for i in caps.target_layer_ids
                if i != -1 and not 0 <= i < target.num_layers - 1]
         if bad:
             fail(
                 f"target_layer_ids {bad} are outside {{-1}} ∪ 0..{target.num_layers - 2} (-1 is "
-                "the embedding output; the target's last layer cannot be captured, spec 9.12)"
+                "the embedding output; the target's last layer cannot be captured)"
             )
 
     probe = make_probe(caps, case)

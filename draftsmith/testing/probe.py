@@ -178,12 +178,12 @@ def build_paged_batch(
     positions ``0 .. n_ctx_b - 1`` (one call for the whole batch) and written column by column into
     the pages of request ``b``'s slot. The pool has ``G + 1`` slots (the last is the dummy) of
     ``ceil((max_ctx + W) / P_sz)`` pages each, ``max_ctx = max(n_ctx) + K``; the page table is
-    ``page_permutation`` (default ``arange``) viewed as ``[G + 1, pages_per_slot]`` (spec 4.2).
+    ``page_permutation`` (default ``arange``) viewed as ``[G + 1, pages_per_slot]``.
     ``slots`` (default ``0 .. G-1``) gives each request's slot. Pages and columns that hold no
     context are filled with random values from ``fill_seed`` (zeros when ``None``), so a drafter
     that reads outside ``num_ctx`` or another request's pages changes its output.
 
-    The placement follows spec 4.4 for ``c_b = n_ctx_b - committed[b]``, ``n_b = committed[b]``:
+    The placement is the runtime's for ``c_b = n_ctx_b - committed[b]``, ``n_b = committed[b]``:
     ``num_ctx = new_ctx_len = n_ctx_b`` and ``query_positions = n_ctx_b + j``. The block is
     ``[bonus, mask, ...]`` of width ``W = capabilities.block_width(K)``.
     """

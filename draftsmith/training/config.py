@@ -32,8 +32,9 @@ class TrainConfig(BaseModel):
     markov_rank: int = Field(default=64, ge=0, strict=True)
     """Markov head rank (``dspark-gqa`` only)."""
     target_layer_ids: tuple[int, ...] | None = None
-    """Target layers the drafter reads; none spreads ``num_layers`` ids over the target (spec
-    1.2). Set it to grow a checkpoint (``--init-from``) to more layers with the same inputs."""
+    """Target layers the drafter reads; none spreads ``num_layers`` ids over the target
+    (z-lab's default capture list). Set it to grow a checkpoint (``--init-from``) to more layers
+    with the same inputs."""
     steps: int = Field(default=2000, ge=1, strict=True)
     """Optimizer steps in total (a resumed run continues to this count)."""
     batch_size: int = Field(default=16, ge=1, strict=True)

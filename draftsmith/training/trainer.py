@@ -340,7 +340,8 @@ def evaluate(drafter: GQADrafter, runner: TargetRunner, val: list[TrainingSequen
 @torch.no_grad()
 def calibrate(drafter: GQADrafter, runner: TargetRunner, val: list[TrainingSequence],
               config: TrainConfig, device: torch.device) -> dict[str, Any]:
-    """Fit the confidence head's STS table (spec 2.6) on held-out rollouts and install it.
+    """Fit the confidence head's STS table (one temperature per draft position) on held-out
+    rollouts and install it.
 
     Rollouts are the rounds greedy decoding would run over the held-out responses (teacher
     forced: the Markov feature of slot ``j`` uses the label, which equals the proposed draft for
