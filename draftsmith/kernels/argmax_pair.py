@@ -110,10 +110,10 @@ def _launch_sizes(rows: int, shard_width: int, itemsize: int,
                   device: torch.device) -> tuple[int, int, int, bool]:
     """``(BLOCK, UNROLL, num_warps, TREE)`` of an ``argmax_pair`` launch.
 
-    On a GPU (the H200 sweep of ``benchmarks/selection.py``): 2 KiB tiles, 8 in flight per loop
-    trip, the tree lane reduction; 1 KiB tiles for shards under 4 MiB (one to a few decode rows,
-    bound by dependent round trips) and 8 warps from 24 MiB (bandwidth-bound). The interpreter
-    gets 4 KiB tiles, two per trip and the four-reduction form (fast in numpy).
+    On a GPU (sizes picked with ``benchmarks/selection.py`` on an H200): 2 KiB tiles, 8 in
+    flight per loop trip, the tree lane reduction; 1 KiB tiles for shards under 4 MiB (one to a
+    few decode rows, bound by dependent round trips) and 8 warps from 24 MiB (bandwidth-bound).
+    The interpreter gets 4 KiB tiles, two per trip and the four-reduction form (fast in numpy).
     """
     nbytes = rows * shard_width * itemsize
     if device.type != "cuda":

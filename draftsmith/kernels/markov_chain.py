@@ -130,9 +130,7 @@ def _markov_step_kernel(
     """Stage 1: program ``(g_tile, s_tile)`` writes one order-T pair per row of its tile.
 
     Tile addresses are int32 offsets from per-program 64-bit bases (a tile spans far less than
-    2**31 elements), which keeps the address arithmetic out of the register budget. (A
-    transposed tile with the vocabulary on the MMA's M side, loading the base tile before the
-    GEMM loop, and eviction hints were all no faster on an H200.)
+    2**31 elements), which keeps the address arithmetic out of the register budget.
 
     ``REVERSE`` walks the ``w2`` tiles from the last to the first (programs are dispatched in
     increasing id order): a chain that alternates the direction from one position to the next
@@ -213,9 +211,9 @@ def _markov_launch_sizes(
     Up to 16 rows share one ``w2`` tile (``BLOCK_G = 16`` is the tensor-core minimum); larger
     batches use 32- or 64-row tiles whose programs for one ``w2`` tile run back to back (grid axis
     0), so ``w2`` comes from HBM once and from L2 after that. Tile sizes keep the sm_90 build at
-    <= ~170 registers per thread (3 programs per SM) so enough ``w2`` loads stay in flight (the
-    picks of an H200 sweep of ``benchmarks/kernels.py``: B = 128, r = 256 in 512 us against 587 us
-    for a 64 x 64 x 32 tile). fp32 weights cap ``BLOCK_S`` at 64 and ``BLOCK_R`` at 32.
+    <= ~170 registers per thread (3 programs per SM) so enough ``w2`` loads stay in flight (sizes
+    picked with ``benchmarks/kernels.py`` on an H200). fp32 weights cap ``BLOCK_S`` at 64 and
+    ``BLOCK_R`` at 32.
     """
     if rows <= 16:
         block_g, block_s, block_r, num_warps = 16, 128, 64, 4

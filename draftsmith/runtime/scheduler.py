@@ -10,8 +10,8 @@ token plus its first ``lengths[r]`` drafts.
   verify token and ``a`` expected accepted tokens; the walk stops at the first admission that does
   not raise ``theta = expected_tokens * SPS(verify_tokens)``. It runs with fixed shapes on the
   survival's device (no host read-back), in float64.
-* :func:`schedule_top_budget` is the production form (DSpark paper, section 5.2): the ``budget`` drafted positions
-  of highest survival are admitted (ties as above), no break.
+* :func:`schedule_top_budget` is the production form (DSpark paper, section 5.2): the ``budget``
+  drafted positions of highest survival are admitted (ties as above), no break.
 
 ``sps`` is the profiled throughput table: a 1-D tensor indexed by verify-token count (``sps[B]`` =
 target steps per second at ``B`` tokens; entries ``0 .. R * (K + 1)`` must exist) or a callable
