@@ -37,6 +37,7 @@ class ConformanceFailure(AssertionError):
 
 
 def fail(message: str) -> None:
+    """Raise :class:`ConformanceFailure` with ``message`` (the checks' one way to fail)."""
     raise ConformanceFailure(message)
 
 
@@ -327,12 +328,14 @@ def run_probe(
 
 
 def describe(x: object) -> str:
+    """What ``x`` is, for a failure message: a tensor's shape and dtype, else its type."""
     if isinstance(x, torch.Tensor):
         return f"a tensor of shape {tuple(x.shape)} and dtype {str(x.dtype).removeprefix('torch.')}"
     return f"a {type(x).__name__}"
 
 
 def expect_tensor(name: str, x: object, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """Fail unless ``x`` is a tensor of exactly ``shape`` and ``dtype``."""
     if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape or x.dtype != dtype:
         want = f"shape {shape} and dtype {str(dtype).removeprefix('torch.')}"
         fail(f"{name} must be a tensor of {want}, got {describe(x)}")
@@ -362,6 +365,7 @@ class Tolerance:
 
 
 def tolerances(caps: DrafterCapabilities, case: ConformanceCase) -> Tolerance:
+    """The case's tolerances, or the defaults of the drafter's dtype."""
     exact = caps.dtype == "float32"
     rtol, atol = (1e-4, 1e-4) if exact else (2e-2, 2e-3)
     return Tolerance(case.rtol if case.rtol is not None else rtol,
@@ -369,6 +373,7 @@ def tolerances(caps: DrafterCapabilities, case: ConformanceCase) -> Tolerance:
 
 
 def assert_close(name: str, got: torch.Tensor, want: torch.Tensor, tol: Tolerance) -> None:
+    """Fail unless ``got`` is within ``tol`` of ``want``: element by element, or row by row."""
     if got.shape != want.shape:
         fail(f"{name}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
     if not tol.row_norm:
