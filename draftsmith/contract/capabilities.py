@@ -19,7 +19,7 @@ WeightDtype = Literal["float32", "bfloat16", "float16"]
 
 
 class BlockConvention(StrEnum):
-    """How block slots map to drafts (spec section 2.1)."""
+    """How block slots map to drafts."""
 
     BONUS_SILENT = "bonus-silent"
     """z-lab DFlash: block ``[bonus, mask x K]``, ``W = K + 1``, draft ``j`` comes from slot ``j+1``."""
@@ -28,7 +28,8 @@ class BlockConvention(StrEnum):
 
 
 class MarkovHeadKind(StrEnum):
-    """The DSpark sequential head (spec sections 2.3 and 2.4)."""
+    """The DSpark sequential head: a low-rank bias from the previous draft token onto the next
+    position's logits (vanilla), or its gated and recurrent variants."""
 
     NONE = "none"
     VANILLA = "vanilla"
@@ -37,7 +38,7 @@ class MarkovHeadKind(StrEnum):
 
 
 class ContextCacheKind(StrEnum):
-    """Layout of one drafter context entry in the paged pool (spec section 4.2)."""
+    """Layout of one drafter context entry in the paged pool."""
 
     PAGED_GQA_KV = "paged-gqa-kv"
     """K and V planes per layer: an entry is ``[L, 2, n_kv, hd]``."""
@@ -46,12 +47,12 @@ class ContextCacheKind(StrEnum):
 
 
 class TPFusion(StrEnum):
-    """Drafter tensor-parallel fusions (spec section 6)."""
+    """Drafter tensor-parallel fusions: communication folded into the drafter's own ops."""
 
     FC_SPLIT_HIDDEN_NORM = "fc-split-hidden-norm"
-    """``fc`` split along input features, all-reduce fused into ``hidden_norm`` (6.1)."""
+    """``fc`` split along input features, all-reduce fused into ``hidden_norm``."""
     AR_RESIDUAL_RMSNORM = "ar-residual-rmsnorm"
-    """``o_proj`` / ``down_proj`` all-reduce fused with residual add and RMSNorm (6.2)."""
+    """``o_proj`` / ``down_proj`` all-reduce fused with residual add and RMSNorm."""
 
 
 class ContextEntrySpec(BaseModel):

@@ -83,7 +83,7 @@ class DraftBlockInputs(_Record):
 class DraftBlockPlacement(_Record):
     """Where each block position and each new context entry lives in the paged context cache.
 
-    Produced only by the runtime's paging component (spec section 4.4). Fields:
+    Produced only by the runtime's paging component. Fields:
 
     * ``slots: [G] int64``: per-request drafter slot (the dummy slot for padding rows).
     * ``cache_rows: [G] int64``: rows of the page table in use (``slots`` for the private pool).
@@ -326,7 +326,7 @@ class OutputHead(_Record):
 
 @dataclass(frozen=True, eq=False)
 class MarkovHeadWeights(_Record):
-    """The DSpark Markov head as data (spec sections 2.3, 2.4, 5.6).
+    """The DSpark Markov head as data; the runtime runs the chain, on full or sharded vocabularies.
 
     * ``w1: [V, r]``: embedding of the previous token (replicated on every rank).
     * ``w2: [S, r]``: rows ``vocab_start .. vocab_start + S - 1`` of the ``Linear(r -> V)`` weight.

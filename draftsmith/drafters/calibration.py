@@ -1,4 +1,5 @@
-"""Sequential Temperature Scaling of confidence-head scores (spec 2.5, 2.6).
+"""Sequential Temperature Scaling (STS) of confidence-head scores: one temperature per draft
+position, fitted left to right.
 
 The confidence head emits raw logits ``raw: [G, K] fp32``; ``c_j = sigmoid(raw_j / tau_j)`` is the
 calibrated probability that draft ``j`` survives given that drafts before it did, and the prefix
@@ -123,7 +124,7 @@ def fit_sts(
     grid: torch.Tensor | None = None,
     bins: int = ECE_BINS,
 ) -> torch.Tensor:
-    """Fit the STS table left to right by ECE (spec 2.6).
+    """Fit the STS table left to right, each temperature minimising its position's ECE.
 
     ``raw: [R, K] float32`` raw confidence logits of ``R`` held-out rollouts; ``proposed: [R]
     int64`` drafts each rollout proposed (cut at an accepted stop token); ``accepted: [R] int64``

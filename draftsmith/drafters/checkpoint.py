@@ -30,7 +30,8 @@ WEIGHTS_FILE = "model.safetensors"
 """Name of the single-file weights written by ``save``."""
 
 _SECTIONS = ("dspark_config", "dflash_config")
-"""Nested config dicts searched before the top level, in this order (spec 9, item 10)."""
+"""Nested config dicts searched before the top level, in this order: checkpoints spell the drafter
+keys in any of these places, and the first one that has a key wins."""
 
 _MISSING = object()
 
@@ -219,7 +220,8 @@ def config_dtype(config: Mapping[str, Any], origin: str) -> torch.dtype | None:
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """Default capture list (spec 1.2): ``L`` layers spread evenly over ``[1, L_t - 3]``.
+    """Default capture list (z-lab's ``build_target_layer_ids``): ``L`` layers spread evenly
+    over ``[1, L_t - 3]``.
 
     Rounding is Python's ``round`` (half to even), as in the z-lab reference. Where that list is
     not capturable (targets of 2-4 layers: a repeated id, or the last layer), the ``L`` ids are
@@ -259,7 +261,7 @@ def _capturable(ids: list[int], num_target_layers: int) -> bool:
 
 
 def validate_target_layer_ids(layer_ids: Sequence[int], num_target_layers: int) -> list[int]:
-    """Check DeepSpec's rules (spec 1.2, 1.3): non-empty, strictly increasing, each id in
+    """Check DeepSpec's rules: non-empty, strictly increasing, each id in
     ``{-1} ∪ [0, L_t - 2]`` (``-1`` is the embedding output; the last layer holds a final-normed
     state in Hugging Face outputs, so it is refused)."""
     ids = config_layer_ids(layer_ids)

@@ -3,11 +3,11 @@
 
 Three layouts, each named after the reader that defines it:
 
-* ``zlab-dflash``: z-lab's ``DFlashDraftModel`` (spec 1.1): Qwen3 keys plus ``dflash_config``,
+* ``zlab-dflash``: z-lab's ``DFlashDraftModel``: Qwen3 keys plus ``dflash_config``,
   weights without a ``model.`` prefix, no embedding and no LM head. vLLM (``method = "dflash"``),
   SGLang (``DFLASH``), TensorRT-LLM (``DFlashDecodingConfig``) and z-lab's own loop load it. It
   holds bonus-silent drafters without DSpark heads.
-* ``deepspec-dspark``: DeepSpec's ``Qwen3DSparkModel`` release (spec 2.2): drafter keys at the
+* ``deepspec-dspark``: DeepSpec's ``Qwen3DSparkModel`` release: drafter keys at the
   top level, ``markov_head.*`` and ``confidence_head.proj.*`` tensors. vLLM (``dspark``), SGLang
   (``DSPARK``) and TensorRT-LLM's Qwen3 DSpark drafter load it. It holds shift-convention
   drafters with non-causal attention.
@@ -72,7 +72,8 @@ SPECULATORS_VERSION = "0.9.0"
 
 _SCALING_DEFAULTS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0,
                      "final_logit_softcapping": None}
-"""z-lab's packaged extensions (spec 1.1) with the values every other reader assumes."""
+"""z-lab's packaged extensions (scales and softcapping of its ``dflash_config``) with the values
+every other reader assumes."""
 
 
 @dataclass(frozen=True)

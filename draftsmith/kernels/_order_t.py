@@ -1,4 +1,4 @@
-"""Order-T argmax building blocks shared by the Triton kernels of this package (spec 0.3).
+"""Order-T argmax building blocks shared by the Triton kernels of this package.
 
 Order T is the total order of ``torch.argmax``: a NaN beats every non-NaN value (lowest index
 among NaNs), otherwise the larger value wins with ``-0.0 == +0.0``, and ties go to the lowest
@@ -25,7 +25,8 @@ def tile_argmax_t(x, cols, valid):
     finite_or_inf = tl.where(valid & (x == x), x, float("-inf"))
     best = tl.max(finite_or_inf, axis=1)
     hit = tl.where(any_nan[:, None], is_nan, valid & (finite_or_inf == best[:, None]))
-    # column ids fit int32 (V < 2**24, spec 5.1); reduce in int32 to halve register pressure
+    # column ids fit int32 (V < 2**24: ids travel as exact fp32 values); reduce in int32 to halve
+    # register pressure
     big = tl.full(hit.shape, 2**31 - 1, tl.int32)
     idx32 = tl.min(tl.where(hit, cols.to(tl.int32), big), axis=1)
     idx = tl.where(idx32 == 2**31 - 1, 2**62, idx32.to(tl.int64))

@@ -1,4 +1,6 @@
-"""The order-T pair reduction shared by ``argmax_pair`` and ``gumbel_pair`` (spec 5.2, 5.3).
+"""The order-T pair reduction shared by ``argmax_pair`` and ``gumbel_pair``: each rank's
+best (value, global id) pair, written into its columns of a zero-padded staging row that one SUM
+all-reduce exchanges.
 
 Owns the staging-row constants, the checks of the common pair arguments, the ``@triton.jit``
 pieces of a pair kernel (lane step, lane reduction, chunk merge, staging-row writer), the split
@@ -22,13 +24,14 @@ import triton.language as tl
 from draftsmith.contract import ShapeError, check_tensor
 
 EXCHANGE_COLUMNS = 128
-"""Width of the zero-padded fp32 staging row of the SUM exchange (spec 5.3); ``2 * TP <= 128``."""
+"""Width of the zero-padded fp32 staging row of the SUM exchange; ``2 * TP <= 128``."""
 
 CANONICAL_NAN_BITS = 0x7FFF0000
 """fp32 bit pattern of a NaN pair value: torch's bf16 ``max`` NaN (``0x7FFF``) widened."""
 
 MAX_EXACT_INDEX = 2**24
-"""Global ids travel as fp32 values, exact only below ``2**24`` (spec 5.1)."""
+"""Global ids travel as fp32 values, exact only below ``2**24``: the largest vocabulary that
+vocab-parallel selection takes."""
 
 PROGRAMS_PER_SM = 4
 """Programs in flight per SM that a row split aims at: ``rows * n_chunks <= SMs * 4``."""

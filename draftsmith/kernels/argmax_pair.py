@@ -1,8 +1,8 @@
 """Per-rank (value, global index) pair of a logits shard, packed for the vocab-parallel exchange.
 
-Owns ``argmax_pair`` (spec 5.2 and the staging row of 5.3) and its eager reference; the pair
-reduction it shares with ``gumbel_pair`` lives in :mod:`draftsmith.kernels._pair`. Imports
-``draftsmith.contract`` only.
+Owns ``argmax_pair`` (one rank's pair, written into its slot of the staging row) and its eager
+reference; the pair reduction it shares with ``gumbel_pair`` lives in
+:mod:`draftsmith.kernels._pair`. Imports ``draftsmith.contract`` only.
 
 Each program of the ``(row, chunk)`` launch loads ``UNROLL`` tiles before it reduces them (loads
 in flight are what a memory-bound scan needs), keeping a running order-T best per lane.
@@ -37,7 +37,7 @@ def argmax_pair_reference(
     (``C`` even, ``2 * slot + 2 <= C``; allocated as ``[rows, 2 * slot + 2]`` when ``None``) is
     overwritten entirely and returned::
 
-        loc              = argmax_T(logits[row])                  torch.argmax order (spec 0.3)
+        loc              = argmax_T(logits[row])                  torch.argmax order (NaN wins)
         out[row, 2*slot]   = float(vocab_start + loc)               exact, V < 2**24
         out[row, 2*slot+1] = float(logits[row, loc])                widened bit-exactly
         out[row, other]    = +0.0
@@ -110,10 +110,10 @@ def _launch_sizes(rows: int, shard_width: int, itemsize: int,
                   device: torch.device) -> tuple[int, int, int, bool]:
     """``(BLOCK, UNROLL, num_warps, TREE)`` of an ``argmax_pair`` launch.
 
-    On a GPU (the H200 sweep of ``benchmarks/selection.py``): 2 KiB tiles, 8 in flight per loop
-    trip, the tree lane reduction; 1 KiB tiles for shards under 4 MiB (one to a few decode rows,
-    bound by dependent round trips) and 8 warps from 24 MiB (bandwidth-bound). The interpreter
-    gets 4 KiB tiles, two per trip and the four-reduction form (fast in numpy).
+    On a GPU (sizes picked with ``benchmarks/selection.py`` on an H200): 2 KiB tiles, 8 in
+    flight per loop trip, the tree lane reduction; 1 KiB tiles for shards under 4 MiB (one to a
+    few decode rows, bound by dependent round trips) and 8 warps from 24 MiB (bandwidth-bound).
+    The interpreter gets 4 KiB tiles, two per trip and the four-reduction form (fast in numpy).
     """
     nbytes = rows * shard_width * itemsize
     if device.type != "cuda":

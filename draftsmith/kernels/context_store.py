@@ -1,4 +1,4 @@
-"""Scatter of new context entries (K/V planes or MLA latents) into the paged pool (spec 4.3, 4.7).
+"""Scatter of new context entries (K/V planes or MLA latents) into the paged pool.
 
 Owns ``store_context`` (a generation step: ``K+1`` entries per request, masked entries written
 as zeros) and ``store_context_rows`` (any flat run of entries, e.g. a prefill chunk). Every layer
@@ -58,7 +58,7 @@ def store_context_reference(
     :class:`~draftsmith.contract.DraftBlockPlacement`). As :func:`store_context_rows_reference`,
     with one extra rule: a masked entry whose destination equals that of a valid entry of the same
     request is not written, so the zeros of a clamped masked entry never overwrite a committed
-    entry at the context ceiling (spec 4.6, rule 4) and the result does not depend on write order.
+    entry at the context ceiling, and the result does not depend on write order.
     """
     same = (dest_pages[:, :, None] == dest_pages[:, None, :]) & (
         dest_offsets[:, :, None] == dest_offsets[:, None, :]
@@ -170,7 +170,7 @@ def store_context_rows(
     dest_offsets: torch.Tensor,
     write_mask: torch.Tensor,
 ) -> None:
-    """Kernel form of :func:`store_context_rows_reference` (prefill chunks, spec 4.7)."""
+    """Kernel form of :func:`store_context_rows_reference` (prefill chunks)."""
     _check_store(pool, entries, dest_pages, dest_offsets, write_mask, ("T",))
     _launch_store(pool, entries, dest_pages, dest_offsets, write_mask, 1)
 

@@ -1,4 +1,5 @@
-"""Forced acceptance counts for benchmarks (spec 3.5), capped by the ragged rule (spec 3.4).
+"""Forced acceptance counts for benchmarks, capped by each row's verify length (``n <=
+verify_len + 1``).
 
 Owns ``forced_accept``: it overrides ``num_accepted`` with a fixed mean acceptance, drawing the
 fractional part from a fixed uniform pool through a device counter bumped inside the kernel, so a
@@ -32,7 +33,8 @@ def forced_accept_pool(device: torch.device | str | None = None) -> torch.Tensor
 
 
 def _forced_base(forced: float, num_draft_tokens: int) -> tuple[int, float, bool]:
-    """``(base, fraction, draws)`` of spec 3.5 for a Python ``forced`` value."""
+    """``(base, fraction, draws)`` for a Python ``forced`` value ``f``: ``base = min(floor(f) + 1,
+    K + 1)``, and a row draws one more accepted token with probability ``f - floor(f)``."""
     if not isinstance(forced, (int, float)) or not math.isfinite(forced) or forced <= 0:
         raise ConfigError(f"force_accepted must be a finite float > 0 (0 means off), got {forced!r}")
     if not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:

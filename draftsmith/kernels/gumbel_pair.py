@@ -1,4 +1,4 @@
-"""Per-rank Gumbel-max pair of a logits shard: temperature sampling without gathering (spec 5.5).
+"""Per-rank Gumbel-max pair of a logits shard: temperature sampling without gathering.
 
 Owns ``gumbel_pair``, its eager reference, the Gumbel constants and ``gumbel_from_uniform``. Uses
 the Philox helpers of :mod:`draftsmith.kernels.philox` and the pair reduction of
@@ -67,7 +67,8 @@ def gumbel_from_uniform(u: torch.Tensor) -> torch.Tensor:
 
 
 def skip_threshold(m: torch.Tensor) -> torch.Tensor:
-    """Scores ``z`` strictly below ``m - (D + 1e-3 + 2**-20 * |m|)`` cannot win (spec 5.5)."""
+    """Scores ``z`` strictly below ``m - (D + 1e-3 + 2**-20 * |m|)`` cannot win
+    (``D = GUMBEL_SPAN``, plus slack for fp32 rounding)."""
     return m - (GUMBEL_SPAN + SKIP_SLACK + SKIP_REL * m.abs())
 
 

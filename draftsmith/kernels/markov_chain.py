@@ -1,4 +1,4 @@
-"""The DSpark vanilla Markov chain (spec 2.3, 5.6; choices 9.1, 9.5, 9.6, 9.20).
+"""The DSpark vanilla Markov chain: each draft token biases the next position's logits.
 
 Owns ``markov_bias_reference`` (the low-rank bias ``w1[prev] @ w2^T``), ``markov_step`` (one block
 position on one vocabulary shard: bias, fp32 sum with the base logits, and the order-T argmax
@@ -8,7 +8,7 @@ Imports ``draftsmith.contract`` only.
 
 Precision (TensorRT-LLM form): base logits fp32 (bf16 is widened exactly), the bias rounded to
 the weight dtype then widened, the sum in fp32. The fused step computes the bias with its own
-dot-product order, so it matches the torch chain at tolerance level, not bitwise (spec 9.20).
+dot-product order, so it matches the torch chain at tolerance level, not bitwise.
 
 The fused step streams ``w2`` once for all ``G`` rows: program ``(g_tile, s_tile)`` multiplies the
 gathered ``w1`` rows of its request tile with one ``[BLOCK_S, r]`` tile of ``w2`` on tensor cores,
@@ -45,7 +45,7 @@ def markov_bias_reference(w1: torch.Tensor, w2: torch.Tensor, prev: torch.Tensor
         bias = float( (w1[prev] @ w2^T) rounded to the weight dtype )
 
     A ``prev`` outside ``0 .. V-1`` (e.g. ``-1`` padding) selects a zero ``w1`` row, hence a zero
-    bias (spec 9.6).
+    bias (TensorRT-LLM's rule; DeepSpec raises).
     """
     vocab = w1.shape[0]
     valid = (prev >= 0) & (prev < vocab)
@@ -130,9 +130,7 @@ def _markov_step_kernel(
     """Stage 1: program ``(g_tile, s_tile)`` writes one order-T pair per row of its tile.
 
     Tile addresses are int32 offsets from per-program 64-bit bases (a tile spans far less than
-    2**31 elements), which keeps the address arithmetic out of the register budget. (A
-    transposed tile with the vocabulary on the MMA's M side, loading the base tile before the
-    GEMM loop, and eviction hints were all no faster on an H200.)
+    2**31 elements), which keeps the address arithmetic out of the register budget.
 
     ``REVERSE`` walks the ``w2`` tiles from the last to the first (programs are dispatched in
     increasing id order): a chain that alternates the direction from one position to the next
@@ -213,9 +211,9 @@ def _markov_launch_sizes(
     Up to 16 rows share one ``w2`` tile (``BLOCK_G = 16`` is the tensor-core minimum); larger
     batches use 32- or 64-row tiles whose programs for one ``w2`` tile run back to back (grid axis
     0), so ``w2`` comes from HBM once and from L2 after that. Tile sizes keep the sm_90 build at
-    <= ~170 registers per thread (3 programs per SM) so enough ``w2`` loads stay in flight (the
-    picks of an H200 sweep of ``benchmarks/kernels.py``: B = 128, r = 256 in 512 us against 587 us
-    for a 64 x 64 x 32 tile). fp32 weights cap ``BLOCK_S`` at 64 and ``BLOCK_R`` at 32.
+    <= ~170 registers per thread (3 programs per SM) so enough ``w2`` loads stay in flight (sizes
+    picked with ``benchmarks/kernels.py`` on an H200). fp32 weights cap ``BLOCK_S`` at 64 and
+    ``BLOCK_R`` at 32.
     """
     if rows <= 16:
         block_g, block_s, block_r, num_warps = 16, 128, 64, 4
@@ -271,7 +269,7 @@ def markov_step(
     ``base: [G, S]`` fp32/bf16 and ``out_corrected: [G, S] fp32 | None`` may be row-strided
     views (unit stride along ``S``); ``prev: [G] int64`` any stride; ``w1: [V, r]`` and
     ``w2: [S, r]`` contiguous, same dtype. Pairs match the reference at tolerance level: values
-    ``assert_close``, indices equal away from near-ties (spec 9.20).
+    ``assert_close``, indices equal away from near-ties.
     """
     s: dict[str, int] = {}
     check_tensor("base", base, ("G", "S"), _BASES, s)

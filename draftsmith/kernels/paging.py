@@ -1,4 +1,4 @@
-"""Per-step placement of a drafter block in the paged context cache (spec 4.2-4.4, 4.6).
+"""Per-step placement of a drafter block in the paged context cache.
 
 Owns ``prepare_placement``: from the accepted tokens and counts of a step it advances every
 generation request's context length and computes the fixed-shape
@@ -33,7 +33,7 @@ def prepare_placement_reference(
     dummy_slot: int,
     rows_start: int | None,
 ) -> DraftBlockPlacement:
-    """Advance the context of ``G`` generation requests and place their block (spec 4.3-4.6).
+    """Advance the context of ``G`` generation requests and place their block.
 
     Inputs: ``ctx_len: [num_slots] int64`` (updated in place), ``batch_to_slot: [G] int64``
     (generation rows only; padding rows hold ``dummy_slot``; each real slot at most once),
@@ -231,7 +231,7 @@ def prepare_placement(
         raise ShapeError(
             f"private page table rows hold {p} pages of {page_size} = "
             f"{p * page_size} columns, fewer than max_ctx + width = {max_ctx + width}; "
-            "size it with ceil((max_ctx + width) / page_size) pages per slot (spec 4.2)"
+            "size it with ceil((max_ctx + width) / page_size) pages per slot"
         )
     g, k1 = accepted.shape
     dev = ctx_len.device

@@ -1,4 +1,4 @@
-"""Counter-based uniforms: Philox4x32-10 keyed by a 64-bit seed (spec 5.5, 9 item 15).
+"""Counter-based uniforms: Philox4x32-10 keyed by a 64-bit seed.
 
 Owns the keyed uniforms' pure-torch reference ``philox_uniform_reference``, the raw block
 function ``philox4x32_10_reference`` and the ``@triton.jit`` helpers that kernels call

@@ -1,4 +1,5 @@
-"""Strict (greedy) acceptance of a verified block (spec 3.2, 3.4 ragged lengths, 0.3 order T).
+"""Strict (greedy) acceptance of a verified block (ragged verify lengths,
+torch.argmax order).
 
 Owns ``strict_accept`` (argmax of the target logits fused with the leading-match count, one
 launch) and ``strict_accept_tokens`` (the same count when the target tokens already came from a
@@ -148,10 +149,9 @@ def _launch_sizes(rows: int, k1: int, vocab: int,
     """``(BLOCK_V, CHUNK, NUM_CHUNKS, BLOCK_R, BLOCK_C, num_warps)`` for ``rows = G * (K+1)``.
 
     The vocabulary is split into the chunk count nearest ``programs / rows`` (at least one),
-    each chunk rounded up to 64 columns (16-byte aligned starts). H200 sweep of
-    ``benchmarks/kernels.py`` (G = 4 / 32 / 128 at K+1 = 8: 10.2 / 43.2 / 146.1 us in a graph):
-    up to 32 rows, 2048-column steps, 4 programs per SM, 4 warps; beyond, 1024-column steps,
-    8 programs per SM, 8 warps.
+    each chunk rounded up to 64 columns (16-byte aligned starts). Sizes picked with
+    ``benchmarks/kernels.py`` on an H200: up to 32 rows, 2048-column steps, 4 programs per SM,
+    4 warps; beyond, 1024-column steps, 8 programs per SM, 8 warps.
     """
     small = rows <= 32
     programs = sm_count(device) * PROGRAMS_PER_SM * (1 if small else 2)

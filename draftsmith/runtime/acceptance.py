@@ -1,4 +1,4 @@
-"""Verification of drafts against the target: strict, rejection sampling, forced (spec 3.2-3.6).
+"""Verification of drafts against the target: strict, rejection sampling, forced.
 
 Owns :class:`Acceptance`. Strict acceptance matches drafts against one target token per row (the
 argmax, or a keyed sample on stream 0); rejection sampling is delegated to the selection layer's
@@ -27,7 +27,8 @@ from draftsmith.kernels.strict_accept import (
 from draftsmith.selection.rejection import rejection_sample
 
 TARGET_STREAM = 0
-"""Counter stream of target samples and the bonus (spec 5.5)."""
+"""Counter stream of target samples and the bonus (drafts use another, so the two
+never draw the same noise)."""
 
 
 def row_key(key: SamplingKey, rows_per_request: int) -> SamplingKey:
@@ -110,7 +111,7 @@ class Acceptance:
         if self.force_accepted > 0 and not warmup:
             assert self.forced_pool is not None
             if self.rule == "rejection":
-                accepted[:, 1:] = drafts  # an inflated n then commits real tokens (3.5)
+                accepted[:, 1:] = drafts  # an inflated n then commits real tokens
             fn = forced_accept if self.fused else forced_accept_reference
             n = fn(n.contiguous(), verify_len, self.forced_pool, self.forced_counter,
                    self.force_accepted, k)
@@ -121,7 +122,7 @@ class Acceptance:
             raise ShapeError("rejection sampling needs draft_probs [G, K, V] and a sampling key")
         g, k = drafts.shape
         target_probs = self.selector.probs(logits, self.collectives).view(g, k + 1, -1)
-        # row 0 samples the position after the anchor: offsets are that position (spec 5.5)
+        # row 0 samples the position after the anchor: offsets are that position
         row0 = SamplingKey(seeds=key.seeds, offsets=key.offsets + 1)
         # the drafts come from this runtime's selector (ids in range): no value read-back
         return rejection_sample(drafts, draft_probs, target_probs, row0, verify_len,

@@ -1,4 +1,5 @@
-"""Every persistent buffer of the decoding step, allocated once at bind (spec section 7).
+"""Every persistent buffer of the decoding step, allocated once at bind, so a
+captured CUDA graph always reads the same addresses.
 
 Sizes come from the slot capacity and ``K``, never from a graph bucket. Indices such as
 ``dummy_slot_row = slot_capacity`` are recorded when the buffer is allocated. A bucket of ``g``

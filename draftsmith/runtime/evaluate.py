@@ -2,7 +2,7 @@
 
 Prompt sets are JSON-lines files of ``{"turns": [...]}`` objects (the DeepSpec packaging; the
 command reads ``--data`` or ``$DRAFTSMITH_DATA_DIR``); only the first turn is used, through the
-chat template with ``enable_thinking=False`` (spec 2.8). Metrics follow DeepSpec's evaluator:
+chat template with ``enable_thinking=False``. Metrics follow DeepSpec's evaluator:
 
 * ``accept_len = sum(round lengths) / rounds`` (bonus included; the DSpark paper's tau, Table 1);
 * ``accept_rate@j = #(rounds with more than j accepted drafts) / #(rounds that proposed more

@@ -1,5 +1,5 @@
 """A call captured in a CUDA graph: a round for one (rows, width) bucket, an admission for one
-prefill width (spec section 7).
+prefill width.
 
 Every input and output of the captured call is a bind-time buffer, so a replay needs no copies
 in or out; tensors created during capture live in the shared pool and are never read outside the

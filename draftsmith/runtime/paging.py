@@ -1,4 +1,4 @@
-"""Drafter context paging: slots, the per-step placement and the context store (spec 4.1-4.7).
+"""Drafter context paging: slots, the per-step placement and the context store.
 
 Owns :class:`SlotManager` (slot assignment, the dummy slot) and
 :class:`ContextPager` (prefill context store, per-step ``place`` + ``store``). The fused Triton
@@ -28,8 +28,8 @@ _I64 = torch.int64
 
 class SlotManager:
     """Hands out slots ``0 .. C-1``, lowest first; slot ``C`` is the dummy and is never handed
-    out (4.1). A slot's drafter context length is zeroed when it is assigned and when it is
-    released, so a freed slot never advertises a stale context."""
+    out (padding rows write there). A slot's drafter context length is zeroed when it is assigned
+    and when it is released, so a freed slot never advertises a stale context."""
 
     def __init__(self, slot_capacity: int, ctx_len: torch.Tensor) -> None:
         if ctx_len.shape != (slot_capacity + 1,):
@@ -97,7 +97,7 @@ class ContextPager:
 
     def store_prefill(self, slot: int, entries: torch.Tensor, start: int = 0) -> None:
         """Write a prefill chunk's entries ``[T, L, planes, heads, width]`` at positions
-        ``start .. start + T - 1`` of ``slot``, then set ``ctx_len[slot] = start + T`` (4.7).
+        ``start .. start + T - 1`` of ``slot``, then set ``ctx_len[slot] = start + T``.
 
         A first chunk (``start == 0``) resets the slot.
         """
@@ -140,7 +140,7 @@ class ContextPager:
     def place(
         self, batch_to_slot: torch.Tensor, accepted: torch.Tensor, num_accepted: torch.Tensor
     ) -> DraftBlockPlacement:
-        """Advance ``ctx_len`` by each row's ``n`` and place the next block (4.3, 4.4).
+        """Advance ``ctx_len`` by each row's ``n`` and place the next block.
 
         ``batch_to_slot: [g] int64``, ``accepted: [g, K+1] int64``, ``num_accepted: [g] int64``.
         """

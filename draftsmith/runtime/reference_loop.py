@@ -1,4 +1,4 @@
-"""The golden-path decoding loop: one request, plain functions, no tricks (spec 1.8, 2.8).
+"""The golden-path decoding loop: one request, plain functions, no tricks.
 
 ``reference_generate`` runs prefill, then rounds of :func:`draft` / :func:`verify` /
 :func:`accept` / :func:`emit`, keeping the drafter context in a one-page pool written with plain

@@ -1,8 +1,8 @@
-"""The hardware-aware prefix scheduler (spec 2.6, DSpark paper Algorithm 1) as pure functions.
+"""The hardware-aware prefix scheduler (DSpark paper, Algorithm 1) as pure functions.
 
 Both schedulers take the calibrated prefix survival ``survival: [R, K]`` (``a[r, j] = prod_{i<=j}
 c[r, i]``, non-increasing along ``j``; see ``draftsmith.drafters.calibration``) and return verify
-lengths ``[R] int64`` in **drafted positions** (0..K; spec 3.4): request ``r`` verifies its bonus
+lengths ``[R] int64`` in **drafted positions** (0..K): request ``r`` verifies its bonus
 token plus its first ``lengths[r]`` drafts.
 
 * :func:`schedule_prefix` is Algorithm 1 exactly, early break included: candidates ``(r, j)`` with
@@ -10,8 +10,8 @@ token plus its first ``lengths[r]`` drafts.
   verify token and ``a`` expected accepted tokens; the walk stops at the first admission that does
   not raise ``theta = expected_tokens * SPS(verify_tokens)``. It runs with fixed shapes on the
   survival's device (no host read-back), in float64.
-* :func:`schedule_top_budget` is the production form (paper 5.2): the ``budget`` drafted positions
-  of highest survival are admitted (ties as above), no break.
+* :func:`schedule_top_budget` is the production form (DSpark paper, section 5.2): the ``budget``
+  drafted positions of highest survival are admitted (ties as above), no break.
 
 ``sps`` is the profiled throughput table: a 1-D tensor indexed by verify-token count (``sps[B]`` =
 target steps per second at ``B`` tokens; entries ``0 .. R * (K + 1)`` must exist) or a callable
@@ -111,7 +111,7 @@ def schedule_top_budget(
     min_len: int = 0,
     max_len: int | None = None,
 ) -> torch.Tensor:
-    """Fixed-shape top-``budget`` admission (spec 2.6, production form; no break).
+    """Fixed-shape top-``budget`` admission (the production form of Algorithm 1: no early break).
 
     ``survival: [R, K]``; ``budget``: drafted positions to admit over all requests (an int or a
     0-d int64 tensor, so a captured graph can take it from a buffer). Entries are sorted as in

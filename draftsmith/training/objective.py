@@ -1,4 +1,4 @@
-"""The DeepSpec-style training objective for GQA drafters (spec section 2.7), on dense tensors.
+"""The DeepSpec-style training objective for GQA drafters, on dense tensors.
 
 Blocks are teacher-forced: block ``n`` of a sequence holds ``[x_a, mask x (K-1)]`` at positions
 ``a .. a+K-1`` (shift convention), attends to the context features of positions ``< a`` and to its

@@ -19,7 +19,8 @@ from safetensors.torch import load_file, save_file
 from draftsmith.cli import main
 from draftsmith.contract import ConfigError
 from draftsmith.training import data as data_module
-from draftsmith.training import trainer as trainer_module
+from draftsmith.training import export as export_module
+from draftsmith.training import run_state as run_state_module
 from draftsmith.training.data import (
     claim_dataset_dir,
     generate_dataset,
@@ -63,7 +64,8 @@ def _interrupt_in_process(monkeypatch, point: str, nth: int = 1) -> None:
             if arrivals["n"] == nth:
                 raise _Interrupted(name)
 
-    monkeypatch.setattr(trainer_module, "pause_point", pause)
+    monkeypatch.setattr(run_state_module, "pause_point", pause)
+    monkeypatch.setattr(export_module, "pause_point", pause)
     monkeypatch.setattr(data_module, "pause_point", pause)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -293,6 +294,10 @@ def test_init_from_a_mismatched_checkpoint_names_the_tensor(tiny, dataset: Path,
     plain = build_drafter(WARM.model_copy(update={"family": "dflash"}), info, torch.device("cpu"))
     with pytest.raises(ConfigError, match="--init-from"):
         warm_start(plain, tmp_path / "source" / "last", "dflash", info)
+    other_vocab = dataclasses.replace(info, vocab_size=info.vocab_size + 5)
+    for_other = build_drafter(WARM, other_vocab, torch.device("cpu"))
+    with pytest.raises(ConfigError, match="predicts a vocabulary of"):
+        warm_start(for_other, tmp_path / "source" / "last", "dspark-gqa", other_vocab)
 
 
 def _source_and_grown(model, dataset: Path, tmp_path: Path, **grow) -> tuple:

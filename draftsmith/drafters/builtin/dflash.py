@@ -1,5 +1,5 @@
 """Built-in drafter family ``dflash``: the z-lab DFlash block drafter (KV injection from target
-layers, spec section 1).
+layers).
 
 Loads z-lab ``DFlashDraftModel`` checkpoints and DeepSpec "DFlash" checkpoints (a
 ``Qwen3DSparkModel`` with ``markov_rank = 0``). The block convention is bonus-silent unless the

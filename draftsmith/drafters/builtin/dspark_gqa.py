@@ -1,4 +1,4 @@
-"""Built-in drafter family ``dspark-gqa``: DSpark with GQA attention (spec 2.9): the DFlash
+"""Built-in drafter family ``dspark-gqa``: DSpark with GQA attention: the DFlash
 backbone under the shift convention, a Markov head exposed as data, and a scored confidence head.
 
 Loads DeepSpec native checkpoints (``Qwen3DSparkModel``: ``markov_head.markov_w1.weight``,

@@ -51,7 +51,7 @@ class DSparkMLAOptions(MLAArchitecture):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     tp_fusions: frozenset[TPFusion] | None = None
-    """TP fusions to take when the group has more than one rank (spec 6): ``fc-split-hidden-norm``
+    """TP fusions to take when the group has more than one rank: ``fc-split-hidden-norm``
     and/or ``ar-residual-rmsnorm``. ``None`` follows the runtime plan's rule (both for bf16
     weights, none otherwise); a set forces exactly those (any dtype). An ``fc`` whose input width
     does not divide by TP stays replicated whatever is asked."""

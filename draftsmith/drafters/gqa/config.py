@@ -434,6 +434,13 @@ def _spec_from_config(
     num_target_layers = config.get("num_target_layers")
     if num_target_layers is not None:
         num_target_layers = config_int(num_target_layers, "num_target_layers", minimum=1)
+        # the one fact about the target that only a checkpoint records: bind's fit check sees
+        # the captured layer ids, not the depth of the target they were trained on
+        if target is not None and num_target_layers != target.num_layers:
+            raise CheckpointError(
+                f"checkpoint was trained on a target of {num_target_layers} layers, the target "
+                f"has {target.num_layers}; use a drafter trained for this target"
+            )
     elif target is not None:
         num_target_layers = target.num_layers
     ids = draft_value(config, "target_layer_ids")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,6 @@ from draftsmith.contract import (
     ConfigError,
     LoadRequest,
     MarkovHeadKind,
-    TargetInfo,
 )
 from draftsmith.drafters.checkpoint import (
     CONFIG_FILE,
@@ -30,7 +28,6 @@ from draftsmith.drafters.checkpoint import (
     load_tensors,
     read_config,
     shape_str,
-    validate_target_layer_ids,
 )
 from draftsmith.drafters.gqa.config import GQADrafterSpec, spec_from_config
 from draftsmith.drafters.gqa.model import GQADrafter, _finish, _random_init
@@ -64,27 +61,6 @@ def deepspec_tensor_name(name: str) -> str:
 
 def _expected_shapes(spec: GQADrafterSpec, model: GQADrafter) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in model.state_dict().items()}
-
-
-def _check_against_target(spec: GQADrafterSpec, target: TargetInfo | None, origin: str) -> None:
-    if target is None:
-        return
-    if spec.vocab_size != target.vocab_size:
-        raise CheckpointError(
-            f"{origin}: config vocab_size {spec.vocab_size} does not match the target's "
-            f"vocabulary {target.vocab_size}; drafter and target must share one vocabulary"
-        )
-    if spec.hidden_size != target.hidden_size:
-        raise CheckpointError(
-            f"{origin}: drafter hidden_size {spec.hidden_size} differs from the target's "
-            f"{target.hidden_size}; blocks are embedded with the target's table, so they must match"
-        )
-    if spec.num_target_layers is not None and spec.num_target_layers != target.num_layers:
-        raise CheckpointError(
-            f"{origin}: checkpoint was trained on a target of {spec.num_target_layers} layers, "
-            f"the target has {target.num_layers}"
-        )
-    validate_target_layer_ids(spec.target_layer_ids, target.num_layers)
 
 
 def _check_markov_tensors(source: TensorSource, spec: GQADrafterSpec) -> None:
@@ -157,11 +133,6 @@ def load_gqa_drafter(request: LoadRequest, family: str) -> GQADrafter:
                             origin=str(directory / CONFIG_FILE))
     check_options_agree(request.options, _checkpoint_view(spec), origin)
     _check_markov_tensors(source, spec)
-    declared = spec
-    if target is not None:
-        # Shapes are checked against the target first, so a vocabulary or width mismatch names
-        # the first tensor that disagrees.
-        spec = replace(spec, vocab_size=target.vocab_size, hidden_size=target.hidden_size)
     model = GQADrafter(spec, family, tp_rank, tp_size)
     state = {}
     for name, shape in _expected_shapes(spec, model).items():
@@ -170,7 +141,6 @@ def load_gqa_drafter(request: LoadRequest, family: str) -> GQADrafter:
         logger.info("%s: ignoring %s (the target's output head is used)", origin, _IGNORED)
     source.ignore(*_IGNORED)
     _check_leftovers(source, spec, family)
-    _check_against_target(declared, target, origin)
     dtype = request.dtype or checkpoint_dtype(config, state["fc.weight"], origin)
     model.load_state_dict(state)
     return _finish(model, request.device, dtype)

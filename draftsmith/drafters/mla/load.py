@@ -70,9 +70,11 @@ def read_mla_checkpoint(
 
     Accepts the aliases of ``_ALIASES`` (TorchSpec's ``context_proj``/``context_norm``/
     ``final_norm``, bare ``markov_w1``/``confidence_proj`` names) and a ``model.`` prefix.
-    Raises :class:`CheckpointError` naming the tensor and both shapes on a missing tensor, a wrong
-    shape or a vocabulary that differs from ``target``; also when Markov or confidence tensors
-    are present but the config disables those heads, or when tensors are left unused.
+    Raises :class:`CheckpointError` naming the tensor and both shapes on a missing tensor or a
+    wrong shape; also when Markov or confidence tensors are present but the config disables
+    those heads, or when tensors are left unused. ``target`` fills in what the config leaves out
+    (``num_target_layers``, ``target_hidden_size``); whether the checkpoint fits it is bind's
+    check (``check_fit``).
     """
     directory = Path(directory)
     raw = read_config(directory)

@@ -101,8 +101,8 @@ _ROW_PARALLEL = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
 
 
 def default_tp_fusions(dtype: torch.dtype) -> frozenset[TPFusion]:
-    """The fusions taken when none are asked for: both for bf16 weights (the condition of spec
-    6.1 and 6.2, which the runtime's plan applies too), none otherwise."""
+    """The fusions taken when none are asked for: both for bf16 weights (the rule the runtime's
+    plan applies too), none otherwise."""
     return frozenset(TPFusion) if dtype == torch.bfloat16 else frozenset()
 
 

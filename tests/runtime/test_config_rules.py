@@ -1,4 +1,4 @@
-"""Config-file rules that used to do something silently wrong (docs/input-rules.md): relative
+"""Config-file rules (docs/input-rules.md) where a silent wrong reading is easy: relative
 checkpoint paths follow the config file, an empty checkpoint is refused in a file and on the
 command line alike, integers are strict, a UTF-8 BOM is not an error."""
 
