@@ -129,7 +129,7 @@ def _fused_kernels_available(device: str) -> bool:
 
 
 def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str,
-                 selector: TokenSelector) -> PlanInputs:
+                 selector: TokenSelector, head_shard: tuple[int, int] | None = None) -> PlanInputs:
     rt = config.runtime
     return PlanInputs(
         num_draft_tokens=config.num_draft_tokens,
@@ -144,6 +144,7 @@ def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str,
         record_margins=rt.record_margins,
         allow_gather=rt.allow_gather,
         device=device,
+        head_shard=head_shard,
     )
 
 
@@ -306,7 +307,9 @@ def bind(
     caps = drafter.capabilities
     check_fit(caps, info, origin)
     where = device.type if device.type != "cuda" else str(device)
-    plan = make_plan(_plan_inputs(config, mapping, where, selector), caps, info,
+    head = target.output_head()
+    held = (head.vocab_start, int(head.weight.shape[0]))
+    plan = make_plan(_plan_inputs(config, mapping, where, selector, held), caps, info,
                      fused_kernels_available=_fused_kernels_available(where))
     _check_markov(drafter, plan)
     max_slots = getattr(target, "max_slots", None)

@@ -156,6 +156,9 @@ class PlanInputs(BaseModel):
     record_margins: Literal["auto", "on", "off"] | bool = "auto"
     allow_gather: bool = True
     device: str = "cpu"
+    head_shard: tuple[int, int] | None = None
+    """``(vocab_start, S)`` of the LM head rows the target holds on this rank; ``None``: the even
+    split (:func:`vocab_shard_range`) where ``V`` divides by ``TP``, else the whole head."""
 
 
 def _sampling_words(selector: SelectorCapabilities) -> str:
@@ -165,10 +168,8 @@ def _sampling_words(selector: SelectorCapabilities) -> str:
     return f"strategy {selector.kind!r}"
 
 
-def _check_block_and_shards(caps: DrafterCapabilities, vocab_size: int, num_draft_tokens: int,
-                            tp_size: int) -> None:
-    """:class:`PlanError` when ``K`` asks for a block wider than the drafter was trained with, or
-    the vocabulary does not split evenly over the ranks."""
+def _check_block(caps: DrafterCapabilities, num_draft_tokens: int) -> None:
+    """:class:`PlanError` when ``K`` asks for a block wider than the drafter was trained with."""
     if num_draft_tokens > 0:
         w = caps.block_width(num_draft_tokens)
         if w > caps.trained_block_size:
@@ -177,11 +178,58 @@ def _check_block_and_shards(caps: DrafterCapabilities, vocab_size: int, num_draf
                 f"exceeds the drafter's trained_block_size {caps.trained_block_size}; lower "
                 f"num_draft_tokens to at most {caps.trained_block_size - caps.first_draft_slot}"
             )
+
+
+def vocab_shard_range(vocab_size: int, tp_size: int, tp_rank: int) -> tuple[int, int] | None:
+    """``(vocab_start, S)`` of rank ``tp_rank``'s even column shard of the LM head (spec 5.1), or
+    ``None`` when ``V`` does not split into ``tp_size`` even shards (the head then stays whole on
+    every rank). At ``TP = 1``: ``(0, V)``. The target loader and :func:`make_plan` both use it,
+    so the head a target holds and the plan agree."""
+    if tp_size < 1 or not 0 <= tp_rank < tp_size:
+        raise PlanError(f"rank {tp_rank} is not in a tensor-parallel group of {tp_size}")
     if vocab_size % tp_size:
+        return None
+    width = vocab_size // tp_size
+    return tp_rank * width, width
+
+
+class _HeadLayout(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    start: int
+    width: int
+    replicated: bool
+    reason: str
+
+
+def _head_layout(vocab_size: int, tp: int, rho: int,
+                 held: tuple[int, int] | None) -> _HeadLayout:
+    """Which head rows this rank holds: ``held`` (what the target hands out), by default the
+    even split where ``V`` divides and the whole head elsewhere; :class:`PlanError` for a shard
+    that is neither."""
+    even = vocab_shard_range(vocab_size, tp, rho)
+    whole = (0, vocab_size)
+    held = held if held is not None else (even or whole)
+    if tp == 1:
+        if held != whole:
+            raise PlanError(f"TP = 1 but the target holds head rows {held[0]}.."
+                            f"{held[0] + held[1]} of V = {vocab_size}; one rank needs them all")
+        return _HeadLayout(start=0, width=vocab_size, replicated=False,
+                           reason="TP = 1: one rank holds the whole head")
+    if held == whole:
+        why = (f"V = {vocab_size} does not split into {tp} even shards" if even is None
+               else "the target holds the whole head on every rank (it was not sharded)")
+        return _HeadLayout(start=0, width=vocab_size, replicated=True,
+                           reason=f"{why}; the head stays replicated")
+    if held != even:
         raise PlanError(
-            f"the column-parallel head needs V = S * TP, but V = {vocab_size} does not "
-            f"split into {tp_size} even shards"
+            f"rank {rho} of {tp} holds head rows {held[0]}..{held[0] + held[1]} of V = "
+            f"{vocab_size}; vocab-parallel selection needs the even shard "
+            f"[rho * S, (rho + 1) * S) with S = V / TP, or the whole head"
         )
+    return _HeadLayout(start=held[0], width=held[1], replicated=False,
+                       reason=f"rank {rho} holds head rows {held[0]}..{held[0] + held[1] - 1} of "
+                              f"V = {vocab_size} (S = {held[1]}); logits come out as that shard")
 
 
 def make_plan(
@@ -193,7 +241,14 @@ def make_plan(
     (:func:`draftsmith.runtime.bind.check_fit`), made before this is called."""
     k = inputs.num_draft_tokens
     tp, rho = inputs.mapping.tp_size, inputs.mapping.tp_rank
-    _check_block_and_shards(caps, target.vocab_size, k, tp)
+    _check_block(caps, k)
+    head = _head_layout(target.vocab_size, tp, rho, inputs.head_shard)
+    if head.replicated and tp > 1 and caps.markov_head is not MarkovHeadKind.NONE and k > 0:
+        raise PlanError(
+            f"{head.reason}, but the drafter's {caps.markov_head.value} Markov head splits its "
+            f"w2 rows with the head (5.6 needs V = S * TP); use a TP size that divides V = "
+            f"{target.vocab_size}, or a drafter without a Markov head"
+        )
     decisions: list[Decision] = []
 
     def decide(name: str, value: DecisionValue, reason: str) -> DecisionValue:
@@ -235,9 +290,16 @@ def make_plan(
     else:
         acceptance = decide("acceptance", base, "no forced acceptance configured")
 
+    # ---- the target's head (5.1): even column shards, or whole on every rank ----
+    decide("target_head", "replicated" if head.replicated else "sharded", head.reason)
+
     # ---- vocab parallel (the selection layer's eligibility rule, 5.1) ----
     if tp == 1:
         vp = decide("vocab_parallel", False, "TP = 1: one rank holds the whole vocabulary")
+    elif head.replicated:
+        vp = decide("vocab_parallel", False,
+                    f"{head.reason}: selection runs on the full logits each rank computes, with "
+                    "no exchange")
     else:
         elig = vocab_parallel_eligibility(tp_size=tp, vocab_size=target.vocab_size,
                                           strategy=sel,
@@ -247,7 +309,10 @@ def make_plan(
                     else elig.reason)
 
     gathers: list[str] = []
-    if tp > 1:
+    if tp > 1 and head.replicated:
+        gathers.append(f"{head.reason}: every rank computes the full [rows, V] logits itself "
+                       "(nothing is gathered, nothing is saved)")
+    elif tp > 1:
         if acc == "rejection" and not greedy:
             gathers.append("rejection sampling builds draft_probs over the full vocabulary")
         if sel.filters and not greedy:
@@ -406,8 +471,8 @@ def make_plan(
         block_convention=caps.block_convention,
         first_draft_slot=caps.first_draft_slot,
         vocab_size=target.vocab_size,
-        shard_width=target.vocab_size // tp,
-        vocab_start=rho * (target.vocab_size // tp),
+        shard_width=head.width,
+        vocab_start=head.start,
         tp_size=tp,
         tp_rank=rho,
         selection_kind=sel.kind,
@@ -457,4 +522,5 @@ __all__ = [
     "PlanInputs",
     "format_plan",
     "make_plan",
+    "vocab_shard_range",
 ]

@@ -154,6 +154,9 @@ class HFTarget:
         self._layers = layers
         self._head = model.get_output_embeddings()
         self._embed = model.get_input_embeddings()
+        self._vocab = int(self._head.weight.shape[0])
+        self._vocab_start = 0
+        """First global id of the head rows this process holds (:meth:`shard_vocab`)."""
         self._kv: StaticKV | None = None
         self.cache_version = 0
         """Bumped whenever :meth:`reserve` replaces the storage (captured graphs are then stale)."""
@@ -168,8 +171,13 @@ class HFTarget:
 
     @property
     def vocab_size(self) -> int:
-        """``V``: rows of the output head."""
-        return int(self._head.weight.shape[0])
+        """``V``: the global vocabulary (rows of the whole output head, on every rank)."""
+        return self._vocab
+
+    @property
+    def vocab_shard(self) -> tuple[int, int]:
+        """``(vocab_start, S)``: the head rows this process holds (``(0, V)`` unless sharded)."""
+        return self._vocab_start, int(self._head.weight.shape[0])
 
     @property
     def hidden_size(self) -> int:
@@ -213,8 +221,49 @@ class HFTarget:
         return self._embed.weight
 
     def output_head(self) -> OutputHead:
-        """The full-vocabulary output head ``[V, H_t]`` (the embedding table when tied)."""
-        return OutputHead(weight=self._head.weight, vocab_start=0, vocab_size=self.vocab_size)
+        """The output head ``[S, H_t]`` this process holds: the whole head (the embedding table
+        when tied), or after :meth:`shard_vocab` this rank's rows."""
+        return OutputHead(weight=self._head.weight, vocab_start=self._vocab_start,
+                          vocab_size=self.vocab_size)
+
+    def shard_vocab(self, tp_rank: int, tp_size: int) -> None:
+        """Keep only rank ``tp_rank``'s rows ``[rho * S, (rho + 1) * S)`` of the LM head
+        (``S = V / TP``, spec 5.1): every forward then returns a :class:`LogitsShard` of those
+        columns. The decoder layers and the input embedding stay whole (replicated) on every rank.
+
+        An untied head's full weight is dropped from the model; a head tied to the input
+        embedding keeps the embedding (the decoder and the drafter read it) and holds a copy of
+        its slice. Call once, on the whole head, before :func:`~draftsmith.runtime.bind.bind`.
+
+        :raises PlanError: when ``V`` does not split into ``tp_size`` even shards (the caller
+            keeps the head whole then; the plan records the fallback) or the head is already
+            sharded.
+        """
+        v, tp, rank = self.vocab_size, int(tp_size), int(tp_rank)
+        if not 0 <= rank < tp:
+            raise PlanError(f"rank {rank} is not in a tensor-parallel group of {tp}")
+        if self.vocab_shard != (0, v):
+            raise PlanError(f"the LM head is already sharded (rows {self.vocab_shard}); "
+                            "shard_vocab applies to the whole head once")
+        if v % tp:
+            raise PlanError(f"V = {v} does not split into {tp} even head shards; keep the head "
+                            "whole on every rank")
+        if tp == 1:
+            return
+        width = v // tp
+        lo = rank * width
+        full = self._head
+        bias = getattr(full, "bias", None)
+        head = torch.nn.Linear(self.hidden_size, width, bias=bias is not None,
+                               dtype=full.weight.dtype, device=full.weight.device)
+        with torch.no_grad():
+            head.weight.copy_(full.weight[lo : lo + width])
+            if bias is not None:
+                head.bias.copy_(bias[lo : lo + width])
+        head.requires_grad_(False)
+        if full.weight is not self._embed.weight:
+            self.model.set_output_embeddings(head)  # the untied full head is freed
+        self._head, self._vocab_start = head, lo
 
     # ---- feature capture --------------------------------------------------------------
 
@@ -387,12 +436,12 @@ class HFTarget:
                     out = self._forward_slots([slots[b] for b in group], ids, [lo] * len(group))
                 for i, b in enumerate(group):
                     rows = slice(i * width, i * width + max(0, min(lengths[b] - lo, width)))
-                    pieces[b].append(TargetOutput(LogitsShard.full(out.logits.logits[rows]),
+                    pieces[b].append(TargetOutput(self._shard(out.logits.logits[rows]),
                                                   out.features[rows]))
         for slot, length in zip(slots, lengths, strict=True):
             self._lengths[slot] = length
         flat = [piece for per_prompt in pieces for piece in per_prompt]
-        return TargetOutput(logits=LogitsShard.full(torch.cat([p.logits.logits for p in flat])),
+        return TargetOutput(logits=self._shard(torch.cat([p.logits.logits for p in flat])),
                             features=torch.cat([p.features for p in flat]))
 
     @torch.inference_mode()
@@ -539,7 +588,11 @@ class HFTarget:
         if logit_rows is not None:
             h = h.index_select(0, logit_rows)
         logits = self._head(h).float()
-        return TargetOutput(logits=LogitsShard.full(logits), features=self._take_features())
+        return TargetOutput(logits=self._shard(logits), features=self._take_features())
+
+    def _shard(self, logits: torch.Tensor) -> LogitsShard:
+        """``logits: [rows, S]`` of this process's head rows as a :class:`LogitsShard`."""
+        return LogitsShard(logits, self._vocab_start, self.vocab_size)
 
 
 def _prefill_attention() -> Any:
