@@ -1,0 +1,214 @@
+"""Tensor parallelism end to end on the CPU: two gloo ranks (one :class:`RankPool` for the module),
+each holding the whole Hugging Face target but only its even column shard of the LM head, decode
+through :func:`load_decoder` exactly as one process does, token for token; on the vocab-parallel
+path no logits tensor that reaches selection is ever ``V`` wide; a vocabulary that does not split
+keeps the head whole and the plan says why; ranks that disagree fail loudly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from _tiny_models import make_byte_tokenizer, make_tiny_causal_lm
+
+from draftsmith.contract import LogitsShard, SingleRank
+from draftsmith.parallel import RankPool, world_collectives
+from draftsmith.runtime.api import RankDisagreementError, check_ranks_agree, load_decoder
+from draftsmith.runtime.config import SpecConfig
+from draftsmith.runtime.targets.hf import HFTarget
+from draftsmith.runtime.targets.smollm2 import smollm2_available
+
+PROMPTS = [[(i * 37 + j * 11 + 3) % 250 for j in range(3 + 4 * i)] for i in range(4)]
+MAX_NEW = 12
+
+
+def _config(family: str, selection: dict[str, Any], vocab: int) -> dict[str, Any]:
+    options = {"target_layer_ids": [0, 2], "num_layers": 1}
+    if family == "dspark-gqa":
+        options["markov_rank"] = 8
+    return {"target": {"model": "toy"}, "drafter": {"family": family, "options": options,
+                                                    "seed": 3},
+            "num_draft_tokens": 3, "selection": selection,
+            "runtime": {"max_batch": 4, "max_context": 96, "page_size": 8}}
+
+
+def _nudged(vocab: int) -> torch.nn.Module:
+    """The tiny Llama nudged as in ``tests/e2e``: it settles into token 7 on some prompts, which
+    drafters sharing its table and head also propose, so some rounds accept whole blocks."""
+    model = make_tiny_causal_lm(vocab_size=vocab, seed=0)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] += 2.0
+        model.lm_head.weight[7, 0] = 0.85
+    return model
+
+
+def _tiny_decoder(family: str, selection: dict[str, Any], vocab: int, collectives=None):
+    target = HFTarget(_nudged(vocab), max_slots=8)
+    return load_decoder(SpecConfig.from_dict(_config(family, selection, vocab)), target=target,
+                        tokenizer=make_byte_tokenizer(vocab), collectives=collectives)
+
+
+class _Widths:
+    """Records the shard width of every logits tensor the target returns and every
+    :class:`LogitsShard` handed to selection (``select`` and ``probs``)."""
+
+    def __init__(self, decoder) -> None:
+        self.target: set[int] = set()
+        self.selection: set[tuple[int, int]] = set()
+        target = decoder.target
+        shard = target._shard
+
+        def recording_shard(logits: torch.Tensor) -> LogitsShard:
+            self.target.add(int(logits.shape[-1]))
+            return shard(logits)
+
+        target._shard = recording_shard
+        for dec in (decoder.spec, decoder.plain):
+            self._wrap(dec.selector)
+
+    def _wrap(self, selector) -> None:
+        select, probs = selector.select, selector.probs
+
+        def recording_select(logits: LogitsShard, *args: Any) -> torch.Tensor:
+            self.selection.add((logits.vocab_start, logits.shard_width))
+            return select(logits, *args)
+
+        def recording_probs(logits: LogitsShard, *args: Any) -> torch.Tensor:
+            self.selection.add((logits.vocab_start, logits.shard_width))
+            return probs(logits, *args)
+
+        selector.select, selector.probs = recording_select, recording_probs
+
+
+def _tiny_rank(family: str, selection: dict[str, Any], vocab: int) -> dict[str, Any]:
+    """One rank: load under the started group (found by load_decoder itself), generate."""
+    torch.set_num_threads(1)
+    decoder = _tiny_decoder(family, selection, vocab)
+    widths = _Widths(decoder)
+    seeds = [5, 6, 7, 8]
+    report = decoder.generate_ids(PROMPTS, MAX_NEW, compare_plain=True, seeds=seeds)
+    plan = decoder.spec.plan
+    return {
+        "tokens": [r.tokens for r in report.results],
+        "plain": [r.plain_tokens for r in report.results],
+        "lengths": [r.accepted_lengths for r in report.results],
+        "vocab_parallel": plan.vocab_parallel, "gathers": plan.gather_fallbacks,
+        "head": plan.decision("target_head").value,
+        "head_reason": plan.decision("target_head").reason,
+        "shard": (plan.vocab_start, plan.shard_width), "markov_vocab": plan.markov_vocab,
+        "target_widths": widths.target, "selection": widths.selection,
+    }
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with RankPool(2, timeout_s=240.0) as p:
+        yield p
+
+
+def _single(family: str, selection: dict[str, Any], vocab: int):
+    decoder = _tiny_decoder(family, selection, vocab, collectives=SingleRank())
+    assert decoder.spec.plan.tp_size == 1
+    return decoder.generate_ids(PROMPTS, MAX_NEW, compare_plain=True, seeds=[5, 6, 7, 8])
+
+
+@pytest.mark.parametrize("family", ["dspark-gqa", "dflash"])
+def test_tp2_greedy_equals_one_process_and_never_holds_full_logits(pool, family):
+    want = _single(family, {"kind": "greedy"}, 512)
+    results = pool.run(_tiny_rank, family, {"kind": "greedy"}, 512)
+    for rank, got in enumerate(results):
+        assert got["vocab_parallel"] and got["gathers"] == () and got["head"] == "sharded"
+        assert got["shard"] == (256 * rank, 256)
+        assert got["markov_vocab"] == ("sharded" if family == "dspark-gqa" else "none")
+        assert got["tokens"] == [r.tokens for r in want.results]
+        assert got["lengths"] == [r.accepted_lengths for r in want.results]
+        assert got["plain"] == [r.plain_tokens for r in want.results]
+        # the selection boundary: every logits tensor is this rank's 256 columns, never V = 512
+        assert got["target_widths"] == {256}
+        assert got["selection"] == {(256 * rank, 256)}
+
+
+def test_tp2_sampled_rejection_gathers_and_equals_one_process(pool):
+    """Sampling with rejection: Gumbel draws are keyed by global id, so the split does not
+    change them; draft_probs need the full vocabulary, which the plan records as a gather."""
+    selection = {"kind": "sample", "temperature": 0.9}
+    want = _single("dspark-gqa", selection, 512)
+    for got in pool.run(_tiny_rank, "dspark-gqa", selection, 512):
+        assert got["vocab_parallel"] and got["head"] == "sharded"
+        assert got["gathers"] == ("rejection sampling builds draft_probs over the full "
+                                  "vocabulary",)
+        assert got["tokens"] == [r.tokens for r in want.results]
+        assert got["lengths"] == [r.accepted_lengths for r in want.results]
+        assert got["target_widths"] == {256}
+
+
+def test_an_uneven_vocabulary_keeps_the_head_whole_and_records_why(pool):
+    want = _single("dflash", {"kind": "greedy"}, 511)
+    for got in pool.run(_tiny_rank, "dflash", {"kind": "greedy"}, 511):
+        assert not got["vocab_parallel"] and got["head"] == "replicated"
+        assert "V = 511 does not split into 2 even shards" in got["head_reason"]
+        assert len(got["gathers"]) == 1 and "V = 511" in got["gathers"][0]
+        assert got["shard"] == (0, 511) and got["target_widths"] == {511}
+        assert got["tokens"] == [r.tokens for r in want.results]
+        assert got["lengths"] == [r.accepted_lengths for r in want.results]
+
+
+def _disagree() -> str:
+    coll = world_collectives()
+    check_ranks_agree(coll, [[1, 2, 3]], "speculative")
+    try:
+        check_ranks_agree(coll, [[1, 2, 3 + coll.rank]], "speculative")
+    except RankDisagreementError as exc:
+        return str(exc)
+    return "agreed"
+
+
+def test_ranks_that_emit_different_tokens_fail_loudly(pool):
+    for message in pool.run(_disagree):
+        assert "ranks [1] differ from rank 0" in message
+
+
+# ---- SmolLM2-135M with the shipped drafter ---------------------------------------------------
+
+SMOL_PROMPTS = [
+    "What is 2 + 3?", "Name a primary colour.", "Write a haiku about rain.",
+    "What is the capital of France?", "Say hello in Spanish.", "List three fruits.",
+    "Why is the sky blue?", "Count from 1 to 5.",
+]
+SMOL_NEW = 16
+
+
+def _smol_config() -> SpecConfig:
+    from draftsmith.cli.common import SHIPPED_DRAFTER
+
+    return SpecConfig.from_dict({
+        "drafter": {"family": "dspark-gqa", "checkpoint": str(SHIPPED_DRAFTER)},
+        "target": {"device": "cpu", "dtype": "float32"},
+        "runtime": {"max_batch": 8},
+    })
+
+
+def _smol_rank() -> dict[str, Any]:
+    torch.set_num_threads(1)
+    decoder = load_decoder(_smol_config())
+    widths = _Widths(decoder)
+    report = decoder.generate(SMOL_PROMPTS, SMOL_NEW, compare_plain=False)
+    return {"tokens": [r.tokens for r in report.results], "tp": decoder.spec.plan.tp_size,
+            "lengths": [r.accepted_lengths for r in report.results],
+            "vocab_parallel": decoder.spec.plan.vocab_parallel,
+            "target_widths": widths.target, "selection": widths.selection}
+
+
+@pytest.mark.skipif(not smollm2_available(), reason="SmolLM2-135M is not in the draftsmith cache")
+def test_smollm2_tp2_equals_one_process_on_eight_prompts(pool):
+    results = pool.run(_smol_rank)
+    decoder = load_decoder(_smol_config(), collectives=SingleRank())
+    want = decoder.generate(SMOL_PROMPTS, SMOL_NEW, compare_plain=False)
+    for rank, got in enumerate(results):
+        assert got["tp"] == 2 and got["vocab_parallel"]
+        assert got["target_widths"] == {49152 // 2}
+        assert got["selection"] == {(rank * 24576, 24576)}
+        assert got["tokens"] == [r.tokens for r in want.results]
+        assert got["lengths"] == [r.accepted_lengths for r in want.results]
+        assert max(n for lengths in got["lengths"] for n in lengths) > 1  # drafts were accepted
