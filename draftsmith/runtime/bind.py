@@ -128,8 +128,20 @@ def _fused_kernels_available(device: str) -> bool:
     return device.startswith("cuda") or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _selection_route(selector: TokenSelector, tp_size: int,
+                     vocab_size: int) -> tuple[str, str] | None:
+    """``(kind, reason)`` of the strategy's own route (the built-ins have ``route``); ``None``
+    for a strategy without one (the plan derives it from the declared capabilities)."""
+    route = getattr(selector, "route", None)
+    if not callable(route):
+        return None
+    found = route(tp_size, vocab_size)
+    return str(found.kind), str(found.reason)
+
+
 def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str,
-                 selector: TokenSelector, head_shard: tuple[int, int] | None = None) -> PlanInputs:
+                 selector: TokenSelector, vocab_size: int,
+                 head_shard: tuple[int, int] | None = None) -> PlanInputs:
     rt = config.runtime
     return PlanInputs(
         num_draft_tokens=config.num_draft_tokens,
@@ -144,6 +156,7 @@ def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str,
         record_margins=rt.record_margins,
         allow_gather=rt.allow_gather,
         device=device,
+        selection_route=_selection_route(selector, mapping.tp_size, vocab_size),
         head_shard=head_shard,
     )
 
@@ -223,7 +236,8 @@ def plan_only(
                             "so its plan cannot be made without building it")
     check_fit(capabilities, target_info, _origin(config))
     device = _plan_device(config.target.device)
-    return make_plan(_plan_inputs(config, mapping, device, selector), capabilities, target_info,
+    return make_plan(_plan_inputs(config, mapping, device, selector, target_info.vocab_size),
+                     capabilities, target_info,
                      fused_kernels_available=_fused_kernels_available(device))
 
 
@@ -309,7 +323,8 @@ def bind(
     where = device.type if device.type != "cuda" else str(device)
     head = target.output_head()
     held = (head.vocab_start, int(head.weight.shape[0]))
-    plan = make_plan(_plan_inputs(config, mapping, where, selector, held), caps, info,
+    plan = make_plan(_plan_inputs(config, mapping, where, selector, info.vocab_size, held),
+                     caps, info,
                      fused_kernels_available=_fused_kernels_available(where))
     _check_markov(drafter, plan)
     max_slots = getattr(target, "max_slots", None)

@@ -156,6 +156,10 @@ class PlanInputs(BaseModel):
     record_margins: Literal["auto", "on", "off"] | bool = "auto"
     allow_gather: bool = True
     device: str = "cpu"
+    selection_route: tuple[str, str] | None = None
+    """``(kind, reason)`` of the strategy's own route at this TP size (the built-ins'
+    ``route``: ``pair_argmax``, ``gumbel_pairs``, ``topk_candidates``, ``gather``); ``None``:
+    derived from :attr:`selector`."""
     head_shard: tuple[int, int] | None = None
     """``(vocab_start, S)`` of the LM head rows the target holds on this rank; ``None``: the even
     split (:func:`vocab_shard_range`) where ``V`` divides by ``TP``, else the whole head."""
@@ -229,7 +233,9 @@ def _head_layout(vocab_size: int, tp: int, rho: int,
         )
     return _HeadLayout(start=held[0], width=held[1], replicated=False,
                        reason=f"rank {rho} holds head rows {held[0]}..{held[0] + held[1] - 1} of "
-                              f"V = {vocab_size} (S = {held[1]}); logits come out as that shard")
+                              f"V = {vocab_size} (S = {held[1]}); logits come out as that shard "
+                              "(the Hugging Face target splits only its head: its decoder layers "
+                              "run whole on every rank)")
 
 
 def make_plan(
@@ -294,6 +300,7 @@ def make_plan(
     decide("target_head", "replicated" if head.replicated else "sharded", head.reason)
 
     # ---- vocab parallel (the selection layer's eligibility rule, 5.1) ----
+    vp_reason = ""
     if tp == 1:
         vp = decide("vocab_parallel", False, "TP = 1: one rank holds the whole vocabulary")
     elif head.replicated:
@@ -304,9 +311,27 @@ def make_plan(
         elig = vocab_parallel_eligibility(tp_size=tp, vocab_size=target.vocab_size,
                                           strategy=sel,
                                           attention_dp=inputs.mapping.attention_dp)
+        vp_reason = elig.reason
         vp = decide("vocab_parallel", elig.ok,
                     f"{elig.reason}: one [rows, 128] SUM exchange per selection" if elig.ok
                     else elig.reason)
+
+    # ---- selection route (5.2-5.7): the strategy's path at this TP size ----
+    if tp == 1:
+        route = ("local", "TP = 1: the full vocabulary is local")
+    elif head.replicated:
+        route = ("local", f"{head.reason}: every rank selects from its own full logits")
+    elif not vp:
+        route = (inputs.selection_route if inputs.selection_route is not None
+                 and inputs.selection_route[0] in ("topk_candidates", "gather")
+                 and not inputs.mapping.attention_dp
+                 else ("gather", f"gather logits: {vp_reason}"))
+    elif inputs.selection_route is not None:
+        route = inputs.selection_route
+    else:
+        route = ("pair_argmax" if greedy else "gumbel_pairs", vp_reason)
+    decide("target_selection", route[0],
+           f"the first token, the bonus and target samples: {route[1]}")
 
     gathers: list[str] = []
     if tp > 1 and head.replicated:
@@ -315,12 +340,10 @@ def make_plan(
     elif tp > 1:
         if acc == "rejection" and not greedy:
             gathers.append("rejection sampling builds draft_probs over the full vocabulary")
-        if sel.filters and not greedy:
-            gathers.append(f"{'/'.join(sel.filters)} filtering needs the full row")
         if inputs.mapping.attention_dp:
             gathers.append("attention-DP")
-        if not vp and not gathers:
-            gathers.append("vocab-parallel selection is ineligible")
+        if route[0] == "gather":
+            gathers.append(f"token selection: {route[1]}")
     if gathers and not inputs.allow_gather:
         raise PlanError(
             f"this configuration must gather full logits ({'; '.join(gathers)}) but "
@@ -330,6 +353,18 @@ def make_plan(
     decide("gather_fallbacks", tuple(gathers),
            "; ".join(gathers) if gathers else "logits never leave their shard"
            if tp > 1 else "TP = 1: logits are already whole")
+    if base != "rejection":
+        decide("acceptance_probs", "none",
+               "strict acceptance compares token ids; no probabilities are built")
+    elif tp > 1 and not head.replicated:
+        decide("acceptance_probs", "gather",
+               "rejection sampling builds target_probs and draft_probs [rows, V]: the logits "
+               "are all-gathered along the vocabulary (5.7; the sharded residual is not "
+               "implemented)")
+    else:
+        decide("acceptance_probs", "local",
+               "rejection sampling builds target_probs and draft_probs from the full logits "
+               "this rank holds")
 
     # ---- kernels ----
     on_cuda = inputs.device.startswith("cuda")
@@ -374,9 +409,20 @@ def make_plan(
                             "keyed selection")
         else:
             markov = decide("markov", "eager", kreason)
-        mvocab = decide("markov_vocab", "sharded" if vp else "full",
+        sharded_head = tp > 1 and not head.replicated
+        mvocab = decide("markov_vocab", "sharded" if sharded_head else "full",
                         "corrected logits stay on their shard; one pair exchange per slot (5.6)"
-                        if vp else "the chain sees full-vocabulary logits")
+                        if vp else "corrected logits stay on their shard (w2 holds this rank's "
+                        f"rows); each slot selects by the {route[0]} route"
+                        if sharded_head else "the chain sees full-vocabulary logits")
+
+    # ---- draft selection: the drafter's block logits over this rank's head rows ----
+    if k == 0:
+        decide("draft_selection", "none", "K = 0: nothing is drafted")
+    else:
+        chain = ("; the Markov chain selects slot by slot, one exchange per slot (5.6)"
+                 if mvocab == "sharded" and route[0] != "local" else "")
+        decide("draft_selection", route[0], f"drafts{chain}: {route[1]}")
 
     # ---- TP fusions ----
     if tp == 1:

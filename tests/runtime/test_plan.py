@@ -232,6 +232,35 @@ def test_an_uneven_vocabulary_keeps_the_head_whole_and_says_why():
 
 
 @pytest.mark.parametrize(
+    ("selection", "target", "draft", "probs", "gathers"),
+    [
+        ({"kind": "greedy"}, "pair_argmax", "pair_argmax", "none", ()),
+        ({"kind": "sample", "temperature": 0.8}, "gumbel_pairs", "gumbel_pairs", "gather",
+         ("rejection sampling builds draft_probs",)),
+        ({"kind": "sample", "temperature": 0.8, "top_k": 8, "acceptance": "strict"},
+         "topk_candidates", "topk_candidates", "none", ()),
+        ({"kind": "sample", "temperature": 0.8, "top_p": 0.9, "acceptance": "strict"},
+         "gather", "gather", "none", ("token selection: gather logits: top-p = 0.9",)),
+    ],
+)
+def test_the_plan_names_each_selection_route_under_tp(selection, target, draft, probs, gathers):
+    config = SpecConfig.from_dict({"num_draft_tokens": 3, "selection": selection,
+                                   "parallel": {"tp_size": 2, "tp_rank": 1}})
+    plan = plan_only(config, TOY, capabilities=_caps(markov_rank=4))
+    assert plan.decision("target_selection").value == target
+    assert plan.decision("draft_selection").value == draft
+    assert plan.decision("acceptance_probs").value == probs
+    assert plan.markov_vocab == "sharded" and plan.decision("target_head").value == "sharded"
+    assert len(plan.gather_fallbacks) == len(gathers)
+    for got, want in zip(plan.gather_fallbacks, gathers, strict=True):
+        assert got.startswith(want)
+    one = plan_only(SpecConfig.from_dict({"num_draft_tokens": 3, "selection": selection}), TOY,
+                    capabilities=_caps(markov_rank=4))
+    assert one.decision("target_selection").value == "local"
+    assert one.decision("acceptance_probs").value in ("none", "local")
+
+
+@pytest.mark.parametrize(
     ("target", "match"),
     [
         (TargetInfo(vocab_size=65, hidden_size=32, num_layers=4), "vocabulary mismatch"),
