@@ -447,7 +447,8 @@ def load_decoder(
 
         say(f"loading target {config.target.model}")
         target, tokenizer = load_target(
-            config.target, max_slots=max(64, config.runtime.max_batch + 2), log=log
+            config.target, max_slots=max(64, config.runtime.max_batch + 2), log=log,
+            tp_size=tp,
         )
     elif tokenizer is None:
         raise ConfigError("load_decoder got a target without its tokenizer")
@@ -484,8 +485,10 @@ def _shard_head(target: HFTarget, mapping: ParallelMapping, say: Callable[[str],
             "on every rank")
         return
     target.shard_vocab(rank, tp)
+    layers = ("split by transformers' tensor-parallel plan" if target.layers_split
+              else "whole on every rank")
     say(f"TP = {tp}: rank {rank} keeps LM head rows {split[0]}..{split[0] + split[1] - 1} of "
-        f"V = {v}; the decoder layers are replicated")
+        f"V = {v}; the decoder layers are {layers}")
 
 
 __all__ = [

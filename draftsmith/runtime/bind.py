@@ -141,7 +141,8 @@ def _selection_route(selector: TokenSelector, tp_size: int,
 
 def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str,
                  selector: TokenSelector, vocab_size: int,
-                 head_shard: tuple[int, int] | None = None) -> PlanInputs:
+                 head_shard: tuple[int, int] | None = None,
+                 layers_split: bool | None = None) -> PlanInputs:
     rt = config.runtime
     return PlanInputs(
         num_draft_tokens=config.num_draft_tokens,
@@ -158,6 +159,8 @@ def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str,
         device=device,
         selection_route=_selection_route(selector, mapping.tp_size, vocab_size),
         head_shard=head_shard,
+        target_layers="split" if (config.target.split_layers if layers_split is None
+                                  else layers_split) and mapping.tp_size > 1 else "whole",
     )
 
 
@@ -323,7 +326,8 @@ def bind(
     where = device.type if device.type != "cuda" else str(device)
     head = target.output_head()
     held = (head.vocab_start, int(head.weight.shape[0]))
-    plan = make_plan(_plan_inputs(config, mapping, where, selector, info.vocab_size, held),
+    plan = make_plan(_plan_inputs(config, mapping, where, selector, info.vocab_size, held,
+                                  bool(getattr(target, "layers_split", False))),
                      caps, info,
                      fused_kernels_available=_fused_kernels_available(where))
     _check_markov(drafter, plan)

@@ -160,6 +160,9 @@ class PlanInputs(BaseModel):
     """``(kind, reason)`` of the strategy's own route at this TP size (the built-ins'
     ``route``: ``pair_argmax``, ``gumbel_pairs``, ``topk_candidates``, ``gather``); ``None``:
     derived from :attr:`selector`."""
+    target_layers: Literal["whole", "split"] = "whole"
+    """Whether the target's decoder layers are split over the ranks (transformers' tensor-parallel
+    plan, ``target.split_layers``) or whole on every rank."""
     head_shard: tuple[int, int] | None = None
     """``(vocab_start, S)`` of the LM head rows the target holds on this rank; ``None``: the even
     split (:func:`vocab_shard_range`) where ``V`` divides by ``TP``, else the whole head."""
@@ -233,9 +236,7 @@ def _head_layout(vocab_size: int, tp: int, rho: int,
         )
     return _HeadLayout(start=held[0], width=held[1], replicated=False,
                        reason=f"rank {rho} holds head rows {held[0]}..{held[0] + held[1] - 1} of "
-                              f"V = {vocab_size} (S = {held[1]}); logits come out as that shard "
-                              "(the Hugging Face target splits only its head: its decoder layers "
-                              "run whole on every rank)")
+                              f"V = {vocab_size} (S = {held[1]}); logits come out as that shard")
 
 
 def make_plan(
@@ -298,6 +299,16 @@ def make_plan(
 
     # ---- the target's head (5.1): even column shards, or whole on every rank ----
     decide("target_head", "replicated" if head.replicated else "sharded", head.reason)
+    if tp == 1:
+        decide("target_layers", "whole", "TP = 1")
+    elif inputs.target_layers == "split":
+        decide("target_layers", "split",
+               f"transformers' tensor-parallel plan: each rank holds 1/{tp} of the attention "
+               "heads and MLP columns, one all-reduce after o_proj and down_proj per layer")
+    else:
+        decide("target_layers", "whole",
+               "every rank holds and runs every decoder layer (target.split_layers is off, or "
+               "the target splits only its head)")
 
     # ---- vocab parallel (the selection layer's eligibility rule, 5.1) ----
     vp_reason = ""

@@ -227,6 +227,11 @@ def test_an_uneven_vocabulary_keeps_the_head_whole_and_says_why():
     whole = make_plan(_inputs(mapping=ParallelMapping(tp_size=2), head_shard=(0, 64)), _caps(),
                       TOY)
     assert not whole.vocab_parallel and "was not sharded" in whole.gather_fallbacks[0]
+    assert even.decision("target_layers").value == "whole"
+    split = make_plan(_inputs(mapping=ParallelMapping(tp_size=2), target_layers="split"), _caps(),
+                      TOY)
+    assert split.decision("target_layers").value == "split"
+    assert "1/2 of the attention heads" in split.decision("target_layers").reason
     with pytest.raises(PlanError, match="needs the even shard"):
         make_plan(_inputs(mapping=ParallelMapping(tp_size=2), head_shard=(0, 16)), _caps(), TOY)
 

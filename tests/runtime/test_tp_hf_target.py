@@ -154,6 +154,62 @@ def test_an_uneven_vocabulary_keeps_the_head_whole_and_records_why(pool):
         assert got["lengths"] == [r.accepted_lengths for r in want.results]
 
 
+# ---- decoder layers split by transformers' own tensor-parallel plan --------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    model = _nudged(512)
+    model.config.eos_token_id, model.config.pad_token_id, model.config.bos_token_id = 258, 256, 257
+    model.save_pretrained(str(directory))
+    make_byte_tokenizer(512).save_pretrained(str(directory))
+    return str(directory)
+
+
+def _split_config(directory: str, split: bool) -> SpecConfig:
+    data = _config("dspark-gqa", {"kind": "greedy"}, 512)
+    data["target"] = {"model": directory, "device": "cpu", "split_layers": split}
+    return SpecConfig.from_dict(data)
+
+
+def _split_rank(directory: str) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    decoder = load_decoder(_split_config(directory, True))
+    widths = _Widths(decoder)
+    report = decoder.generate_ids(PROMPTS, MAX_NEW, compare_plain=True)
+    layer = decoder.target.model.model.layers[0]
+    return {"tokens": [r.tokens for r in report.results],
+            "plain": [r.plain_tokens for r in report.results],
+            "layers": decoder.spec.plan.decision("target_layers").value,
+            "q_rows": int(layer.self_attn.q_proj.weight.to_local().shape[0]),
+            "kv_heads": int(decoder.target._kv.keys[0].shape[1]),
+            "target_widths": widths.target, "selection": widths.selection}
+
+
+def test_split_decoder_layers_equal_one_process(pool, tiny_dir):
+    """``target.split_layers``: each rank holds half the attention heads (and KV cache heads) and
+    half the MLP; the tokens equal one process (fp32, greedy, decisive logits: the row-parallel
+    all-reduce sums in another order, so logits agree to rounding, not bit for bit)."""
+    want = load_decoder(_split_config(tiny_dir, True), collectives=SingleRank())
+    assert want.spec.plan.decision("target_layers").value == "whole"  # one process: no split
+    report = want.generate_ids(PROMPTS, MAX_NEW, compare_plain=True)
+    for rank, got in enumerate(pool.run(_split_rank, tiny_dir)):
+        assert got["layers"] == "split" and got["q_rows"] == 64 // 2 and got["kv_heads"] == 1
+        assert got["target_widths"] == {256} and got["selection"] == {(256 * rank, 256)}
+        assert got["tokens"] == [r.tokens for r in report.results]
+        assert got["plain"] == [r.plain_tokens for r in report.results]
+
+
+def test_split_layers_refuse_widths_that_do_not_divide(tiny_dir):
+    from draftsmith.contract import ConfigError
+    from draftsmith.runtime.targets.hf import load_hf_target
+
+    with pytest.raises(ConfigError, match=r"num_attention_heads = 4, num_key_value_heads = 2, .*"
+                                          r"do not split over 3 ranks"):
+        load_hf_target(tiny_dir, split_layers_over=3)
+
+
 def _disagree() -> str:
     coll = world_collectives()
     check_ranks_agree(coll, [[1, 2, 3]], "speculative")
