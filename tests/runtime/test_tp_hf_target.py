@@ -154,6 +154,31 @@ def test_an_uneven_vocabulary_keeps_the_head_whole_and_records_why(pool):
         assert got["lengths"] == [r.accepted_lengths for r in want.results]
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_shard_vocab_keeps_this_ranks_rows_and_returns_their_logits(tied):
+    """One process, no group: rank 1 of 2's head rows and logits are the whole head's columns
+    256..511, bit for bit; an untied full head is freed, a tied one keeps the embedding."""
+    from draftsmith.contract import PlanError
+
+    whole = HFTarget(make_tiny_causal_lm(tie_word_embeddings=tied), max_slots=2)
+    part = HFTarget(make_tiny_causal_lm(tie_word_embeddings=tied), max_slots=2)
+    part.shard_vocab(1, 2)
+    assert part.vocab_size == 512 and part.vocab_shard == (256, 256)
+    head = part.output_head()
+    assert (head.vocab_start, head.vocab_size, tuple(head.weight.shape)) == (256, 512, (256, 64))
+    assert torch.equal(head.weight, whole.output_head().weight[256:])
+    assert part.input_embedding().shape == (512, 64)
+    assert (part.model.get_output_embeddings().weight.shape[0] == 256) is not tied
+    prompt = [torch.tensor([3, 1, 4, 1, 5])]
+    got, want = part.prefill([0], prompt).logits, whole.prefill([0], prompt).logits
+    assert (got.vocab_start, got.vocab_size, got.shard_width) == (256, 512, 256)
+    assert torch.equal(got.logits, want.logits[:, 256:])
+    with pytest.raises(PlanError, match="already sharded"):
+        part.shard_vocab(0, 2)
+    with pytest.raises(PlanError, match="does not split into 3 even head shards"):
+        whole.shard_vocab(0, 3)
+
+
 # ---- decoder layers split by transformers' own tensor-parallel plan --------------------------
 
 
@@ -208,6 +233,34 @@ def test_split_layers_refuse_widths_that_do_not_divide(tiny_dir):
     with pytest.raises(ConfigError, match=r"num_attention_heads = 4, num_key_value_heads = 2, .*"
                                           r"do not split over 3 ranks"):
         load_hf_target(tiny_dir, split_layers_over=3)
+
+
+def test_torchrun_generate_prints_once_and_equals_one_process(tiny_dir, tmp_path, capsys):
+    """``torchrun --nproc-per-node 2 -m draftsmith generate``: rank 0 alone prints the JSON
+    report, whose tokens equal one process's."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from draftsmith.cli import main
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n"
+                               for p in ("two plus three", "the sky is", "hello there")))
+    args = ["generate", "--target", tiny_dir, "--device", "cpu", "--prompts", str(prompts),
+            "--max-new-tokens", "8", "--num-draft-tokens", "3", "--json"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", "-m", "draftsmith", *args],
+                          capture_output=True, text=True, env=env, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tp = json.loads(proc.stdout)  # one JSON document: rank 1 printed nothing
+    assert main(args) == 0
+    one = json.loads(capsys.readouterr().out)
+    assert [r["tokens"] for r in tp["results"]] == [r["tokens"] for r in one["results"]]
+    assert tp["exact"] is True and one["exact"] is True
+    assert proc.stderr.count("loading target") == 1  # the loading log, from rank 0 only
 
 
 def _disagree() -> str:
