@@ -41,7 +41,7 @@ from draftsmith.contract import (
 )
 from draftsmith.parallel import active_collectives
 from draftsmith.runtime.bind import bind, load_drafter
-from draftsmith.runtime.config import SpecConfig
+from draftsmith.runtime.config import SpecConfig, parse_device
 from draftsmith.runtime.decoder import GenerationResult, SpecDecoder
 from draftsmith.runtime.inputs import check_max_new_tokens, check_prompt_ids, check_prompt_texts
 from draftsmith.runtime.plan import vocab_shard_range
@@ -442,6 +442,8 @@ def load_decoder(
     if tp > 1 and config.parallel.tp_size in (1, tp):
         config = config.model_copy(update={"parallel": ParallelMapping(
             tp_size=tp, tp_rank=rank, attention_dp=config.parallel.attention_dp)})
+    if tp > 1:
+        _check_rank_device(config.target.device, rank)
     if target is None:
         from draftsmith.runtime.targets.smollm2 import load_target
 
@@ -471,6 +473,18 @@ def load_decoder(
     spec = bind(target, drafter, config, registry=registry, collectives=collectives)
     return Decoder(spec=spec, target=target, tokenizer=tokenizer, config=config,
                    stop_token_ids=_stop_ids(tokenizer, target))
+
+
+def _check_rank_device(device: str, rank: int) -> None:
+    """Under TP every rank reads the same ``target.device``: a CUDA index there would put every
+    rank on one GPU, so it is refused on every rank alike; ``cuda`` (each rank's own, selected
+    when its group started) passes."""
+    wanted = parse_device(device)
+    if wanted is not None and wanted.type == "cuda" and wanted.index is not None:
+        raise ConfigError(
+            f"target.device {device!r} under tensor parallelism: every rank would use that one "
+            f"GPU; pass 'cuda' (rank {rank} then uses its own, cuda:{rank} under torchrun)"
+        )
 
 
 def _shard_head(target: HFTarget, mapping: ParallelMapping, say: Callable[[str], None]) -> None:

@@ -263,6 +263,16 @@ def test_torchrun_generate_prints_once_and_equals_one_process(tiny_dir, tmp_path
     assert proc.stderr.count("loading target") == 1  # the loading log, from rank 0 only
 
 
+def test_a_cuda_index_is_refused_under_tp():
+    from draftsmith.contract import ConfigError
+    from draftsmith.runtime.api import _check_rank_device
+
+    for device in ("cpu", "auto", "cuda"):
+        _check_rank_device(device, 1)
+    with pytest.raises(ConfigError, match="every rank would use that one GPU; pass 'cuda'"):
+        _check_rank_device("cuda:0", 1)
+
+
 def _disagree() -> str:
     coll = world_collectives()
     check_ranks_agree(coll, [[1, 2, 3]], "speculative")

@@ -7,6 +7,11 @@ different positions (ragged acceptance in the previous step), and a cache subcla
 keys and values at those positions. The runtime's forward (:meth:`HFTarget.forward_rows`) takes
 its positions from a device tensor and can be captured in a CUDA graph.
 
+Under tensor parallelism each rank keeps an even column shard of the LM head
+(:meth:`HFTarget.shard_vocab`) and every forward returns a :class:`LogitsShard` of its columns;
+the decoder layers stay whole on every rank, or are split by transformers' own tensor-parallel
+plan (``load_hf_target(..., split_layers_over=N)``).
+
 Only full-attention decoder stacks whose logits are ``lm_head(final_norm(h))`` are accepted
 (Llama, Qwen2, Qwen3, Mistral without a sliding window, ...); anything else is refused when the
 adapter is built. ``transformers`` is imported lazily (it is the optional extra ``hf``); this
