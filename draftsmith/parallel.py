@@ -11,13 +11,14 @@ result. Starting processes costs seconds, so tests keep one pool per module.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -245,5 +246,49 @@ def world_collectives() -> ProcessGroupCollectives:
     return ProcessGroupCollectives()
 
 
-__all__ = ["NCCL_ENV", "ProcessGroupCollectives", "RankPool", "init_rank", "rank_device",
+def active_collectives() -> ProcessGroupCollectives | None:
+    """The default process group when torch.distributed is initialised with more than one rank
+    (the tensor-parallel group of ``load_decoder``), else ``None`` (one process)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return ProcessGroupCollectives()
+    return None
+
+
+def init_from_environment(device: str = "auto") -> ProcessGroupCollectives | None:
+    """Start the default process group from ``torchrun``'s environment (``WORLD_SIZE`` > 1,
+    ``RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) unless it is started already; ``None`` when this
+    is a single process.
+
+    The backend is ``nccl`` when ``device`` asks for CUDA (``cuda``, ``cuda:N``, or ``auto`` with
+    a GPU), else ``gloo``. Under NCCL rank ``r`` uses ``cuda:r`` (:func:`init_rank`; one host).
+    """
+    if dist.is_initialized():
+        return active_collectives()
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+    except ValueError as exc:
+        raise ConfigError(f"WORLD_SIZE / RANK must be integers (set by torchrun): {exc}") from None
+    if world <= 1:
+        return None
+    cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    init_rank(rank, world, "nccl" if cuda else "gloo")
+    return ProcessGroupCollectives()
+
+
+@contextlib.contextmanager
+def torchrun_group(device: str = "auto") -> Iterator[ProcessGroupCollectives | None]:
+    """:func:`init_from_environment` for the length of a command: yields the group (``None`` for
+    one process) and destroys it at the end if it was started here."""
+    started = not dist.is_initialized()
+    collectives = init_from_environment(device)
+    try:
+        yield collectives
+    finally:
+        if started and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+__all__ = ["NCCL_ENV", "ProcessGroupCollectives", "RankPool", "active_collectives",
+           "init_from_environment", "init_rank", "rank_device", "torchrun_group",
            "world_collectives"]

@@ -33,7 +33,7 @@ def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
 def _plan(args: argparse.Namespace) -> int:
     from draftsmith.cli.plan import plan_command
 
-    return plan_command(args.config)
+    return plan_command(args.config, tp_size=args.tp_size, tp_rank=args.tp_rank)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="print the DraftPlan that bind would build for a config")
     p.add_argument("--config", required=True)
+    p.add_argument("--tp-size", type=int, metavar="N",
+                   help="plan for N tensor-parallel ranks (overrides parallel.tp_size)")
+    p.add_argument("--tp-rank", type=int, metavar="R",
+                   help="the rank to plan for (default 0; overrides parallel.tp_rank)")
     p.set_defaults(func=_plan)
 
     p = sub.add_parser("export", help="write a drafter checkpoint in a layout serving engines read")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from draftsmith.contract import ConfigError
+from draftsmith.contract import Collectives, ConfigError
 from draftsmith.drafters.checkpoint import check_checkpoint_dir
 from draftsmith.runtime.api import Decoder, load_decoder
 from draftsmith.runtime.config import (
@@ -170,9 +170,12 @@ def check_before_loading(config: SpecConfig) -> None:
         check_checkpoint_dir(config.drafter.checkpoint)
 
 
-def load(config: SpecConfig) -> Decoder:
-    """The decoder of ``config``, logging each loading stage to stderr."""
-    return load_decoder(config, log=lambda m: print(f"[draftsmith] {m}", file=sys.stderr))
+def load(config: SpecConfig, collectives: Collectives | None = None) -> Decoder:
+    """The decoder of ``config``, logging each loading stage to stderr (on rank 0 only under
+    tensor parallelism; ``collectives``: the ``torchrun`` group or ``None``)."""
+    quiet = collectives is not None and collectives.rank != 0
+    return load_decoder(config, collectives=collectives,
+                        log=None if quiet else lambda m: print(f"[draftsmith] {m}", file=sys.stderr))
 
 
 __all__ = [

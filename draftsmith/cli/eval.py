@@ -22,6 +22,7 @@ from draftsmith.cli.common import (
 )
 from draftsmith.contract import ConfigError
 from draftsmith.drafters.checkpoint import check_output_dir
+from draftsmith.parallel import torchrun_group
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,9 +56,14 @@ def eval_command(args: argparse.Namespace) -> int:
     check_output_dir(Path(args.out), "--out")
     config = build_config(args)
     check_before_loading(config)
-    previous = _set_aside_previous_report(Path(args.out))
-    decoder = load(config)
-    results = evaluate(decoder, files, args.limit, args.max_new_tokens, args.compare)
+    with torchrun_group(config.target.device) as group:
+        # under torchrun every rank decodes (each selection is collective); rank 0 reports
+        if group is not None and group.rank != 0:
+            evaluate(load(config, group), files, args.limit, args.max_new_tokens, args.compare)
+            return 0
+        previous = _set_aside_previous_report(Path(args.out))
+        decoder = load(config, group)
+        results = evaluate(decoder, files, args.limit, args.max_new_tokens, args.compare)
     dumped = json.loads(config.model_dump_json())
     if config.drafter.checkpoint is not None:  # the checkpoint decided: keep what was set only
         dumped["drafter"]["options"] = json.loads(

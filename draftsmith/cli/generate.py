@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, TextIO
 
@@ -20,6 +21,7 @@ from draftsmith.cli.common import (
     read_prompts,
 )
 from draftsmith.contract import ConfigError
+from draftsmith.parallel import torchrun_group
 from draftsmith.runtime.api import Decoder, GenerateReport
 from draftsmith.runtime.inputs import check_prompt_texts
 
@@ -56,9 +58,16 @@ def generate_command(args: argparse.Namespace) -> int:
         prompts = check_prompt_texts([prompt], what="--prompt")
     config = build_config(args)
     check_before_loading(config)
-    decoder = load(config)
-    report = run_generate(decoder, prompts, args.max_new_tokens, chat=not args.raw,
-                          compare_plain=not args.no_compare, as_json=args.json)
+    with torchrun_group(config.target.device) as group:
+        # under torchrun every rank decodes (each selection is collective); rank 0 prints
+        speaker = group is None or group.rank == 0
+        decoder = load(config, group)
+        with open(os.devnull, "w", encoding="utf-8") as sink:
+            report = run_generate(decoder, prompts, args.max_new_tokens, chat=not args.raw,
+                                  compare_plain=not args.no_compare, as_json=args.json,
+                                  out=None if speaker else sink, err=None if speaker else sink)
+    if not speaker:
+        return 1 if any(r.error for r in report.results) else 0
     if args.json:
         print(json.dumps(report_dict(report), indent=2))
     failed = [(i, r.error) for i, r in enumerate(report.results) if r.error]

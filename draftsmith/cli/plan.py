@@ -23,14 +23,23 @@ def config_validate_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def plan_command(config_path: str | Path, *, json_output: bool = False) -> int:
-    """``draftsmith plan --config FILE``: print the plan; return the exit status.
+def plan_command(config_path: str | Path, *, json_output: bool = False,
+                 tp_size: int | None = None, tp_rank: int | None = None) -> int:
+    """``draftsmith plan --config FILE [--tp-size N] [--tp-rank R]``: print the plan; return the
+    exit status.
 
-    Loads the drafter through the registry (random weights when no checkpoint is configured) to
-    read its capabilities; reads the target's sizes from the config without loading its weights.
+    Reads the drafter's declared capabilities through the registry and the target's sizes from
+    the config, without loading any weights. Under TP (``parallel.tp_size`` or ``tp_size`` > 1)
+    the plan shows the head layout and each selection route (target tokens, drafts, acceptance
+    probabilities) with its reason.
     """
     try:
         config = SpecConfig.load(config_path)
+        if tp_size is not None or tp_rank is not None:
+            data = json.loads(config.model_dump_json())
+            data["parallel"].update({k: v for k, v in (("tp_size", tp_size),
+                                                        ("tp_rank", tp_rank)) if v is not None})
+            config = SpecConfig.from_dict(data)
         plan = plan_only(config, target_info_from_config(config.target))
     except DraftsmithError as exc:
         print(f"draftsmith plan: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -27,11 +28,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftsmith.contract import CheckpointError, ConfigError, SingleRank, TargetInfo
+import torch
+
+from draftsmith.contract import (
+    CheckpointError,
+    Collectives,
+    ConfigError,
+    DraftsmithError,
+    ParallelMapping,
+    SingleRank,
+    TargetInfo,
+)
+from draftsmith.parallel import active_collectives
 from draftsmith.runtime.bind import bind, load_drafter
-from draftsmith.runtime.config import SpecConfig
+from draftsmith.runtime.config import SpecConfig, parse_device
 from draftsmith.runtime.decoder import GenerationResult, SpecDecoder
 from draftsmith.runtime.inputs import check_max_new_tokens, check_prompt_ids, check_prompt_texts
+from draftsmith.runtime.plan import vocab_shard_range
 from draftsmith.runtime.registry import load_registry
 from draftsmith.runtime.targets.hf import HFTarget
 
@@ -243,7 +256,8 @@ class Decoder:
         use; it shares the target's cache with :attr:`spec`, one call at a time)."""
         if self._plain is None:
             config = self.config.model_copy(update={"num_draft_tokens": 0})
-            self._plain = bind(self.target, self.spec.drafter, config)
+            self._plain = bind(self.target, self.spec.drafter, config,
+                               collectives=self.spec.collectives)
         return self._plain
 
     @property
@@ -322,6 +336,11 @@ class Decoder:
             start = time.perf_counter()
             plain = self.plain.generate(ids, max_new_tokens, stops, seeds)
             plain_seconds = time.perf_counter() - start
+        check_ranks_agree(self.spec.collectives, [r.tokens for r in raw], "speculative",
+                          self.target.device)
+        if plain is not None:
+            check_ranks_agree(self.spec.collectives, [r.tokens for r in plain], "plain",
+                              self.target.device)
         texts = prompts if prompts is not None else [self.decode(p) for p in ids]
         results = [
             TextResult(
@@ -339,6 +358,35 @@ class Decoder:
             greedy=self.greedy, num_draft_tokens=self.config.num_draft_tokens,
             family=self.config.drafter.family,
             baseline=self.baseline if compare_plain else "",
+        )
+
+
+class RankDisagreementError(DraftsmithError):
+    """Tensor-parallel ranks emitted different tokens (a bug: every selection is collective)."""
+
+
+def tokens_digest(token_lists: Sequence[Sequence[int]]) -> int:
+    """A 63-bit digest of every request's tokens, lengths included (same lists, same digest)."""
+    h = hashlib.sha256()
+    for tokens in token_lists:
+        h.update(len(tokens).to_bytes(8, "little"))
+        h.update(b"".join(int(t).to_bytes(8, "little", signed=True) for t in tokens))
+    return int.from_bytes(h.digest()[:8], "little") >> 1
+
+
+def check_ranks_agree(collectives: Collectives, token_lists: Sequence[Sequence[int]],
+                      what: str, device: torch.device | str = "cpu") -> None:
+    """Every rank of ``collectives`` emitted the same tokens: one all-gather of a digest
+    (nothing at one rank). :raises RankDisagreementError: naming the ranks that differ."""
+    if collectives.world_size == 1:
+        return
+    mine = torch.tensor([tokens_digest(token_lists)], dtype=torch.int64, device=device)
+    every = [int(d) for d in collectives.all_gather(mine, dim=0).tolist()]
+    if len(set(every)) != 1:
+        differ = [r for r, d in enumerate(every) if d != every[0]]
+        raise RankDisagreementError(
+            f"tensor-parallel ranks emitted different {what} tokens: ranks {differ} differ from "
+            f"rank 0 (token digests {every}); every selection is collective, so this is a bug"
         )
 
 
@@ -362,13 +410,23 @@ def load_decoder(
     target: HFTarget | None = None,
     tokenizer: Any = None,
     log: Callable[[str], None] | None = None,
+    collectives: Collectives | None = None,
 ) -> Decoder:
     """Load target, tokenizer and drafter for ``config`` and bind them.
+
+    Under tensor parallelism (``collectives`` of more than one rank; by default the initialised
+    torch.distributed group, as under ``torchrun``) every rank calls this: ``parallel`` is taken
+    from the group, each rank loads the whole target and keeps only its even column shard of
+    the LM head (:meth:`HFTarget.shard_vocab`; the head stays whole where ``V`` does not split,
+    and the plan says so), the drafter is loaded with the group, and every generation checks
+    that all ranks emitted the same tokens.
 
     :param config: a :class:`SpecConfig`, a TOML/JSON config path, or ``None`` for the defaults
         (SmolLM2-135M-Instruct target, random-weight ``dspark-gqa`` drafter, greedy).
     :param target: an already built target (with ``tokenizer``) instead of ``config.target``.
     :param log: called with one line per loading stage.
+    :param collectives: the tensor-parallel group (``None``: torch.distributed's, if started
+        with more than one rank, else one process).
     :raises DraftsmithError: for a missing model directory, a checkpoint made for another target,
         or an impossible plan; the message says what to change.
     """
@@ -378,15 +436,26 @@ def load_decoder(
     elif not isinstance(config, SpecConfig):
         config = SpecConfig.load(config, registry=registry)
     say = log or (lambda _m: None)
+    collectives = collectives if collectives is not None else active_collectives()
+    collectives = collectives if collectives is not None else SingleRank()
+    tp, rank = collectives.world_size, collectives.rank
+    if tp > 1 and config.parallel.tp_size in (1, tp):
+        config = config.model_copy(update={"parallel": ParallelMapping(
+            tp_size=tp, tp_rank=rank, attention_dp=config.parallel.attention_dp)})
+    if tp > 1:
+        _check_rank_device(config.target.device, rank)
     if target is None:
         from draftsmith.runtime.targets.smollm2 import load_target
 
         say(f"loading target {config.target.model}")
         target, tokenizer = load_target(
-            config.target, max_slots=max(64, config.runtime.max_batch + 2), log=log
+            config.target, max_slots=max(64, config.runtime.max_batch + 2), log=log,
+            tp_size=tp,
         )
     elif tokenizer is None:
         raise ConfigError("load_decoder got a target without its tokenizer")
+    if tp > 1:
+        _shard_head(target, config.parallel, say)
     info = TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
                       num_layers=target.num_layers, dtype=target.dtype)
     source = config.drafter.checkpoint or f"random weights (seed {config.drafter.seed})"
@@ -400,10 +469,40 @@ def load_decoder(
             "directory with config.json and *.safetensors"
         )
     # load_drafter checks that the drafter fits the target before any weight loads
-    drafter = load_drafter(config, info, registry, SingleRank(), target.device)
-    spec = bind(target, drafter, config, registry=registry)
+    drafter = load_drafter(config, info, registry, collectives, target.device)
+    spec = bind(target, drafter, config, registry=registry, collectives=collectives)
     return Decoder(spec=spec, target=target, tokenizer=tokenizer, config=config,
                    stop_token_ids=_stop_ids(tokenizer, target))
+
+
+def _check_rank_device(device: str, rank: int) -> None:
+    """Under TP every rank reads the same ``target.device``: a CUDA index there would put every
+    rank on one GPU, so it is refused on every rank alike; ``cuda`` (each rank's own, selected
+    when its group started) passes."""
+    wanted = parse_device(device)
+    if wanted is not None and wanted.type == "cuda" and wanted.index is not None:
+        raise ConfigError(
+            f"target.device {device!r} under tensor parallelism: every rank would use that one "
+            f"GPU; pass 'cuda' (rank {rank} then uses its own, cuda:{rank} under torchrun)"
+        )
+
+
+def _shard_head(target: HFTarget, mapping: ParallelMapping, say: Callable[[str], None]) -> None:
+    """Keep this rank's even column shard of a whole LM head; leave it whole (replicated) where
+    ``V`` does not split, for the plan to record. A head already sharded is left as it is."""
+    v, tp, rank = target.vocab_size, mapping.tp_size, mapping.tp_rank
+    if target.vocab_shard != (0, v):
+        return
+    split = vocab_shard_range(v, tp, rank)
+    if split is None:
+        say(f"TP = {tp}: V = {v} does not split into {tp} even shards; the LM head stays whole "
+            "on every rank")
+        return
+    target.shard_vocab(rank, tp)
+    layers = ("split by transformers' tensor-parallel plan" if target.layers_split
+              else "whole on every rank")
+    say(f"TP = {tp}: rank {rank} keeps LM head rows {split[0]}..{split[0] + split[1] - 1} of "
+        f"V = {v}; the decoder layers are {layers}")
 
 
 __all__ = [
@@ -411,6 +510,9 @@ __all__ = [
     "Divergence",
     "bf16_step",
     "GenerateReport",
+    "RankDisagreementError",
     "TextResult",
+    "check_ranks_agree",
     "load_decoder",
+    "tokens_digest",
 ]

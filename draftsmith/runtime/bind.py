@@ -128,8 +128,21 @@ def _fused_kernels_available(device: str) -> bool:
     return device.startswith("cuda") or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def _selection_route(selector: TokenSelector, tp_size: int,
+                     vocab_size: int) -> tuple[str, str] | None:
+    """``(kind, reason)`` of the strategy's own route (the built-ins have ``route``); ``None``
+    for a strategy without one (the plan derives it from the declared capabilities)."""
+    route = getattr(selector, "route", None)
+    if not callable(route):
+        return None
+    found = route(tp_size, vocab_size)
+    return str(found.kind), str(found.reason)
+
+
 def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str,
-                 selector: TokenSelector) -> PlanInputs:
+                 selector: TokenSelector, vocab_size: int,
+                 head_shard: tuple[int, int] | None = None,
+                 layers_split: bool | None = None) -> PlanInputs:
     rt = config.runtime
     return PlanInputs(
         num_draft_tokens=config.num_draft_tokens,
@@ -144,6 +157,10 @@ def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str,
         record_margins=rt.record_margins,
         allow_gather=rt.allow_gather,
         device=device,
+        selection_route=_selection_route(selector, mapping.tp_size, vocab_size),
+        head_shard=head_shard,
+        target_layers="split" if (config.target.split_layers if layers_split is None
+                                  else layers_split) and mapping.tp_size > 1 else "whole",
     )
 
 
@@ -222,7 +239,8 @@ def plan_only(
                             "so its plan cannot be made without building it")
     check_fit(capabilities, target_info, _origin(config))
     device = _plan_device(config.target.device)
-    return make_plan(_plan_inputs(config, mapping, device, selector), capabilities, target_info,
+    return make_plan(_plan_inputs(config, mapping, device, selector, target_info.vocab_size),
+                     capabilities, target_info,
                      fused_kernels_available=_fused_kernels_available(device))
 
 
@@ -306,7 +324,11 @@ def bind(
     caps = drafter.capabilities
     check_fit(caps, info, origin)
     where = device.type if device.type != "cuda" else str(device)
-    plan = make_plan(_plan_inputs(config, mapping, where, selector), caps, info,
+    head = target.output_head()
+    held = (head.vocab_start, int(head.weight.shape[0]))
+    plan = make_plan(_plan_inputs(config, mapping, where, selector, info.vocab_size, held,
+                                  bool(getattr(target, "layers_split", False))),
+                     caps, info,
                      fused_kernels_available=_fused_kernels_available(where))
     _check_markov(drafter, plan)
     max_slots = getattr(target, "max_slots", None)

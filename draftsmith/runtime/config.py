@@ -143,6 +143,12 @@ class TargetConfig(_Strict):
     device: str = "auto"
     """``auto`` (CUDA when available), ``cpu`` or ``cuda[:N]``; whether CUDA is present is
     checked when the target loads, not here."""
+    split_layers: bool = False
+    """Under tensor parallelism, also split the decoder layers with transformers' own plan
+    (``tp_plan``: attention by heads, MLP by intermediate size, one all-reduce after ``o_proj``
+    and ``down_proj``), so each rank holds ``1 / TP`` of them; needs the attention heads, the
+    key/value heads and the intermediate size divisible by ``TP``. Off: every rank holds the
+    whole decoder and only the LM head is split. Ignored with one process."""
 
     @field_validator("device")
     @classmethod

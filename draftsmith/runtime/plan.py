@@ -156,6 +156,16 @@ class PlanInputs(BaseModel):
     record_margins: Literal["auto", "on", "off"] | bool = "auto"
     allow_gather: bool = True
     device: str = "cpu"
+    selection_route: tuple[str, str] | None = None
+    """``(kind, reason)`` of the strategy's own route at this TP size (the built-ins'
+    ``route``: ``pair_argmax``, ``gumbel_pairs``, ``topk_candidates``, ``gather``); ``None``:
+    derived from :attr:`selector`."""
+    target_layers: Literal["whole", "split"] = "whole"
+    """Whether the target's decoder layers are split over the ranks (transformers' tensor-parallel
+    plan, ``target.split_layers``) or whole on every rank."""
+    head_shard: tuple[int, int] | None = None
+    """``(vocab_start, S)`` of the LM head rows the target holds on this rank; ``None``: the even
+    split (:func:`vocab_shard_range`) where ``V`` divides by ``TP``, else the whole head."""
 
 
 def _sampling_words(selector: SelectorCapabilities) -> str:
@@ -165,10 +175,8 @@ def _sampling_words(selector: SelectorCapabilities) -> str:
     return f"strategy {selector.kind!r}"
 
 
-def _check_block_and_shards(caps: DrafterCapabilities, vocab_size: int, num_draft_tokens: int,
-                            tp_size: int) -> None:
-    """:class:`PlanError` when ``K`` asks for a block wider than the drafter was trained with, or
-    the vocabulary does not split evenly over the ranks."""
+def _check_block(caps: DrafterCapabilities, num_draft_tokens: int) -> None:
+    """:class:`PlanError` when ``K`` asks for a block wider than the drafter was trained with."""
     if num_draft_tokens > 0:
         w = caps.block_width(num_draft_tokens)
         if w > caps.trained_block_size:
@@ -177,11 +185,58 @@ def _check_block_and_shards(caps: DrafterCapabilities, vocab_size: int, num_draf
                 f"exceeds the drafter's trained_block_size {caps.trained_block_size}; lower "
                 f"num_draft_tokens to at most {caps.trained_block_size - caps.first_draft_slot}"
             )
+
+
+def vocab_shard_range(vocab_size: int, tp_size: int, tp_rank: int) -> tuple[int, int] | None:
+    """``(vocab_start, S)`` of rank ``tp_rank``'s even column shard of the LM head (spec 5.1), or
+    ``None`` when ``V`` does not split into ``tp_size`` even shards (the head then stays whole on
+    every rank). At ``TP = 1``: ``(0, V)``. The target loader and :func:`make_plan` both use it,
+    so the head a target holds and the plan agree."""
+    if tp_size < 1 or not 0 <= tp_rank < tp_size:
+        raise PlanError(f"rank {tp_rank} is not in a tensor-parallel group of {tp_size}")
     if vocab_size % tp_size:
+        return None
+    width = vocab_size // tp_size
+    return tp_rank * width, width
+
+
+class _HeadLayout(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    start: int
+    width: int
+    replicated: bool
+    reason: str
+
+
+def _head_layout(vocab_size: int, tp: int, rho: int,
+                 held: tuple[int, int] | None) -> _HeadLayout:
+    """Which head rows this rank holds: ``held`` (what the target hands out), by default the
+    even split where ``V`` divides and the whole head elsewhere; :class:`PlanError` for a shard
+    that is neither."""
+    even = vocab_shard_range(vocab_size, tp, rho)
+    whole = (0, vocab_size)
+    held = held if held is not None else (even or whole)
+    if tp == 1:
+        if held != whole:
+            raise PlanError(f"TP = 1 but the target holds head rows {held[0]}.."
+                            f"{held[0] + held[1]} of V = {vocab_size}; one rank needs them all")
+        return _HeadLayout(start=0, width=vocab_size, replicated=False,
+                           reason="TP = 1: one rank holds the whole head")
+    if held == whole:
+        why = (f"V = {vocab_size} does not split into {tp} even shards" if even is None
+               else "the target holds the whole head on every rank (it was not sharded)")
+        return _HeadLayout(start=0, width=vocab_size, replicated=True,
+                           reason=f"{why}; the head stays replicated")
+    if held != even:
         raise PlanError(
-            f"the column-parallel head needs V = S * TP, but V = {vocab_size} does not "
-            f"split into {tp_size} even shards"
+            f"rank {rho} of {tp} holds head rows {held[0]}..{held[0] + held[1]} of V = "
+            f"{vocab_size}; vocab-parallel selection needs the even shard "
+            f"[rho * S, (rho + 1) * S) with S = V / TP, or the whole head"
         )
+    return _HeadLayout(start=held[0], width=held[1], replicated=False,
+                       reason=f"rank {rho} holds head rows {held[0]}..{held[0] + held[1] - 1} of "
+                              f"V = {vocab_size} (S = {held[1]}); logits come out as that shard")
 
 
 def make_plan(
@@ -193,7 +248,14 @@ def make_plan(
     (:func:`draftsmith.runtime.bind.check_fit`), made before this is called."""
     k = inputs.num_draft_tokens
     tp, rho = inputs.mapping.tp_size, inputs.mapping.tp_rank
-    _check_block_and_shards(caps, target.vocab_size, k, tp)
+    _check_block(caps, k)
+    head = _head_layout(target.vocab_size, tp, rho, inputs.head_shard)
+    if head.replicated and tp > 1 and caps.markov_head is not MarkovHeadKind.NONE and k > 0:
+        raise PlanError(
+            f"{head.reason}, but the drafter's {caps.markov_head.value} Markov head splits its "
+            f"w2 rows with the head (5.6 needs V = S * TP); use a TP size that divides V = "
+            f"{target.vocab_size}, or a drafter without a Markov head"
+        )
     decisions: list[Decision] = []
 
     def decide(name: str, value: DecisionValue, reason: str) -> DecisionValue:
@@ -235,27 +297,64 @@ def make_plan(
     else:
         acceptance = decide("acceptance", base, "no forced acceptance configured")
 
+    # ---- the target's head (5.1): even column shards, or whole on every rank ----
+    decide("target_head", "replicated" if head.replicated else "sharded", head.reason)
+    if tp == 1:
+        decide("target_layers", "whole", "TP = 1")
+    elif inputs.target_layers == "split":
+        decide("target_layers", "split",
+               f"transformers' tensor-parallel plan: each rank holds 1/{tp} of the attention "
+               "heads and MLP columns, one all-reduce after o_proj and down_proj per layer")
+    else:
+        decide("target_layers", "whole",
+               "every rank holds and runs every decoder layer (target.split_layers is off, or "
+               "the target splits only its head)")
+
     # ---- vocab parallel (the selection layer's eligibility rule, 5.1) ----
+    vp_reason = ""
     if tp == 1:
         vp = decide("vocab_parallel", False, "TP = 1: one rank holds the whole vocabulary")
+    elif head.replicated:
+        vp = decide("vocab_parallel", False,
+                    f"{head.reason}: selection runs on the full logits each rank computes, with "
+                    "no exchange")
     else:
         elig = vocab_parallel_eligibility(tp_size=tp, vocab_size=target.vocab_size,
                                           strategy=sel,
                                           attention_dp=inputs.mapping.attention_dp)
+        vp_reason = elig.reason
         vp = decide("vocab_parallel", elig.ok,
                     f"{elig.reason}: one [rows, 128] SUM exchange per selection" if elig.ok
                     else elig.reason)
 
+    # ---- selection route (5.2-5.7): the strategy's path at this TP size ----
+    if tp == 1:
+        route = ("local", "TP = 1: the full vocabulary is local")
+    elif head.replicated:
+        route = ("local", f"{head.reason}: every rank selects from its own full logits")
+    elif not vp:
+        route = (inputs.selection_route if inputs.selection_route is not None
+                 and inputs.selection_route[0] in ("topk_candidates", "gather")
+                 and not inputs.mapping.attention_dp
+                 else ("gather", f"gather logits: {vp_reason}"))
+    elif inputs.selection_route is not None:
+        route = inputs.selection_route
+    else:
+        route = ("pair_argmax" if greedy else "gumbel_pairs", vp_reason)
+    decide("target_selection", route[0],
+           f"the first token, the bonus and target samples: {route[1]}")
+
     gathers: list[str] = []
-    if tp > 1:
+    if tp > 1 and head.replicated:
+        gathers.append(f"{head.reason}: every rank computes the full [rows, V] logits itself "
+                       "(nothing is gathered, nothing is saved)")
+    elif tp > 1:
         if acc == "rejection" and not greedy:
             gathers.append("rejection sampling builds draft_probs over the full vocabulary")
-        if sel.filters and not greedy:
-            gathers.append(f"{'/'.join(sel.filters)} filtering needs the full row")
         if inputs.mapping.attention_dp:
             gathers.append("attention-DP")
-        if not vp and not gathers:
-            gathers.append("vocab-parallel selection is ineligible")
+        if route[0] == "gather":
+            gathers.append(f"token selection: {route[1]}")
     if gathers and not inputs.allow_gather:
         raise PlanError(
             f"this configuration must gather full logits ({'; '.join(gathers)}) but "
@@ -265,6 +364,18 @@ def make_plan(
     decide("gather_fallbacks", tuple(gathers),
            "; ".join(gathers) if gathers else "logits never leave their shard"
            if tp > 1 else "TP = 1: logits are already whole")
+    if base != "rejection":
+        decide("acceptance_probs", "none",
+               "strict acceptance compares token ids; no probabilities are built")
+    elif tp > 1 and not head.replicated:
+        decide("acceptance_probs", "gather",
+               "rejection sampling builds target_probs and draft_probs [rows, V]: the logits "
+               "are all-gathered along the vocabulary (5.7; the sharded residual is not "
+               "implemented)")
+    else:
+        decide("acceptance_probs", "local",
+               "rejection sampling builds target_probs and draft_probs from the full logits "
+               "this rank holds")
 
     # ---- kernels ----
     on_cuda = inputs.device.startswith("cuda")
@@ -309,9 +420,20 @@ def make_plan(
                             "keyed selection")
         else:
             markov = decide("markov", "eager", kreason)
-        mvocab = decide("markov_vocab", "sharded" if vp else "full",
+        sharded_head = tp > 1 and not head.replicated
+        mvocab = decide("markov_vocab", "sharded" if sharded_head else "full",
                         "corrected logits stay on their shard; one pair exchange per slot (5.6)"
-                        if vp else "the chain sees full-vocabulary logits")
+                        if vp else "corrected logits stay on their shard (w2 holds this rank's "
+                        f"rows); each slot selects by the {route[0]} route"
+                        if sharded_head else "the chain sees full-vocabulary logits")
+
+    # ---- draft selection: the drafter's block logits over this rank's head rows ----
+    if k == 0:
+        decide("draft_selection", "none", "K = 0: nothing is drafted")
+    else:
+        chain = ("; the Markov chain selects slot by slot, one exchange per slot (5.6)"
+                 if mvocab == "sharded" and route[0] != "local" else "")
+        decide("draft_selection", route[0], f"drafts{chain}: {route[1]}")
 
     # ---- TP fusions ----
     if tp == 1:
@@ -406,8 +528,8 @@ def make_plan(
         block_convention=caps.block_convention,
         first_draft_slot=caps.first_draft_slot,
         vocab_size=target.vocab_size,
-        shard_width=target.vocab_size // tp,
-        vocab_start=rho * (target.vocab_size // tp),
+        shard_width=head.width,
+        vocab_start=head.start,
         tp_size=tp,
         tp_rank=rho,
         selection_kind=sel.kind,
@@ -457,4 +579,5 @@ __all__ = [
     "PlanInputs",
     "format_plan",
     "make_plan",
+    "vocab_shard_range",
 ]

@@ -38,3 +38,16 @@ def test_python_dash_m_draftsmith_runs_the_command(tmp_path):
                               capture_output=True, text=True, check=False)
         assert proc.returncode == 0, proc.stderr
         assert "DraftPlan for family 'dspark-gqa'" in proc.stdout
+
+
+def test_plan_under_tp_shows_the_head_and_each_selection_route(tmp_path, capsys):
+    cfg = tmp_path / "spec.toml"
+    cfg.write_text(_TOY_PLAN)
+    assert main(["plan", "--config", str(cfg), "--tp-size", "2", "--tp-rank", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "TP = 2 (rank 1)" in out
+    assert "target_head      = sharded  # rank 1 holds head rows 32..63 of V = 64" in out
+    assert "target_selection = pair_argmax" in out and "draft_selection  = pair_argmax" in out
+    assert "acceptance_probs = none" in out and "gather_fallbacks = -" in out
+    assert main(["plan", "--config", str(cfg), "--tp-size", "3"]) == 2  # the Markov head
+    assert "does not split into 3 even shards" in capsys.readouterr().err

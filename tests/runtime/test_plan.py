@@ -201,12 +201,68 @@ def test_every_decision_has_a_reason(plan):
     ("caps_kw", "inputs_kw", "target", "match"),
     [
         ({"trained_block_size": 4}, {"num_draft_tokens": 5}, TOY, "exceeds the drafter's trained_block_size 4"),
-        ({}, {"mapping": ParallelMapping(tp_size=3)}, TOY, "does not split into 3 even shards"),
+        ({"markov_rank": 4}, {"mapping": ParallelMapping(tp_size=3)}, TOY,
+         "does not split into 3 even shards; the head stays replicated, but the drafter's vanilla "
+         "Markov head"),
     ],
 )
 def test_plan_errors_name_the_capability(caps_kw, inputs_kw, target, match):
     with pytest.raises(PlanError, match=match):
         make_plan(_inputs(**inputs_kw), _caps(**caps_kw), target)
+
+
+def test_an_uneven_vocabulary_keeps_the_head_whole_and_says_why():
+    """V % TP != 0: no shard, no exchange; the plan records the fallback and its reason."""
+    plan = make_plan(_inputs(mapping=ParallelMapping(tp_size=3, tp_rank=2)), _caps(), TOY)
+    assert (plan.shard_width, plan.vocab_start, plan.vocab_parallel) == (64, 0, False)
+    assert plan.decision("target_head").value == "replicated"
+    assert "V = 64 does not split into 3 even shards" in plan.decision("target_head").reason
+    assert len(plan.gather_fallbacks) == 1
+    assert "does not split into 3 even shards" in plan.gather_fallbacks[0]
+    assert "does not split" in plan.decision("vocab_parallel").reason
+    even = make_plan(_inputs(mapping=ParallelMapping(tp_size=2, tp_rank=1)), _caps(), TOY)
+    assert (even.shard_width, even.vocab_start, even.vocab_parallel) == (32, 32, True)
+    assert even.decision("target_head").value == "sharded" and not even.gather_fallbacks
+    # a target that kept its whole head at TP = 2 is planned as replicated, not as sharded
+    whole = make_plan(_inputs(mapping=ParallelMapping(tp_size=2), head_shard=(0, 64)), _caps(),
+                      TOY)
+    assert not whole.vocab_parallel and "was not sharded" in whole.gather_fallbacks[0]
+    assert even.decision("target_layers").value == "whole"
+    split = make_plan(_inputs(mapping=ParallelMapping(tp_size=2), target_layers="split"), _caps(),
+                      TOY)
+    assert split.decision("target_layers").value == "split"
+    assert "1/2 of the attention heads" in split.decision("target_layers").reason
+    with pytest.raises(PlanError, match="needs the even shard"):
+        make_plan(_inputs(mapping=ParallelMapping(tp_size=2), head_shard=(0, 16)), _caps(), TOY)
+
+
+@pytest.mark.parametrize(
+    ("selection", "target", "draft", "probs", "gathers"),
+    [
+        ({"kind": "greedy"}, "pair_argmax", "pair_argmax", "none", ()),
+        ({"kind": "sample", "temperature": 0.8}, "gumbel_pairs", "gumbel_pairs", "gather",
+         ("rejection sampling builds draft_probs",)),
+        ({"kind": "sample", "temperature": 0.8, "top_k": 8, "acceptance": "strict"},
+         "topk_candidates", "topk_candidates", "none", ()),
+        ({"kind": "sample", "temperature": 0.8, "top_p": 0.9, "acceptance": "strict"},
+         "gather", "gather", "none", ("token selection: gather logits: top-p = 0.9",)),
+    ],
+)
+def test_the_plan_names_each_selection_route_under_tp(selection, target, draft, probs, gathers):
+    config = SpecConfig.from_dict({"num_draft_tokens": 3, "selection": selection,
+                                   "parallel": {"tp_size": 2, "tp_rank": 1}})
+    plan = plan_only(config, TOY, capabilities=_caps(markov_rank=4))
+    assert plan.decision("target_selection").value == target
+    assert plan.decision("draft_selection").value == draft
+    assert plan.decision("acceptance_probs").value == probs
+    assert plan.markov_vocab == "sharded" and plan.decision("target_head").value == "sharded"
+    assert len(plan.gather_fallbacks) == len(gathers)
+    for got, want in zip(plan.gather_fallbacks, gathers, strict=True):
+        assert got.startswith(want)
+    one = plan_only(SpecConfig.from_dict({"num_draft_tokens": 3, "selection": selection}), TOY,
+                    capabilities=_caps(markov_rank=4))
+    assert one.decision("target_selection").value == "local"
+    assert one.decision("acceptance_probs").value in ("none", "local")
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,11 @@ different positions (ragged acceptance in the previous step), and a cache subcla
 keys and values at those positions. The runtime's forward (:meth:`HFTarget.forward_rows`) takes
 its positions from a device tensor and can be captured in a CUDA graph.
 
+Under tensor parallelism each rank keeps an even column shard of the LM head
+(:meth:`HFTarget.shard_vocab`) and every forward returns a :class:`LogitsShard` of its columns;
+the decoder layers stay whole on every rank, or are split by transformers' own tensor-parallel
+plan (``load_hf_target(..., split_layers_over=N)``).
+
 Only full-attention decoder stacks whose logits are ``lm_head(final_norm(h))`` are accepted
 (Llama, Qwen2, Qwen3, Mistral without a sliding window, ...); anything else is refused when the
 adapter is built. ``transformers`` is imported lazily (it is the optional extra ``hf``); this
@@ -154,6 +159,9 @@ class HFTarget:
         self._layers = layers
         self._head = model.get_output_embeddings()
         self._embed = model.get_input_embeddings()
+        self._vocab = int(self._head.weight.shape[0])
+        self._vocab_start = 0
+        """First global id of the head rows this process holds (:meth:`shard_vocab`)."""
         self._kv: StaticKV | None = None
         self.cache_version = 0
         """Bumped whenever :meth:`reserve` replaces the storage (captured graphs are then stale)."""
@@ -168,8 +176,13 @@ class HFTarget:
 
     @property
     def vocab_size(self) -> int:
-        """``V``: rows of the output head."""
-        return int(self._head.weight.shape[0])
+        """``V``: the global vocabulary (rows of the whole output head, on every rank)."""
+        return self._vocab
+
+    @property
+    def vocab_shard(self) -> tuple[int, int]:
+        """``(vocab_start, S)``: the head rows this process holds (``(0, V)`` unless sharded)."""
+        return self._vocab_start, int(self._head.weight.shape[0])
 
     @property
     def hidden_size(self) -> int:
@@ -208,13 +221,61 @@ class HFTarget:
                         "token counts back to the host")
         return None
 
+    @property
+    def layers_split(self) -> bool:
+        """Whether transformers' tensor parallelism split the decoder layers (their projections
+        are DTensors holding this rank's heads and intermediate columns)."""
+        k_proj = getattr(getattr(self._layers[0], "self_attn", None), "k_proj", None)
+        return hasattr(getattr(k_proj, "weight", None), "to_local")
+
     def input_embedding(self) -> torch.Tensor:
-        """The raw input embedding table ``[V, H_t]``."""
-        return self._embed.weight
+        """The raw input embedding table ``[V, H_t]`` (whole on every rank)."""
+        return _local(self._embed.weight)
 
     def output_head(self) -> OutputHead:
-        """The full-vocabulary output head ``[V, H_t]`` (the embedding table when tied)."""
-        return OutputHead(weight=self._head.weight, vocab_start=0, vocab_size=self.vocab_size)
+        """The output head ``[S, H_t]`` this process holds: the whole head (the embedding table
+        when tied), or after :meth:`shard_vocab` this rank's rows."""
+        return OutputHead(weight=_local(self._head.weight), vocab_start=self._vocab_start,
+                          vocab_size=self.vocab_size)
+
+    def shard_vocab(self, tp_rank: int, tp_size: int) -> None:
+        """Keep only rank ``tp_rank``'s rows ``[rho * S, (rho + 1) * S)`` of the LM head
+        (``S = V / TP``, spec 5.1): every forward then returns a :class:`LogitsShard` of those
+        columns. The decoder layers and the input embedding stay whole (replicated) on every rank.
+
+        An untied head's full weight is dropped from the model; a head tied to the input
+        embedding keeps the embedding (the decoder and the drafter read it) and holds a copy of
+        its slice. Call once, on the whole head, before :func:`~draftsmith.runtime.bind.bind`.
+
+        :raises PlanError: when ``V`` does not split into ``tp_size`` even shards (the caller
+            keeps the head whole then; the plan records the fallback) or the head is already
+            sharded.
+        """
+        v, tp, rank = self.vocab_size, int(tp_size), int(tp_rank)
+        if not 0 <= rank < tp:
+            raise PlanError(f"rank {rank} is not in a tensor-parallel group of {tp}")
+        if self.vocab_shard != (0, v):
+            raise PlanError(f"the LM head is already sharded (rows {self.vocab_shard}); "
+                            "shard_vocab applies to the whole head once")
+        if v % tp:
+            raise PlanError(f"V = {v} does not split into {tp} even head shards; keep the head "
+                            "whole on every rank")
+        if tp == 1:
+            return
+        width = v // tp
+        lo = rank * width
+        full = self._head
+        bias = getattr(full, "bias", None)
+        head = torch.nn.Linear(self.hidden_size, width, bias=bias is not None,
+                               dtype=full.weight.dtype, device=full.weight.device)
+        with torch.no_grad():
+            head.weight.copy_(_local(full.weight)[lo : lo + width])
+            if bias is not None:
+                head.bias.copy_(_local(bias)[lo : lo + width])
+        head.requires_grad_(False)
+        if full.weight is not self._embed.weight:
+            self.model.set_output_embeddings(head)  # the untied full head is freed
+        self._head, self._vocab_start = head, lo
 
     # ---- feature capture --------------------------------------------------------------
 
@@ -292,10 +353,7 @@ class HFTarget:
             return
         if old is not None:
             num_slots, length = max(num_slots, old.slots), max(length, old.length)
-        heads = int(getattr(self.config, "num_key_value_heads", None)
-                    or self.config.num_attention_heads)
-        head_dim = int(getattr(self.config, "head_dim", None)
-                       or self.hidden_size // self.config.num_attention_heads)
+        heads, head_dim = self._kv_heads()
         shape = (num_slots, heads, length, head_dim)
         need = 2 * self.num_layers * num_slots * heads * length * head_dim * self.dtype.itemsize
         free = available_bytes(self.device)
@@ -318,6 +376,19 @@ class HFTarget:
             values.append(v)
         self._kv = StaticKV(keys, values)
         self.cache_version += 1
+
+    def _kv_heads(self) -> tuple[int, int]:
+        """``(key/value heads this process holds, head_dim)``: the config's heads, or under
+        transformers' tensor parallelism (its ``k_proj`` a column-sharded DTensor) this rank's
+        ``n_kv / TP``."""
+        heads = int(getattr(self.config, "num_key_value_heads", None)
+                    or self.config.num_attention_heads)
+        head_dim = int(getattr(self.config, "head_dim", None)
+                       or self.hidden_size // self.config.num_attention_heads)
+        if self.layers_split:
+            k_proj = self._layers[0].self_attn.k_proj
+            heads = int(_local(k_proj.weight).shape[0]) // head_dim
+        return heads, head_dim
 
     # ---- forward passes ---------------------------------------------------------------
 
@@ -387,12 +458,12 @@ class HFTarget:
                     out = self._forward_slots([slots[b] for b in group], ids, [lo] * len(group))
                 for i, b in enumerate(group):
                     rows = slice(i * width, i * width + max(0, min(lengths[b] - lo, width)))
-                    pieces[b].append(TargetOutput(LogitsShard.full(out.logits.logits[rows]),
+                    pieces[b].append(TargetOutput(self._shard(out.logits.logits[rows]),
                                                   out.features[rows]))
         for slot, length in zip(slots, lengths, strict=True):
             self._lengths[slot] = length
         flat = [piece for per_prompt in pieces for piece in per_prompt]
-        return TargetOutput(logits=LogitsShard.full(torch.cat([p.logits.logits for p in flat])),
+        return TargetOutput(logits=self._shard(torch.cat([p.logits.logits for p in flat])),
                             features=torch.cat([p.features for p in flat]))
 
     @torch.inference_mode()
@@ -539,7 +610,17 @@ class HFTarget:
         if logit_rows is not None:
             h = h.index_select(0, logit_rows)
         logits = self._head(h).float()
-        return TargetOutput(logits=LogitsShard.full(logits), features=self._take_features())
+        return TargetOutput(logits=self._shard(logits), features=self._take_features())
+
+    def _shard(self, logits: torch.Tensor) -> LogitsShard:
+        """``logits: [rows, S]`` of this process's head rows as a :class:`LogitsShard`."""
+        return LogitsShard(logits, self._vocab_start, self.vocab_size)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (whole when it is replicated), or ``tensor`` itself."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
 
 
 def _prefill_attention() -> Any:
@@ -597,11 +678,17 @@ def load_hf_target(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     max_slots: int = 64,
+    split_layers_over: int = 1,
 ) -> tuple[HFTarget, Any]:
     """Load a local Hugging Face model directory as ``(HFTarget, tokenizer)``.
 
-    Raises :class:`ConfigError` when the directory or its ``config.json`` is missing, or when the
-    model is not a supported causal LM.
+    ``split_layers_over = N > 1`` (inside an initialised process group of ``N`` ranks) loads the
+    decoder layers with transformers' own tensor-parallel plan: attention split by heads, the MLP
+    by intermediate size; the LM head is left whole (:meth:`HFTarget.shard_vocab` splits it along
+    the vocabulary), and so is the embedding.
+
+    Raises :class:`ConfigError` when the directory or its ``config.json`` is missing, when the
+    model is not a supported causal LM, or when its heads do not split over ``N`` ranks.
     """
     from pathlib import Path
 
@@ -614,9 +701,12 @@ def load_hf_target(
     if not (path / "config.json").is_file():
         raise ConfigError(f"{path} has no config.json; it is not a Hugging Face model directory")
     transformers = quiet_transformers()
+    extra: dict[str, Any] = {}
+    if split_layers_over > 1:
+        extra["distributed_config"] = _layer_split_config(transformers, path, split_layers_over)
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(  # never a pickle
-            str(path), dtype=dtype, low_cpu_mem_usage=True, use_safetensors=True
+            str(path), dtype=dtype, low_cpu_mem_usage=True, use_safetensors=True, **extra
         )
     except (OSError, ValueError, KeyError) as exc:
         raise ConfigError(f"cannot load a causal LM from {path}: {exc}") from None
@@ -626,6 +716,46 @@ def load_hf_target(
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load the tokenizer of {path}: {exc}") from None
     return HFTarget(model, max_slots=max_slots), tokenizer
+
+
+def _layer_split_config(transformers: Any, path: Any, tp: int) -> Any:
+    """transformers' ``DistributedConfig`` that splits the decoder layers over ``tp`` ranks and
+    keeps the LM head whole; :class:`ConfigError` when the model's widths do not divide."""
+    config = transformers.AutoConfig.from_pretrained(str(path))
+    config = getattr(config, "text_config", config)
+    if not getattr(config, "base_model_tp_plan", None):
+        raise ConfigError(f"{type(config).__name__} has no tensor-parallel plan in transformers; "
+                          "set target.split_layers = false")
+    widths = {"num_attention_heads": config.num_attention_heads,
+              "num_key_value_heads": getattr(config, "num_key_value_heads", None)
+              or config.num_attention_heads,
+              "intermediate_size": getattr(config, "intermediate_size", 0)}
+    uneven = [f"{name} = {value}" for name, value in widths.items() if int(value) % tp]
+    if uneven:
+        raise ConfigError(
+            f"target.split_layers: {', '.join(uneven)} of {path.name} do not split over "
+            f"{tp} ranks; use a TP size that divides them, or target.split_layers = false "
+            "(only the LM head is split then)"
+        )
+    from transformers.distributed.configuration_utils import DistributedConfig
+
+    # the head is split along the vocabulary by HFTarget.shard_vocab (transformers' own rule
+    # gathers the logits); the embedding stays whole, as the drafter reads it by global id
+    keep = {"lm_head": "replicate"}
+    embed = _input_embedding_name(transformers, path)
+    if embed is not None:
+        keep[embed] = "replicate"
+    return DistributedConfig(tp_size=tp, tp_plan=keep)
+
+
+def _input_embedding_name(transformers: Any, path: Any) -> str | None:
+    """The module name of the input embedding (``model.embed_tokens``), read from a weightless
+    copy of the architecture."""
+    config = transformers.AutoConfig.from_pretrained(str(path))
+    with torch.device("meta"):
+        skeleton = transformers.AutoModelForCausalLM.from_config(config)
+    embed = skeleton.get_input_embeddings()
+    return next((name for name, module in skeleton.named_modules() if module is embed), None)
 
 
 __all__ = ["HFTarget", "load_hf_target", "quiet_transformers", "require_transformers"]

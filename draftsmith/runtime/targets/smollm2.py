@@ -145,12 +145,14 @@ def _convert_gguf(gguf_dir: Path, gguf_name: str, out_dir: Path) -> None:
 
 
 def load_target(
-    spec: TargetConfig, max_slots: int = 64, log: Callable[[str], None] | None = None
+    spec: TargetConfig, max_slots: int = 64, log: Callable[[str], None] | None = None,
+    tp_size: int = 1,
 ) -> tuple[HFTarget, Any]:
     """Build the verifying target of ``spec`` and its tokenizer.
 
     ``spec.model`` is ``smollm2-135m`` (fetched and converted on first use) or a local Hugging
-    Face model directory.
+    Face model directory. With ``tp_size > 1`` and ``spec.split_layers`` the decoder layers are
+    split over the ranks of the initialised process group (:func:`load_hf_target`).
     """
     dtype = _DTYPES[spec.dtype]
     device = resolve_device(spec.device)
@@ -163,7 +165,8 @@ def load_target(
                 f"target.model {spec.model!r} is neither {DEFAULT_TARGET!r} nor an existing "
                 "directory; pass a local Hugging Face model directory"
             )
-    return load_hf_target(str(directory), dtype=dtype, device=device, max_slots=max_slots)
+    return load_hf_target(str(directory), dtype=dtype, device=device, max_slots=max_slots,
+                          split_layers_over=tp_size if spec.split_layers else 1)
 
 
 __all__ = [
