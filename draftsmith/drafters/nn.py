@@ -1,7 +1,7 @@
 """nn building blocks shared by every built-in drafter family: RMSNorm, RoPE variants, SwiGLU MLP,
 and the gather of paged context entries. One implementation each; families compose them.
 
-RMSNorm follows the Hugging Face Qwen3 form (spec 0.2): upcast to fp32, scale by
+RMSNorm follows the Hugging Face Qwen3 form: upcast to fp32, scale by
 ``rsqrt(mean(x^2) + eps)``, cast back, multiply by the weight in the input dtype. On a GPU the
 norm, and the per-head norm followed by RoPE, run as one fused kernel each
 (``draftsmith.kernels.rms_norm``): a drafter's block forward is launch-bound, and each eager norm
@@ -189,7 +189,7 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: tor
 
 
 def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Adjacent-pair RoPE (MLA, spec 2.10). ``x: [..., n, d]``; ``cos, sin: [..., d]`` in the HF
+    """Adjacent-pair RoPE (MLA's rotary dims). ``x: [..., n, d]``; ``cos, sin: [..., d]`` in the HF
     halves layout (only the first ``d/2`` columns are read)."""
     half = x.shape[-1] // 2
     c = cos[..., :half].unsqueeze(-2)

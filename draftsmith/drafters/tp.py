@@ -1,4 +1,4 @@
-"""Tensor-parallel helpers for drafters (spec section 6): weight sharding and the two TP fusions.
+"""Tensor-parallel helpers for drafters: weight sharding and the two TP fusions.
 
 Drafter projections follow the Megatron layout: column-parallel projections (``q``/``kv`` up
 projections by heads, ``gate``/``up`` by intermediate size) keep a contiguous block of output
@@ -26,7 +26,7 @@ from draftsmith.drafters.nn import rms_norm
 
 
 def fc_split_columns(feature_width: int, tp_size: int, rank: int) -> tuple[int, int] | None:
-    """Input-column range ``[lo, hi)`` of ``fc`` kept by ``rank`` (spec 6.1), or ``None``.
+    """Input-column range ``[lo, hi)`` of ``fc`` kept by ``rank``, or ``None``.
 
     The ``tp_size`` blocks tile ``0 .. feature_width - 1`` in rank order. ``None`` ("no split":
     keep ``fc`` replicated) when ``feature_width % tp_size != 0``, ``feature_width <= 0``,
@@ -80,7 +80,7 @@ def ar_residual_rmsnorm(
     eps: float,
     collectives: Collectives,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused all-reduce + residual add + RMSNorm (spec 6.2): ``(normed, new_residual)``.
+    """Fused all-reduce + residual add + RMSNorm: ``(normed, new_residual)``.
 
     ``partial, residual: [rows, H]`` (any leading dims) in the activation dtype; ``weight: [H]``.
     As a fused kernel does, the partial sums are reduced in fp32 and the residual is added in
@@ -124,7 +124,7 @@ def reduce_residual_rmsnorm(
     collectives: Collectives,
     fused: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row-parallel output -> ``(normed, new_residual)``, fused (6.2) or stock (6.3)."""
+    """Row-parallel output -> ``(normed, new_residual)``, fused or stock."""
     if fused:
         return ar_residual_rmsnorm(partial, residual, weight, eps, collectives)
     return all_reduce_residual_rmsnorm_stock(partial, residual, weight, eps, collectives)
@@ -138,7 +138,7 @@ def context_projection(
     columns: tuple[int, int] | None,
     collectives: Collectives,
 ) -> torch.Tensor:
-    """``ctx = RMSNorm_hidden_norm(fc(features))`` with ``fc`` split or replicated (spec 6.1).
+    """``ctx = RMSNorm_hidden_norm(fc(features))`` with ``fc`` split or replicated.
 
     ``features: [T, F]`` (replicated on every rank), cast to the ``fc`` dtype first;
     ``norm_weight: [H]``; returns ``ctx: [T, H]``, identical on every rank.
@@ -148,7 +148,7 @@ def context_projection(
       through one fused all-reduce + RMSNorm (:func:`ar_residual_rmsnorm` with a zero residual;
       only the normed output is used).
     * Replicated (``columns is None``): ``fc_weight: [H, F]``, the full GEMM on every rank and
-      no communication; numerically the stock computation (spec 6.3).
+      no communication; numerically the stock computation.
     """
     x = features.to(fc_weight.dtype)
     if columns is None:

@@ -63,7 +63,7 @@ class TextResult:
     text: str
     """``tokens`` decoded, special tokens skipped."""
     accepted_lengths: tuple[int, ...]
-    """Committed tokens of every verify round, bonus included (spec 2.8)."""
+    """Committed tokens of every verify round, bonus included."""
     finish_reason: str
     prefill_s: float
     decode_s: float

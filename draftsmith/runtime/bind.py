@@ -171,8 +171,8 @@ def _precheck(config: SpecConfig, mapping: ParallelMapping, selector: TokenSelec
             and not config.runtime.allow_gather):
         raise PlanError(
             "rejection sampling with a TP-sharded vocabulary needs full-vocabulary draft_probs "
-            "(gather), but runtime.allow_gather is false; the sharded residual (5.7) is not "
-            "implemented"
+            "(gather), but runtime.allow_gather is false; the sharded residual of rejection "
+            "sampling is not implemented"
         )
 
 

@@ -177,10 +177,10 @@ class RuntimeOptions(_Strict):
     ``on`` / ``true`` asks for it wherever possible (a target that cannot be captured is then a
     plan error); ``off`` / ``false`` never."""
     force_accepted: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
-    """Benchmarks only: override the accepted count (section 3.5); 0 disables. Finite."""
+    """Benchmarks only: override the accepted count; 0 disables. Finite."""
     allow_gather: bool = True
     """Allow all-gathering full-vocabulary logits where a path needs them (rejection sampling,
-    top-k/top-p under TP, section 5.7); false makes such configurations fail at bind."""
+    top-k/top-p under TP); false makes such configurations fail at bind."""
     record_margins: Literal["auto", "on", "off"] | bool = "auto"
     """Record, for every committed token, the target's winning logit and its margin over the
     runner-up (one top-2 per round, inside the round), so that ``generate`` and ``eval`` can say

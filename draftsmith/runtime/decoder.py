@@ -67,7 +67,7 @@ class GenerationResult:
 
     ``tokens``: generated ids (the first comes from the prefill); ``accepted_lengths``: per
     verify round, the committed tokens including the bonus, cut at the first stop token and at the
-    budget (section 9, item 19); ``finish_reason``: ``stop``, ``length``, or ``error`` (then
+    budget; ``finish_reason``: ``stop``, ``length``, or ``error`` (then
     ``error`` says why: the target's logits held NaN where it chose the next token, and that
     token was not emitted).
     """
@@ -478,7 +478,7 @@ class SpecDecoder:
             self._finish(r)
 
     def _admit(self, reqs: list[_Request]) -> list[_Request]:
-        """Prefill new requests, select their first token, store their drafter context (4.7) and
+        """Prefill new requests, select their first token, store their drafter context (positions ``0 .. P-2``) and
         load their slots' round state."""
         t0 = time.perf_counter()
         for r in reqs:
@@ -523,7 +523,7 @@ class SpecDecoder:
 
     def _any_nan(self, logits: torch.Tensor) -> torch.Tensor:
         """``[rows] int64``: 1 where a row of this rank's logits ``[rows, S]`` holds NaN, summed
-        over the ranks (a NaN wins selection, spec 0.3, so it decided that row's token)."""
+        over the ranks (a NaN wins selection, as in ``torch.argmax``, so it decided that row's token)."""
         nan = torch.isnan(logits).any(-1).to(_I64)
         return self.collectives.all_reduce(nan) if self.plan.tp_size > 1 else nan
 

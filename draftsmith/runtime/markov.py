@@ -1,8 +1,8 @@
 """The draft-selection chain: block logits -> drafts (+ the distributions they came from).
 
-Owns :class:`DraftChain`. With a DSpark Markov head it runs the chain of spec 2.3 / 2.4 / 5.6 over
+Owns :class:`DraftChain`. With a DSpark Markov head it runs the Markov chain over
 :class:`MarkovHeadWeights` (fp32 base, bias rounded to the weight dtype, fp32 sum), feeding the
-**selected** token forward (greedy argmax, or the sampled token, section 9 item 4) through the
+**selected** token forward (greedy argmax, or the sampled token) through the
 configured selector, on the full vocabulary or this rank's shard (the selector exchanges pairs).
 Without a head every slot is selected independently. ``q_j`` (``selector.probs`` of the corrected
 logits) is written for rejection sampling when asked. Hot path: must not import pluggy.
@@ -28,7 +28,7 @@ from draftsmith.kernels.markov_chain import markov_bias_reference, markov_step
 from draftsmith.kernels.philox import STREAM_DRAFT
 
 DRAFT_STREAM = STREAM_DRAFT
-"""Counter stream of draft samples (spec 5.5)."""
+"""Counter stream of draft samples (the Philox stream draws for drafts come from)."""
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 

@@ -1,10 +1,10 @@
 """The Hugging Face target adapter: a transformers causal LM as a :class:`TargetModel`.
 
 Owns the target's static key/value cache (one row of ``T`` positions per request slot, written
-in place) and the capture of target features (spec 1.3). Every forward passes transformers an
-explicit 4-D attention mask and explicit position ids, so the rows of one batch may sit at
-different positions (ragged acceptance in the previous step), and a cache subclass writes the new
-keys and values at those positions. The runtime's forward (:meth:`HFTarget.forward_rows`) takes
+in place) and the capture of target features (the hidden states after the chosen layers). Every
+forward passes transformers an explicit 4-D attention mask and explicit position ids, so the
+rows of one batch may sit at different positions (ragged acceptance in the previous step), and a
+cache subclass writes the new keys and values at those positions. The runtime's forward (:meth:`HFTarget.forward_rows`) takes
 its positions from a device tensor and can be captured in a CUDA graph.
 
 Under tensor parallelism each rank keeps an even column shard of the LM head
@@ -240,7 +240,7 @@ class HFTarget:
 
     def shard_vocab(self, tp_rank: int, tp_size: int) -> None:
         """Keep only rank ``tp_rank``'s rows ``[rho * S, (rho + 1) * S)`` of the LM head
-        (``S = V / TP``, spec 5.1): every forward then returns a :class:`LogitsShard` of those
+        (``S = V / TP``): every forward then returns a :class:`LogitsShard` of those
         columns. The decoder layers and the input embedding stay whole (replicated) on every rank.
 
         An untied head's full weight is dropped from the model; a head tied to the input
@@ -283,7 +283,7 @@ class HFTarget:
         """Capture the residual stream after each of ``layer_ids`` (HF ``hidden_states[l + 1]``).
 
         ``-1`` captures the embedding output (``hidden_states[0]``). The last layer
-        ``L_t - 1`` is refused: Hugging Face reports it after the final norm (spec 1.3).
+        ``L_t - 1`` is refused: Hugging Face reports it after the final norm.
         """
         ids = tuple(int(i) for i in layer_ids)
         last = self.num_layers - 1
