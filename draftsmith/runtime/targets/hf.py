@@ -4,8 +4,9 @@ Owns the target's static key/value cache (one row of ``T`` positions per request
 in place) and the capture of target features (the hidden states after the chosen layers). Every
 forward passes transformers an explicit 4-D attention mask and explicit position ids, so the
 rows of one batch may sit at different positions (ragged acceptance in the previous step), and a
-cache subclass writes the new keys and values at those positions. The runtime's forward (:meth:`HFTarget.forward_rows`) takes
-its positions from a device tensor and can be captured in a CUDA graph.
+cache subclass writes the new keys and values at those positions. The runtime's forward
+(:meth:`HFTarget.forward_rows`) takes its positions from a device tensor and can be captured in a
+CUDA graph.
 
 Under tensor parallelism each rank keeps an even column shard of the LM head
 (:meth:`HFTarget.shard_vocab`) and every forward returns a :class:`LogitsShard` of its columns;
