@@ -77,27 +77,27 @@ class DraftPlan(BaseModel):
     temperature: float = Field(ge=0.0)
     """Sampling temperature (0 for greedy)."""
     acceptance: Literal["strict", "rejection", "forced"]
-    """Verification rule (3.2, 3.6, 3.5)."""
+    """Verification rule: strict, rejection or forced."""
     forced_base: Literal["strict", "rejection"]
     """Rule that runs under forced acceptance (counts are then overridden)."""
     force_accepted: float = Field(ge=0.0)
     """Forced mean accepted length (benchmarks; 0 off)."""
     vocab_parallel: bool
-    """Select tokens from per-rank (value, index) pairs without gathering logits (5.1)."""
+    """Select tokens from per-rank (value, index) pairs without gathering logits."""
     gather_fallbacks: tuple[str, ...]
-    """Why full logits are gathered (5.7); empty when they never are."""
+    """Why full logits are gathered; empty when they never are."""
     markov: Literal["none", "eager", "fused"]
     """Where the Markov chain runs."""
     markov_kind: MarkovHeadKind
     """Head kind of the drafter."""
     markov_vocab: Literal["none", "full", "sharded"]
-    """Whether the chain sees the full vocabulary or this rank's shard (5.6)."""
+    """Whether the chain sees the full vocabulary or this rank's shard."""
     paging: Literal["eager", "fused"]
     """Paging preparation and context store: eager references or fused kernels."""
     kernels: Literal["eager", "fused"]
     """Acceptance kernels dispatch."""
     tp_fusions: frozenset[TPFusion]
-    """Drafter TP fusions taken (section 6)."""
+    """Drafter TP fusions taken."""
     record_margins: bool
     """Record each committed token's winning target logit and top-2 margin."""
     cuda_graphs: bool
@@ -105,11 +105,11 @@ class DraftPlan(BaseModel):
     capture_layers: tuple[int, ...]
     """Target layers captured for the drafter."""
     confidence: Literal["none", "score-only"]
-    """Confidence head use (section 9, item 3)."""
+    """Confidence head use."""
     slot_capacity: int = Field(ge=1)
     """Requests decoded at once; slot ``slot_capacity`` is the dummy."""
     max_ctx: int = Field(ge=1)
-    """Largest drafter context length (4.1)."""
+    """Largest drafter context length."""
     page_size: int = Field(ge=1)
     """``P_sz``."""
     pages_per_slot: int = Field(ge=1)
@@ -188,7 +188,7 @@ def _check_block(caps: DrafterCapabilities, num_draft_tokens: int) -> None:
 
 
 def vocab_shard_range(vocab_size: int, tp_size: int, tp_rank: int) -> tuple[int, int] | None:
-    """``(vocab_start, S)`` of rank ``tp_rank``'s even column shard of the LM head (spec 5.1), or
+    """``(vocab_start, S)`` of rank ``tp_rank``'s even column shard of the LM head, or
     ``None`` when ``V`` does not split into ``tp_size`` even shards (the head then stays whole on
     every rank). At ``TP = 1``: ``(0, V)``. The target loader and :func:`make_plan` both use it,
     so the head a target holds and the plan agree."""
@@ -253,7 +253,7 @@ def make_plan(
     if head.replicated and tp > 1 and caps.markov_head is not MarkovHeadKind.NONE and k > 0:
         raise PlanError(
             f"{head.reason}, but the drafter's {caps.markov_head.value} Markov head splits its "
-            f"w2 rows with the head (5.6 needs V = S * TP); use a TP size that divides V = "
+            f"w2 rows with the head (it needs V = S * TP); use a TP size that divides V = "
             f"{target.vocab_size}, or a drafter without a Markov head"
         )
     decisions: list[Decision] = []
@@ -286,18 +286,18 @@ def make_plan(
     elif acc == "rejection":
         base = decide("acceptance_rule", "rejection",
                       f"sampling ({_sampling_words(sel)}) with "
-                      "acceptance = 'rejection': lossless rejection sampling u * q < p (3.6)")
+                      "acceptance = 'rejection': lossless rejection sampling u * q < p")
     else:
         base = decide("acceptance_rule", "strict",
                       "sampling with acceptance = 'strict': one target sample per row, matched")
     if inputs.force_accepted > 0:
         acceptance = decide("acceptance", "forced",
                             f"force_accepted = {inputs.force_accepted}: counts overridden for "
-                            "benchmarks (3.5), ragged cap applied last; output text meaningless")
+                            "benchmarks, ragged cap applied last; output text meaningless")
     else:
         acceptance = decide("acceptance", base, "no forced acceptance configured")
 
-    # ---- the target's head (5.1): even column shards, or whole on every rank ----
+    # ---- the target's head: even column shards, or whole on every rank ----
     decide("target_head", "replicated" if head.replicated else "sharded", head.reason)
     if tp == 1:
         decide("target_layers", "whole", "TP = 1")
@@ -327,7 +327,7 @@ def make_plan(
                     f"{elig.reason}: one [rows, 128] SUM exchange per selection" if elig.ok
                     else elig.reason)
 
-    # ---- selection route (5.2-5.7): the strategy's path at this TP size ----
+    # ---- selection route: the strategy's path at this TP size ----
     if tp == 1:
         route = ("local", "TP = 1: the full vocabulary is local")
     elif head.replicated:
@@ -358,7 +358,7 @@ def make_plan(
     if gathers and not inputs.allow_gather:
         raise PlanError(
             f"this configuration must gather full logits ({'; '.join(gathers)}) but "
-            "runtime.allow_gather is false; the sharded rejection residual (5.7) is not "
+            "runtime.allow_gather is false; the sharded residual of rejection sampling is not "
             "implemented: use greedy selection or allow gathering"
         )
     decide("gather_fallbacks", tuple(gathers),
@@ -370,7 +370,7 @@ def make_plan(
     elif tp > 1 and not head.replicated:
         decide("acceptance_probs", "gather",
                "rejection sampling builds target_probs and draft_probs [rows, V]: the logits "
-               "are all-gathered along the vocabulary (5.7; the sharded residual is not "
+               "are all-gathered along the vocabulary (the sharded residual is not "
                "implemented)")
     else:
         decide("acceptance_probs", "local",
@@ -416,13 +416,13 @@ def make_plan(
                             "pair exchange per slot")
         elif fused:
             markov = decide("markov", "eager",
-                            "sampled chain feeds the sampled token forward (9.4): torch bias + "
+                            "sampled chain feeds the sampled token forward: torch bias + "
                             "keyed selection")
         else:
             markov = decide("markov", "eager", kreason)
         sharded_head = tp > 1 and not head.replicated
         mvocab = decide("markov_vocab", "sharded" if sharded_head else "full",
-                        "corrected logits stay on their shard; one pair exchange per slot (5.6)"
+                        "corrected logits stay on their shard; one pair exchange per slot"
                         if vp else "corrected logits stay on their shard (w2 holds this rank's "
                         f"rows); each slot selects by the {route[0]} route"
                         if sharded_head else "the chain sees full-vocabulary logits")
@@ -431,24 +431,24 @@ def make_plan(
     if k == 0:
         decide("draft_selection", "none", "K = 0: nothing is drafted")
     else:
-        chain = ("; the Markov chain selects slot by slot, one exchange per slot (5.6)"
+        chain = ("; the Markov chain selects slot by slot, one exchange per slot"
                  if mvocab == "sharded" and route[0] != "local" else "")
         decide("draft_selection", route[0], f"drafts{chain}: {route[1]}")
 
     # ---- TP fusions ----
     if tp == 1:
         fusions: frozenset[TPFusion] = frozenset()
-        decide("tp_fusions", (), "TP = 1: fusions degenerate to the stock path (6.3)")
+        decide("tp_fusions", (), "TP = 1: fusions degenerate to the stock path")
     elif caps.dtype != "bfloat16":
         if caps.tp_fusions:
             raise PlanError(
                 f"the drafter takes the TP fusions {sorted(f.value for f in caps.tp_fusions)} "
                 f"but its weights are {caps.dtype}; the fused all-reduce + RMSNorm needs bf16 "
-                "weights (6.1, 6.2): load it in bf16 or without tp_fusions"
+                "weights: load it in bf16 or without tp_fusions"
             )
         fusions = frozenset()
         decide("tp_fusions", (), f"drafter dtype {caps.dtype}: the fused all-reduce + RMSNorm "
-                                 "needs bf16 weights (6.1, 6.2)")
+                                 "needs bf16 weights")
     else:
         fusions = frozenset(caps.tp_fusions)
         decide("tp_fusions", tuple(sorted(f.value for f in fusions)),
@@ -457,7 +457,7 @@ def make_plan(
 
     # ---- confidence ----
     decide("confidence", "score-only" if caps.confidence_head else "none",
-           "the confidence head is scored only; no scheduler is configured (9.3)"
+           "the confidence head is scored only; no scheduler is configured"
            if caps.confidence_head else "no confidence head")
 
     # ---- CUDA graphs ----
@@ -486,7 +486,7 @@ def make_plan(
                         "rank each prompt's admission (prefill, first token, drafter context) is "
                         "captured per prefill width (16, 24, 32, 48, ... 4096) and replayed with "
                         "one host read, longer prompts prefill eagerly; buffers owned by the "
-                        "plan (7)")
+                        "plan")
 
     # ---- margins ----
     want_margins = {True: "on", False: "off"}.get(inputs.record_margins, inputs.record_margins)
