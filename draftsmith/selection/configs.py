@@ -40,7 +40,7 @@ class SampleConfig(BaseModel):
     seed: int = Field(default=0, ge=0, lt=2**63)
     """Default request seed for the counter-based generator."""
     acceptance: Literal["rejection", "strict"] = "rejection"
-    """``rejection``: lossless rejection sampling (3.6); ``strict``: sample the target per row and
+    """``rejection``: lossless rejection sampling; ``strict``: sample the target per row and
     match (also lossless, lower acceptance)."""
 
     @field_validator("temperature", mode="before")

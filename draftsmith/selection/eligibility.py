@@ -1,6 +1,6 @@
 """Which token-selection path a configuration may take, as data the runtime's plan records.
 
-Owns :func:`vocab_parallel_eligibility` (spec 5.1 and the gather rules of 5.7) and
+Owns :func:`vocab_parallel_eligibility` (and the rules for when full logits must be gathered) and
 :func:`selection_route` (the path a strategy takes for a given TP size). Both are pure functions
 of configuration, so every rank reaches the same decision without communicating. Imports
 ``draftsmith.contract`` and ``draftsmith.selection.configs`` only; never torch.distributed.
@@ -28,9 +28,9 @@ class SelectionRoute:
     """The path token selection takes and why (recorded in the runtime's plan).
 
     ``local``: the full vocabulary is on this rank. ``pair_argmax``: per-rank argmax pairs, one
-    exchange (5.2-5.4). ``gumbel_pairs``: per-rank Gumbel-max pairs (5.5). ``topk_candidates``:
+    exchange. ``gumbel_pairs``: per-rank Gumbel-max pairs. ``topk_candidates``:
     ``k`` candidates per rank, one all-gather, exact top-k (then top-p on the ``k``).
-    ``gather``: all-gather the logits along the vocabulary (5.7).
+    ``gather``: all-gather the logits along the vocabulary.
     """
 
     kind: RouteKind
@@ -42,7 +42,7 @@ class VocabParallelEligibility:
     """Outcome of :func:`vocab_parallel_eligibility`.
 
     ``ok``: the pair exchange (argmax or Gumbel-max) may be used. ``reason``: why (the first
-    blocking condition when not ok). ``gather_required``: full logits must be gathered (5.7) for
+    blocking condition when not ok). ``gather_required``: full logits must be gathered for
     token selection. ``blockers``: every blocking condition; ``filter_only``: the only blockers
     are top-k / top-p (which the bounded candidate exchange can still serve).
     """
@@ -71,7 +71,7 @@ def vocab_parallel_eligibility(
     rejection_full_vocab: bool = False,
     reduced_draft_vocab: bool = False,
 ) -> VocabParallelEligibility:
-    """Decide whether token selection may run on vocabulary shards (spec 5.1, 5.7).
+    """Decide whether token selection may run on vocabulary shards.
 
     The sharded pair path needs: ``TP > 1`` without attention-DP; a ``strategy`` that declares
     a vocab-parallel path and, unless greedy, no filter (``None`` means greedy); no penalties,

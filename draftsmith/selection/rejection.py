@@ -1,4 +1,4 @@
-"""Lossless rejection sampling of a drafted block (spec 3.6, choices 9.13 and 9.14).
+"""Lossless rejection sampling of a drafted block.
 
 Owns :func:`rejection_sample` and :func:`residual_distribution`. All randomness comes from the
 keyed Philox generator (acceptance uniforms on stream 2, bonus / residual draws on stream 0), so

@@ -1,6 +1,6 @@
 """Keyed sampling: temperature, top-k, top-p, and draws from explicit distributions.
 
-Every draw is a Gumbel-max over keyed Philox noise (spec 5.5), so a token depends only on the
+Every draw is a Gumbel-max over keyed Philox noise, so a token depends only on the
 distribution, the :class:`~draftsmith.contract.SamplingKey` and the stream, never on the TP split
 or on a global RNG. Filter semantics follow z-lab DFlash 0.1.0 ``_sampling_probs``: scale by
 ``1 / T``, keep the ``k`` best (exactly ``k``; ties go to the lower id, order T), then keep the

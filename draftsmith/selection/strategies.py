@@ -113,7 +113,7 @@ class GreedySelector(_Selector):
 
 
 class SampleSelector(_Selector):
-    """Temperature / top-k / top-p sampling from keyed Gumbel noise (spec 5.5).
+    """Temperature / top-k / top-p sampling from keyed Gumbel noise.
 
     ``T == 0`` is greedy. Temperature-only sampling runs on shards through Gumbel-max pairs;
     top-k through ``k`` candidates per rank; top-p alone gathers the logits.
@@ -130,7 +130,7 @@ class SampleSelector(_Selector):
         """``[rows] int64`` sampled global ids, identical on every rank and for every TP split.
 
         ``key`` (seeds and offsets per row) is required unless ``T == 0``; ``stream`` 0 target,
-        1 draft (spec 5.5).
+        1 draft.
         """
         cfg = self.config
         if self._capabilities.greedy:

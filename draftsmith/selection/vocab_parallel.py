@@ -1,4 +1,4 @@
-"""Vocab-parallel token selection without gathering the logits (spec 5.2-5.5).
+"""Vocab-parallel token selection without gathering the logits.
 
 Owns the exchange workspace, the pair exchange (one zero-padded fp32 SUM all-reduce, or an
 all-gather of ``[rows, 2]`` pairs), the decode, and the sharded argmax / Gumbel-max / top-k
@@ -86,7 +86,7 @@ def decode_pairs(gathered: torch.Tensor, tp_size: int) -> torch.Tensor:
     """Global token per row from exchanged pairs ``[rows, >= 2*TP]`` -> ``[rows] int64``.
 
     ``w = argmax_T(values over ranks)`` (lowest rank wins ties, a NaN wins), token =
-    ``int(gathered[row, 2*w])`` (spec 5.4).
+    ``int(gathered[row, 2*w])``.
     """
     vals = gathered[:, 1:2 * tp_size:2]
     winner = torch.argmax(vals, dim=1)
@@ -112,7 +112,7 @@ def _method_for(rows: int, tp_size: int, workspace: ExchangeWorkspace | None,
     if 2 * tp_size > EXCHANGE_COLUMNS:
         return "gather"
     if workspace is not None and rows > workspace.max_rows:
-        return "gather"  # rows beyond the one-shot capacity (spec 5.3)
+        return "gather"  # rows beyond the one-shot capacity
     return "sum"
 
 
@@ -152,7 +152,7 @@ def sharded_gumbel_sample(
     use_kernel: bool | None = None,
     method: ExchangeMethod = "auto",
 ) -> torch.Tensor:
-    """Temperature sampling by Gumbel-max over shards (spec 5.5): ``[rows] int64``.
+    """Temperature sampling by Gumbel-max over shards: ``[rows] int64``.
 
     ``temperatures: [rows] float32`` (``<= 0``: greedy row); ``key`` seeds and offsets per row;
     ``stream`` 0/1/2. The token depends only on the full row, the key and the stream, never on
