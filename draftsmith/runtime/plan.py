@@ -298,7 +298,8 @@ def make_plan(
         acceptance = decide("acceptance", base, "no forced acceptance configured")
 
     # ---- the target's head: even column shards, or whole on every rank ----
-    decide("target_head", "replicated" if head.replicated else "sharded", head.reason)
+    decide("target_head", "whole" if tp == 1 else "replicated" if head.replicated else "sharded",
+           head.reason)
     if tp == 1:
         decide("target_layers", "whole", "TP = 1")
     elif inputs.target_layers == "split":
