@@ -24,7 +24,7 @@ from draftsmith.contract import (
     value_checks_enabled,
 )
 from draftsmith.kernels.block_attention import block_attention as fused_block_attention
-from draftsmith.kernels.block_attention import block_attention_reference
+from draftsmith.kernels.block_attention import block_attention_reference, paged_columns
 from draftsmith.kernels.rms_norm import (
     add_rms_norm,
     head_norm_rope,
@@ -37,8 +37,8 @@ from draftsmith.kernels.rms_norm import rotate_half_rope_reference as apply_rope
 from draftsmith.kernels.swiglu import silu_mul
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""What the fused kernels take; other dtypes (the float64 toy target) run the reference."""
 T = TypeVar("T")
-"""What the fused norm kernels take; other dtypes (the float64 toy target) run the reference."""
 
 
 def check_token_range(token_ids: torch.Tensor, vocab_size: int) -> None:
@@ -212,14 +212,8 @@ def context_index(cache: PagedContextCache, placement: DraftBlockPlacement,
                   columns: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Where the first ``columns`` context columns of each request sit in the paged pool, the
     same for every layer: ``pages, offsets: [G, C] int64`` and ``valid: [G, C] bool`` (column
-    ``c < num_ctx[b]``)."""
-    num_ctx = placement.num_ctx
-    cols = torch.arange(columns, device=num_ctx.device)
-    page_idx = (cols // cache.page_size).clamp(max=placement.block_tables.shape[1] - 1)
-    pages = placement.block_tables[:, page_idx]  # [G, C]
-    offsets = (cols % cache.page_size).expand_as(pages)
-    valid = cols[None, :] < num_ctx[:, None]
-    return pages, offsets, valid
+    ``c < num_ctx``)."""
+    return paged_columns(placement.block_tables, placement.num_ctx, columns, cache.page_size)
 
 
 def gather_context(

@@ -40,6 +40,18 @@ def visible(query_pos: torch.Tensor, key_pos: torch.Tensor, causal: bool,
     return out
 
 
+def paged_columns(block_tables: torch.Tensor, num_ctx: torch.Tensor, columns: int,
+                  page_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where context columns ``0 .. columns - 1`` of each request sit in a paged pool:
+    ``pages, offsets: [G, C] int64`` and ``valid: [G, C] bool`` (column ``c < num_ctx[b]``).
+    ``block_tables: [G, max_pages]``; columns past the table read its last page (masked)."""
+    cols = torch.arange(columns, device=num_ctx.device)
+    page_idx = (cols // page_size).clamp(max=block_tables.shape[1] - 1)
+    pages = block_tables[:, page_idx]
+    offsets = (cols % page_size).expand_as(pages)
+    return pages, offsets, cols[None, :] < num_ctx[:, None]
+
+
 def block_attention_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Tensor,
     block_tables: torch.Tensor, num_ctx: torch.Tensor, query_pos: torch.Tensor, columns: int,
@@ -53,13 +65,9 @@ def block_attention_reference(
     held, at most ``columns``), ``query_pos: [G, W] int64``. Returns ``[G, W, nh, hd]``.
     """
     g, w, nh, hd = q.shape
-    page_size = pool.shape[3]
-    cols = torch.arange(columns, device=q.device)
-    page_idx = (cols // page_size).clamp(max=block_tables.shape[1] - 1)
-    pages = block_tables[:, page_idx]  # [G, C]
-    offsets = (cols % page_size).expand_as(pages)
+    pages, offsets, valid = paged_columns(block_tables, num_ctx, columns, pool.shape[3])
     entries = pool[pages, :, :, offsets]  # [G, C, 2, nkv, hd]
-    valid = cols[None, :] < num_ctx[:, None]
+    cols = torch.arange(columns, device=q.device)
     entries = torch.where(valid[:, :, None, None, None], entries.to(q.dtype), 0)
     keys = torch.cat((entries[:, :, 0], k), dim=1).transpose(1, 2)
     values = torch.cat((entries[:, :, 1], v), dim=1).transpose(1, 2)
@@ -206,4 +214,4 @@ def block_attention(
     return out
 
 
-__all__ = ["block_attention", "block_attention_reference", "visible"]
+__all__ = ["block_attention", "block_attention_reference", "paged_columns", "visible"]

@@ -201,20 +201,20 @@ class SpecDecoder:
         """Target positions per slot the rounds are prepared for (0: not yet)."""
         self._rows = row_buckets(plan.slot_capacity)
         self._widths: tuple[int, ...] = ()
-        self._host_result = torch.empty(buffers.result.shape, dtype=_I64,
-                                        pin_memory=self.device.type == "cuda")
+        self._pinned = self.device.type == "cuda"
+        """Host staging buffers are pinned (copies from them to the device do not block the host)."""
+        self._host_result = torch.empty(buffers.result.shape, dtype=_I64, pin_memory=self._pinned)
         self._columns = torch.arange(plan.num_draft_tokens + 1, device=self.device)
         self.admissions: dict[int, CapturedCall] = {}
         """Captured one-prompt admissions by prefill width."""
-        pinned = self.device.type == "cuda"
         self._adm_args = torch.zeros(3, dtype=_I64, device=self.device)
         """The admission's ``[slot, prompt length, seed]``."""
-        self._host_args = torch.zeros(3, dtype=_I64, pin_memory=pinned)
+        self._host_args = torch.zeros(3, dtype=_I64, pin_memory=self._pinned)
         self._adm_ids = torch.zeros(1, 0, dtype=_I64, device=self.device)
-        self._host_ids = torch.zeros(1, 0, dtype=_I64, pin_memory=pinned)
+        self._host_ids = torch.zeros(1, 0, dtype=_I64, pin_memory=self._pinned)
         self._adm_result = torch.zeros(1, 4, dtype=_I64, device=self.device)
         """``[first token, nan, winning logit, margin]`` (the last two as fp32 bit patterns)."""
-        self._host_adm = torch.zeros(1, 4, dtype=_I64, pin_memory=pinned)
+        self._host_adm = torch.zeros(1, 4, dtype=_I64, pin_memory=self._pinned)
 
     # ---- public API ---------------------------------------------------------------------
 
@@ -280,9 +280,8 @@ class SpecDecoder:
             self._length = want
             self._widths = width_buckets(want)
             self._drop_graphs()  # their clamps and widths were for the shorter cache
-            pinned = self.device.type == "cuda"
             self._adm_ids = torch.zeros(1, want, dtype=_I64, device=self.device)
-            self._host_ids = torch.zeros(1, want, dtype=_I64, pin_memory=pinned)
+            self._host_ids = torch.zeros(1, want, dtype=_I64, pin_memory=self._pinned)
         self.target.reserve(plan.slot_capacity, self._length)
         if max_prompt and not (plan.cuda_graphs and self._admits_rows(
                 prefill_width(max_prompt, self._length))):
@@ -430,7 +429,8 @@ class SpecDecoder:
             tok, nan, *bits = self._host_adm[0].tolist()
             self._start(r, tok, bool(nan),
                         tuple(_float_pairs(bits)[0]) if self.plan.record_margins else (), t0)
-        return [r for r in reqs if r not in batched] + (self._admit(batched) if batched else [])
+        taken = {id(r) for r in batched}
+        return [r for r in reqs if id(r) not in taken] + (self._admit(batched) if batched else [])
 
     def admit_core(self, width: int) -> None:
         """Admit one prompt, reading and writing only device state: ``_adm_ids[:, :width]``
@@ -478,8 +478,8 @@ class SpecDecoder:
             self._finish(r)
 
     def _admit(self, reqs: list[_Request]) -> list[_Request]:
-        """Prefill new requests, select their first token, store their drafter context (positions ``0 .. P-2``) and
-        load their slots' round state."""
+        """Prefill new requests together, select their first token, store their drafter context
+        (positions ``0 .. P-2``) and load their slots' round state."""
         t0 = time.perf_counter()
         for r in reqs:
             r.slot = self.slots.assign(r.rid)
@@ -523,7 +523,8 @@ class SpecDecoder:
 
     def _any_nan(self, logits: torch.Tensor) -> torch.Tensor:
         """``[rows] int64``: 1 where a row of this rank's logits ``[rows, S]`` holds NaN, summed
-        over the ranks (a NaN wins selection, as in ``torch.argmax``, so it decided that row's token)."""
+        over the ranks (a NaN wins selection, as in ``torch.argmax``: it decided that row's
+        token)."""
         nan = torch.isnan(logits).any(-1).to(_I64)
         return self.collectives.all_reduce(nan) if self.plan.tp_size > 1 else nan
 

@@ -36,6 +36,7 @@ from draftsmith.drafters.checkpoint import (
     truthy,
     validate_target_layer_ids,
 )
+from draftsmith.kernels.block_attention import visible
 
 logger = logging.getLogger(__name__)
 
@@ -78,17 +79,9 @@ class LayerVisibility:
         return left, right
 
     def mask(self, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
-        """``query_pos: [G, W]``, ``key_pos: [G, N]`` int64 -> visible ``[G, W, N] bool``."""
-        qp, kp = query_pos[:, :, None], key_pos[:, None, :]
-        visible = torch.ones(qp.shape[0], qp.shape[1], kp.shape[2], dtype=torch.bool,
-                             device=query_pos.device)
-        if self.causal:
-            visible &= kp <= qp
-        if self.window is not None:
-            visible &= (qp - kp) < self.window
-            if not self.causal:
-                visible &= (kp - qp) < self.window
-        return visible
+        """``query_pos: [G, W]``, ``key_pos: [G, N]`` int64 -> visible ``[G, W, N] bool`` (the rule
+        the fused block attention applies)."""
+        return visible(query_pos, key_pos, self.causal, self.window)
 
 
 @dataclass(frozen=True)
