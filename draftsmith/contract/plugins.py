@@ -50,6 +50,8 @@ class TargetInfo:
     dtype: torch.dtype = torch.float32
     graph_blocker: str | None = None
     """Why a CUDA graph cannot capture the target's forward (``None``: it can)."""
+    gemm: str = "torch"
+    """How the target's linear layers multiply at decoding row counts (``TargetModel.gemm``)."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -204,6 +204,12 @@ class TargetModel(Protocol):
         ...
 
     @property
+    def gemm(self) -> str:
+        """How the linear layers multiply at decoding row counts: ``'row-stable'`` (a row's
+        result does not depend on the rows beside it) or ``'torch'``."""
+        ...
+
+    @property
     def cache_version(self) -> int:
         """Changes whenever the cache storage is replaced (graphs captured before are stale)."""
         ...

@@ -316,7 +316,8 @@ def bind(
     _precheck(config, mapping, selector)
     device = _device_of(target)
     info = TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
-                      num_layers=target.num_layers, graph_blocker=target.graph_blocker)
+                      num_layers=target.num_layers, graph_blocker=target.graph_blocker,
+                      gemm=target.gemm)
     origin = "the drafter"
     if drafter is None:
         drafter = load_drafter(config, info, registry, collectives, device)

@@ -519,6 +519,11 @@ def make_plan(
            f"{caps.max_position_embeddings} - {span})")
     decide("slot_capacity", inputs.max_batch,
            f"runtime.max_batch = {inputs.max_batch}; slot {inputs.max_batch} is the dummy")
+    decide("target_gemm", target.gemm,
+           "the target's linear layers run kernels.linear at up to 64 rows: a row's result "
+           "does not depend on the rows beside it, so verification rounds as plain decoding "
+           "does (target.gemm)" if target.gemm == "row-stable"
+           else "the target's linear layers run torch's GEMM (target.gemm)")
     decide("capture_layers", tuple(str(x) for x in caps.target_layer_ids),
            f"the drafter reads {caps.num_captured_layers} target layer(s)")
 

@@ -127,6 +127,7 @@ class ShardedTarget:
     hidden_size = property(lambda self: self.base.hidden_size)
     num_layers = property(lambda self: self.base.num_layers)
     graph_blocker = property(lambda self: self.base.graph_blocker)
+    gemm = property(lambda self: self.base.gemm)
     cache_version = property(lambda self: self.base.cache_version)
 
     def input_embedding(self) -> torch.Tensor:

@@ -119,6 +119,7 @@ class ToyTarget:
     # ---- the static cache -----------------------------------------------------------------
 
     graph_blocker = None
+    gemm = "torch"
     """Nothing in the forward reads the device back: CUDA graphs may capture it."""
     cache_version = 0
     """The cache is allocated once, in the constructor."""

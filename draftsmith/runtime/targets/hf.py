@@ -36,6 +36,7 @@ from draftsmith.contract import (
     TargetOutput,
     check_tensor,
 )
+from draftsmith.kernels.linear import linear as row_stable_linear
 from draftsmith.runtime.buckets import PREFILL_TOKENS, PREFILL_WIDTHS, prefill_width
 from draftsmith.runtime.buffers import available_bytes
 
@@ -62,6 +63,39 @@ def quiet_transformers() -> Any:
     transformers = require_transformers()
     transformers.utils.logging.disable_progress_bar()
     return transformers
+
+
+ROW_STABLE_MAX_ROWS = 64
+"""Largest row count the row-stable GEMM takes; above it (prefill) torch's GEMM runs."""
+
+
+class _RowStableLinear(torch.nn.Linear):
+    """An ``nn.Linear`` (same parameters, same state dict) whose product at up to
+    :data:`ROW_STABLE_MAX_ROWS` rows on a GPU runs :func:`draftsmith.kernels.linear.linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and x.numel() <= ROW_STABLE_MAX_ROWS * self.in_features:
+            return row_stable_linear(x, self.weight, self.bias)
+        return super().forward(x)
+
+
+def _gemm_choice(requested: str, dtype: torch.dtype, device: torch.device) -> str:
+    """``'row-stable'`` or ``'torch'`` for ``target.gemm = requested``.
+
+    ``auto`` takes the row-stable GEMM for fp32 on CUDA: there cuBLAS multiplies 2-64 rows
+    (every verification, and plain decoding of a batch) with kernels several times slower than
+    its one-row GEMV (``benchmarks/linear.py``), and a row's rounding changes with the row count.
+    In bf16 and fp16 its few-row kernels already run at the launch floor, so ``auto`` keeps them.
+    """
+    if requested not in ("auto", "torch", "row-stable"):
+        raise ConfigError(f"target.gemm must be 'auto', 'torch' or 'row-stable', got "
+                          f"{requested!r}")
+    if requested == "row-stable" and device.type != "cuda":
+        raise ConfigError(f"target.gemm = 'row-stable' runs a Triton kernel on a GPU; the "
+                          f"target is on {device}; set target.gemm to 'auto' or 'torch'")
+    if requested == "auto":
+        return "row-stable" if device.type == "cuda" and dtype == torch.float32 else "torch"
+    return requested
 
 
 class StaticKV:
@@ -141,9 +175,11 @@ class HFTarget:
 
     :param model: a loaded causal LM (``model.model`` the decoder stack, ``lm_head`` the head).
     :param max_slots: number of request slots (slot ids ``0 .. max_slots - 1``).
+    :param gemm: ``target.gemm``: how the linear layers multiply at decoding row counts
+        (``auto``, ``torch`` or ``row-stable``; see :attr:`gemm`).
     """
 
-    def __init__(self, model: torch.nn.Module, max_slots: int = 64) -> None:
+    def __init__(self, model: torch.nn.Module, max_slots: int = 64, gemm: str = "auto") -> None:
         require_transformers()
         config = model.config
         _check_supported(config)
@@ -172,6 +208,26 @@ class HFTarget:
         self._capture_ids: tuple[int, ...] = ()
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks: list[Any] = []
+        self._gemm = _gemm_choice(gemm, self.dtype, self.device)
+        self._use_gemm()
+
+    def _use_gemm(self) -> None:
+        """Give every plain ``nn.Linear`` of the decoder layers and the head the chosen GEMM
+        (layers split by tensor parallelism keep transformers' own)."""
+        if self._gemm != "row-stable":
+            return
+        modules = [self._head] if self.layers_split else [*self._layers.modules(), self._head]
+        for module in modules:
+            if type(module) is torch.nn.Linear:
+                module.__class__ = _RowStableLinear
+
+    @property
+    def gemm(self) -> str:
+        """How the linear layers multiply at up to :data:`ROW_STABLE_MAX_ROWS` rows on a GPU:
+        ``'row-stable'`` (:func:`draftsmith.kernels.linear.linear`: each row's result is
+        bit-identical whatever the row count, so verifying ``K + 1`` tokens rounds as decoding
+        them one by one does) or ``'torch'`` (torch's GEMM)."""
+        return self._gemm
 
     # ---- static description -----------------------------------------------------------
 
@@ -277,6 +333,7 @@ class HFTarget:
         if full.weight is not self._embed.weight:
             self.model.set_output_embeddings(head)  # the untied full head is freed
         self._head, self._vocab_start = head, lo
+        self._use_gemm()
 
     # ---- feature capture --------------------------------------------------------------
 
@@ -680,6 +737,7 @@ def load_hf_target(
     device: torch.device | str = "cpu",
     max_slots: int = 64,
     split_layers_over: int = 1,
+    gemm: str = "auto",
 ) -> tuple[HFTarget, Any]:
     """Load a local Hugging Face model directory as ``(HFTarget, tokenizer)``.
 
@@ -716,7 +774,7 @@ def load_hf_target(
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot load the tokenizer of {path}: {exc}") from None
-    return HFTarget(model, max_slots=max_slots), tokenizer
+    return HFTarget(model, max_slots=max_slots, gemm=gemm), tokenizer
 
 
 def _layer_split_config(transformers: Any, path: Any, tp: int) -> Any:
@@ -759,4 +817,4 @@ def _input_embedding_name(transformers: Any, path: Any) -> str | None:
     return next((name for name, module in skeleton.named_modules() if module is embed), None)
 
 
-__all__ = ["HFTarget", "load_hf_target", "quiet_transformers", "require_transformers"]
+__all__ = ["ROW_STABLE_MAX_ROWS", "HFTarget", "load_hf_target", "quiet_transformers", "require_transformers"]

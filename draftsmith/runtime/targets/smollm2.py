@@ -166,7 +166,8 @@ def load_target(
                 "directory; pass a local Hugging Face model directory"
             )
     return load_hf_target(str(directory), dtype=dtype, device=device, max_slots=max_slots,
-                          split_layers_over=tp_size if spec.split_layers else 1)
+                          split_layers_over=tp_size if spec.split_layers else 1,
+                          gemm=spec.gemm)
 
 
 __all__ = [

@@ -358,3 +358,42 @@ def test_forward_rows_into_a_slot_with_last_logits_equals_prefill(model: torch.n
     a = target.forward_rows(block, starts, 40, slots=torch.tensor([3]))
     b = target.forward_rows(block, starts, 40, slots=torch.tensor([2]))
     torch.testing.assert_close(a.logits.logits, b.logits.logits, atol=ATOL, rtol=0)
+
+
+def test_gemm_choice_is_checked_and_torch_on_the_cpu(model: torch.nn.Module) -> None:
+    assert HFTarget(model).gemm == "torch"
+    assert not any(type(m).__name__ == "_RowStableLinear" for m in model.modules())
+    with pytest.raises(ConfigError, match="row-stable.*GPU.*'auto' or 'torch'"):
+        HFTarget(model, gemm="row-stable")
+    with pytest.raises(ConfigError, match="target.gemm must be"):
+        HFTarget(model, gemm="cutlass")
+
+
+@pytest.mark.gpu
+def test_fp32_cuda_target_runs_the_row_stable_gemm() -> None:
+    from draftsmith.runtime.targets.hf import _RowStableLinear
+
+    model = make_tiny_causal_lm(seed=4).to("cuda")
+    keys = list(model.state_dict())
+    target = HFTarget(model)
+    assert target.gemm == "row-stable"
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m) is _RowStableLinear for m in linears)
+    assert list(model.state_dict()) == keys
+    torch_target = HFTarget(make_tiny_causal_lm(seed=4).to("cuda"), gemm="torch")
+    assert torch_target.gemm == "torch"
+    g = torch.Generator().manual_seed(2)
+    prompt, tokens = (torch.randint(0, 512, (n,), generator=g).to("cuda") for n in (9, 8))
+    got = target.prefill([0], [prompt]).logits.logits
+    want = torch_target.prefill([0], [prompt]).logits.logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    block = target.verify([0], tokens[None]).logits.logits
+    torch.testing.assert_close(block, torch_target.verify([0], tokens[None]).logits.logits,
+                               atol=1e-4, rtol=1e-4)
+    steps = []
+    target.release([0])
+    target.prefill([0], [prompt])
+    for i in range(8):
+        steps.append(target.verify([0], tokens[None, i : i + 1]).logits.logits)
+        target.commit([0], [prompt.numel() + i + 1])
+    torch.testing.assert_close(block, torch.cat(steps), atol=1e-5, rtol=1e-5)

@@ -1,0 +1,118 @@
+"""``x @ weight.T (+ bias)`` for few rows: a GEMM whose result for a row does not depend on the
+other rows.
+
+A decoding step multiplies few rows (one token per request, or K + 1 per request while verifying)
+by every weight of the target. cuBLAS picks its kernel by the row count: in fp32 without TF32 an
+8-row product runs a tiled SIMT kernel several times slower than the one-row GEMV, and a row's
+result changes in its last bits with the number of rows beside it, so verifying K + 1 tokens
+rounds differently from decoding them one by one. This kernel tiles rows by a fixed block and sums
+``k`` in one fixed order whatever ``M`` is, so a row's output is bit-identical at any
+row count. Owns ``linear`` beside its reference. Imports ``draftsmith.contract`` only.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from draftsmith.contract import ShapeError, check_tensor
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                     *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x: [..., K]``, ``weight: [N, K]``, ``bias: [N]`` -> ``[..., N]`` (torch's own GEMM),
+    written into ``out: [rows, N]`` when given."""
+    y = torch.nn.functional.linear(x, weight, bias)
+    if out is None:
+        return y
+    out.copy_(y.reshape(out.shape))
+    return out.view(y.shape)
+
+
+@triton.jit
+def _linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, s_x, s_w, s_out,
+                   HAS_BIAS: tl.constexpr, FMA: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Program ``(n, m)``: output columns ``n * BLOCK_N ..`` of rows ``m * BLOCK_M ..``.
+
+    ``FMA`` (fp32): products accumulate elementwise over the ``k`` blocks in a
+    ``[BLOCK_M, BLOCK_N, BLOCK_K]`` tile summed once at the end; otherwise tensor-core dots with
+    fp32 accumulation."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    row_ok = rm < M
+    col_ok = rn < N
+    x_rows = x_ptr + rm.to(tl.int64)[:, None] * s_x
+    w_cols = w_ptr + rn.to(tl.int64)[:, None] * s_w
+    if FMA:
+        acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + rk
+            k_ok = k < K
+            a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(w_cols + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            acc3 += a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]
+        acc = tl.sum(acc3, axis=2)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + rk
+            k_ok = k < K
+            a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(w_cols + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            acc = tl.dot(a, tl.trans(b), acc)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+def _blocks(n: int, k: int, fma: bool) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps)`` by the weight's shape and dtype only, never by
+    the row count."""
+    if fma:
+        return 8, 16, 32, 4
+    block_k = 128 if k >= 128 else max(16, triton.next_power_of_2(k))
+    return 16, (64 if n >= 8192 else 16), block_k, (4 if n >= 8192 else 2)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Kernel form of :func:`linear_reference`: ``x: [..., K]``, ``weight: [N, K]`` (contiguous
+    rows), ``bias: [N]`` -> ``[..., N]`` in ``x``'s dtype, fp32 accumulation; fp32 without TF32.
+    Row ``i`` of the result depends on row ``i`` of ``x`` only, bit for bit."""
+    check_tensor("x", x, None, _FLOATS)
+    check_tensor("weight", weight, None, (x.dtype,))
+    if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
+        raise ShapeError(f"linear needs x [..., K] and weight [N, K], got {tuple(x.shape)} "
+                         f"and {tuple(weight.shape)}")
+    n, k = int(weight.shape[0]), int(weight.shape[1])
+    if bias is not None:
+        check_tensor("bias", bias, (n,), (x.dtype,))
+    if weight.stride(1) != 1:
+        weight = weight.contiguous()
+    rows = x.reshape(-1, k)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    m = int(rows.shape[0])
+    if out is None:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    elif out.shape != (m, n) or out.stride(-1) != 1 or out.dtype != x.dtype:
+        raise ShapeError(f"linear's out must be [{m}, {n}] {x.dtype} with unit column stride, "
+                         f"got {tuple(out.shape)} {out.dtype}")
+    if m and n:
+        fma = x.dtype == torch.float32
+        block_m, block_n, block_k, warps = _blocks(n, k, fma)
+        _linear_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
+            rows, weight, bias if bias is not None else weight, out, m, n, k,
+            rows.stride(0), weight.stride(0), out.stride(0),
+            HAS_BIAS=bias is not None, FMA=fma, BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_K=block_k, num_warps=warps)
+    return out.view(*x.shape[:-1], n)
+
+
+__all__ = ["linear", "linear_reference"]

@@ -1,0 +1,87 @@
+"""linear: the row-stable GEMM against torch's on odd shapes (fp32 on the interpreter), and the
+property it exists for: a row's result is bit-identical whatever rows sit beside it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftsmith.contract import ShapeError
+from draftsmith.kernels.linear import linear, linear_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _data(m: int, n: int, k: int, dtype=torch.float32, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen).to(DEVICE, dtype)
+    w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(DEVICE, dtype)
+    b = torch.randn(n, generator=gen).to(DEVICE, dtype)
+    return x, w, b
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (1, 33, 70), (8, 48, 40), (19, 17, 100),
+                                   (3, 130, 257)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_kernel_matches_the_reference(m, n, k, with_bias):
+    x, w, b = _data(m, n, k)
+    bias = b if with_bias else None
+    got, want = linear(x, w, bias), linear_reference(x, w, bias)
+    assert got.shape == want.shape == (m, n)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("m", [1, 2, 7, 8, 9, 23])
+def test_each_row_is_bit_identical_at_any_row_count(m):
+    x, w, b = _data(24, 40, 70, seed=3)
+    alone = torch.cat([linear(x[i : i + 1], w, b) for i in range(m)])
+    assert torch.equal(linear(x[:m], w, b), alone)
+    # and with other rows than its own beside it
+    mixed = torch.cat([x[:m], torch.randn(5, 70).to(DEVICE)])
+    assert torch.equal(linear(mixed, w, b)[:m], alone)
+
+
+def test_leading_dims_strides_and_out():
+    x, w, b = _data(12, 20, 33, seed=5)
+    x3 = x.view(3, 4, 33)
+    torch.testing.assert_close(linear(x3, w, b), linear_reference(x3, w, b), atol=1e-5,
+                               rtol=1e-5)
+    strided = torch.randn(12, 66).to(DEVICE)[:, :33]  # rows with a stride
+    torch.testing.assert_close(linear(strided, w), linear_reference(strided, w), atol=1e-5,
+                               rtol=1e-5)
+    out = torch.full((12, 20), float("nan")).to(DEVICE)
+    assert linear(x, w, b, out=out).data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out, linear_reference(x, w, b), atol=1e-5, rtol=1e-5)
+    assert linear(x[:0], w).shape == (0, 20)
+
+
+def test_bad_shapes_say_what_is_wrong():
+    x, w, _ = _data(2, 5, 7)
+    with pytest.raises(ShapeError, match=r"x \[\.\.\., K\] and weight \[N, K\]"):
+        linear(x, w[:, :6])
+    with pytest.raises(ShapeError, match="out must be"):
+        linear(x, w, out=torch.empty(2, 4).to(DEVICE))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m,n,k", [(1, 576, 576), (8, 192, 576), (13, 1536, 576),
+                                   (64, 576, 1536), (5, 49152, 576)])
+def test_half_precision_rows_and_rounding(dtype, m, n, k):
+    x, w, b = _data(m, n, k, dtype=dtype)
+    got = linear(x, w, b)
+    want = linear_reference(x.float(), w.float(), b.float())
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2 ** -7)
+    assert torch.equal(got[:1], linear(x[:1], w, b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k", [(8, 576, 576), (8, 192, 576), (64, 576, 1536),
+                                   (16, 49152, 576), (200, 300, 500)])
+def test_fp32_on_the_gpu_is_ieee_and_row_stable(m, n, k):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    x, w, b = _data(m, n, k)
+    got = linear(x, w, b)
+    want = linear_reference(x.double(), w.double(), b.double())
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)  # no TF32 rounding
+    assert torch.equal(got[m - 1 :], linear(x[m - 1 :], w, b))
