@@ -31,12 +31,9 @@ SMOLLM2 = {"q,o": (576, 576), "k,v": (192, 576), "gate,up": (1536, 576), "down":
            "head": (49152, 576)}
 LLAMA8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
            "down": (4096, 14336)}
-SWEEP = {  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps)
-    "fp32": [(8, 16, 32, 4), (8, 32, 32, 4), (16, 16, 32, 4), (8, 16, 64, 4), (8, 8, 64, 2),
-             (16, 32, 32, 8), (8, 32, 64, 8), (16, 16, 64, 8), (8, 8, 32, 2), (16, 8, 32, 4)],
-    "bf16": [(16, 16, 128, 2), (16, 32, 64, 4), (16, 64, 64, 4), (16, 32, 128, 4),
-             (16, 64, 128, 4), (16, 128, 64, 4), (16, 16, 64, 2)],
-}
+SWEEP = [  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps); BLOCK_K below K loops over chunks
+    (8, 2, 1024, 2), (8, 4, 1024, 4), (4, 2, 1024, 2), (2, 4, 1024, 2), (8, 2, 2048, 2),
+    (8, 2, 2048, 4), (8, 1, 2048, 2), (8, 4, 2048, 4), (16, 2, 1024, 2), (8, 1, 1024, 1)]
 
 
 def _timer(fn, device, smoke: bool) -> float:
@@ -114,8 +111,8 @@ def main() -> int:
             if args.sweep and not args.smoke:
                 chosen = lin._blocks
                 best = []
-                for cfg in SWEEP[args.dtype]:
-                    lin._blocks = lambda n_, k_, fma_, cfg=cfg: cfg
+                for cfg in SWEEP:
+                    lin._blocks = lambda n_, k_, cfg=cfg: cfg
                     try:
                         best.append((_timer(run_triton, device, False) / layers, cfg))
                     finally:

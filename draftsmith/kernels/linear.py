@@ -5,9 +5,10 @@ A decoding step multiplies few rows (one token per request, or K + 1 per request
 by every weight of the target. cuBLAS picks its kernel by the row count: in fp32 without TF32 an
 8-row product runs a tiled SIMT kernel several times slower than the one-row GEMV, and a row's
 result changes in its last bits with the number of rows beside it, so verifying K + 1 tokens
-rounds differently from decoding them one by one. This kernel tiles rows by a fixed block and sums
-``k`` in one fixed order whatever ``M`` is, so a row's output is bit-identical at any
-row count. Owns ``linear`` beside its reference. Imports ``draftsmith.contract`` only.
+rounds differently from decoding them one by one. This kernel computes each row on its own, in
+one fixed order chosen by the weight's shape, so a row's output is bit-identical at any row
+count; a weight tile read from memory once serves up to 8 rows from the cache. Owns ``linear``
+beside its reference. Imports ``draftsmith.contract`` only.
 """
 
 from __future__ import annotations
@@ -34,56 +35,55 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 @triton.jit
 def _linear_kernel(x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, s_x, s_w, s_out,
-                   HAS_BIAS: tl.constexpr, FMA: tl.constexpr, BLOCK_M: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, ONE_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Program ``(n, m)``: output columns ``n * BLOCK_N ..`` of rows ``m * BLOCK_M ..``.
-
-    ``FMA`` (fp32): products accumulate elementwise over the ``k`` blocks in a
-    ``[BLOCK_M, BLOCK_N, BLOCK_K]`` tile summed once at the end; otherwise tensor-core dots with
-    fp32 accumulation."""
+    """Program ``(n, m)``: output columns ``n * BLOCK_N ..`` of rows ``m * BLOCK_M ..``, one row
+    after the other, each row's sum over ``k`` in ``BLOCK_K`` chunks, fp32 accumulation. With
+    one chunk the weight tile is loaded once for all the rows; with several it is re-read from
+    the cache per row. A row past ``M`` costs nothing."""
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
-    row_ok = rm < M
     col_ok = rn < N
-    x_rows = x_ptr + rm.to(tl.int64)[:, None] * s_x
-    w_cols = w_ptr + rn.to(tl.int64)[:, None] * s_w
-    if FMA:
-        acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + rk
-            k_ok = k < K
-            a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(w_cols + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-            acc3 += a.to(tl.float32)[:, None, :] * b.to(tl.float32)[None, :, :]
-        acc = tl.sum(acc3, axis=2)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + rk
-            k_ok = k < K
-            a = tl.load(x_rows + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(w_cols + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-            acc = tl.dot(a, tl.trans(b), acc)
+    w_rows = w_ptr + rn.to(tl.int64)[:, None] * s_w
     if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    out = out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+        bias = tl.load(b_ptr + rn, mask=col_ok, other=0.0).to(tl.float32)
+    if ONE_CHUNK:  # K <= BLOCK_K: the weight tile stays in registers for every row
+        k_ok = rk < K
+        w = tl.load(w_rows + rk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        w = w.to(tl.float32)
+    for i in tl.static_range(BLOCK_M):
+        row = tl.program_id(1) * BLOCK_M + i
+        if row < M:
+            x_row = x_ptr + row.to(tl.int64) * s_x
+            if ONE_CHUNK:
+                x = tl.load(x_row + rk, mask=k_ok, other=0.0).to(tl.float32)
+                acc = tl.sum(w * x[None, :], axis=1)
+            else:
+                acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                for k0 in range(0, K, BLOCK_K):
+                    k = k0 + rk
+                    k_ok = k < K
+                    wk = tl.load(w_rows + k[None, :], mask=col_ok[:, None] & k_ok[None, :],
+                                 other=0.0)
+                    x = tl.load(x_row + k, mask=k_ok, other=0.0)
+                    acc += tl.sum(wk.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+            if HAS_BIAS:
+                acc += bias
+            tl.store(out_ptr + row.to(tl.int64) * s_out + rn,
+                     acc.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
-def _blocks(n: int, k: int, fma: bool) -> tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps)`` by the weight's shape and dtype only, never by
-    the row count."""
-    if fma:
-        return 8, 16, 32, 4
-    block_k = 128 if k >= 128 else max(16, triton.next_power_of_2(k))
-    return 16, (64 if n >= 8192 else 16), block_k, (4 if n >= 8192 else 2)
+def _blocks(n: int, k: int) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps)`` by the weight's shape only, never by the row
+    count (so a row's rounding never depends on it)."""
+    block_k = min(4096, max(16, triton.next_power_of_2(k)))
+    return 8, 2, block_k, 2 if block_k <= 2048 else 4
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            *, out: torch.Tensor | None = None) -> torch.Tensor:
     """Kernel form of :func:`linear_reference`: ``x: [..., K]``, ``weight: [N, K]`` (contiguous
-    rows), ``bias: [N]`` -> ``[..., N]`` in ``x``'s dtype, fp32 accumulation; fp32 without TF32.
+    rows), ``bias: [N]`` -> ``[..., N]`` in ``x``'s dtype, fp32 accumulation (no TF32).
     Row ``i`` of the result depends on row ``i`` of ``x`` only, bit for bit."""
     check_tensor("x", x, None, _FLOATS)
     check_tensor("weight", weight, None, (x.dtype,))
@@ -105,13 +105,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ShapeError(f"linear's out must be [{m}, {n}] {x.dtype} with unit column stride, "
                          f"got {tuple(out.shape)} {out.dtype}")
     if m and n:
-        fma = x.dtype == torch.float32
-        block_m, block_n, block_k, warps = _blocks(n, k, fma)
+        block_m, block_n, block_k, warps = _blocks(n, k)
         _linear_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
             rows, weight, bias if bias is not None else weight, out, m, n, k,
-            rows.stride(0), weight.stride(0), out.stride(0),
-            HAS_BIAS=bias is not None, FMA=fma, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_K=block_k, num_warps=warps)
+            rows.stride(0), weight.stride(0), out.stride(0), HAS_BIAS=bias is not None,
+            ONE_CHUNK=k <= block_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+            num_warps=warps)
     return out.view(*x.shape[:-1], n)
 
 

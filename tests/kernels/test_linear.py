@@ -21,7 +21,7 @@ def _data(m: int, n: int, k: int, dtype=torch.float32, seed: int = 0):
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 1, 1), (1, 33, 70), (8, 48, 40), (19, 17, 100),
-                                   (3, 130, 257)])
+                                   (3, 130, 257), (2, 3, 4100)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_kernel_matches_the_reference(m, n, k, with_bias):
     x, w, b = _data(m, n, k)
