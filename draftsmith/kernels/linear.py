@@ -77,7 +77,11 @@ def _blocks(n: int, k: int) -> tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, BLOCK_K, num_warps)`` by the weight's shape only, never by the row
     count (so a row's rounding never depends on it)."""
     block_k = min(4096, max(16, triton.next_power_of_2(k)))
-    return 8, 2, block_k, 2 if block_k <= 2048 else 4
+    if n >= 8192:  # an LM head: enough programs with one column each
+        return 8, 1, block_k, 1 if block_k <= 1024 else 4
+    if block_k <= 1024:
+        return 2, 4, block_k, 2
+    return 8, 4 if block_k <= 2048 else 2, block_k, 4
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
