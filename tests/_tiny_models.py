@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 import torch
 
-from draftsmith.runtime.targets.hf import HFTarget, require_transformers
+from draftsmith.runtime.targets.hf import HFTarget
+from draftsmith.runtime.targets.hf_model import require_transformers
 
 
 def make_tiny_causal_lm(

@@ -1,10 +1,12 @@
 """The Hugging Face target adapter: a transformers causal LM as a :class:`TargetModel`.
 
-Owns the target's static key/value cache (one row of ``T`` positions per request slot, written
-in place) and the capture of target features (the hidden states after the chosen layers). Every
-forward passes transformers an explicit 4-D attention mask and explicit position ids, so the
-rows of one batch may sit at different positions (ragged acceptance in the previous step), and a
-cache subclass writes the new keys and values at those positions. The runtime's forward
+Owns :class:`HFTarget` and :func:`load_hf_target`: the sizing of the target's static key/value
+cache (one row of ``T`` positions per request slot, written in place; the storage and the
+transformers ``Cache`` that writes it are :mod:`.hf_cache`) and the capture of target features
+(the hidden states after the chosen layers). Every forward passes transformers an explicit 4-D
+attention mask and explicit position ids, so the rows of one batch may sit at different
+positions (ragged acceptance in the previous step), and the cache writes the new keys and values
+at those positions. The runtime's forward
 (:meth:`HFTarget.forward_rows`) takes its positions from a device tensor and can be captured in a
 CUDA graph.
 
@@ -15,8 +17,9 @@ plan (``load_hf_target(..., split_layers_over=N)``).
 
 Only full-attention decoder stacks whose logits are ``lm_head(final_norm(h))`` are accepted
 (Llama, Qwen2, Qwen3, Mistral without a sliding window, ...); anything else is refused when the
-adapter is built. ``transformers`` is imported lazily (it is the optional extra ``hf``); this
-module must not import drafters or selection.
+adapter is built (:mod:`.hf_model` loads and checks the model; :mod:`.hf_gemm` holds the
+row-stable GEMM of ``target.gemm``). ``transformers`` is imported lazily (it is the optional extra
+``hf``); this module must not import drafters or selection.
 """
 
 from __future__ import annotations
@@ -36,130 +39,15 @@ from draftsmith.contract import (
     TargetOutput,
     check_tensor,
 )
-from draftsmith.kernels.linear import linear as row_stable_linear
 from draftsmith.runtime.buckets import PREFILL_TOKENS, PREFILL_WIDTHS, prefill_width
 from draftsmith.runtime.buffers import available_bytes
-
-_UNSUPPORTED_CONFIG_KEYS = ("final_logit_softcapping", "attn_logit_softcapping", "logits_scaling",
-                            "logit_scale")
-"""Config keys that change the logits away from ``lm_head(h)``; a target setting any is refused."""
-_SCALE_KEYS = ("logits_scaling", "logit_scale")
-"""Of those, the multipliers (neutral at 1)."""
-
-
-def require_transformers() -> Any:
-    """Import ``transformers`` or raise a :class:`ConfigError` that says how to install it."""
-    try:
-        import transformers
-    except ImportError:  # pragma: no cover - the test environment has the extra
-        raise ConfigError(
-            "the Hugging Face target needs transformers: pip install 'draftsmith[hf]'"
-        ) from None
-    return transformers
-
-
-def quiet_transformers() -> Any:
-    """:func:`require_transformers`, with its progress bars off (they would mix with ours)."""
-    transformers = require_transformers()
-    transformers.utils.logging.disable_progress_bar()
-    return transformers
-
-
-ROW_STABLE_MAX_ROWS = 64
-"""Largest row count the row-stable GEMM takes; above it (prefill) torch's GEMM runs."""
-
-
-class _RowStableLinear(torch.nn.Linear):
-    """An ``nn.Linear`` (same parameters, same state dict) whose product at up to
-    :data:`ROW_STABLE_MAX_ROWS` rows on a GPU runs :func:`draftsmith.kernels.linear.linear`."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and x.numel() <= ROW_STABLE_MAX_ROWS * self.in_features:
-            return row_stable_linear(x, self.weight, self.bias)
-        return super().forward(x)
-
-
-def _gemm_choice(requested: str, dtype: torch.dtype, device: torch.device) -> str:
-    """``'row-stable'`` or ``'torch'`` for ``target.gemm = requested``.
-
-    ``auto`` takes the row-stable GEMM for fp32 on CUDA: there cuBLAS multiplies 2-64 rows
-    (every verification, and plain decoding of a batch) with kernels several times slower than
-    its one-row GEMV (``benchmarks/linear.py``), and a row's rounding changes with the row count.
-    In bf16 and fp16 its few-row kernels already run at the launch floor, so ``auto`` keeps them.
-    """
-    if requested not in ("auto", "torch", "row-stable"):
-        raise ConfigError(f"target.gemm must be 'auto', 'torch' or 'row-stable', got "
-                          f"{requested!r}")
-    if requested == "row-stable" and device.type != "cuda":
-        raise ConfigError(f"target.gemm = 'row-stable' runs a Triton kernel on a GPU; the "
-                          f"target is on {device}; set target.gemm to 'auto' or 'torch'")
-    if requested == "auto":
-        return "row-stable" if device.type == "cuda" and dtype == torch.float32 else "torch"
-    return requested
-
-
-class StaticKV:
-    """The target's preallocated key/value storage: per layer ``[S, n_kv, T, hd]``.
-
-    ``S`` request slots (row ``s`` is slot ``s``), ``T`` positions. Written in place at explicit
-    positions, never reallocated while a decoder uses it: :meth:`HFTarget.reserve` replaces it
-    only when asked for more rows or positions, and bumps :attr:`HFTarget.cache_version`.
-    """
-
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        self.keys = keys
-        self.values = values
-        self.slots = int(keys[0].shape[0])
-        self.length = int(keys[0].shape[2])
-        self.row_ids = torch.arange(self.slots, dtype=torch.int64, device=keys[0].device)
-        self.columns = torch.arange(self.length, dtype=torch.int64, device=keys[0].device)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held."""
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
-
-
-def _row_cache(kv: StaticKV, rows: torch.Tensor | None, write_rows: torch.Tensor,
-               positions: torch.Tensor, width: int) -> Any:
-    """A transformers ``Cache`` over ``kv`` for one forward.
-
-    Each layer's new keys and values ``[N, n_kv, Q, hd]`` are written at
-    ``(write_rows[b], positions[b, j])``; attention then reads columns ``0 .. width - 1`` of the
-    rows: slots ``0 .. N - 1`` as a view when ``rows`` is ``None``, else ``rows`` (a gather).
-    """
-    transformers = require_transformers()
-    cls = _ROW_CACHE_TYPES.get(transformers.Cache)
-    if cls is None:
-
-        class RowCache(transformers.Cache):  # type: ignore[misc, valid-type]
-            def __init__(self, kv, rows, write_rows, positions, width):
-                super().__init__(layers=[])
-                self.kv, self.rows, self.width = kv, rows, width
-                self.write_rows, self.positions = write_rows, positions
-
-            def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-                keys, values = self.kv.keys[layer_idx], self.kv.values[layer_idx]
-                if key_states.shape[1:] != (keys.shape[1], self.positions.shape[1], keys.shape[3]):
-                    raise ShapeError(
-                        f"layer {layer_idx} produced keys {tuple(key_states.shape)}; the static "
-                        f"cache holds [slots, {keys.shape[1]}, T, {keys.shape[3]}]")
-                keys[self.write_rows, :, self.positions] = key_states.transpose(1, 2)
-                values[self.write_rows, :, self.positions] = value_states.transpose(1, 2)
-                if self.rows is None:
-                    n = key_states.shape[0]
-                    return keys[:n, :, : self.width], values[:n, :, : self.width]
-                return (keys[:, :, : self.width].index_select(0, self.rows),
-                        values[:, :, : self.width].index_select(0, self.rows))
-
-            def get_seq_length(self, layer_idx: int = 0) -> int:
-                return 0  # positions are always passed explicitly
-
-        cls = _ROW_CACHE_TYPES[transformers.Cache] = RowCache
-    return cls(kv, rows, write_rows, positions, width)
-
-
-_ROW_CACHE_TYPES: dict[type, type] = {}
+from draftsmith.runtime.targets.hf_cache import StaticKV, row_cache
+from draftsmith.runtime.targets.hf_gemm import gemm_choice, use_row_stable
+from draftsmith.runtime.targets.hf_model import (
+    check_supported,
+    load_hf_model,
+    require_transformers,
+)
 
 
 class HFTarget:
@@ -182,7 +70,7 @@ class HFTarget:
     def __init__(self, model: torch.nn.Module, max_slots: int = 64, gemm: str = "auto") -> None:
         require_transformers()
         config = model.config
-        _check_supported(config)
+        check_supported(config)
         self.model = model.eval()
         self.config = config
         self.max_slots = int(max_slots)
@@ -208,22 +96,20 @@ class HFTarget:
         self._capture_ids: tuple[int, ...] = ()
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks: list[Any] = []
-        self._gemm = _gemm_choice(gemm, self.dtype, self.device)
+        self._gemm = gemm_choice(gemm, self.dtype, self.device)
         self._use_gemm()
 
     def _use_gemm(self) -> None:
         """Give every plain ``nn.Linear`` of the decoder layers and the head the chosen GEMM
         (layers split by tensor parallelism keep transformers' own)."""
-        if self._gemm != "row-stable":
-            return
-        modules = [self._head] if self.layers_split else [*self._layers.modules(), self._head]
-        for module in modules:
-            if type(module) is torch.nn.Linear:
-                module.__class__ = _RowStableLinear
+        if self._gemm == "row-stable":
+            use_row_stable([self._head] if self.layers_split
+                           else [*self._layers.modules(), self._head])
 
     @property
     def gemm(self) -> str:
-        """How the linear layers multiply at up to :data:`ROW_STABLE_MAX_ROWS` rows on a GPU:
+        """How the linear layers multiply at up to
+        :data:`~draftsmith.runtime.targets.hf_gemm.ROW_STABLE_MAX_ROWS` rows on a GPU:
         ``'row-stable'`` (:func:`draftsmith.kernels.linear.linear`: each row's result is
         bit-identical whatever the row count, so verifying ``K + 1`` tokens rounds as decoding
         them one by one does) or ``'torch'`` (torch's GEMM)."""
@@ -422,17 +308,7 @@ class HFTarget:
                 f"{self.device}; lower runtime.max_batch or the token budget"
             )
         self._kv = None  # let the old storage go before the new one is taken
-        keys, values = [], []
-        for layer in range(self.num_layers):
-            k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            if old is not None:
-                k[: old.slots, :, : old.length] = old.keys[layer]
-                v[: old.slots, :, : old.length] = old.values[layer]
-                old.keys[layer] = old.values[layer] = k[:0]
-            keys.append(k)
-            values.append(v)
-        self._kv = StaticKV(keys, values)
+        self._kv = StaticKV.allocate(self.num_layers, shape, self.dtype, self.device, old)
         self.cache_version += 1
 
     def _kv_heads(self) -> tuple[int, int]:
@@ -638,7 +514,7 @@ class HFTarget:
         self._captured.clear()
         hidden_mask = kv.columns[:width] > positions[:, :, None]  # [N, Q, W] True = hidden
         mask = hidden_mask.to(self.dtype) * torch.finfo(self.dtype).min
-        cache = _row_cache(kv, rows, write_rows, positions, width)
+        cache = row_cache(kv, rows, write_rows, positions, width)
         out = self._decoder(
             input_ids=ids,
             attention_mask=mask[:, None],
@@ -704,33 +580,6 @@ def _prefill_groups(lengths: list[int], budget: int) -> list[list[int]]:
     return groups
 
 
-def _check_supported(config: Any) -> None:
-    """Refuse configs whose logits or attention the adapter would get wrong."""
-    name = type(config).__name__
-    for key in _UNSUPPORTED_CONFIG_KEYS:
-        value = getattr(config, key, None)
-        neutral = (None, 1, 1.0) if key in _SCALE_KEYS else (None, 0, 0.0)
-        if value not in neutral:
-            raise ConfigError(
-                f"{name} sets {key}={value!r}; the Hugging Face target adapter supports only "
-                "plain lm_head logits (Llama, Qwen2, Qwen3, Mistral)"
-            )
-    layer_types = getattr(config, "layer_types", None) or ()
-    sliding = any(t != "full_attention" for t in layer_types)
-    # Mistral-style configs set only sliding_window (no layer_types, no use_sliding_window flag)
-    window = getattr(config, "sliding_window", None)
-    limit = getattr(config, "max_position_embeddings", None)
-    windowed = (window is not None and getattr(config, "use_sliding_window", True) is not False
-                and (limit is None or window < limit))
-    if sliding or windowed or getattr(config, "use_sliding_window", False):
-        raise ConfigError(
-            f"{name} uses sliding-window or non-full attention layers; the Hugging Face target "
-            "adapter supports full-attention decoders only"
-        )
-    if getattr(config, "is_encoder_decoder", False):
-        raise ConfigError(f"{name} is an encoder-decoder model; a causal LM is needed")
-
-
 def load_hf_target(
     directory: str,
     dtype: torch.dtype = torch.float32,
@@ -747,74 +596,11 @@ def load_hf_target(
     the vocabulary), and so is the embedding.
 
     Raises :class:`ConfigError` when the directory or its ``config.json`` is missing, when the
-    model is not a supported causal LM, or when its heads do not split over ``N`` ranks.
+    model is not a supported causal LM, or when its heads do not split over ``N`` ranks
+    (:func:`~draftsmith.runtime.targets.hf_model.load_hf_model`).
     """
-    from pathlib import Path
-
-    path = Path(directory)
-    if not path.is_dir():
-        raise ConfigError(
-            f"target model directory {str(path)!r} does not exist; pass 'smollm2-135m' or a "
-            "local Hugging Face model directory (config.json + *.safetensors + tokenizer)"
-        )
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"{path} has no config.json; it is not a Hugging Face model directory")
-    transformers = quiet_transformers()
-    extra: dict[str, Any] = {}
-    if split_layers_over > 1:
-        extra["distributed_config"] = _layer_split_config(transformers, path, split_layers_over)
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(  # never a pickle
-            str(path), dtype=dtype, low_cpu_mem_usage=True, use_safetensors=True, **extra
-        )
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"cannot load a causal LM from {path}: {exc}") from None
-    model.to(device)
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot load the tokenizer of {path}: {exc}") from None
+    model, tokenizer = load_hf_model(directory, dtype, device, split_layers_over)
     return HFTarget(model, max_slots=max_slots, gemm=gemm), tokenizer
 
 
-def _layer_split_config(transformers: Any, path: Any, tp: int) -> Any:
-    """transformers' ``DistributedConfig`` that splits the decoder layers over ``tp`` ranks and
-    keeps the LM head whole; :class:`ConfigError` when the model's widths do not divide."""
-    config = transformers.AutoConfig.from_pretrained(str(path))
-    config = getattr(config, "text_config", config)
-    if not getattr(config, "base_model_tp_plan", None):
-        raise ConfigError(f"{type(config).__name__} has no tensor-parallel plan in transformers; "
-                          "set target.split_layers = false")
-    widths = {"num_attention_heads": config.num_attention_heads,
-              "num_key_value_heads": getattr(config, "num_key_value_heads", None)
-              or config.num_attention_heads,
-              "intermediate_size": getattr(config, "intermediate_size", 0)}
-    uneven = [f"{name} = {value}" for name, value in widths.items() if int(value) % tp]
-    if uneven:
-        raise ConfigError(
-            f"target.split_layers: {', '.join(uneven)} of {path.name} do not split over "
-            f"{tp} ranks; use a TP size that divides them, or target.split_layers = false "
-            "(only the LM head is split then)"
-        )
-    from transformers.distributed.configuration_utils import DistributedConfig
-
-    # the head is split along the vocabulary by HFTarget.shard_vocab (transformers' own rule
-    # gathers the logits); the embedding stays whole, as the drafter reads it by global id
-    keep = {"lm_head": "replicate"}
-    embed = _input_embedding_name(transformers, path)
-    if embed is not None:
-        keep[embed] = "replicate"
-    return DistributedConfig(tp_size=tp, tp_plan=keep)
-
-
-def _input_embedding_name(transformers: Any, path: Any) -> str | None:
-    """The module name of the input embedding (``model.embed_tokens``), read from a weightless
-    copy of the architecture."""
-    config = transformers.AutoConfig.from_pretrained(str(path))
-    with torch.device("meta"):
-        skeleton = transformers.AutoModelForCausalLM.from_config(config)
-    embed = skeleton.get_input_embeddings()
-    return next((name for name, module in skeleton.named_modules() if module is embed), None)
-
-
-__all__ = ["ROW_STABLE_MAX_ROWS", "HFTarget", "load_hf_target", "quiet_transformers", "require_transformers"]
+__all__ = ["HFTarget", "load_hf_target"]

@@ -25,7 +25,8 @@ import torch
 
 from draftsmith.contract import ConfigError
 from draftsmith.runtime.config import EMBEDDED_TARGET_NAMES, TargetConfig, resolve_device
-from draftsmith.runtime.targets.hf import HFTarget, load_hf_target, quiet_transformers
+from draftsmith.runtime.targets.hf import HFTarget, load_hf_target
+from draftsmith.runtime.targets.hf_model import quiet_transformers
 
 DEFAULT_TARGET = "smollm2-135m"
 """The name ``TargetConfig.model`` uses for the embedded default target."""

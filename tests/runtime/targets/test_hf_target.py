@@ -362,7 +362,7 @@ def test_forward_rows_into_a_slot_with_last_logits_equals_prefill(model: torch.n
 
 def test_gemm_choice_is_checked_and_torch_on_the_cpu(model: torch.nn.Module) -> None:
     assert HFTarget(model).gemm == "torch"
-    assert not any(type(m).__name__ == "_RowStableLinear" for m in model.modules())
+    assert not any(type(m).__name__ == "RowStableLinear" for m in model.modules())
     with pytest.raises(ConfigError, match="row-stable.*GPU.*'auto' or 'torch'"):
         HFTarget(model, gemm="row-stable")
     with pytest.raises(ConfigError, match="target.gemm must be"):
@@ -371,14 +371,14 @@ def test_gemm_choice_is_checked_and_torch_on_the_cpu(model: torch.nn.Module) -> 
 
 @pytest.mark.gpu
 def test_fp32_cuda_target_runs_the_row_stable_gemm() -> None:
-    from draftsmith.runtime.targets.hf import _RowStableLinear
+    from draftsmith.runtime.targets.hf_gemm import RowStableLinear
 
     model = make_tiny_causal_lm(seed=4).to("cuda")
     keys = list(model.state_dict())
     target = HFTarget(model)
     assert target.gemm == "row-stable"
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    assert linears and all(type(m) is _RowStableLinear for m in linears)
+    assert linears and all(type(m) is RowStableLinear for m in linears)
     assert list(model.state_dict()) == keys
     torch_target = HFTarget(make_tiny_causal_lm(seed=4).to("cuda"), gemm="torch")
     assert torch_target.gemm == "torch"

@@ -1,0 +1,57 @@
+"""The row-stable GEMM of the Hugging Face target (``target.gemm``): which GEMM its linear layers
+run, and the ``nn.Linear`` subclass that runs :func:`draftsmith.kernels.linear.linear`.
+
+Must not import drafters or selection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from draftsmith.contract import ConfigError
+from draftsmith.kernels.linear import linear as row_stable_linear
+
+ROW_STABLE_MAX_ROWS = 64
+"""Largest row count the row-stable GEMM takes; above it (prefill) torch's GEMM runs."""
+
+
+class RowStableLinear(torch.nn.Linear):
+    """An ``nn.Linear`` (same parameters, same state dict) whose product at up to
+    :data:`ROW_STABLE_MAX_ROWS` rows on a GPU runs :func:`draftsmith.kernels.linear.linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and x.numel() <= ROW_STABLE_MAX_ROWS * self.in_features:
+            return row_stable_linear(x, self.weight, self.bias)
+        return super().forward(x)
+
+
+def gemm_choice(requested: str, dtype: torch.dtype, device: torch.device) -> str:
+    """``'row-stable'`` or ``'torch'`` for ``target.gemm = requested``.
+
+    ``auto`` takes the row-stable GEMM for fp32 on CUDA: there cuBLAS multiplies 2-64 rows
+    (every verification, and plain decoding of a batch) with kernels several times slower than
+    its one-row GEMV (``benchmarks/linear.py``), and a row's rounding changes with the row count.
+    In bf16 and fp16 its few-row kernels already run at the launch floor, so ``auto`` keeps them.
+    """
+    if requested not in ("auto", "torch", "row-stable"):
+        raise ConfigError(f"target.gemm must be 'auto', 'torch' or 'row-stable', got "
+                          f"{requested!r}")
+    if requested == "row-stable" and device.type != "cuda":
+        raise ConfigError(f"target.gemm = 'row-stable' runs a Triton kernel on a GPU; the "
+                          f"target is on {device}; set target.gemm to 'auto' or 'torch'")
+    if requested == "auto":
+        return "row-stable" if device.type == "cuda" and dtype == torch.float32 else "torch"
+    return requested
+
+
+def use_row_stable(modules: Iterable[torch.nn.Module]) -> None:
+    """Give every plain ``nn.Linear`` among ``modules`` the row-stable GEMM, in place (its
+    parameters and state dict stay as they are)."""
+    for module in modules:
+        if type(module) is torch.nn.Linear:
+            module.__class__ = RowStableLinear
+
+
+__all__ = ["ROW_STABLE_MAX_ROWS", "RowStableLinear", "gemm_choice", "use_row_stable"]
