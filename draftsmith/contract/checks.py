@@ -16,6 +16,9 @@ from draftsmith.contract.errors import ShapeError
 Dim = int | str | None
 """One expected dimension: an exact size, a symbolic name bound on first use, or ``None`` (any)."""
 
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""The floating dtypes activations, weights and logits may have."""
+
 
 def check_tensor(
     name: str,
@@ -25,10 +28,15 @@ def check_tensor(
     sizes: MutableMapping[str, int] | None = None,
     device: torch.device | None = None,
     contiguous: bool = False,
+    unit_stride: bool = False,
+    distinct_rows: bool = False,
 ) -> torch.Tensor:
     """Raise :class:`ShapeError` unless ``tensor`` is a tensor of the given shape and dtype.
 
-    ``sizes`` carries symbolic bindings across calls; it is updated in place.
+    ``sizes`` carries symbolic bindings across calls; it is updated in place. ``unit_stride``
+    asks for consecutive elements along the last dim (a kernel indexes it without a stride);
+    ``distinct_rows`` for rows along dim 0 that do not overlap (a kernel writes each row, and an
+    expanded view would make every row one).
     """
     if not isinstance(tensor, torch.Tensor):
         raise ShapeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
@@ -65,6 +73,11 @@ def check_tensor(
         raise ShapeError(f"{name} must be on {device}, got {tensor.device}")
     if contiguous and not tensor.is_contiguous():
         raise ShapeError(f"{name} must be contiguous; call .contiguous() first")
+    if unit_stride and tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
+        raise ShapeError(f"{name} must have unit stride along its last dim; call .contiguous()")
+    if distinct_rows and tensor.shape[0] > 1 and tensor.stride(0) < tensor.shape[-1]:
+        raise ShapeError(f"{name} rows overlap in memory (row stride {tensor.stride(0)} < "
+                         f"{tensor.shape[-1]} columns); pass a tensor with distinct rows")
     return tensor
 
 
@@ -102,4 +115,4 @@ def _fmt(shape: Sequence[Dim]) -> str:
     return "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"
 
 
-__all__ = ["Dim", "check_positive", "check_tensor", "value_checks_enabled", "values_trusted"]
+__all__ = ["FLOAT_DTYPES", "Dim", "check_positive", "check_tensor", "value_checks_enabled", "values_trusted"]

@@ -13,11 +13,10 @@ from dataclasses import dataclass, fields
 import torch
 
 from draftsmith.contract.capabilities import ContextEntrySpec, MarkovHeadKind
-from draftsmith.contract.checks import check_positive, check_tensor
+from draftsmith.contract.checks import FLOAT_DTYPES, check_positive, check_tensor
 from draftsmith.contract.errors import ShapeError
 
 _I64 = torch.int64
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _dtype_name(tensor: torch.Tensor) -> str:
@@ -55,7 +54,7 @@ class DraftBlockInputs(_Record):
         check_tensor("DraftBlockInputs.positions", self.positions, ("G", "W"), _I64, sizes)
         if self.embeddings is not None:
             check_tensor(
-                "DraftBlockInputs.embeddings", self.embeddings, ("G", "W", None), _FLOATS, sizes
+                "DraftBlockInputs.embeddings", self.embeddings, ("G", "W", None), FLOAT_DTYPES, sizes
             )
 
     @property
@@ -215,7 +214,7 @@ class PagedContextCache(_Record):
     page_size: int
 
     def __post_init__(self) -> None:
-        check_tensor("PagedContextCache.pool", self.pool, (None,) * 6, _FLOATS)
+        check_tensor("PagedContextCache.pool", self.pool, (None,) * 6, FLOAT_DTYPES)
         check_positive("PagedContextCache.page_size", self.page_size)
         if self.pool.shape[4] != self.page_size:
             raise ShapeError(
@@ -261,7 +260,7 @@ class LogitsShard(_Record):
     vocab_size: int
 
     def __post_init__(self) -> None:
-        check_tensor("LogitsShard.logits", self.logits, ("rows", "S"), _FLOATS)
+        check_tensor("LogitsShard.logits", self.logits, ("rows", "S"), FLOAT_DTYPES)
         check_positive("LogitsShard.vocab_size", self.vocab_size)
         check_positive("LogitsShard.vocab_start", self.vocab_start, minimum=0)
         if self.vocab_start + self.shard_width > self.vocab_size:
@@ -308,7 +307,7 @@ class OutputHead(_Record):
     vocab_size: int
 
     def __post_init__(self) -> None:
-        check_tensor("OutputHead.weight", self.weight, ("S", "H"), _FLOATS)
+        check_tensor("OutputHead.weight", self.weight, ("S", "H"), FLOAT_DTYPES)
         check_positive("OutputHead.vocab_size", self.vocab_size)
         check_positive("OutputHead.vocab_start", self.vocab_start, minimum=0)
         if self.vocab_start + self.weight.shape[0] > self.vocab_size:
@@ -350,8 +349,8 @@ class MarkovHeadWeights(_Record):
             raise ShapeError(f"MarkovHeadWeights.kind must be a MarkovHeadKind other than 'none', "
                              f"got {self.kind!r}")
         s: dict[str, int] = {}
-        check_tensor("MarkovHeadWeights.w1", self.w1, ("V", "r"), _FLOATS, s)
-        check_tensor("MarkovHeadWeights.w2", self.w2, ("S", "r"), _FLOATS, s)
+        check_tensor("MarkovHeadWeights.w1", self.w1, ("V", "r"), FLOAT_DTYPES, s)
+        check_tensor("MarkovHeadWeights.w2", self.w2, ("S", "r"), FLOAT_DTYPES, s)
         check_positive("MarkovHeadWeights.vocab_start", self.vocab_start, minimum=0)
         if self.vocab_start + s["S"] > s["V"]:
             raise ShapeError(
@@ -371,12 +370,12 @@ class MarkovHeadWeights(_Record):
                 )
         r = s["r"]
         if self.kind is MarkovHeadKind.GATED:
-            check_tensor("MarkovHeadWeights.gate_weight", self.gate_weight, (r, None), _FLOATS)
-            check_tensor("MarkovHeadWeights.gate_bias", self.gate_bias, (r,), _FLOATS)
+            check_tensor("MarkovHeadWeights.gate_weight", self.gate_weight, (r, None), FLOAT_DTYPES)
+            check_tensor("MarkovHeadWeights.gate_bias", self.gate_bias, (r,), FLOAT_DTYPES)
         if self.kind is MarkovHeadKind.RNN:
             check_tensor("MarkovHeadWeights.joint_weight", self.joint_weight, (3 * r, None),
-                         _FLOATS)
-            check_tensor("MarkovHeadWeights.joint_bias", self.joint_bias, (3 * r,), _FLOATS)
+                         FLOAT_DTYPES)
+            check_tensor("MarkovHeadWeights.joint_bias", self.joint_bias, (3 * r,), FLOAT_DTYPES)
         # the chain mixes these tensors in one matmul chain: mismatches would fail there, late
         for name in ("w2", "gate_weight", "gate_bias", "joint_weight", "joint_bias"):
             t = getattr(self, name)

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
+from draftsmith.contract.checks import FLOAT_DTYPES
 
 EXCHANGE_COLUMNS = 128
 """Width of the zero-padded fp32 staging row of the SUM exchange; ``2 * TP <= 128``."""
@@ -36,8 +37,6 @@ vocab-parallel selection takes."""
 PROGRAMS_PER_SM = 4
 """Programs in flight per SM that a row split aims at: ``rows * n_chunks <= SMs * 4``."""
 
-_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
 
 def canonical_nan(device: torch.device | str = "cpu") -> torch.Tensor:
     """The fp32 scalar NaN with bits :data:`CANONICAL_NAN_BITS`."""
@@ -48,9 +47,7 @@ def check_pair_args(op: str, logits: torch.Tensor, vocab_start: int, out: torch.
                     slot: int) -> torch.Tensor:
     """Validate the arguments every pair op shares; return ``out`` (allocated when ``None``)."""
     sizes: dict[str, int] = {}
-    check_tensor(f"{op}: logits", logits, ("rows", "S"), _LOGIT_DTYPES, sizes)
-    if logits.shape[1] > 1 and logits.stride(1) != 1:
-        raise ShapeError(f"{op}: logits must have unit stride along S; call .contiguous()")
+    check_tensor(f"{op}: logits", logits, ("rows", "S"), FLOAT_DTYPES, sizes, unit_stride=True)
     if logits.shape[1] == 0:
         raise ShapeError(f"{op}: logits must have at least one column")
     if type(slot) is not int or slot < 0:
@@ -65,21 +62,14 @@ def check_pair_args(op: str, logits: torch.Tensor, vocab_start: int, out: torch.
     if out is None:
         return torch.zeros(logits.shape[0], 2 * slot + 2, dtype=torch.float32,
                            device=logits.device)
-    check_tensor(f"{op}: out", out, ("rows", "C"), torch.float32, sizes, device=logits.device)
-    if out.stride(1) != 1:
-        raise ShapeError(f"{op}: out must have unit stride along its columns")
-    if out.shape[0] > 1 and out.stride(0) < out.shape[1]:
-        raise ShapeError(f"{op}: out rows overlap in memory (row stride {out.stride(0)} < "
-                         f"{out.shape[1]} columns); pass a tensor with distinct rows")
+    check_tensor(f"{op}: out", out, ("rows", "C"), torch.float32, sizes, device=logits.device,
+                 unit_stride=True, distinct_rows=True)
     if out.shape[1] % 2 or 2 * slot + 2 > out.shape[1]:
         raise ShapeError(
             f"{op}: out has {out.shape[1]} columns; it needs an even count >= 2 * slot + 2 = "
             f"{2 * slot + 2} (use EXCHANGE_COLUMNS = {EXCHANGE_COLUMNS} for TP <= 64)"
         )
     return out
-
-
-# ---- device helpers --------------------------------------------------------------------------
 
 
 @triton.jit
@@ -171,9 +161,6 @@ def finish_lanes(best_val, best_idx, row, chunk, n_chunks, out_ptr, out_row_stri
             win_val, win_idx = lane_argmax(vals, idxs, TREE)
             _write_pair_row(out_row, C, slot, win_idx + vocab_start, win_val, BLOCK_OUT)
             tl.store(count_ptr + row, 0)
-
-
-# ---- launch -----------------------------------------------------------------------------------
 
 
 def sm_count(device: torch.device) -> int:

@@ -18,8 +18,8 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
+from draftsmith.contract.checks import FLOAT_DTYPES
 
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _I64 = torch.int64
 
 
@@ -179,18 +179,17 @@ def block_attention(
     """Kernel form of :func:`block_attention_reference` (same arguments, ``[G, W, nh, hd]`` in
     ``q``'s dtype); every tensor needs a contiguous last dim. Reads nothing back to the host."""
     s: dict[str, int] = {}
-    check_tensor("q", q, ("G", "W", "nh", "hd"), _FLOATS, s)
-    check_tensor("k", k, ("G", "W", "nkv", "hd"), q.dtype, s, q.device)
-    check_tensor("v", v, ("G", "W", "nkv", "hd"), q.dtype, s, q.device)
-    check_tensor("pool", pool, ("pages", 2, "nkv", "P_sz", "hd"), _FLOATS, s, q.device)
-    check_tensor("block_tables", block_tables, ("G", "max_pages"), _I64, s, q.device)
+    check_tensor("q", q, ("G", "W", "nh", "hd"), FLOAT_DTYPES, s, unit_stride=True)
+    check_tensor("k", k, ("G", "W", "nkv", "hd"), q.dtype, s, q.device, unit_stride=True)
+    check_tensor("v", v, ("G", "W", "nkv", "hd"), q.dtype, s, q.device, unit_stride=True)
+    check_tensor("pool", pool, ("pages", 2, "nkv", "P_sz", "hd"), FLOAT_DTYPES, s, q.device,
+                 unit_stride=True)
+    check_tensor("block_tables", block_tables, ("G", "max_pages"), _I64, s, q.device,
+                 unit_stride=True)
     check_tensor("num_ctx", num_ctx, ("G",), _I64, s, q.device)
     check_tensor("query_pos", query_pos, ("G", "W"), _I64, s, q.device, contiguous=True)
     if s["nh"] % s["nkv"]:
         raise ShapeError(f"{s['nh']} query heads do not group over {s['nkv']} KV heads")
-    if any(t.stride(-1) != 1 for t in (q, k, v, pool)) or block_tables.stride(1) != 1:
-        raise ShapeError("block_attention needs a contiguous last dim in q, k, v, pool and "
-                         "block_tables")
     if window is not None and window < 1:
         raise ShapeError(f"window must be >= 1 or None, got {window}")
     g, w, nh, hd = q.shape

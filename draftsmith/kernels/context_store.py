@@ -12,8 +12,7 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
-
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+from draftsmith.contract.checks import FLOAT_DTYPES
 
 
 def _scatter_rows(pool, entries, dest_pages, dest_offsets, write_mask, skip) -> None:
@@ -119,7 +118,7 @@ def _store_launch_sizes(planes_heads: int, width: int) -> tuple[int, int, int]:
 
 def _check_store(pool, entries, dest_pages, dest_offsets, write_mask, dest_shape) -> None:
     s: dict[str, int] = {}
-    check_tensor("pool", pool, ("L", "pages", "planes", "heads", "P_sz", "width"), _FLOATS, s)
+    check_tensor("pool", pool, ("L", "pages", "planes", "heads", "P_sz", "width"), FLOAT_DTYPES, s)
     check_tensor("entries", entries, ("T", "L", "planes", "heads", "width"), pool.dtype, s,
                  pool.device, contiguous=True)
     for name, tensor, dtype in (
@@ -128,13 +127,9 @@ def _check_store(pool, entries, dest_pages, dest_offsets, write_mask, dest_shape
         ("write_mask", write_mask, torch.bool),
     ):
         check_tensor(name, tensor, dest_shape, dtype, s, pool.device, contiguous=True)
-    rows = 1
-    for d in dest_pages.shape:
-        rows *= int(d)
-    if rows != s["T"]:
-        raise ShapeError(
-            f"entries has {s['T']} rows but the destinations {tuple(dest_pages.shape)} name {rows}"
-        )
+    if dest_pages.numel() != s["T"]:
+        raise ShapeError(f"entries has {s['T']} rows but the destinations "
+                         f"{tuple(dest_pages.shape)} name {dest_pages.numel()}")
 
 
 def _launch_store(pool, entries, dest_pages, dest_offsets, write_mask, group: int) -> None:

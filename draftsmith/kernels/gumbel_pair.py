@@ -113,9 +113,6 @@ def gumbel_pair_reference(
     return argmax_pair_reference(scores, vocab_start, out, slot)
 
 
-# ---- kernel -----------------------------------------------------------------------------------
-
-
 @triton.jit
 def _max_nan(a, b):
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
@@ -264,14 +261,10 @@ def gumbel_pair(
 
 def _check_key(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor,
                offsets: torch.Tensor, stream: int, contiguous: bool = False) -> None:
-    sizes = {"rows": logits.shape[0]}
-    dev = logits.device
-    check_tensor("gumbel_pair: temperatures", temperatures, ("rows",), torch.float32, sizes,
-                 device=dev, contiguous=contiguous)
-    check_tensor("gumbel_pair: seeds", seeds, ("rows",), torch.int64, sizes, device=dev,
-                 contiguous=contiguous)
-    check_tensor("gumbel_pair: offsets", offsets, ("rows",), torch.int64, sizes, device=dev,
-                 contiguous=contiguous)
+    for name, tensor, dtype in (("temperatures", temperatures, torch.float32),
+                                ("seeds", seeds, torch.int64), ("offsets", offsets, torch.int64)):
+        check_tensor(f"gumbel_pair: {name}", tensor, (logits.shape[0],), dtype,
+                     device=logits.device, contiguous=contiguous)
     if type(stream) is not int or not 0 <= stream < 2**32:
         raise ShapeError(f"gumbel_pair: stream must be an int in [0, 2**32), got {stream!r}")
 

@@ -18,8 +18,7 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
-
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+from draftsmith.contract.checks import FLOAT_DTYPES
 
 
 def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -89,7 +88,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """Kernel form of :func:`linear_reference`: ``x: [..., K]``, ``weight: [N, K]`` (contiguous
     rows), ``bias: [N]`` -> ``[..., N]`` in ``x``'s dtype, fp32 accumulation (no TF32).
     Row ``i`` of the result depends on row ``i`` of ``x`` only, bit for bit."""
-    check_tensor("x", x, None, _FLOATS)
+    check_tensor("x", x, None, FLOAT_DTYPES)
     check_tensor("weight", weight, None, (x.dtype,))
     if weight.ndim != 2 or x.ndim < 1 or x.shape[-1] != weight.shape[1]:
         raise ShapeError(f"linear needs x [..., K] and weight [N, K], got {tuple(x.shape)} "

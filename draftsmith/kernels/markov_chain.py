@@ -24,16 +24,11 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
+from draftsmith.contract.checks import FLOAT_DTYPES
 from draftsmith.kernels._order_t import merge_argmax_t, tile_argmax_t
 
 _I64 = torch.int64
-_WEIGHTS = (torch.float32, torch.bfloat16, torch.float16)
 _BASES = (torch.float32, torch.bfloat16)
-
-
-# ----------------------------------------------------------------------------------------------
-# Eager references
-# ----------------------------------------------------------------------------------------------
 
 
 def markov_bias_reference(w1: torch.Tensor, w2: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
@@ -115,11 +110,6 @@ def markov_chain_reference(
     return drafts, corrected
 
 
-# ----------------------------------------------------------------------------------------------
-# Triton kernels
-# ----------------------------------------------------------------------------------------------
-
-
 @triton.jit
 def _markov_step_kernel(
     base_ptr, prev_ptr, w1_ptr, w2_ptr, out_ptr, part_val_ptr, part_idx_ptr,
@@ -198,11 +188,6 @@ def _markov_reduce_kernel(
     tl.store(idx_ptr + g * stride_idx + one, idx + vocab_start)
 
 
-# ----------------------------------------------------------------------------------------------
-# Launchers
-# ----------------------------------------------------------------------------------------------
-
-
 def _markov_launch_sizes(
     rows: int, shard: int, rank: int, dtype: torch.dtype
 ) -> tuple[int, int, int, int, int]:
@@ -228,27 +213,10 @@ def _markov_launch_sizes(
     return block_g, block_s, block_r, num_warps, 3
 
 
-def _check_rows(name: str, t: torch.Tensor) -> None:
-    if t.shape[-1] > 1 and t.stride(-1) != 1:
-        raise ShapeError(f"{name} must have unit stride along the vocabulary; call .contiguous()")
-
-
 def _check_width(name: str, width: int) -> None:
     """An empty vocabulary has no argmax (the fused reduce would read past its scratch)."""
     if width < 1:
         raise ShapeError(f"{name} has no vocabulary column; the chain needs at least one")
-
-
-def _check_distinct_rows(name: str, t: torch.Tensor) -> None:
-    """Rows written by the kernel must not overlap (an expanded view would take every row)."""
-    if t.shape[0] > 1 and t.stride(0) < t.shape[-1]:
-        raise ShapeError(f"{name} rows overlap in memory (row stride {t.stride(0)} < "
-                         f"{t.shape[-1]} columns); pass a tensor with distinct rows")
-
-
-def _check_weights(w1: torch.Tensor, w2: torch.Tensor, s: dict[str, int], device) -> None:
-    check_tensor("w1", w1, ("V", "r"), _WEIGHTS, s, device, contiguous=True)
-    check_tensor("w2", w2, ("S", "r"), w1.dtype, s, device, contiguous=True)
 
 
 def markov_step(
@@ -261,10 +229,8 @@ def markov_step(
     *,
     reverse: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused :func:`markov_step_reference` (tiled bias GEMM + add + pair, then a pair reduce).
-
-    ``reverse`` reads the ``w2`` tiles last to first; the result is the same. A chain that
-    flips it from one position to the next reuses the ``w2`` tiles still in L2.
+    """Fused :func:`markov_step_reference` (tiled bias GEMM + add + pair, then a pair reduce;
+    ``reverse`` as in :func:`_markov_step_kernel`).
 
     ``base: [G, S]`` fp32/bf16 and ``out_corrected: [G, S] fp32 | None`` may be row-strided
     views (unit stride along ``S``); ``prev: [G] int64`` any stride; ``w1: [V, r]`` and
@@ -272,16 +238,15 @@ def markov_step(
     ``assert_close``, indices equal away from near-ties.
     """
     s: dict[str, int] = {}
-    check_tensor("base", base, ("G", "S"), _BASES, s)
+    check_tensor("base", base, ("G", "S"), _BASES, s, unit_stride=True)
     dev = base.device
     check_tensor("prev", prev, ("G",), _I64, s, dev)
-    _check_weights(w1, w2, s, dev)
-    _check_rows("base", base)
+    check_tensor("w1", w1, ("V", "r"), FLOAT_DTYPES, s, dev, contiguous=True)
+    check_tensor("w2", w2, ("S", "r"), w1.dtype, s, dev, contiguous=True)
     _check_width("base", s["S"])
     if out_corrected is not None:
-        check_tensor("out_corrected", out_corrected, ("G", "S"), torch.float32, s, dev)
-        _check_rows("out_corrected", out_corrected)
-        _check_distinct_rows("out_corrected", out_corrected)
+        check_tensor("out_corrected", out_corrected, ("G", "S"), torch.float32, s, dev,
+                     unit_stride=True, distinct_rows=True)
     if not isinstance(vocab_start, int) or not 0 <= vocab_start <= s["V"] - s["S"]:
         raise ShapeError(
             f"vocab_start must be an int in 0..V-S = {s['V'] - s['S']} so the shard of {s['S']} "

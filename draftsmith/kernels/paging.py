@@ -185,7 +185,6 @@ def _check_placement_inputs(
     ctx_len, batch_to_slot, accepted, num_accepted, page_table, cache_rows, alloc_counts,
     max_ctx, width, page_size, dummy_slot,
 ) -> None:
-    """Validation with precise messages."""
     s: dict[str, int] = {}
     dev = ctx_len.device if isinstance(ctx_len, torch.Tensor) else None
     check_tensor("ctx_len", ctx_len, ("num_slots",), _I64, s, contiguous=True)

@@ -18,8 +18,7 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
-
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+from draftsmith.contract.checks import FLOAT_DTYPES
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -123,7 +122,7 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.d
     check_tensor("positions", positions, None, torch.int64)
     check_tensor("inv_freq", inv_freq, ("half",), torch.float32, device=positions.device,
                  contiguous=True)
-    if dtype not in _FLOATS:
+    if dtype not in FLOAT_DTYPES:
         raise ShapeError(f"rope_cos_sin makes fp32, bf16 or fp16 tables, not {dtype}")
     half = int(inv_freq.shape[0])
     flat = positions.reshape(-1).contiguous()
@@ -187,17 +186,13 @@ def _num_warps(block: int) -> int:
     return 4 if block >= 2048 else 2 if block >= 512 else 1
 
 
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Kernel form of :func:`rms_norm_reference`: one launch for every row of ``x: [..., D]``
     (last dim contiguous); the output dtype is the reference's (``weight`` times ``x``)."""
-    if x.ndim < 1 or x.shape[-1] == 0:
-        raise ShapeError(f"rms_norm needs x [..., D] with D >= 1, got {tuple(x.shape)}")
+    if x.ndim < 1 or x.shape[-1] == 0 or x.dtype not in FLOAT_DTYPES:
+        raise ShapeError(f"rms_norm needs float x [..., D >= 1], got {x.dtype} {tuple(x.shape)}")
     d = int(x.shape[-1])
-    check_tensor("weight", weight, (d,), _FLOATS, device=x.device)
-    if x.dtype not in _FLOATS:
-        raise ShapeError(f"rms_norm needs a float x, got {x.dtype}")
+    check_tensor("weight", weight, (d,), FLOAT_DTYPES, device=x.device)
     rows = x.reshape(-1, d)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
@@ -216,9 +211,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     """Kernel form of :func:`add_rms_norm_reference` (one launch): ``x, residual: [..., D]`` of
     one dtype with a contiguous last dim, ``weight: [D]``."""
     d = int(x.shape[-1]) if x.ndim else 0
-    check_tensor("weight", weight, (d,), _FLOATS, device=x.device)
+    check_tensor("weight", weight, (d,), FLOAT_DTYPES, device=x.device)
     check_tensor("residual", residual, tuple(x.shape), x.dtype, device=x.device)
-    if x.dtype not in _FLOATS or d == 0:
+    if x.dtype not in FLOAT_DTYPES or d == 0:
         raise ShapeError(f"add_rms_norm needs float x [..., D >= 1], got {x.dtype} "
                          f"{tuple(x.shape)}")
     rows, res = x.reshape(-1, d), residual.reshape(-1, d)
@@ -245,13 +240,13 @@ def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch
     [R / cos_group, d]`` in the normalised dtype -> ``[R, n, d]``; written into ``out`` when given
     (which may be ``x`` itself: in place)."""
     s: dict[str, int] = {}
-    check_tensor("x", x, ("R", "n", "d"), _FLOATS, s)
+    check_tensor("x", x, ("R", "n", "d"), FLOAT_DTYPES, s)
     if weight.dim() == 1:
-        check_tensor("weight", weight, (s["d"],), _FLOATS, s, x.device)
+        check_tensor("weight", weight, (s["d"],), FLOAT_DTYPES, s, x.device)
         w_rows, s_wl, s_wh = 1, 0, 0
     else:
         check_tensor("weight", weight, (None,) * (weight.dim() - 2) + (s["n"], s["d"]),
-                     _FLOATS, s, x.device)
+                     FLOAT_DTYPES, s, x.device)
         w_rows = int(weight.shape[0]) if weight.dim() == 3 else 1
         s_wl = weight.stride(0) if weight.dim() == 3 else 0
         s_wh = weight.stride(-2)
@@ -260,7 +255,7 @@ def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch
                              f"with L dividing the {s['R']} rows")
     if cos_group < 1 or s["R"] % cos_group:
         raise ShapeError(f"cos_group {cos_group} must divide the {s['R']} rows")
-    check_tensor("cos", cos, (s["R"] // cos_group, s["d"]), _FLOATS, s, x.device)
+    check_tensor("cos", cos, (s["R"] // cos_group, s["d"]), FLOAT_DTYPES, s, x.device)
     check_tensor("sin", sin, (s["R"] // cos_group, s["d"]), cos.dtype, s, x.device)
     if s["d"] % 2:
         raise ShapeError(f"rotate-half RoPE needs an even head width, got {s['d']}")
@@ -275,9 +270,7 @@ def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch
     if out is None:
         out = torch.empty(x.shape, dtype=odt, device=x.device)
     else:
-        check_tensor("out", out, tuple(x.shape), odt, device=x.device)
-        if out.stride(-1) != 1:
-            raise ShapeError("out needs a contiguous last dim")
+        check_tensor("out", out, tuple(x.shape), odt, device=x.device, unit_stride=True)
     if x.shape[0] and x.shape[1]:
         block = triton.next_power_of_2(s["d"])
         _head_norm_rope_kernel[(x.shape[0], x.shape[1])](

@@ -13,10 +13,9 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
+from draftsmith.contract.checks import FLOAT_DTYPES
 from draftsmith.kernels._order_t import tile_argmax_t
 from draftsmith.kernels._pair import PROGRAMS_PER_SM, PairScratch, sm_count
-
-_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def strict_accept_tokens_reference(
@@ -154,9 +153,9 @@ def _launch_sizes(rows: int, k1: int, vocab: int,
     4 warps; beyond, 1024-column steps, 8 programs per SM, 8 warps.
     """
     small = rows <= 32
-    programs = sm_count(device) * PROGRAMS_PER_SM * (1 if small else 2)
-    if device.type != "cuda":  # the interpreter: an H200's split, so CPU tests see its chunks
-        programs = 132 * PROGRAMS_PER_SM * (1 if small else 2)
+    # the interpreter takes an H200's 132 SMs, so CPU tests see its chunks
+    sms = sm_count(device) if device.type == "cuda" else 132
+    programs = sms * PROGRAMS_PER_SM * (1 if small else 2)
     want_chunks = max(1, round(programs / max(rows, 1)))
     chunk = triton.cdiv(triton.cdiv(vocab, want_chunks), 64) * 64
     num_chunks = triton.cdiv(vocab, chunk)
@@ -197,7 +196,7 @@ def strict_accept(
     must not run concurrently on two streams (they share a device scratch). Every call returns
     freshly allocated outputs.
     """
-    _check_acceptance_inputs("logits", logits, ("G", "K1", "V"), _LOGIT_DTYPES, drafts,
+    _check_acceptance_inputs("logits", logits, ("G", "K1", "V"), FLOAT_DTYPES, drafts,
                              verify_len)
     g, k1, vocab = logits.shape
     accepted = logits.new_empty((g, k1), dtype=_I64)

@@ -12,8 +12,7 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
-
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+from draftsmith.contract.checks import FLOAT_DTYPES
 
 
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
@@ -41,7 +40,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """Kernel form of :func:`silu_mul_reference` (``gate_up`` with a contiguous last dim)."""
     if gate_up.ndim < 1 or gate_up.shape[-1] % 2:
         raise ShapeError(f"silu_mul needs [..., 2I], got {tuple(gate_up.shape)}")
-    check_tensor("gate_up", gate_up, None, _FLOATS)
+    check_tensor("gate_up", gate_up, None, FLOAT_DTYPES)
     width = int(gate_up.shape[-1]) // 2
     rows = gate_up.reshape(-1, 2 * width)
     if rows.stride(-1) != 1:
