@@ -17,7 +17,6 @@ import triton.language as tl
 from draftsmith.kernels._pair import (
     CANONICAL_NAN_BITS,
     EXCHANGE_COLUMNS,
-    MAX_EXACT_INDEX,
     PairScratch,
     canonical_nan,
     check_pair_args,
@@ -147,7 +146,6 @@ def argmax_pair(
 __all__ = [
     "CANONICAL_NAN_BITS",
     "EXCHANGE_COLUMNS",
-    "MAX_EXACT_INDEX",
     "argmax_pair",
     "argmax_pair_reference",
     "canonical_nan",

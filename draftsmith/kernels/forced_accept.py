@@ -120,11 +120,8 @@ def forced_accept(
     forced: float,
     num_draft_tokens: int,
 ) -> torch.Tensor:
-    """Kernel form of :func:`forced_accept_reference` (one launch, graph-safe); identical output.
-
-    ``num_accepted: [G] int64`` overwritten, ``verify_len: [G] int64 | None``,
-    ``pool: [65536] fp32``, ``counter: [1] int64`` bumped in place inside the kernel.
-    """
+    """Kernel form of :func:`forced_accept_reference` (one launch, graph-safe: the counter is
+    bumped inside the kernel); identical output. Every tensor contiguous, on one device."""
     sizes: dict[str, int] = {}
     dev = num_accepted.device
     check_tensor("num_accepted", num_accepted, ("G",), torch.int64, sizes, contiguous=True)

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
-from draftsmith.kernels._order_t import merge_argmax_t, tile_argmax_t
+from draftsmith.kernels._pair import merge_argmax_t, tile_argmax_t
 
 _I64 = torch.int64
 _BASES = (torch.float32, torch.bfloat16)

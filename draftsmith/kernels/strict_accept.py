@@ -14,8 +14,7 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
-from draftsmith.kernels._order_t import tile_argmax_t
-from draftsmith.kernels._pair import PROGRAMS_PER_SM, PairScratch, sm_count
+from draftsmith.kernels._pair import PROGRAMS_PER_SM, PairScratch, sm_count, tile_argmax_t
 
 
 def strict_accept_tokens_reference(
@@ -190,11 +189,10 @@ def strict_accept(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused :func:`strict_accept_reference` in one launch; bit-identical outputs.
 
-    ``logits: [G, K+1, V]`` contiguous fp32/bf16/fp16, ``drafts: [G, K] int64``,
-    ``verify_len: [G] int64 | None``. The ``G * (K+1) * NUM_CHUNKS`` programs each reduce one
-    chunk of one row; the last one of each request finishes it (no second launch). Launches
-    must not run concurrently on two streams (they share a device scratch). Every call returns
-    freshly allocated outputs.
+    Every tensor contiguous. The ``G * (K+1) * NUM_CHUNKS`` programs each reduce one chunk of
+    one row; the last one of each request finishes it (no second launch). Launches must not run
+    concurrently on two streams (they share a device scratch). Every call returns freshly
+    allocated outputs.
     """
     _check_acceptance_inputs("logits", logits, ("G", "K1", "V"), FLOAT_DTYPES, drafts,
                              verify_len)
@@ -226,10 +224,8 @@ def strict_accept(
 def strict_accept_tokens(
     target_tokens: torch.Tensor, drafts: torch.Tensor, verify_len: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kernel form of :func:`strict_accept_tokens_reference`; bit-identical outputs.
-
-    ``target_tokens: [G, K+1] int64``, ``drafts: [G, K] int64``, ``verify_len: [G] int64 | None``.
-    """
+    """Kernel form of :func:`strict_accept_tokens_reference` (every tensor contiguous);
+    bit-identical outputs."""
     _check_acceptance_inputs("target_tokens", target_tokens, ("G", "K1"), _I64, drafts,
                              verify_len)
     g, k1 = target_tokens.shape
