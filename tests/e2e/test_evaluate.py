@@ -1,4 +1,4 @@
-"""The evaluation metrics of ``draftsmith eval`` (DeepSpec's definitions, spec 2.8)."""
+"""The evaluation metrics of ``draftsmith eval`` (DeepSpec's definitions of acceptance length)."""
 
 from __future__ import annotations
 

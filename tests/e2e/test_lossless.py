@@ -1,5 +1,5 @@
 """Lossless end to end: greedy speculative decoding equals transformers' greedy ``generate``
-token for token (spec 8, invariant 6), for every built-in drafter at batch 1 and batch 8, on 20
+token for token, for every built-in drafter at batch 1 and batch 8, on 20
 prompts drawn from the shared evaluation sets.
 
 The target is a tiny random Llama with a byte tokenizer, nudged so that it sometimes settles

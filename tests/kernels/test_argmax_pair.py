@@ -1,4 +1,5 @@
-"""argmax_pair: reference == torch.max pairs (order T), kernel == reference bit for bit (spec 8 row 20)."""
+"""argmax_pair: reference == torch.max pairs (order T), kernel == reference bit for bit
+(bf16, fp16 and fp32, odd shapes, strided rows; the other slots of the staging row exactly +0.0)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Context-entry scatter into the paged pool (spec 4.3, 4.6, 4.7)."""
+"""Context-entry scatter into the paged pool: a generation step's entries (masked ones as zeros,
+never over a committed entry) and a prefill chunk's."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from draftsmith.kernels.paging import prepare_placement_reference
 
 
 def private_page_table(num_slots: int, max_ctx: int, width: int, page_size: int) -> torch.Tensor:
-    """The static page table of the private pool (spec 4.2), as the runtime's buffers build it."""
+    """The static page table of the private pool (``ceil((max_ctx + W) / P_sz)`` pages per slot),
+    as the runtime's buffers build it."""
     pages = -(-(max_ctx + width) // page_size)
     return torch.arange(num_slots * pages, dtype=torch.int64).view(num_slots, pages)
 
@@ -99,7 +101,7 @@ def test_dummy_rows_never_touch_real_slots() -> None:
 
 def test_ceiling_collision_keeps_the_valid_entry() -> None:
     """At the context ceiling masked entries clamp onto the last committed column; the valid
-    entry survives in both implementations (spec 4.6 rule 4)."""
+    entry survives in both implementations, whatever the write order."""
     max_ctx, k1 = 12, 5
     table = private_page_table(2, max_ctx, W, P_SZ)
     ctx = torch.tensor([max_ctx - 2, 0])
@@ -135,7 +137,7 @@ def test_negative_pages_are_skipped_and_strided_pool() -> None:
 
 
 def test_prefill_rows_match_reference() -> None:
-    """A prefill chunk: entries at consecutive columns of one slot's pages (spec 4.7)."""
+    """A prefill chunk: entries at consecutive columns of one slot's pages."""
     table = private_page_table(3, 40, W, P_SZ)
     cur, chunk = 6, 13
     cols = torch.arange(cur, cur + chunk)

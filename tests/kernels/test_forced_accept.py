@@ -1,4 +1,5 @@
-"""Forced acceptance counts, capped by the ragged rule (spec 3.4, 3.5; spec 8 row 10)."""
+"""Forced acceptance counts, capped by the ragged rule (``n <= verify_len + 1``), including a
+forced mean above ``K``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """gumbel_pair: kernel == reference (bit for bit on the CPU; the same ids, close values on a GPU),
-skip == no-skip, greedy rows == argmax, TP-split invariance for even and uneven splits (spec 5.5,
-8 row 23). Distribution tests live in tests/selection/test_selection_sampling.py."""
+skip == no-skip, greedy rows == argmax, TP-split invariance for even and uneven splits (the
+same token for every split). Distribution tests live in tests/selection/test_selection_sampling.py."""
 
 from __future__ import annotations
 

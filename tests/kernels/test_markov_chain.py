@@ -1,6 +1,8 @@
 """DSpark vanilla Markov chain: eager reference vs a DeepSpec-style loop, the fused step (alone and
-chained as the runtime chains it) vs the reference, shards (spec 2.3, 5.6; spec 8 rows 13-17, 20
-of section 9)."""
+chained as the runtime chains it) vs the reference, shards (the chain
+equals DeepSpec's greedy ``VanillaMarkov``; the bias is ``w1[prev] @ w2^T``; out-of-vocab anchors
+give a zero bias; ``K == 0`` returns the base logits; a sharded chain reassembles to the full one;
+the step pair is ``torch.max``'s)."""
 
 from __future__ import annotations
 

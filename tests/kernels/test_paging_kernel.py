@@ -1,5 +1,5 @@
-"""Per-step placement: fused kernel == eager reference == a plain-Python model of spec 4.3-4.6
-(spec 8 rows 8, 24-26)."""
+"""Per-step placement: fused kernel == eager reference == a plain-Python model of the per-step
+advance, the placement's invariants, the allocation guard and the private page table."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from draftsmith.kernels.paging import prepare_placement, prepare_placement_refer
 
 
 def private_page_table(num_slots: int, max_ctx: int, width: int, page_size: int) -> torch.Tensor:
-    """The static page table of the private pool (spec 4.2), as the runtime's buffers build it."""
+    """The static page table of the private pool (``ceil((max_ctx + W) / P_sz)`` pages per slot),
+    as the runtime's buffers build it."""
     pages = -(-(max_ctx + width) // page_size)
     return torch.arange(num_slots * pages, dtype=torch.int64).view(num_slots, pages)
 
@@ -164,7 +165,7 @@ def test_twenty_carried_steps_host_bound_pool() -> None:
 
 def test_allocation_guard_writes_only_the_last_allocated_page() -> None:
     """A context past its allocation writes only inside its last page; the advertised length
-    leaves room for the block (spec 4.6, spec 8 row 25)."""
+    leaves room for the block's own writes."""
     ctx = torch.tensor([30, 9, 0])
     slots = torch.tensor([0, 1])
     accepted = torch.arange(10).view(2, 5)

@@ -1,4 +1,5 @@
-"""Strict acceptance: the fused kernel equals the torch sequence bit for bit (spec 8 row 9)."""
+"""Strict acceptance: the fused kernel equals the torch sequence bit for bit on
+adversarial rows (ties across block edges, NaN, ``±inf``, ``±0``, all ``-inf``)."""
 
 from __future__ import annotations
 

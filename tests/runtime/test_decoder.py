@@ -274,9 +274,10 @@ def test_a_round_reads_the_device_once(target):
 @pytest.mark.parametrize("k", [0, 3])
 def test_a_nan_in_the_targets_logits_ends_that_request_with_an_error(target, greedy_oracle,
                                                                      monkeypatch, k):
-    """A NaN wins selection (spec 0.3), so a committed token chosen from logits holding NaN
-    would be meaningless: that request ends with ``finish_reason == "error"`` before the token,
-    the others decode exactly. A NaN in a row the round does not commit is harmless."""
+    """A NaN wins selection (argmax order T: a NaN beats every number), so a committed token
+    chosen from logits holding NaN would be meaningless: that request ends with
+    ``finish_reason == "error"`` before the token, the others decode exactly. A NaN in a row the
+    round does not commit is harmless."""
     from draftsmith.contract import LogitsShard, TargetOutput
 
     dec = bind(target, None, _config("dspark-gqa", k))

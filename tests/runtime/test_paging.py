@@ -1,4 +1,5 @@
-"""Paging component: 20 carried steps against a plain-Python model of spec 4.3, slots, prefill."""
+"""Paging component: 20 carried steps against a plain-Python model of the per-step context advance,
+slots, prefill."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def test_twenty_carried_steps_match_python_model(mode, steps):
     dummy = capacity
     model_len: dict[int, int] = {}
     # (slot, col) -> values the committed entry may hold: one value, or several where valid
-    # entries clamped onto the last column collide (write order unspecified, spec 4.6 rule 4)
+    # entries clamped onto the last column collide (their write order is unspecified; the
+    # column lies past the advertised length, so it is never read)
     model_cols: dict[tuple[int, int], set[float]] = {}
     live: list[int] = []
     next_id = 0

@@ -1,5 +1,6 @@
-"""The prefix scheduler (spec 2.6, spec 8 row 19): Algorithm 1 against a literal early-stop walk,
-the paper's appendix counterexample, and the fixed-shape top-budget variant."""
+"""The prefix scheduler of Sequential Temperature Scaling: Algorithm 1 against a literal
+early-stop walk (they must agree exactly), the paper's appendix counterexample (which returns
+``l = 0``), and the fixed-shape top-budget variant."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _candidates(survival: torch.Tensor) -> list[tuple[float, int, int]]:
 
 
 def _algorithm1(survival: torch.Tensor, sps) -> list[int]:
-    """Algorithm 1 exactly as the paper and spec 2.6 write it (Python floats, one at a time)."""
+    """Algorithm 1 exactly as the DSpark paper writes it (Python floats, one at a time)."""
     r_count = survival.shape[0]
     length, best_len = [0] * r_count, [0] * r_count
     tokens, acc = r_count, float(r_count)

@@ -1,4 +1,5 @@
-"""Rejection sampling (spec 3.6, 8 rows 11-12): lossless first token, residual, padding, keys."""
+"""Rejection sampling: a lossless first token (chi-square against ``p``), a residual that is a
+distribution (falling back to ``p``), padding, keys."""
 
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ def test_residual_distribution() -> None:
     torch.testing.assert_close(r, want / want.sum(-1, keepdim=True), rtol=0, atol=1e-6)
     # p == q: no residual mass -> fall back to p
     torch.testing.assert_close(residual_distribution(p, p), p, rtol=0, atol=1e-6)
-    # residual mass <= 1e-8 also falls back to p (DeepSpec's threshold, spec 9.14)
+    # residual mass <= 1e-8 also falls back to p (DeepSpec's threshold, where z-lab needs exactly 0)
     tiny = p.clone()
     tiny[:, 0] += 5e-9
     torch.testing.assert_close(residual_distribution(tiny, p), tiny, rtol=0, atol=0)

@@ -1,4 +1,5 @@
-"""Eligibility of the vocab-parallel path (spec 5.1, 5.7) and the route each strategy takes."""
+"""Eligibility of the vocab-parallel path (even shards; when full logits must still be gathered)
+and the route each strategy takes."""
 
 from __future__ import annotations
 

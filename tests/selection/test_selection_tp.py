@@ -1,4 +1,5 @@
-"""Vocab-parallel selection on real gloo groups of 2 and 4 ranks (spec 5.2-5.5, 8 rows 21-23).
+"""Vocab-parallel selection on real gloo groups of 2 and 4 ranks: per-rank pairs, one SUM
+exchange, greedy and Gumbel-max sampling over shards.
 
 Every rank holds only its shard; the token must equal the TP = 1 answer (``torch.argmax`` of the
 gathered row for greedy; the same keyed sample for sampling). TP = 8 is emulated with threads.
@@ -174,7 +175,7 @@ def test_full_logits_on_every_rank_need_no_exchange() -> None:
         assert torch.equal(token, want)
 
 
-# ---- NCCL on two GPUs: eager and CUDA-graph replay (spec 8 row 21) --------------------------
+# ---- NCCL on two GPUs: eager and CUDA-graph replay equal an all-gather ---------------------
 
 
 def _nccl_worker(full_cpu: torch.Tensor, dtype: torch.dtype):

@@ -1,4 +1,4 @@
-"""The conformance kit itself: its paging helpers lay out context the way spec section 4 says,
+"""The conformance kit itself: its paging helpers lay out context as the runtime's paging does,
 a correct drafter (the example plugin's ``example-mlp``) passes every check, and drafters that
 break one promise each fail exactly the check that guards it."""
 
@@ -250,7 +250,7 @@ def load_fusions_but_no_tp(request: LoadRequest):
 
 
 def test_page_geometry_matches_the_private_pool_rule() -> None:
-    # spec 4.2: ceil((max_ctx + W) / P_sz) pages per slot, G + 1 slots (the dummy last)
+    # the private pool: ceil((max_ctx + W) / P_sz) pages per slot, G + 1 slots (the dummy last)
     assert page_geometry((7, 1, 13), 3, 3, 4) == (16, 5, 20)
     assert page_geometry((64,), 0, 8, 32) == (64, 3, 6)
 
@@ -294,7 +294,7 @@ def test_build_paged_batch_writes_context_where_the_placement_says() -> None:
 
 
 def test_build_paged_batch_places_like_the_runtime_paging_reference() -> None:
-    """The kit's placement equals the runtime's (spec 4.3/4.4 reference) for the same state."""
+    """The kit's placement equals the runtime's (its eager reference) for the same state."""
     from draftsmith.kernels.paging import prepare_placement_reference
 
     drafter = load_good(_request())
