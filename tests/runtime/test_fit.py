@@ -3,6 +3,7 @@ load, with a message naming the checkpoint and what to use instead."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -88,6 +89,26 @@ def test_a_gqa_checkpoint_trained_on_a_target_of_other_depth_is_refused(tmp_path
     family = load_registry().family("dspark-gqa")
     family.load(LoadRequest(options=family.options_model(target_layer_ids=[0, 2]),
                             target=TOY)).save(tmp_path)
+    deeper = TargetInfo(vocab_size=64, hidden_size=32, num_layers=6)
+    for call in (family.capabilities, family.load):
+        with pytest.raises(CheckpointError,
+                           match="trained on a target of 4 layers, the target has 6"):
+            call(LoadRequest(options=family.options_model(), checkpoint=tmp_path,
+                             target=deeper))
+
+
+def test_an_mla_checkpoint_trained_on_a_target_of_other_depth_is_refused(tmp_path):
+    """As for dspark-gqa: a dspark-mla config that records ``num_target_layers`` names the depth
+    of the target it was trained on, and a target of another depth is refused when the config is
+    read (draftsmith's own writer records the captured layer ids only)."""
+    family = load_registry().family("dspark-mla")
+    family.load(LoadRequest(options=family.options_model(), target=TOY)).save(tmp_path)
+    config_path = tmp_path / "config.json"
+    config = json.loads(config_path.read_text())
+    config["num_target_layers"] = TOY.num_layers
+    config_path.write_text(json.dumps(config))
+    request = LoadRequest(options=family.options_model(), checkpoint=tmp_path, target=TOY)
+    assert family.capabilities(request).vocab_size == 64
     deeper = TargetInfo(vocab_size=64, hidden_size=32, num_layers=6)
     for call in (family.capabilities, family.load):
         with pytest.raises(CheckpointError,

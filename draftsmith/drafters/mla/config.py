@@ -297,6 +297,12 @@ def _mla_config_from_json(
     num_target_layers = raw.get("num_target_layers")
     if num_target_layers:
         num_target_layers = config_int(num_target_layers, "num_target_layers", minimum=1)
+        # as dspark-gqa's reader: the depth of the training target is known only from here
+        if target is not None and num_target_layers != target.num_layers:
+            raise CheckpointError(
+                f"{origin}: checkpoint was trained on a target of {num_target_layers} layers, "
+                f"the target has {target.num_layers}; use a drafter trained for this target"
+            )
     else:
         num_target_layers = target.num_layers if target else None
     ids = draft_value(raw, "target_layer_ids")
