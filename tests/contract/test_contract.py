@@ -180,3 +180,22 @@ def test_markov_weights_need_one_device() -> None:
             kind=MarkovHeadKind.RNN, w1=w.w1, w2=w.w2,
             joint_weight=torch.zeros(12, 14, device="meta"), joint_bias=torch.zeros(12),
         )
+
+
+def test_check_tensor_unit_stride_and_distinct_rows() -> None:
+    """A strided last dim and rows that share memory are refused when asked for; a last dim of
+    size 1 has no stride to speak of, and a single row cannot overlap another."""
+    from draftsmith.contract.checks import check_tensor
+
+    columns = torch.zeros(3, 8)[:, ::2]
+    with pytest.raises(ShapeError, match="x must have unit stride along its last dim"):
+        check_tensor("x", columns, ("rows", "S"), unit_stride=True)
+    check_tensor("x", columns, ("rows", "S"))
+    one_column = torch.zeros(4, 3).t()[:, :1]  # last dim of size 1, stride 3
+    assert one_column.stride(-1) == 3
+    check_tensor("x", one_column, ("rows", 1), unit_stride=True)
+    shared = torch.zeros(1, 5).expand(3, 5)
+    with pytest.raises(ShapeError, match="out rows overlap in memory"):
+        check_tensor("out", shared, ("rows", "C"), distinct_rows=True)
+    check_tensor("out", shared[:1], ("rows", "C"), distinct_rows=True)
+    check_tensor("out", torch.zeros(3, 5), ("rows", "C"), unit_stride=True, distinct_rows=True)
