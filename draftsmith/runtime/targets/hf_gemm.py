@@ -14,7 +14,12 @@ from draftsmith.contract import ConfigError
 from draftsmith.kernels.linear import linear as row_stable_linear
 
 ROW_STABLE_MAX_ROWS = 64
-"""Largest row count the row-stable GEMM takes; above it (prefill) torch's GEMM runs."""
+"""Largest row count the row-stable GEMM takes; above it (prefill, large batches) torch's GEMM
+runs. 64 rows is a batch of 8 verifying ``K + 1 = 8`` tokens, so that verification at batch 8
+still rounds as plain decoding does. The price, measured on an H200 in fp32
+(``benchmarks/linear.py``): from 1 to 16 rows the kernel is 1.2-23x faster than cuBLAS on
+SmolLM2's projections, but at 64 rows its MLP products run at 0.5-0.7x cuBLAS's speed and the
+LM head at 0.24x."""
 
 
 class RowStableLinear(torch.nn.Linear):
@@ -30,9 +35,9 @@ class RowStableLinear(torch.nn.Linear):
 def gemm_choice(requested: str, dtype: torch.dtype, device: torch.device) -> str:
     """``'row-stable'`` or ``'torch'`` for ``target.gemm = requested``.
 
-    ``auto`` takes the row-stable GEMM for fp32 on CUDA: there cuBLAS multiplies 2-64 rows
-    (every verification, and plain decoding of a batch) with kernels several times slower than
-    its one-row GEMV (``benchmarks/linear.py``), and a row's rounding changes with the row count.
+    ``auto`` takes the row-stable GEMM for fp32 on CUDA: there cuBLAS multiplies 2-16 rows
+    (every verification, and plain decoding of a batch) with kernels up to 15x slower than its
+    one-row GEMV (``benchmarks/linear.py``), and a row's rounding changes with the row count.
     In bf16 and fp16 its few-row kernels already run at the launch floor, so ``auto`` keeps them.
     """
     if requested not in ("auto", "torch", "row-stable"):
