@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from draftsmith.contract import CheckpointError, ConfigError
 
@@ -53,7 +53,21 @@ PROFILE_CANDIDATES = (0, 1, 2, 3, 4, 6, 8)
 the others are interpolated linearly between their measured neighbours."""
 
 
-class CostProfile(BaseModel):
+class _Checked(BaseModel):
+    """Construction errors surface as :class:`ConfigError` (one line per problem)."""
+
+    model_config = _FROZEN
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            lines = [f"{'.'.join(str(p) for p in e['loc'])}: " * bool(e["loc"])
+                     + e["msg"].removeprefix("Value error, ") for e in exc.errors()]
+            raise ConfigError(f"{type(self).__name__}: " + "; ".join(lines)) from None
+
+
+class CostProfile(_Checked):
     """Measured seconds of one decoding round, per rows bucket and ``K`` (``K = 0``: the plain
     step). Frozen and hashable, so a plan can hold it."""
 
@@ -72,13 +86,13 @@ class CostProfile(BaseModel):
 
     def model_post_init(self, _context: object) -> None:
         if not self.rows or list(self.rows) != sorted(set(self.rows)):
-            raise ConfigError(f"cost profile rows {self.rows} must be ascending and distinct")
+            raise ValueError(f"cost profile rows {self.rows} must be ascending and distinct")
         ks = self.draft_tokens
         if not ks or ks[0] != 0 or list(ks) != sorted(set(ks)):
-            raise ConfigError(f"cost profile K values {ks} must be ascending, distinct, from 0")
+            raise ValueError(f"cost profile K values {ks} must be ascending, distinct, from 0")
         if len(self.seconds) != len(self.rows) or any(
                 len(row) != len(ks) or any(not s > 0 for s in row) for row in self.seconds):
-            raise ConfigError("cost profile seconds must hold one positive time per (rows, K)")
+            raise ValueError("cost profile seconds must hold one positive time per (rows, K)")
 
     @property
     def k_max(self) -> int:
@@ -105,7 +119,7 @@ class CostProfile(BaseModel):
         return k in self.draft_tokens
 
 
-class AcceptanceEstimate(BaseModel):
+class AcceptanceEstimate(_Checked):
     """Per-position acceptance of the drafter: ``conditional[j - 1] = P(draft j accepted |
     drafts 1 .. j - 1 accepted)``, and where the numbers came from."""
 
@@ -120,7 +134,7 @@ class AcceptanceEstimate(BaseModel):
 
     def model_post_init(self, _context: object) -> None:
         if any(not 0.0 <= p <= 1.0 for p in self.conditional):
-            raise ConfigError(f"acceptance probabilities {self.conditional} must lie in [0, 1]")
+            raise ValueError(f"acceptance probabilities {self.conditional} must lie in [0, 1]")
 
     def expected_tokens(self, k: int) -> float:
         """``E[tokens committed per round | K = k]`` (bonus included): ``1 + sum_{j<=k}
@@ -281,42 +295,45 @@ def profile_rounds(decoders: Mapping[int, Any], rows: Sequence[int], *,
 
     Each decoder must be prepared for ``rows[-1]`` requests of ``width`` positions. With
     ``plan.cuda_graphs`` the captured round is replayed, otherwise the eager round runs; one
-    warm-up, then the median of ``repeats``.
+    warm-up sweep, then the median of ``repeats`` sweeps over every ``(rows, K)``.
     """
     ks = tuple(sorted(decoders))
     graphs = all(d.plan.cuda_graphs for d in decoders.values())
     cuda = any(d.device.type == "cuda" for d in decoders.values())
     width = min([width] + [d.plan.max_ctx for d in decoders.values()])
     counters = {k: d.acceptance.forced_counter.clone() for k, d in decoders.items()}
-    seconds = []
+    runs = {}
     for g in rows:
-        row = []
         for k in ks:
             dec = decoders[k]
             if dec.plan.cuda_graphs:  # the narrowest captured width for these rows
-                run = dec.graphs[min((key for key in dec.graphs if key[0] == g),
-                                     key=lambda key: key[1])].replay
+                runs[g, k] = dec.graphs[min((key for key in dec.graphs if key[0] == g),
+                                            key=lambda key: key[1])].replay
             else:
-                run = functools.partial(dec.round_core, g, width)
-            times = []
-            for i in range(repeats + 1):
-                if cuda:
-                    torch.cuda.synchronize(dec.device)
-                start = clock()
-                run()
-                if cuda:
-                    torch.cuda.synchronize(dec.device)
-                if i:
-                    times.append(clock() - start)
-            row.append(max(statistics.median(times), 1e-9))
-        seconds.append(tuple(row))
+                runs[g, k] = functools.partial(dec.round_core, g, width)
+    times: dict[tuple[int, int], list[float]] = {key: [] for key in runs}
+    # round-robin over every (rows, K): a slow spell of the host spreads over all of them
+    # instead of inflating one K's time
+    for i in range(repeats + 1):
+        for key, run in runs.items():
+            if cuda:
+                torch.cuda.synchronize()
+            start = clock()
+            run()
+            if cuda:
+                torch.cuda.synchronize()
+            if i:
+                times[key].append(clock() - start)
+    seconds = [tuple(max(statistics.median(times[g, k]), 1e-9) for k in ks) for g in rows]
     for k, dec in decoders.items():  # rounds over free slots leave nothing live behind
         dec.acceptance.forced_counter.copy_(counters[k])
         dec.buffers.reset_slots()
     how = "CUDA graph replays" if graphs else "eager rounds"
     return CostProfile(rows=tuple(rows), draft_tokens=ks, seconds=tuple(seconds),
                        context_width=width,
-                       method=f"{how}, all slots free, median of {repeats} after one warm-up")
+                       method=f"{how}, all slots free, median of {repeats} round-robin sweeps "
+                              "after a "
+                              "warm-up sweep")
 
 
 __all__ = [
