@@ -340,6 +340,10 @@ def bind(
     """
     if config.num_draft_tokens != "auto":
         return _bind(target, drafter, config, mapping, registry, collectives, None)
+    if (mapping if mapping is not None else config.parallel).tp_size > 1:
+        # each rank would time its own rounds and could choose another K than its peers
+        raise PlanError("num_draft_tokens = 'auto' measures costs on one process; under tensor "
+                        "parallelism set an integer K (the choice is not agreed across ranks)")
     registry = registry if registry is not None else load_registry()
     if drafter is None:
         info = TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,

@@ -157,7 +157,6 @@ def evaluate(
     decoded plainly when ``compare_plain``) runs first, so one-time costs (CUDA graph capture,
     kernel compilation, allocator growth) are not charged to the first set's tokens per second.
     """
-    k = decoder.spec.plan.num_draft_tokens
     out = []
     if warmup and files:
         first = read_prompt_file(files[0], 1)

@@ -189,11 +189,14 @@ class PlanInputs(BaseModel):
 class AutoDraftTokens(BaseModel):
     """What the cost model decided at bind (:mod:`draftsmith.runtime.costs`)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     profile: CostProfile
+    """Measured round times."""
     acceptance: AcceptanceEstimate
+    """The acceptance the choice read."""
     choices: tuple[DraftTokensChoice, ...]
+    """``K`` per rows bucket."""
     rows: int
     """The rows bucket whose ``K`` this decoder runs."""
 

@@ -336,3 +336,11 @@ def test_draftsmith_plan_prints_auto(tmp_path, capsys):
     assert "auto: chosen at bind per batch-size bucket" in line and "--measure" in line
     assert plan_command(path, tp_size=2, measure=True) == 2
     assert "--measure binds one process" in capsys.readouterr().err
+
+
+def test_auto_is_refused_under_tensor_parallelism(nudged):
+    from draftsmith.contract import ParallelMapping, PlanError
+
+    target, _ = nudged
+    with pytest.raises(PlanError, match="under tensor parallelism set an integer K"):
+        bind(target, None, _config("auto"), ParallelMapping(tp_size=2, tp_rank=0))
