@@ -156,7 +156,10 @@ class GenerateReport:
     baseline: str = ""
     """What the plain figure measured (names the decoding and whether it was graph-captured)."""
     draft_tokens_reason: str = ""
-    """Why ``K`` is what it is (the plan's ``num_draft_tokens`` decision)."""
+    """Why ``K`` is what it is: the cost model's figures for this batch's rows bucket, or the
+    plan's ``num_draft_tokens`` decision for a fixed ``K``."""
+    draft_tokens_auto: bool = False
+    """``K`` was chosen by the cost model (``num_draft_tokens = "auto"``)."""
     speculation_off: bool = False
     """``K = 0`` (chosen or configured): the speculative run was plain decoding, so it ran
     once and its time stands for both."""
@@ -220,6 +223,7 @@ class GenerateReport:
             "plain_tokens_per_s": self.plain_tokens_per_s,
             "baseline": self.baseline,
             "draft_tokens_reason": self.draft_tokens_reason,
+            "draft_tokens_auto": self.draft_tokens_auto,
             "speculation_off": self.speculation_off,
             "exact": self.exact,
             "results": [
@@ -409,7 +413,11 @@ class Decoder:
             family=self.config.drafter.family,
             baseline=(("the speculative run itself (K = 0 is plain decoding)" if off
                        else self.baseline) if compare_plain else ""),
-            draft_tokens_reason=spec.plan.decision("num_draft_tokens").reason,
+            draft_tokens_reason=next(
+                (c.reason for c in spec.plan.draft_tokens_choices
+                 if c.rows == spec.plan.draft_tokens_rows),
+                spec.plan.decision("num_draft_tokens").reason),
+            draft_tokens_auto=spec.plan.draft_tokens_mode == "auto",
             speculation_off=off,
         )
 

@@ -610,8 +610,8 @@ def _decide_draft_tokens(inputs: PlanInputs, k: int, decide) -> None:
     if auto is not None:
         chosen = next(c for c in auto.choices if c.rows == auto.rows)
         decide("num_draft_tokens", k,
-               f"auto, for the {auto.rows}-row bucket (other buckets below; a generate call "
-               f"re-chooses for its own batch): {chosen.reason}")
+               f"auto, for the {auto.rows}-row bucket: {chosen.reason} (every bucket's "
+               "choice: draft_tokens.rows_*; a generate call takes its batch's)")
         for c in auto.choices:
             decide(f"draft_tokens.rows_{c.rows}", c.draft_tokens, c.reason)
         p = auto.profile

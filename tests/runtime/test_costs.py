@@ -305,6 +305,7 @@ def test_generate_with_k0_runs_once_and_says_so(nudged):
     assert report.speculation_off and report.num_draft_tokens == 0
     assert report.plain_seconds == report.spec_seconds and report.exact
     assert "K = 0 is plain decoding" in report.baseline
+    assert "speculation off" in report.draft_tokens_reason
     assert [list(r.tokens) for r in report.results] == [o[:9] for o in oracle]
     assert decoder._tally is not None and decoder._tally.rounds == 0  # nothing to learn at K = 0
 
@@ -317,7 +318,12 @@ def test_generate_with_k_feeds_the_tally(nudged):
     report = decoder.generate_ids(PROMPTS, BUDGETS, prompts=[str(p) for p in PROMPTS],
                                   compare_plain=False)
     assert report.num_draft_tokens == 2 and not report.speculation_off
-    assert report.draft_tokens_reason.startswith("auto, for the 4-row bucket")
+    assert report.draft_tokens_auto
+    assert report.draft_tokens_reason.startswith("4 rows: K = 2 expects")
+    from draftsmith.cli.generate import format_summary
+
+    assert "K = 2 chosen by the cost model from round times measured at bind: 4 rows: K = 2" \
+        in format_summary(report)
     assert [list(r.tokens) for r in report.results] == oracle
     rounds = sum(len(r.accepted_lengths) - 1 for r in report.results)
     assert decoder._tally is not None and decoder._tally.rounds == rounds > 0
