@@ -60,7 +60,12 @@ def _prompts(data: Path, limit: int) -> list[tuple[str, str]]:
     return out
 
 
-def _decoder(target, tokenizer, dtype_name: str, batch: int, k: int, family: str = "dspark-gqa",
+def _k_arg(text: str) -> int | str:
+    """``--k``: an integer, or ``auto``."""
+    return text if text == "auto" else int(text)
+
+
+def _decoder(target, tokenizer, dtype_name: str, batch: int, k: int | str, family: str = "dspark-gqa",
              checkpoint: str | None = None):
     from draftsmith.cli.common import SHIPPED_DRAFTER
     from draftsmith.runtime.api import load_decoder
@@ -286,7 +291,9 @@ def run_dtype(dtype_name: str, args: argparse.Namespace, table: Table) -> None:
                   vs_plain=report.spec_tokens_per_s / plain_rate,
                   tau=report.mean_accepted_length,
                   exact=_exact([list(r.tokens) for r in report.results], plain_tokens),
-                  note=f"shipped dspark-gqa, K = {args.k}; per set tau " + ", ".join(
+                  note=f"shipped dspark-gqa, K = {report.num_draft_tokens}"
+                  + (f" (auto: {report.draft_tokens_reason})" if args.k == "auto" else "")
+                  + "; per set tau " + ", ".join(
                       f"{name} {_tau(report, prompts, name):.2f}" for name in SETS))
         if not args.slow_limit:
             continue
@@ -336,10 +343,11 @@ def run_zlab(target, tokenizer, model, dtype_name, ids, stops, args, table) -> N
     """Time per round: z-lab's eager loop against draftsmith on the same DFlash checkpoint."""
     import dflash.model as zlab
 
-    block = args.k + 1
+    k = 7 if args.k == "auto" else args.k
+    block = k + 1
     with tempfile.TemporaryDirectory() as tmp:
         drafter = _zlab_checkpoint(Path(tmp), model, block=block)
-        dec = _decoder(target, tokenizer, dtype_name, 1, args.k, family="dflash",
+        dec = _decoder(target, tokenizer, dtype_name, 1, k, family="dflash",
                        checkpoint=tmp)
         dec.generate_ids(ids[:2], 16, compare_plain=False)  # warm-up
         report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=False)
@@ -408,7 +416,9 @@ def main() -> int:
     parser.add_argument("--slow-limit", type=int, default=2,
                         help="prompts per set for the slow baselines (0: skip them)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--k", type=int, default=7)
+    parser.add_argument("--k", type=_k_arg, default=7,
+                        help="drafts per round, or 'auto' (chosen per batch from measured costs; "
+                             "the DFlash comparison then uses 7)")
     parser.add_argument("--parts", default="recipe,hf,zlab",
                         help="slow baselines to run (recipe, hf, zlab)")
     parser.add_argument("--data", default=str(DATA))

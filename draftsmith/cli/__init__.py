@@ -33,7 +33,8 @@ def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
 def _plan(args: argparse.Namespace) -> int:
     from draftsmith.cli.plan import plan_command
 
-    return plan_command(args.config, tp_size=args.tp_size, tp_rank=args.tp_rank)
+    return plan_command(args.config, tp_size=args.tp_size, tp_rank=args.tp_rank,
+                        measure=args.measure)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plan for N tensor-parallel ranks (overrides parallel.tp_size)")
     p.add_argument("--tp-rank", type=int, metavar="R",
                    help="the rank to plan for (default 0; overrides parallel.tp_rank)")
+    p.add_argument("--measure", action="store_true",
+                   help="load the target and drafter and bind them, so that num_draft_tokens = "
+                        "'auto' shows K chosen from round times measured here (one process)")
     p.set_defaults(func=_plan)
 
     p = sub.add_parser("export", help="write a drafter checkpoint in a layout serving engines read")

@@ -61,6 +61,17 @@ def prompt_sets(directory: Path | None) -> list[Path]:
 # ---- shared flags -----------------------------------------------------------------------
 
 
+def _draft_tokens(text: str) -> int | str:
+    """``--num-draft-tokens``: an integer, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither an integer nor 'auto'") from None
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model")
     g.add_argument("--config", help="TOML or JSON SpecConfig file (flags below override it)")
@@ -75,7 +86,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     pick.add_argument("--random-drafter", action="store_true",
                       help="build the drafter with random weights from its options (tests, "
                            "benchmarks) instead of loading a checkpoint")
-    g.add_argument("--num-draft-tokens", type=int, metavar="K", help="drafts per step")
+    g.add_argument("--num-draft-tokens", type=_draft_tokens, metavar="K",
+                   help="drafts per step, or 'auto' (chosen from measured costs)")
     g.add_argument("--max-batch", type=int, help="requests decoded at once")
     s = parser.add_argument_group("selection")
     s.add_argument("--temperature", type=float,

@@ -20,7 +20,11 @@ from draftsmith.runtime.config import SpecConfig
 
 DEMO_PROMPT = "Write a short poem about the sea."
 DEMO_MAX_NEW_TOKENS = 32
-DEMO_NUM_DRAFT_TOKENS = 7
+DEMO_NUM_DRAFT_TOKENS = "auto"
+"""``K`` chosen by the cost model from round times measured on this host (0 turns speculation
+off where no ``K`` is expected to beat plain decoding); the summary says which and why."""
+DEMO_MAX_BATCH = 1
+"""One prompt: only the one-row bucket is profiled."""
 
 
 def demo_command(args: argparse.Namespace | None = None) -> int:
@@ -34,11 +38,12 @@ def demo_command(args: argparse.Namespace | None = None) -> int:
         "drafter": drafter,
         "num_draft_tokens": DEMO_NUM_DRAFT_TOKENS,
         "target": {"model": "smollm2-135m", "device": "auto"},
+        "runtime": {"max_batch": DEMO_MAX_BATCH},
     })
     if shipped:
         print("draftsmith demo: target SmolLM2-135M-Instruct (embedded default), drafter "
-              f"dspark-gqa from {SHIPPED_DRAFTER.name} (v6), greedy selection.",
-              flush=True)
+              f"dspark-gqa from {SHIPPED_DRAFTER.name} (v6), greedy selection, K chosen from "
+              "measured costs.", flush=True)
     else:
         print("draftsmith demo: target SmolLM2-135M-Instruct (embedded default), drafter "
               "dspark-gqa with RANDOM weights (the shipped checkpoint is missing), greedy "

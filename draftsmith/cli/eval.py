@@ -70,7 +70,8 @@ def eval_command(args: argparse.Namespace) -> int:
             config.drafter.options.model_dump_json(exclude_unset=True))
     meta = {
         "title": f"{config.drafter.family} on {config.target.model}, K = "
-                 f"{config.num_draft_tokens}",
+                 f"{decoder.spec.plan.num_draft_tokens}"
+                 + (" (auto)" if config.num_draft_tokens == "auto" else ""),
         "config": dumped,
         "drafter": json.loads(decoder.spec.drafter.capabilities.model_dump_json()),
         "limit": args.limit,

@@ -180,6 +180,9 @@ def format_summary(report: GenerateReport) -> str:
     lines.append(speed)
     if plain is not None and report.baseline:
         lines.append(f"baseline: {report.baseline}")
+    if report.draft_tokens_auto:
+        lines.append(f"K = {report.num_draft_tokens} chosen by the cost model from round times "
+                     "measured at bind: " + report.draft_tokens_reason)
     if report.exact is not None:
         same = sum(1 for r in report.results if r.exact)
         verdict = "yes" if report.exact else "NO"

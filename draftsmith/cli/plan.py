@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from draftsmith.contract import DraftsmithError
+from draftsmith.contract import ConfigError, DraftsmithError
 from draftsmith.runtime.bind import plan_only, target_info_from_config
 from draftsmith.runtime.config import SpecConfig
 from draftsmith.runtime.plan import format_plan
@@ -24,14 +24,17 @@ def config_validate_command(args: argparse.Namespace) -> int:
 
 
 def plan_command(config_path: str | Path, *, json_output: bool = False,
-                 tp_size: int | None = None, tp_rank: int | None = None) -> int:
+                 tp_size: int | None = None, tp_rank: int | None = None,
+                 measure: bool = False) -> int:
     """``draftsmith plan --config FILE [--tp-size N] [--tp-rank R]``: print the plan; return the
     exit status.
 
     Reads the drafter's declared capabilities through the registry and the target's sizes from
     the config, without loading any weights. Under TP (``parallel.tp_size`` or ``tp_size`` > 1)
     the plan shows the head layout and each selection route (target tokens, drafts, acceptance
-    probabilities) with its reason.
+    probabilities) with its reason. With ``measure`` the target and drafter are loaded and
+    bound on this host (one process), so ``num_draft_tokens = "auto"`` shows the ``K`` chosen
+    per batch-size bucket from round times measured here, with the figures.
     """
     try:
         config = SpecConfig.load(config_path)
@@ -40,7 +43,15 @@ def plan_command(config_path: str | Path, *, json_output: bool = False,
             data["parallel"].update({k: v for k, v in (("tp_size", tp_size),
                                                         ("tp_rank", tp_rank)) if v is not None})
             config = SpecConfig.from_dict(data)
-        plan = plan_only(config, target_info_from_config(config.target))
+        if measure:
+            if config.parallel.tp_size > 1:
+                raise ConfigError("--measure binds one process; run it without tensor "
+                                  "parallelism (--tp-size 1)")
+            from draftsmith.runtime.api import load_decoder
+
+            plan = load_decoder(config).spec.plan
+        else:
+            plan = plan_only(config, target_info_from_config(config.target))
     except DraftsmithError as exc:
         print(f"draftsmith plan: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

@@ -41,7 +41,9 @@ from draftsmith.contract import (
 )
 from draftsmith.parallel import active_collectives
 from draftsmith.runtime.bind import bind, load_drafter
+from draftsmith.runtime.buckets import bucket, row_buckets
 from draftsmith.runtime.config import SpecConfig, parse_device
+from draftsmith.runtime.costs import AcceptanceEstimate, AcceptanceTally, choose_draft_tokens
 from draftsmith.runtime.decoder import GenerationResult, SpecDecoder
 from draftsmith.runtime.inputs import check_max_new_tokens, check_prompt_ids, check_prompt_texts
 from draftsmith.runtime.plan import vocab_shard_range
@@ -153,6 +155,14 @@ class GenerateReport:
     family: str
     baseline: str = ""
     """What the plain figure measured (names the decoding and whether it was graph-captured)."""
+    draft_tokens_reason: str = ""
+    """Why ``K`` is what it is: the cost model's figures for this batch's rows bucket, or the
+    plan's ``num_draft_tokens`` decision for a fixed ``K``."""
+    draft_tokens_auto: bool = False
+    """``K`` was chosen by the cost model (``num_draft_tokens = "auto"``)."""
+    speculation_off: bool = False
+    """``K = 0`` (chosen or configured): the speculative run was plain decoding, so it ran
+    once and its time stands for both."""
 
     @property
     def num_tokens(self) -> int:
@@ -212,6 +222,9 @@ class GenerateReport:
             "plain_seconds": self.plain_seconds,
             "plain_tokens_per_s": self.plain_tokens_per_s,
             "baseline": self.baseline,
+            "draft_tokens_reason": self.draft_tokens_reason,
+            "draft_tokens_auto": self.draft_tokens_auto,
+            "speculation_off": self.speculation_off,
             "exact": self.exact,
             "results": [
                 {
@@ -244,6 +257,40 @@ class Decoder:
     config: SpecConfig
     stop_token_ids: tuple[int, ...] = field(default=())
     _plain: SpecDecoder | None = field(default=None, repr=False)
+    _by_bucket: dict[tuple[int, int], SpecDecoder] = field(default_factory=dict, repr=False)
+    """Under ``num_draft_tokens = "auto"``: decoders bound so far, by ``(rows bucket, K)``."""
+    _tally: AcceptanceTally | None = field(default=None, repr=False)
+    """Under ``auto``: accepted lengths counted online, per position."""
+    _prior: AcceptanceEstimate | None = field(default=None, repr=False)
+    """Under ``auto``: the acceptance the first plan was chosen on (the online estimate's
+    prior)."""
+
+    def spec_for(self, num_requests: int) -> SpecDecoder:
+        """The decoder for a batch of ``num_requests``: :attr:`spec` for a fixed ``K``; under
+        ``auto``, the cost model's ``K`` for the batch's rows bucket, from the bind-time profile
+        and the acceptance measured so far (bound on first use, then kept; it becomes
+        :attr:`spec`). Requests stay on that ``K`` until the call ends."""
+        plan = self.spec.plan
+        if plan.cost_profile is None or plan.acceptance_estimate is None:
+            return self.spec
+        capacity = plan.slot_capacity
+        rows = bucket(min(num_requests, capacity), row_buckets(capacity))
+        if self._tally is None:
+            self._tally = AcceptanceTally(plan.cost_profile.k_max)
+            self._prior = plan.acceptance_estimate
+            self._by_bucket[(plan.draft_tokens_rows, plan.num_draft_tokens)] = self.spec
+        assert self._prior is not None
+        estimate = self._tally.estimate(self._prior)
+        choice = next(c for c in choose_draft_tokens(plan.cost_profile, estimate)
+                      if c.rows == rows)
+        key = (rows, choice.draft_tokens)
+        if key not in self._by_bucket:
+            self._by_bucket[key] = bind(self.target, self.spec.drafter, self.config,
+                                        collectives=self.spec.collectives,
+                                        profile=plan.cost_profile, acceptance=estimate,
+                                        rows=rows)
+        self.spec = self._by_bucket[key]
+        return self.spec
 
     @property
     def greedy(self) -> bool:
@@ -323,19 +370,26 @@ class Decoder:
         ids = check_prompt_ids(prompt_ids, self.target.vocab_size)
         check_max_new_tokens(max_new_tokens, len(ids))
         stops = list(self.stop_token_ids)
+        spec = self.spec_for(len(ids))
+        off = spec.plan.num_draft_tokens == 0
         # untimed: size the caches and capture the rounds of both decoders first
-        self.spec.prepare_for(ids, max_new_tokens)
-        if compare_plain:
+        spec.prepare_for(ids, max_new_tokens)
+        if compare_plain and not off:
             self.plain.prepare_for(ids, max_new_tokens)
         start = time.perf_counter()
-        raw = self.spec.generate(ids, max_new_tokens, stops, seeds, progress=progress)
+        raw = spec.generate(ids, max_new_tokens, stops, seeds, progress=progress)
         spec_seconds = time.perf_counter() - start
         plain: list[GenerationResult] | None = None
         plain_seconds = None
-        if compare_plain:
+        if compare_plain and off:  # K = 0 is plain decoding: the one run stands for both
+            plain, plain_seconds = raw, spec_seconds
+        elif compare_plain:
             start = time.perf_counter()
             plain = self.plain.generate(ids, max_new_tokens, stops, seeds)
             plain_seconds = time.perf_counter() - start
+        if self._tally is not None and not off and spec.plan.acceptance != "forced":
+            for r in raw:
+                self._tally.add(r.accepted_lengths, spec.plan.num_draft_tokens)
         check_ranks_agree(self.spec.collectives, [r.tokens for r in raw], "speculative",
                           self.target.device)
         if plain is not None:
@@ -355,9 +409,16 @@ class Decoder:
         ]
         return GenerateReport(
             results=results, spec_seconds=spec_seconds, plain_seconds=plain_seconds,
-            greedy=self.greedy, num_draft_tokens=self.config.num_draft_tokens,
+            greedy=self.greedy, num_draft_tokens=spec.plan.num_draft_tokens,
             family=self.config.drafter.family,
-            baseline=self.baseline if compare_plain else "",
+            baseline=(("the speculative run itself (K = 0 is plain decoding)" if off
+                       else self.baseline) if compare_plain else ""),
+            draft_tokens_reason=next(
+                (c.reason for c in spec.plan.draft_tokens_choices
+                 if c.rows == spec.plan.draft_tokens_rows),
+                spec.plan.decision("num_draft_tokens").reason),
+            draft_tokens_auto=spec.plan.draft_tokens_mode == "auto",
+            speculation_off=off,
         )
 
 

@@ -30,12 +30,21 @@ from draftsmith.contract import (
     TokenSelector,
 )
 from draftsmith.runtime.acceptance import Acceptance
+from draftsmith.runtime.buckets import MIN_CONTEXT_BUCKET, bucket, row_buckets
 from draftsmith.runtime.buffers import DecoderBuffers
 from draftsmith.runtime.config import SpecConfig, TargetConfig, parse_device, resolve_device
+from draftsmith.runtime.costs import (
+    AcceptanceEstimate,
+    CostProfile,
+    acceptance_prior,
+    choose_draft_tokens,
+    profile_ks,
+    profile_rounds,
+)
 from draftsmith.runtime.decoder import SpecDecoder
 from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager, SlotManager
-from draftsmith.runtime.plan import DraftPlan, PlanInputs, make_plan
+from draftsmith.runtime.plan import AutoDraftTokens, DraftPlan, PlanInputs, make_plan
 from draftsmith.runtime.registry import Registry, load_registry
 
 _KNOWN_TARGETS = {
@@ -142,10 +151,19 @@ def _selection_route(selector: TokenSelector, tp_size: int,
 def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str,
                  selector: TokenSelector, vocab_size: int,
                  head_shard: tuple[int, int] | None = None,
-                 layers_split: bool | None = None) -> PlanInputs:
+                 layers_split: bool | None = None, *, auto: AutoDraftTokens | None = None,
+                 auto_k: int | None = None) -> PlanInputs:
     rt = config.runtime
+    k = config.num_draft_tokens
+    if auto is not None:
+        k = next(c.draft_tokens for c in auto.choices if c.rows == auto.rows)
+    elif k == "auto":
+        assert auto_k is not None
+        k = auto_k
     return PlanInputs(
-        num_draft_tokens=config.num_draft_tokens,
+        num_draft_tokens=k,
+        auto=auto,
+        auto_unmeasured=config.num_draft_tokens == "auto" and auto is None,
         selector=selector.capabilities,
         mapping=mapping,
         max_batch=rt.max_batch,
@@ -239,7 +257,8 @@ def plan_only(
                             "so its plan cannot be made without building it")
     check_fit(capabilities, target_info, _origin(config))
     device = _plan_device(config.target.device)
-    return make_plan(_plan_inputs(config, mapping, device, selector, target_info.vocab_size),
+    return make_plan(_plan_inputs(config, mapping, device, selector, target_info.vocab_size,
+                                  auto_k=auto_k_max(capabilities)),
                      capabilities, target_info,
                      fused_kernels_available=_fused_kernels_available(device))
 
@@ -286,6 +305,16 @@ def _check_markov(drafter: Drafter, plan: DraftPlan) -> None:
                         f"{weights.kind.value} weights")
 
 
+AUTO_K_MAX = 8
+"""Largest ``K`` the cost model considers (also bounded by the drafter's trained block)."""
+
+
+def auto_k_max(caps: DrafterCapabilities) -> int:
+    """The largest ``K`` ``num_draft_tokens = "auto"`` considers for a drafter: its trained
+    block's drafts, at most :data:`AUTO_K_MAX`."""
+    return max(0, min(AUTO_K_MAX, caps.trained_block_size - caps.first_draft_slot))
+
+
 def bind(
     target: TargetModel,
     drafter: Drafter | None,
@@ -294,12 +323,76 @@ def bind(
     *,
     registry: Registry | None = None,
     collectives: Collectives | None = None,
+    profile: CostProfile | None = None,
+    acceptance: AcceptanceEstimate | None = None,
+    rows: int | None = None,
 ) -> SpecDecoder:
     """Validate the combination, decide the plan, allocate buffers, return the decoder.
 
     ``drafter=None`` loads ``config.drafter`` through the registry. Raises :class:`PlanError`
     naming the missing capability for an impossible combination.
+
+    With ``num_draft_tokens = "auto"``, ``K`` is chosen for the ``rows`` bucket (default: the
+    one of ``runtime.max_batch``) by :func:`draftsmith.runtime.costs.choose_draft_tokens`, from
+    ``profile`` (default: rounds of every profiled ``K`` timed here, on this target) and
+    ``acceptance`` (default: the checkpoint's recorded prior, else the conservative default).
+    The other arguments are ignored for a fixed ``K``.
     """
+    if config.num_draft_tokens != "auto":
+        return _bind(target, drafter, config, mapping, registry, collectives, None)
+    if (mapping if mapping is not None else config.parallel).tp_size > 1:
+        # each rank would time its own rounds and could choose another K than its peers
+        raise PlanError("num_draft_tokens = 'auto' measures costs on one process; under tensor "
+                        "parallelism set an integer K (the choice is not agreed across ranks)")
+    registry = registry if registry is not None else load_registry()
+    if drafter is None:
+        info = TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
+                          num_layers=target.num_layers, graph_blocker=target.graph_blocker,
+                          gemm=target.gemm)
+        drafter = load_drafter(config, info, registry,
+                               collectives if collectives is not None else SingleRank(),
+                               _device_of(target))
+    k_max = auto_k_max(drafter.capabilities)
+    if acceptance is None:
+        acceptance = acceptance_prior(config.drafter.checkpoint, k_max)
+    capacity = config.runtime.max_batch
+    buckets = row_buckets(capacity)
+    rows = bucket(min(rows or capacity, capacity), buckets)
+    if profile is None:
+        profile = measure_costs(target, drafter, config, mapping, registry, collectives,
+                                k_max, buckets)
+    auto = AutoDraftTokens(profile=profile, acceptance=acceptance, rows=rows,
+                           choices=choose_draft_tokens(profile, acceptance, k_max))
+    return _bind(target, drafter, config, mapping, registry, collectives, auto)
+
+
+def measure_costs(target: TargetModel, drafter: Drafter, config: SpecConfig,
+                  mapping: ParallelMapping | None, registry: Registry,
+                  collectives: Collectives | None, k_max: int,
+                  rows: tuple[int, ...]) -> CostProfile:
+    """The cost profile: a decoder bound for each of :func:`profile_ks` ``(k_max)``, prepared
+    for ``rows[-1]`` requests at the smallest context bucket (captured on CUDA), its round timed
+    at each of ``rows``; the decoders are dropped afterwards."""
+    decoders = {}
+    for k in profile_ks(k_max):
+        dec = _bind(target, drafter, config.model_copy(update={"num_draft_tokens": k}), mapping,
+                    registry, collectives, None)
+        decoders[k] = dec
+    width = min([MIN_CONTEXT_BUCKET] + [d.plan.max_ctx for d in decoders.values()])
+    for dec in decoders.values():
+        dec.prepare(rows[-1], width)
+    return profile_rounds(decoders, rows, width=width)
+
+
+def _bind(
+    target: TargetModel,
+    drafter: Drafter | None,
+    config: SpecConfig,
+    mapping: ParallelMapping | None,
+    registry: Registry | None,
+    collectives: Collectives | None,
+    auto: AutoDraftTokens | None,
+) -> SpecDecoder:
     mapping = mapping if mapping is not None else config.parallel
     collectives = collectives if collectives is not None else SingleRank()
     if collectives.world_size != mapping.tp_size:
@@ -328,7 +421,7 @@ def bind(
     head = target.output_head()
     held = (head.vocab_start, int(head.weight.shape[0]))
     plan = make_plan(_plan_inputs(config, mapping, where, selector, info.vocab_size, held,
-                                  bool(getattr(target, "layers_split", False))),
+                                  bool(getattr(target, "layers_split", False)), auto=auto),
                      caps, info,
                      fused_kernels_available=_fused_kernels_available(where))
     _check_markov(drafter, plan)
@@ -368,4 +461,5 @@ def bind(
     )
 
 
-__all__ = ["bind", "check_fit", "load_drafter", "plan_only", "target_info_from_config"]
+__all__ = ["AUTO_K_MAX", "auto_k_max", "bind", "check_fit", "load_drafter", "measure_costs",
+           "plan_only", "target_info_from_config"]

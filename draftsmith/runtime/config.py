@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import (
@@ -210,9 +210,11 @@ class SpecConfig(_Strict):
 
     drafter: DrafterConfig = Field(default_factory=DrafterConfig)
     """Drafter family, checkpoint and options."""
-    num_draft_tokens: int = Field(default=7, ge=0, le=64, strict=True)
-    """``K``: drafts proposed per request per step (0 disables drafting). An integer: ``true``
-    or ``7.0`` is refused, not read as 1 or 7."""
+    num_draft_tokens: Annotated[int, Field(ge=0, le=64, strict=True)] | Literal["auto"] = 7
+    """``K``: drafts proposed per request per step (0 disables drafting). An integer wins: ``true``
+    or ``7.0`` is refused, not read as 1 or 7. ``auto``: chosen at bind, per batch-size bucket,
+    from round times measured on the target and the drafter's acceptance (0, plain decoding,
+    where no ``K`` is expected to beat it); the plan records the choice and its figures."""
     selection: SerializeAsAny[BaseModel] = Field(
         default_factory=lambda: {"kind": "greedy"}, validate_default=True
     )
@@ -224,6 +226,17 @@ class SpecConfig(_Strict):
     """The verifying target model."""
     runtime: RuntimeOptions = Field(default_factory=RuntimeOptions)
     """Runtime component options."""
+
+    @field_validator("num_draft_tokens", mode="plain")
+    @classmethod
+    def _draft_tokens(cls, value: Any) -> int | str:
+        # one message for both arms of the union, saying what to write
+        if value == "auto" and isinstance(value, str):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 64:
+            return value
+        raise ValueError(f"got {value!r}; give an integer K in 0..64 (0: plain decoding) or "
+                         "'auto' (chosen from measured costs)")
 
     @field_validator("selection", mode="before")
     @classmethod

@@ -157,7 +157,6 @@ def evaluate(
     decoded plainly when ``compare_plain``) runs first, so one-time costs (CUDA graph capture,
     kernel compilation, allocator growth) are not charged to the first set's tokens per second.
     """
-    k = decoder.config.num_draft_tokens
     out = []
     if warmup and files:
         first = read_prompt_file(files[0], 1)
@@ -165,6 +164,7 @@ def evaluate(
     for path in files:
         prompts = read_prompt_file(path, limit)
         report = decoder.generate(prompts, max_new_tokens, compare_plain=compare_plain)
+        k = report.num_draft_tokens  # under auto, chosen for this set's batch
         lengths = report.accepted_lengths
         rounds = len(lengths)
         ended = [n for r in report.results if r.finish_reason == "stop" for n in r.accepted_lengths]

@@ -22,6 +22,7 @@ from draftsmith.contract import (
     TargetInfo,
     TPFusion,
 )
+from draftsmith.runtime.costs import AcceptanceEstimate, CostProfile, DraftTokensChoice
 from draftsmith.selection.eligibility import vocab_parallel_eligibility
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
@@ -116,6 +117,17 @@ class DraftPlan(BaseModel):
     """``ceil((max_ctx + W) / P_sz)``."""
     device: str
     """Device the decoder runs on."""
+    draft_tokens_mode: Literal["fixed", "auto"] = "fixed"
+    """``fixed``: ``K`` is the config's integer; ``auto``: chosen from :attr:`cost_profile` and
+    :attr:`acceptance_estimate` for :attr:`draft_tokens_rows` rows."""
+    draft_tokens_rows: int = Field(default=0, ge=0)
+    """Under ``auto``: the rows bucket :attr:`num_draft_tokens` was chosen for (0: fixed)."""
+    cost_profile: CostProfile | None = None
+    """Under ``auto``: the measured round times the choice read."""
+    acceptance_estimate: AcceptanceEstimate | None = None
+    """Under ``auto``: the per-position acceptance the choice read, and its source."""
+    draft_tokens_choices: tuple[DraftTokensChoice, ...] = ()
+    """Under ``auto``: ``K`` for every profiled rows bucket, with its reason."""
     decisions: tuple[Decision, ...]
     """Every decision, in the order it was made."""
 
@@ -166,6 +178,30 @@ class PlanInputs(BaseModel):
     head_shard: tuple[int, int] | None = None
     """``(vocab_start, S)`` of the LM head rows the target holds on this rank; ``None``: the even
     split (:func:`vocab_shard_range`) where ``V`` divides by ``TP``, else the whole head."""
+    auto: AutoDraftTokens | None = None
+    """The cost model's choice when the config says ``num_draft_tokens = "auto"`` and a target
+    was profiled; ``None``: :attr:`num_draft_tokens` is the config's fixed ``K``."""
+    auto_unmeasured: bool = False
+    """The config says ``auto`` but no target was profiled (``draftsmith plan`` without
+    ``--measure``): :attr:`num_draft_tokens` is then the largest ``K`` considered."""
+
+
+class AutoDraftTokens(BaseModel):
+    """What the cost model decided at bind (:mod:`draftsmith.runtime.costs`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    profile: CostProfile
+    """Measured round times."""
+    acceptance: AcceptanceEstimate
+    """The acceptance the choice read."""
+    choices: tuple[DraftTokensChoice, ...]
+    """``K`` per rows bucket."""
+    rows: int
+    """The rows bucket whose ``K`` this decoder runs."""
+
+
+PlanInputs.model_rebuild()
 
 
 def _sampling_words(selector: SelectorCapabilities) -> str:
@@ -264,11 +300,7 @@ def make_plan(
 
     # ---- block width ----
     w = caps.block_width(k) if k > 0 else 0
-    decide(
-        "drafting", k > 0,
-        f"K = {k} drafts per step" if k > 0
-        else "num_draft_tokens = 0: every step commits one target token, the drafter is idle",
-    )
+    _decide_draft_tokens(inputs, k, decide)
     decide(
         "block_width", w,
         f"{caps.block_convention.value} convention: W = K + 1 (slot 0 is the silent bonus)"
@@ -561,7 +593,54 @@ def make_plan(
         page_size=inputs.page_size,
         pages_per_slot=pages,
         device=inputs.device,
+        draft_tokens_mode="auto" if inputs.auto is not None or inputs.auto_unmeasured
+        else "fixed",
+        draft_tokens_rows=inputs.auto.rows if inputs.auto is not None else 0,
+        cost_profile=inputs.auto.profile if inputs.auto is not None else None,
+        acceptance_estimate=inputs.auto.acceptance if inputs.auto is not None else None,
+        draft_tokens_choices=inputs.auto.choices if inputs.auto is not None else (),
         decisions=tuple(decisions),
+    )
+
+
+def _decide_draft_tokens(inputs: PlanInputs, k: int, decide) -> None:
+    """The ``num_draft_tokens`` decision (fixed, or the cost model's per-bucket choice), the
+    figures behind an automatic one, and ``drafting``."""
+    auto = inputs.auto
+    if auto is not None:
+        chosen = next(c for c in auto.choices if c.rows == auto.rows)
+        decide("num_draft_tokens", k,
+               f"auto, for the {auto.rows}-row bucket: {chosen.reason} (every bucket's "
+               "choice: draft_tokens.rows_*; a generate call takes its batch's)")
+        for c in auto.choices:
+            decide(f"draft_tokens.rows_{c.rows}", c.draft_tokens, c.reason)
+        p = auto.profile
+        table = "; ".join(
+            f"{g} rows: " + ", ".join(f"K{kk} {t * 1e3:.1f}" for kk, t in
+                                      zip(p.draft_tokens, p.seconds[i], strict=True))
+            for i, g in enumerate(p.rows))
+        decide("cost_profile", f"{len(p.rows)} buckets x {len(p.draft_tokens)} K",
+               f"ms per round at context width {p.context_width}, {p.method}; other K "
+               f"interpolated: {table}")
+        acc = auto.acceptance
+        decide("acceptance_estimate", ", ".join(f"{x:.2f}" for x in acc.conditional),
+               f"P(draft j accepted | drafts before it accepted), j = 1..: {acc.source}")
+    elif inputs.auto_unmeasured:
+        decide("num_draft_tokens", k,
+               "auto: chosen at bind per batch-size bucket from round times measured on the "
+               "target and the drafter's acceptance; this plan was made without the target, "
+               f"so it shows the largest K considered ({k}); `draftsmith plan --measure` "
+               "loads the target and shows the choice")
+    else:
+        decide("num_draft_tokens", k,
+               f"num_draft_tokens = {k} in the config (a fixed K wins over the cost model; "
+               "'auto' chooses it from measured costs)")
+    decide(
+        "drafting", k > 0,
+        f"K = {k} drafts per step" if k > 0
+        else "K = 0 chosen by the cost model: plain decoding, speculation off"
+        if auto is not None
+        else "num_draft_tokens = 0: every step commits one target token, the drafter is idle",
     )
 
 
@@ -580,6 +659,7 @@ def format_plan(plan: DraftPlan) -> str:
 
 
 __all__ = [
+    "AutoDraftTokens",
     "Decision",
     "DraftPlan",
     "PlanInputs",

@@ -103,17 +103,17 @@ TRAIN = ["train", "--target", "{box}/fake_target", "--device", "cpu", "--data",
 
 CASES: list[tuple[list[str], str]] = [
     # config validate / plan
-    (["config", "validate", "{box}/bom.toml"], "num_draft_tokens: Input should be a valid integer"),
+    (["config", "validate", "{box}/bom.toml"], "num_draft_tokens: got True; give an integer K"),
     (["config", "validate", "{box}/deep.toml"], "nest more than 32 levels"),
     (["config", "validate", "{box}/deep.json"], "nest more than 32 levels"),
-    (["config", "validate", "{box}/bool_k.toml"], "num_draft_tokens: Input should be a valid int"),
-    (["config", "validate", "{box}/float_k.json"], "num_draft_tokens: Input should be a valid int"),
+    (["config", "validate", "{box}/bool_k.toml"], "num_draft_tokens: got True; give"),
+    (["config", "validate", "{box}/float_k.json"], "num_draft_tokens: got 3.0; give"),
     (["config", "validate", "{box}/empty_ckpt.toml"], "drafter.checkpoint: is empty"),
     (["config", "validate", "{box}/nan_top_p.toml"], "top_p is nan; use a nucleus mass in (0, 1]"),
     (["config", "validate", "{box}/missing.toml"], "does not exist"),
     (["config", "validate", "{box}/nonempty"], "is a directory"),
     (["plan", "--config", "{box}/deep.toml"], "nest more than 32 levels"),
-    (["plan", "--config", "{box}/bool_k.toml"], "num_draft_tokens: Input should be a valid int"),
+    (["plan", "--config", "{box}/bool_k.toml"], "num_draft_tokens: got True; give"),
     # generate
     ([*GEN, "--prompt", ""], "--prompt is empty"),
     ([*GEN, "--prompt", "caf\udce9"], "--prompt 0 holds a lone surrogate"),

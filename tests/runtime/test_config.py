@@ -87,7 +87,7 @@ def test_overrides_use_dotted_keys(tmp_path: Path) -> None:
     [
         ({"drafter": {"famly": "dflash"}},
          "drafter: unknown key 'famly'; valid keys: family, checkpoint, options, seed"),
-        ({"num_draft_tokens": -1}, "num_draft_tokens: Input should be greater than or equal to 0"),
+        ({"num_draft_tokens": -1}, "num_draft_tokens: got -1; give an integer K in 0..64"),
         ({"drafter": {"family": "eagle"}},
          "drafter.family: unknown drafter family 'eagle'; valid: dflash, dspark-gqa, dspark-mla"),
         ({"selection": {"kind": "beam"}}, "selection: unknown strategy 'beam'; valid kinds:"),

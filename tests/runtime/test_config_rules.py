@@ -54,7 +54,7 @@ def test_an_empty_checkpoint_is_refused_in_a_file_and_on_the_command_line(tmp_pa
                                   "[runtime]\nmax_batch = false", "[drafter]\nseed = true"])
 def test_integers_are_strict(tmp_path: Path, text: str) -> None:
     (tmp_path / "spec.toml").write_text(text + "\n")
-    with pytest.raises(ConfigError, match="Input should be a valid integer"):
+    with pytest.raises(ConfigError, match="Input should be a valid integer|give an integer K"):
         SpecConfig.load(tmp_path / "spec.toml")
 
 

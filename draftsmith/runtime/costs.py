@@ -1,0 +1,351 @@
+"""Choosing ``K`` from measured costs: the bind-time cost profile, the drafter's acceptance, and
+the choice per batch-size bucket.
+
+Owns :class:`CostProfile` (seconds of one decoding round per rows bucket and ``K``, measured on
+the bound target and device), :class:`AcceptanceEstimate` (per-position acceptance, from a prior
+or measured online), :class:`AcceptanceTally` (the online counts), :class:`DraftTokensChoice`
+and :func:`choose_draft_tokens`, the arithmetic::
+
+    rate(rows, K) = rows * E[tokens per round | K] / t_round(rows, K)    (tokens per second)
+    rate(rows, 0) = rows / t_step(rows)                                  (plain decoding)
+    E[tokens per round | K] = 1 + sum_{j=1..K} prod_{i<=j} p_i
+
+``K`` is the argmax of ``rate``; a ``K > 0`` is taken only when it beats plain decoding by
+:data:`MIN_SPEEDUP`, otherwise ``K = 0`` (speculation off). :func:`profile_rounds` times rounds
+of already bound decoders; it must not import ``bind`` or pluggy.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from draftsmith.contract import CheckpointError, ConfigError
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+MIN_SPEEDUP = 1.05
+"""Expected gain over plain decoding a ``K > 0`` must promise to be chosen: the profile and the
+acceptance are estimates, and speculation must never run slower than plain decoding."""
+
+DEFAULT_ACCEPTANCE = 0.5
+"""Conservative per-position acceptance used when nothing better is known (no recorded prior
+in the checkpoint, nothing measured yet)."""
+
+PRIOR_ROUNDS = 8
+"""Weight of the prior in the online estimate, in rounds: after ``n`` rounds that reached
+position ``j``, ``p_j = (accepted_j + PRIOR_ROUNDS * prior_j) / (reached_j + PRIOR_ROUNDS)``."""
+
+PRIOR_KEY = "draftsmith_acceptance"
+"""Key of a checkpoint's ``config.json`` that records a measured acceptance prior:
+``{"conditional": [p_1, ..., p_K], "source": "how it was measured"}``."""
+
+PROFILE_CANDIDATES = (0, 1, 2, 3, 4, 6, 8)
+"""``K`` values whose rounds :func:`profile_rounds` times (those up to ``K_max``, plus ``K_max``);
+the others are interpolated linearly between their measured neighbours."""
+
+
+class _Checked(BaseModel):
+    """Construction errors surface as :class:`ConfigError` (one line per problem)."""
+
+    model_config = _FROZEN
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            lines = [f"{'.'.join(str(p) for p in e['loc'])}: " * bool(e["loc"])
+                     + e["msg"].removeprefix("Value error, ") for e in exc.errors()]
+            raise ConfigError(f"{type(self).__name__}: " + "; ".join(lines)) from None
+
+
+class CostProfile(_Checked):
+    """Measured seconds of one decoding round, per rows bucket and ``K`` (``K = 0``: the plain
+    step). Frozen and hashable, so a plan can hold it."""
+
+    model_config = _FROZEN
+
+    rows: tuple[int, ...]
+    """Rows buckets measured, ascending."""
+    draft_tokens: tuple[int, ...]
+    """``K`` values measured, ascending, starting at 0."""
+    seconds: tuple[tuple[float, ...], ...]
+    """``seconds[i][j]``: one round over ``rows[i]`` rows at ``K = draft_tokens[j]``."""
+    context_width: int = Field(ge=1)
+    """Context columns the rounds attended to."""
+    method: str
+    """How the rounds were timed (eager or graph replays, repeats, statistic)."""
+
+    def model_post_init(self, _context: object) -> None:
+        if not self.rows or list(self.rows) != sorted(set(self.rows)):
+            raise ValueError(f"cost profile rows {self.rows} must be ascending and distinct")
+        ks = self.draft_tokens
+        if not ks or ks[0] != 0 or list(ks) != sorted(set(ks)):
+            raise ValueError(f"cost profile K values {ks} must be ascending, distinct, from 0")
+        if len(self.seconds) != len(self.rows) or any(
+                len(row) != len(ks) or any(not s > 0 for s in row) for row in self.seconds):
+            raise ValueError("cost profile seconds must hold one positive time per (rows, K)")
+
+    @property
+    def k_max(self) -> int:
+        """The largest ``K`` profiled."""
+        return self.draft_tokens[-1]
+
+    def round_seconds(self, rows: int, k: int) -> float:
+        """Seconds of one round over ``rows`` (a profiled bucket) at ``K = k``: measured where
+        ``k`` was profiled, linear between the profiled neighbours otherwise."""
+        if rows not in self.rows:
+            raise ConfigError(f"rows {rows} was not profiled (profiled: {self.rows})")
+        if not 0 <= k <= self.k_max:
+            raise ConfigError(f"K = {k} lies outside the profiled 0..{self.k_max}")
+        times = self.seconds[self.rows.index(rows)]
+        if k in self.draft_tokens:
+            return times[self.draft_tokens.index(k)]
+        hi = next(i for i, x in enumerate(self.draft_tokens) if x > k)
+        k0, k1 = self.draft_tokens[hi - 1], self.draft_tokens[hi]
+        t0, t1 = times[hi - 1], times[hi]
+        return t0 + (t1 - t0) * (k - k0) / (k1 - k0)
+
+    def measured(self, k: int) -> bool:
+        """Whether ``K = k`` was timed (not interpolated)."""
+        return k in self.draft_tokens
+
+
+class AcceptanceEstimate(_Checked):
+    """Per-position acceptance of the drafter: ``conditional[j - 1] = P(draft j accepted |
+    drafts 1 .. j - 1 accepted)``, and where the numbers came from."""
+
+    model_config = _FROZEN
+
+    conditional: tuple[float, ...]
+    """``p_1 .. p_Kmax``, each in ``[0, 1]``."""
+    source: str
+    """``checkpoint config.json``, the conservative default, or online measurement (rounds)."""
+    rounds: int = Field(default=0, ge=0)
+    """Verify rounds measured online behind it (0: a prior only)."""
+
+    def model_post_init(self, _context: object) -> None:
+        if any(not 0.0 <= p <= 1.0 for p in self.conditional):
+            raise ValueError(f"acceptance probabilities {self.conditional} must lie in [0, 1]")
+
+    def expected_tokens(self, k: int) -> float:
+        """``E[tokens committed per round | K = k]`` (bonus included): ``1 + sum_{j<=k}
+        prod_{i<=j} p_i``; positions past the recorded ones take the last one's ``p``."""
+        if k < 0:
+            raise ConfigError(f"K must be >= 0, got {k}")
+        total, survive = 1.0, 1.0
+        for j in range(k):
+            p = self.conditional[min(j, len(self.conditional) - 1)] if self.conditional else 0.0
+            survive *= p
+            total += survive
+        return total
+
+
+class DraftTokensChoice(BaseModel):
+    """``K`` chosen for one rows bucket, with the figures behind it."""
+
+    model_config = _FROZEN
+
+    rows: int = Field(ge=1)
+    """The rows bucket."""
+    draft_tokens: int = Field(ge=0)
+    """``K`` chosen (0: plain decoding, speculation off)."""
+    tokens_per_s: float
+    """Expected tokens per second at that ``K``."""
+    plain_tokens_per_s: float
+    """Expected (measured) tokens per second of plain decoding."""
+    reason: str
+    """The comparison, in words."""
+
+
+def choose_draft_tokens(profile: CostProfile, acceptance: AcceptanceEstimate,
+                        k_max: int | None = None,
+                        min_speedup: float = MIN_SPEEDUP) -> tuple[DraftTokensChoice, ...]:
+    """The best ``K`` in ``0 .. k_max`` (default: the profile's) for every profiled rows bucket.
+
+    A ``K > 0`` wins only when its expected rate is at least ``min_speedup`` times plain
+    decoding's; ties go to the smaller ``K``.
+    """
+    k_max = profile.k_max if k_max is None else min(k_max, profile.k_max)
+    out = []
+    for g in profile.rows:
+        step = profile.round_seconds(g, 0)
+        plain = g / step
+        best_k, best = 0, plain
+        for k in range(1, k_max + 1):
+            rate = g * acceptance.expected_tokens(k) / profile.round_seconds(g, k)
+            if rate > best:
+                best_k, best = k, rate
+        if best_k and best >= min_speedup * plain:
+            t = profile.round_seconds(g, best_k)
+            how = "" if profile.measured(best_k) else " (interpolated)"
+            reason = (f"{g} rows: K = {best_k} expects {acceptance.expected_tokens(best_k):.2f} "
+                      f"tokens per {t * 1e3:.1f} ms round{how} = {best:.1f} tok/s, "
+                      f"{best / plain:.2f}x plain ({plain:.1f} tok/s, {step * 1e3:.1f} ms step)")
+            out.append(DraftTokensChoice(rows=g, draft_tokens=best_k, tokens_per_s=best,
+                                         plain_tokens_per_s=plain, reason=reason))
+            continue
+        if best_k:
+            t = profile.round_seconds(g, best_k)
+            why = (f"the best, K = {best_k}, expects {acceptance.expected_tokens(best_k):.2f} "
+                   f"tokens per {t * 1e3:.1f} ms round = {best:.1f} tok/s, only "
+                   f"{best / plain:.2f}x plain (below {min_speedup:.2f}x)")
+        else:
+            k1 = min(1, k_max)
+            why = (f"no K in 1..{k_max} beats it" if k1 == 0 else
+                   f"no K in 1..{k_max} beats it (K = 1: {acceptance.expected_tokens(1):.2f} "
+                   f"tokens per {profile.round_seconds(g, 1) * 1e3:.1f} ms round)")
+        out.append(DraftTokensChoice(
+            rows=g, draft_tokens=0, tokens_per_s=plain, plain_tokens_per_s=plain,
+            reason=f"{g} rows: speculation off (K = 0, plain decoding at {plain:.1f} tok/s, "
+                   f"{step * 1e3:.1f} ms step): {why}"))
+    return tuple(out)
+
+
+class AcceptanceTally:
+    """Online per-position counts from the accepted lengths of finished generations.
+
+    ``reached[j]``: rounds that verified draft ``j + 1`` with drafts ``1 .. j`` accepted;
+    ``accepted[j]``: of those, the rounds that accepted it. A request's last round is left out
+    (the budget or a stop token may have cut it).
+    """
+
+    def __init__(self, k_max: int) -> None:
+        self.k_max = k_max
+        self.reached = [0] * k_max
+        self.accepted = [0] * k_max
+        self.rounds = 0
+
+    def add(self, accepted_lengths: Sequence[int], k: int) -> None:
+        """Count one request's rounds run at ``K = k`` (lengths include the bonus)."""
+        for n in list(accepted_lengths)[:-1]:
+            drafts = max(0, min(n - 1, k))
+            self.rounds += 1
+            for j in range(min(k, self.k_max)):
+                if drafts >= j:
+                    self.reached[j] += 1
+                    self.accepted[j] += drafts > j
+
+    def estimate(self, prior: AcceptanceEstimate) -> AcceptanceEstimate:
+        """The prior, moved towards the counts (:data:`PRIOR_ROUNDS` pseudo-rounds of prior)."""
+        if not self.rounds:
+            return prior
+        p = [prior.conditional[min(j, len(prior.conditional) - 1)] if prior.conditional
+             else DEFAULT_ACCEPTANCE for j in range(self.k_max)]
+        conditional = tuple((self.accepted[j] + PRIOR_ROUNDS * p[j])
+                            / (self.reached[j] + PRIOR_ROUNDS) for j in range(self.k_max))
+        return AcceptanceEstimate(
+            conditional=conditional, rounds=prior.rounds + self.rounds,
+            source=f"measured online over {self.rounds} rounds, smoothed with "
+                   f"{PRIOR_ROUNDS} rounds of the prior ({prior.source})")
+
+
+def acceptance_prior(checkpoint: Path | None, k_max: int) -> AcceptanceEstimate:
+    """The acceptance prior for ``K`` up to ``k_max``: the checkpoint ``config.json``'s
+    :data:`PRIOR_KEY` entry when present, else :data:`DEFAULT_ACCEPTANCE` at every position.
+
+    :raises CheckpointError: when the entry is present but malformed.
+    """
+    default = AcceptanceEstimate(
+        conditional=(DEFAULT_ACCEPTANCE,) * max(k_max, 1),
+        source=f"conservative default p = {DEFAULT_ACCEPTANCE} per position (no "
+               f"{PRIOR_KEY!r} in the checkpoint's config.json)")
+    if checkpoint is None:
+        return default.model_copy(update={"source": default.source.replace(
+            "in the checkpoint's config.json", "checkpoint: random weights")})
+    path = Path(checkpoint) / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return default  # the loader reports an unreadable checkpoint itself
+    entry = data.get(PRIOR_KEY) if isinstance(data, dict) else None
+    if entry is None:
+        return default
+    values = entry.get("conditional") if isinstance(entry, dict) else None
+    if (not isinstance(values, list) or not values
+            or not all(isinstance(v, int | float) and 0 <= v <= 1 for v in values)):
+        raise CheckpointError(
+            f"{path}: {PRIOR_KEY}.conditional must be a non-empty list of probabilities in "
+            f"[0, 1] (P(draft j accepted | drafts before it accepted)); fix or remove the entry")
+    where = str(entry.get("source", "recorded"))
+    return AcceptanceEstimate(conditional=tuple(float(v) for v in values),
+                              source=f"checkpoint config.json {PRIOR_KEY} ({where})")
+
+
+def profile_ks(k_max: int) -> tuple[int, ...]:
+    """``K`` values to time for ``K`` up to ``k_max``: :data:`PROFILE_CANDIDATES` up to it, and
+    ``k_max`` itself."""
+    return tuple(sorted({k for k in PROFILE_CANDIDATES if k <= k_max} | {k_max}))
+
+
+def profile_rounds(decoders: Mapping[int, Any], rows: Sequence[int], *,
+                   width: int, repeats: int = 3,
+                   clock: Callable[[], float] = time.perf_counter) -> CostProfile:
+    """Time one round of each bound ``SpecDecoder`` (keyed by its ``K``; not imported here,
+    the decoder imports the plan, which imports this module) at each of ``rows``, all slots free
+    (padding rows compute what live rows do), at context ``width``.
+
+    Each decoder must be prepared for ``rows[-1]`` requests of ``width`` positions. With
+    ``plan.cuda_graphs`` the captured round is replayed, otherwise the eager round runs; one
+    warm-up sweep, then the median of ``repeats`` sweeps over every ``(rows, K)``.
+    """
+    ks = tuple(sorted(decoders))
+    graphs = all(d.plan.cuda_graphs for d in decoders.values())
+    cuda = any(d.device.type == "cuda" for d in decoders.values())
+    width = min([width] + [d.plan.max_ctx for d in decoders.values()])
+    counters = {k: d.acceptance.forced_counter.clone() for k, d in decoders.items()}
+    runs = {}
+    for g in rows:
+        for k in ks:
+            dec = decoders[k]
+            if dec.plan.cuda_graphs:  # the narrowest captured width for these rows
+                runs[g, k] = dec.graphs[min((key for key in dec.graphs if key[0] == g),
+                                            key=lambda key: key[1])].replay
+            else:
+                runs[g, k] = functools.partial(dec.round_core, g, width)
+    times: dict[tuple[int, int], list[float]] = {key: [] for key in runs}
+    # round-robin over every (rows, K): a slow spell of the host spreads over all of them
+    # instead of inflating one K's time
+    for i in range(repeats + 1):
+        for key, run in runs.items():
+            if cuda:
+                torch.cuda.synchronize()
+            start = clock()
+            run()
+            if cuda:
+                torch.cuda.synchronize()
+            if i:
+                times[key].append(clock() - start)
+    seconds = [tuple(max(statistics.median(times[g, k]), 1e-9) for k in ks) for g in rows]
+    for k, dec in decoders.items():  # rounds over free slots leave nothing live behind
+        dec.acceptance.forced_counter.copy_(counters[k])
+        dec.buffers.reset_slots()
+    how = "CUDA graph replays" if graphs else "eager rounds"
+    return CostProfile(rows=tuple(rows), draft_tokens=ks, seconds=tuple(seconds),
+                       context_width=width,
+                       method=f"{how}, all slots free, median of {repeats} round-robin sweeps "
+                              "after a "
+                              "warm-up sweep")
+
+
+__all__ = [
+    "DEFAULT_ACCEPTANCE",
+    "MIN_SPEEDUP",
+    "PRIOR_KEY",
+    "AcceptanceEstimate",
+    "AcceptanceTally",
+    "CostProfile",
+    "DraftTokensChoice",
+    "acceptance_prior",
+    "choose_draft_tokens",
+    "profile_ks",
+    "profile_rounds",
+]
