@@ -8,6 +8,7 @@ end never calls a hook.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -46,6 +47,7 @@ from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager, SlotManager
 from draftsmith.runtime.plan import AutoDraftTokens, DraftPlan, PlanInputs, make_plan
 from draftsmith.runtime.registry import Registry, load_registry
+from draftsmith.runtime.targets.hf_gemm import gemm_choice
 
 _KNOWN_TARGETS = {
     "smollm2-135m": TargetInfo(vocab_size=49152, hidden_size=576, num_layers=30),
@@ -55,7 +57,16 @@ _KNOWN_TARGETS = {
 
 
 def target_info_from_config(config: TargetConfig) -> TargetInfo:
-    """Sizes of the configured target: a known name or a Hugging Face directory's config.json."""
+    """Sizes of the configured target (a known name or a Hugging Face directory's config.json)
+    and the GEMM its linear layers will run on its configured dtype and device."""
+    info = _target_sizes(config)
+    device = parse_device(config.device) or resolve_device("auto")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+             "float16": torch.float16}[config.dtype]
+    return dataclasses.replace(info, dtype=dtype, gemm=gemm_choice(config.gemm, dtype, device))
+
+
+def _target_sizes(config: TargetConfig) -> TargetInfo:
     if config.model in _KNOWN_TARGETS:
         return _KNOWN_TARGETS[config.model]
     path = Path(config.model) / "config.json"

@@ -182,3 +182,19 @@ def test_a_malformed_target_config_is_a_config_error(tmp_path, text, match):
     (tmp_path / "config.json").write_text(text)
     with pytest.raises(ConfigError, match=match):
         target_info_from_config(TargetConfig(model=str(tmp_path)))
+
+
+@pytest.mark.parametrize("dtype,device,gemm,want", [
+    ("float32", "cuda", "auto", "row-stable"),
+    ("bfloat16", "cuda", "auto", "torch"),
+    ("float32", "cpu", "auto", "torch"),
+    ("bfloat16", "cuda", "row-stable", "row-stable"),
+    ("float32", "cuda", "torch", "torch"),
+])
+def test_plan_only_names_the_gemm_the_target_will_run(dtype, device, gemm, want):
+    """``draftsmith plan`` builds no target, yet records the GEMM its linear layers will run on
+    the configured dtype and device (a CUDA device need not be present to plan for one)."""
+    info = target_info_from_config(TargetConfig(dtype=dtype, device=device, gemm=gemm))
+    assert info.gemm == want
+    with pytest.raises(ConfigError, match="row-stable.*GPU"):
+        target_info_from_config(TargetConfig(device="cpu", gemm="row-stable"))
