@@ -83,18 +83,24 @@ def test_an_mla_checkpoint_for_another_target_fails_before_its_weights_load(
         load_drafter(config, target, registry, SingleRank())
 
 
+def _refused_on_a_deeper_target(family, checkpoint) -> None:
+    """Reading the config (capabilities) and loading both refuse a 6-layer target for a
+    checkpoint trained on the 4-layer toy."""
+    deeper = TargetInfo(vocab_size=64, hidden_size=32, num_layers=6)
+    for call in (family.capabilities, family.load):
+        with pytest.raises(CheckpointError,
+                           match="trained on a target of 4 layers, the target has 6"):
+            call(LoadRequest(options=family.options_model(), checkpoint=checkpoint,
+                             target=deeper))
+
+
 def test_a_gqa_checkpoint_trained_on_a_target_of_other_depth_is_refused(tmp_path):
     """The depth of the target a checkpoint was trained on is in its config alone: the loader
     checks it (the captured layer ids may fit a deeper target)."""
     family = load_registry().family("dspark-gqa")
     family.load(LoadRequest(options=family.options_model(target_layer_ids=[0, 2]),
                             target=TOY)).save(tmp_path)
-    deeper = TargetInfo(vocab_size=64, hidden_size=32, num_layers=6)
-    for call in (family.capabilities, family.load):
-        with pytest.raises(CheckpointError,
-                           match="trained on a target of 4 layers, the target has 6"):
-            call(LoadRequest(options=family.options_model(), checkpoint=tmp_path,
-                             target=deeper))
+    _refused_on_a_deeper_target(family, tmp_path)
 
 
 def test_an_mla_checkpoint_trained_on_a_target_of_other_depth_is_refused(tmp_path):
@@ -109,9 +115,4 @@ def test_an_mla_checkpoint_trained_on_a_target_of_other_depth_is_refused(tmp_pat
     config_path.write_text(json.dumps(config))
     request = LoadRequest(options=family.options_model(), checkpoint=tmp_path, target=TOY)
     assert family.capabilities(request).vocab_size == 64
-    deeper = TargetInfo(vocab_size=64, hidden_size=32, num_layers=6)
-    for call in (family.capabilities, family.load):
-        with pytest.raises(CheckpointError,
-                           match="trained on a target of 4 layers, the target has 6"):
-            call(LoadRequest(options=family.options_model(), checkpoint=tmp_path,
-                             target=deeper))
+    _refused_on_a_deeper_target(family, tmp_path)
