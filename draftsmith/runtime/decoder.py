@@ -193,6 +193,10 @@ class SpecDecoder(RoundComputation):
         """Host staging buffers are pinned (copies from them to the device do not block the host)."""
         self._host_result = torch.empty(buffers.result.shape, dtype=_I64, pin_memory=self._pinned)
         self._columns = torch.arange(plan.num_draft_tokens + 1, device=self.device)
+        self._sts = torch.tensor(plan.sts_temperatures, dtype=torch.float32, device=self.device)
+        costs = plan.verify_costs
+        self._sps = torch.tensor(costs.sps if costs is not None else (), dtype=torch.float64,
+                                 device=self.device)
         self.admissions: dict[int, CapturedCall] = {}
         """Captured one-prompt admissions by prefill width."""
         self._adm_args = torch.zeros(3, dtype=_I64, device=self.device)

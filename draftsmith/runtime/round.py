@@ -28,11 +28,15 @@ from draftsmith.contract import (
     TokenSelector,
     values_trusted,
 )
+from draftsmith.drafters.calibration import apply_sts, prefix_survival
 from draftsmith.runtime.acceptance import Acceptance
+from draftsmith.runtime.buckets import bucket as _bucket
+from draftsmith.runtime.buckets import verify_widths
 from draftsmith.runtime.buffers import BucketView, DecoderBuffers
 from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager
 from draftsmith.runtime.plan import DraftPlan
+from draftsmith.runtime.scheduler import schedule_prefix, schedule_top_budget
 
 _I64 = torch.int64
 
@@ -65,6 +69,10 @@ class RoundComputation:
     head: OutputHead
     _length: int
     _columns: torch.Tensor
+    _sts: torch.Tensor
+    """The plan's STS table ``[K] fp32`` on the device (empty without a schedule)."""
+    _sps: torch.Tensor
+    """The plan's ``sps`` table ``[max_batch * (K + 1) + 1] float64`` (empty without one)."""
 
     def _any_nan(self, logits: torch.Tensor) -> torch.Tensor:
         """``[rows] int64``: 1 where a row of this rank's logits ``[rows, S]`` holds NaN, summed
@@ -88,8 +96,10 @@ class RoundComputation:
         plan, k = self.plan, self.plan.num_draft_tokens
         view = self.buffers.view(g)
         starts = view.target_len.clamp(max=self._length - (k + 1))
-        draft_probs = None
-        if plan.drafting:
+        draft_probs = verify_len = None
+        if plan.drafting and plan.verify_schedule != "all":
+            tokens, drafts, draft_probs, verify_len = self._scheduled_drafts(g, width, view)
+        elif plan.drafting:
             placement = self.pager.place(view.batch_to_slot, view.accepted, view.num_accepted)
             placement = dataclasses.replace(placement, context_width=width)
             entries = self.drafter.project_context(view.features.reshape(g * (k + 1), -1),
@@ -101,39 +111,107 @@ class RoundComputation:
         else:
             drafts = view.accepted[:, :0]
             tokens = view.accepted  # K = 0: the last committed token
+        q = tokens.shape[1]  # verify width: K + 1, or a scheduled round's bucket
         out = self.target.forward_rows(tokens, starts, width)
         key = None if plan.greedy else SamplingKey(view.seeds, starts)
-        accepted, n = self.acceptance.accept(out.logits, drafts, key, draft_probs=draft_probs)
-        view.accepted.copy_(accepted)
+        accepted, n = self.acceptance.accept(out.logits, drafts, key, draft_probs=draft_probs,
+                                             verify_len=verify_len)
+        # columns past q keep an earlier round's values: every reader stops at n <= q
+        view.accepted[:, :q].copy_(accepted)
         view.num_accepted.copy_(n)
         if plan.drafting:
-            view.features.copy_(out.features.view(view.features.shape))
+            view.features[:, :q].copy_(out.features.view(g, q, -1))
         torch.add(starts, n, out=view.target_len)
         # a committed token chosen from logits holding NaN ends its request (checked by the host)
-        nan_rows = self._any_nan(out.logits.logits).view(g, k + 1)
+        nan_rows = self._any_nan(out.logits.logits).view(g, q)
         view.result[:, 0] = n
-        view.result[:, 1] = (nan_rows * (self._columns[: k + 1] < n[:, None])).amax(-1)
-        view.result[:, 2 : k + 3] = accepted
+        view.result[:, 1] = (nan_rows * (self._columns[:q] < n[:, None])).amax(-1)
+        view.result[:, 2 : q + 2] = accepted
         if plan.record_margins:  # fp32 bit patterns, so the one read carries them
             bits = _top2(out.logits.logits).view(torch.int32).to(_I64)
-            view.result[:, k + 3 :] = bits.view(g, 2 * (k + 1))
+            view.result[:, k + 3 : k + 3 + 2 * q] = bits.view(g, 2 * q)
+
+    def _scheduled_drafts(
+        self, g: int, width: int, view: BucketView
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Place and draft as :meth:`_round` does, then schedule: the verify tokens ``[G, Q]``,
+        drafts ``[G, Q-1]``, ``q`` ``[G, Q-1, V]`` (rejection) and admitted lengths
+        ``verify_len: [G] int64`` (drafted positions, 0 for padding rows).
+
+        ``Q`` is the smallest of :func:`~draftsmith.runtime.buckets.verify_widths` holding the
+        longest admitted prefix plus its bonus; reading it is a host read, so this round is
+        eager (the plan says so). A row admitted fewer than ``Q - 1`` drafts verifies the rest
+        too, but acceptance stops at its admitted length and takes the bonus there.
+        """
+        plan, k = self.plan, self.plan.num_draft_tokens
+        placement = self.pager.place(view.batch_to_slot, view.accepted, view.num_accepted)
+        placement = dataclasses.replace(placement, context_width=width)
+        entries = self.drafter.project_context(view.features.reshape(g * (k + 1), -1),
+                                               placement.ctx_positions.reshape(-1))
+        self.pager.store(placement, entries)
+        key = None if plan.greedy else SamplingKey(view.seeds, placement.new_ctx_len + 1)
+        drafts, probs, hidden = self.draft_block(placement, key)
+        draft_probs = self._slot_probs(probs, view)
+        verify_len = self.schedule_rows(view, placement.bonus, drafts, hidden)
+        q = _bucket(int(verify_len.max()) + 1, verify_widths(k))  # the host read
+        tokens = torch.cat([placement.bonus[:, None], drafts[:, : q - 1]], dim=1)
+        if draft_probs is not None:
+            draft_probs = draft_probs[:, : q - 1]
+        return tokens, drafts[:, : q - 1], draft_probs, verify_len
+
+    def schedule_rows(self, view: BucketView, bonus: torch.Tensor, drafts: torch.Tensor,
+                      hidden: torch.Tensor) -> torch.Tensor:
+        """Admitted lengths ``[G] int64`` (drafted positions) of a round's rows.
+
+        ``bonus: [G]``, ``drafts: [G, K]``, ``hidden: [G, K, H]`` the draft slots' hidden
+        states. The drafter's raw confidence ``[G, K]`` is calibrated with the plan's STS table
+        (:func:`apply_sts`) into prefix survival (:func:`prefix_survival`); the live rows' survival
+        goes to :func:`schedule_prefix` with the plan's ``sps`` table, or to
+        :func:`schedule_top_budget` with ``verify_budget`` per live row. Padding rows get 0.
+        """
+        plan = self.plan
+        prev = torch.cat([bonus[:, None], drafts[:, :-1]], dim=1)
+        raw = self.drafter.confidence(hidden, prev).float()
+        survival = prefix_survival(apply_sts(raw, self._sts))
+        live = (view.batch_to_slot != self.buffers.dummy_slot).nonzero().squeeze(1)
+        lengths = torch.zeros(view.g, dtype=_I64, device=self.device)
+        if live.numel():
+            if plan.verify_schedule == "prefix":
+                admitted = schedule_prefix(survival[live], self._sps)
+            else:
+                admitted = schedule_top_budget(survival[live], plan.verify_budget * live.numel())
+            lengths[live] = admitted
+        return lengths
 
     def _draft(
         self, placement: DraftBlockPlacement, key: SamplingKey | None, view: BucketView
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Block forward, head, chain and selection: drafts ``[G, K]`` and ``q`` ``[G, K, V]``."""
         drafts, probs = self.draft_core(placement, key)
+        return drafts, self._slot_probs(probs, view)
+
+    def _slot_probs(self, probs: torch.Tensor | None, view: BucketView) -> torch.Tensor | None:
+        """``q`` ``[G, K, V]`` stored at each row's slot of the bind-time table and read back
+        from there (``None`` without rejection sampling)."""
         if probs is None:
-            return drafts, None
+            return None
         table = view.draft_probs
         assert table is not None
         table.index_copy_(0, view.batch_to_slot, probs)  # padding rows land on dummy_slot_row
-        return drafts, table[view.batch_to_slot]
+        return table[view.batch_to_slot]
 
     def draft_core(
         self, placement: DraftBlockPlacement, key: SamplingKey | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafting computation: drafts ``[G, K]`` and, for rejection, ``q`` ``[G, K, V]``."""
+        drafts, probs, _ = self.draft_block(placement, key)
+        return drafts, probs
+
+    def draft_block(
+        self, placement: DraftBlockPlacement, key: SamplingKey | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """:meth:`draft_core` plus the draft slots' hidden states ``[G, K, H]`` (what the
+        confidence head reads)."""
         plan = self.plan
         g, k, first = placement.num_requests, plan.num_draft_tokens, plan.first_draft_slot
         ids = self.buffers.block_ids[:g]
@@ -150,7 +228,7 @@ class RoundComputation:
             probs = torch.empty(g, k, plan.vocab_size, dtype=torch.float32, device=self.device)
         drafts, _ = self.chain.run(base, logits.vocab_start, placement.bonus, key,
                                    hidden=draft_hidden, probs_out=probs)
-        return drafts, probs
+        return drafts, probs, draft_hidden
 
 
 __all__ = ["RoundComputation"]
