@@ -461,10 +461,10 @@ def _bind(
     head = target.output_head()
     held = (head.vocab_start, int(head.weight.shape[0]))
     costs, sts = None, None
-    if config.runtime.verify_schedule != "all":
-        k = next(c.draft_tokens for c in auto.choices if c.rows == auto.rows) if auto else \
-            config.num_draft_tokens
-        assert isinstance(k, int)
+    k = next(c.draft_tokens for c in auto.choices if c.rows == auto.rows) if auto else \
+        config.num_draft_tokens
+    assert isinstance(k, int)
+    if config.runtime.verify_schedule != "all" and (k or auto is None):
         sts = _sts_table(drafter)
         check_verify_schedule(config.runtime.verify_schedule, caps, k, mapping.tp_size, sts)
         costs = verify_costs(target, drafter, config, mapping, registry, collectives, k,

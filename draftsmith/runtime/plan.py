@@ -507,10 +507,10 @@ def make_plan(
                else f"family {caps.family} declares no TP fusion")
 
     # ---- confidence and the verify schedule ----
-    schedule = inputs.verify_schedule
-    budget = decide_verify_schedule(
-        schedule, inputs.verify_budget, inputs.verify_costs, inputs.sts_temperatures,
-        inputs.drafter_built, caps, k, tp, decide)
+    schedule, budget = decide_verify_schedule(
+        inputs.verify_schedule, inputs.verify_budget, inputs.verify_costs,
+        inputs.sts_temperatures, inputs.drafter_built, caps, k, tp, decide,
+        auto_chose_zero=k == 0 and inputs.auto is not None)
     confidence = "scheduler" if schedule != "all" else plan_confidence(caps)
 
     # ---- CUDA graphs ----

@@ -56,17 +56,23 @@ def check_verify_schedule(schedule: str, caps: DrafterCapabilities, k: int, tp: 
 def decide_verify_schedule(schedule: str, verify_budget: int | None, costs: VerifyCosts | None,
                            sts: tuple[float, ...] | None, drafter_built: bool,
                            caps: DrafterCapabilities, k: int, tp: int,
-                           decide: Callable[[str, object, str], object]) -> int:
+                           decide: Callable[[str, object, str], object], *,
+                           auto_chose_zero: bool = False) -> tuple[str, int]:
     """Record the ``confidence``, ``verify_schedule`` and ``sps`` decisions through ``decide``
-    (``name, value, reason``); returns the top-budget per-row budget (0 otherwise).
+    (``name, value, reason``); returns the schedule the plan runs and the top-budget per-row
+    budget (0 otherwise). ``auto_chose_zero``: the cost model chose ``K = 0`` for this bucket,
+    so there is nothing to schedule and the plan says so.
 
     :raises PlanError: see :func:`check_verify_schedule`."""
-    if schedule == "all":
+    if schedule == "all" or auto_chose_zero:
         decide("confidence", plan_confidence(caps),
                "the confidence head is scored only; runtime.verify_schedule = 'all'"
                if caps.confidence_head else "no confidence head")
-        decide("verify_schedule", "all", "every row verifies its bonus and all K drafts")
-        return 0
+        decide("verify_schedule", "all",
+               f"runtime.verify_schedule = {schedule!r}, but the cost model chose K = 0 for this "
+               "bucket: nothing is drafted, nothing to schedule" if schedule != "all"
+               else "every row verifies its bonus and all K drafts")
+        return "all", 0
     check_verify_schedule(schedule, caps, k, tp, sts, drafter_built)
     decide("confidence", "scheduler",
            "calibrated prefix survival (confidence head, STS table) feeds the verify scheduler")
@@ -96,7 +102,7 @@ def decide_verify_schedule(schedule: str, verify_budget: int | None, costs: Veri
                 {1, 2, 4, 8, 16, 32, 64, len(costs.sps) - 1}) if b < len(costs.sps))
             decide("sps", f"{len(costs.sps)} entries",
                    f"rounds per second by verify-token count ({shown}): {costs.source}")
-    return budget
+    return schedule, budget
 
 
 __all__ = ["check_verify_schedule", "decide_verify_schedule", "eager_reason", "plan_confidence"]

@@ -265,3 +265,47 @@ def test_the_sps_table_is_measured_at_bind_without_one(nudged, drafter):
     costs = dec.plan.verify_costs
     assert costs is not None and costs.source.startswith("measured at bind on this target")
     assert len(costs.sps) == 2 * 3 + 1 and all(s > 0 for s in costs.sps)
+
+
+class _Digits:
+    """A stand-in tokenizer: ids as text."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+def _profile(best_k: int) -> CostProfile:
+    """Round times under which, at acceptance 0.9, ``K = best_k`` is chosen (0: none is)."""
+    ks = (0, 1, 2, 3)
+    ms = [[10.0] + [10.0 if 0 < j <= best_k else 1e3 for j in ks[1:]] for _ in (1, 2, 4, 8)]
+    return CostProfile(rows=(1, 2, 4, 8), draft_tokens=ks, context_width=128, method="test",
+                       seconds=tuple(tuple(x / 1e3 for x in row) for row in ms))
+
+
+def test_auto_k_with_a_schedule_derives_sps_from_the_profile(nudged, drafter):
+    from draftsmith.runtime.costs import AcceptanceEstimate
+
+    target, oracle = nudged
+    acc = AcceptanceEstimate(conditional=(0.9,), source="test")
+    dec = bind(target, drafter, _config("prefix", k="auto"), profile=_profile(2), acceptance=acc)
+    assert dec.plan.num_draft_tokens == 2 and dec.plan.verify_schedule == "prefix"
+    assert dec.plan.verify_costs.source.startswith("from the cost profile passed to bind")
+    assert dec.plan.verify_costs.sps == pytest.approx(sps_from_profile(_profile(2), 8 * 3))
+    assert [list(r.tokens) for r in dec.generate(PROMPTS, BUDGETS)] == oracle
+    # the cost model chose K = 0: nothing to schedule, and the plan says why
+    off = bind(target, drafter, _config("prefix", k="auto"), profile=_profile(0), acceptance=acc)
+    assert off.plan.num_draft_tokens == 0 and off.plan.verify_schedule == "all"
+    assert "chose K = 0" in off.plan.decision("verify_schedule").reason
+
+
+def test_the_plain_baseline_of_a_scheduled_decoder_verifies_one_token(nudged, drafter):
+    from draftsmith.runtime.api import Decoder
+
+    target, oracle = nudged
+    config = _config("prefix")
+    spec = bind(target, drafter, config, sps=_sps(0.02))
+    decoder = Decoder(spec=spec, target=target, tokenizer=_Digits(), config=config)  # type: ignore[arg-type]
+    report = decoder.generate_ids(PROMPTS, BUDGETS, prompts=[str(p) for p in PROMPTS])
+    assert report.exact and [list(r.tokens) for r in report.results] == oracle
+    assert decoder.plain.plan.verify_schedule == "all"
+    assert decoder.plain.plan.num_draft_tokens == 0
