@@ -467,8 +467,11 @@ def _bind(
     if config.runtime.verify_schedule != "all" and (k or auto is None):
         sts = _sts_table(drafter)
         check_verify_schedule(config.runtime.verify_schedule, caps, k, mapping.tp_size, sts)
-        costs = verify_costs(target, drafter, config, mapping, registry, collectives, k,
-                             sps=sps, profile=auto.profile if auto is not None else profile)
+        profile = auto.profile if auto is not None else profile
+        if config.runtime.verify_schedule == "prefix" or sps is not None or profile is not None:
+            # top-budget reads no sps: measured only for prefix, recorded when at hand
+            costs = verify_costs(target, drafter, config, mapping, registry, collectives, k,
+                                 sps=sps, profile=profile)
     plan = make_plan(_plan_inputs(config, mapping, where, selector, info.vocab_size, held,
                                   bool(getattr(target, "layers_split", False)), auto=auto,
                                   verify_costs=costs, sts=sts),

@@ -299,15 +299,20 @@ class VerifyCosts(_Checked):
 
 def sps_from_profile(profile: CostProfile, max_tokens: int) -> tuple[float, ...]:
     """``sps[B] = 1 / t(B)`` for ``B = 0 .. max_tokens`` verify tokens, from the round times of
-    ``profile``: each measured ``(rows, K)`` is a point ``(rows * (K + 1), seconds)`` (the
-    fastest where several share a token count); ``t`` is linear between the points, flat below
-    the first and continues the last segment's slope (never falling) past the last.
+    ``profile``: each measured ``(rows, K)`` with ``K >= 1`` is a point ``(rows * (K + 1),
+    seconds)`` (the fastest where several share a token count); ``t`` is linear between the
+    points, flat below the first and continues the last segment's slope (never falling) past
+    the last. The plain step's times (``K = 0``) are left out unless nothing else was measured:
+    a scheduled round always drafts, even when it verifies the bonus alone.
 
-    The round times include drafting and the scheduler's work is not in them: this is the
-    bind-time estimate, not a measurement of scheduled rounds."""
+    The round times include drafting at the profiled ``K`` and the scheduler's work is not in
+    them: this is the bind-time estimate, not a measurement of scheduled rounds."""
     points: dict[int, float] = {}
+    drafted = profile.k_max > 0
     for g, times in zip(profile.rows, profile.seconds, strict=True):
         for k, t in zip(profile.draft_tokens, times, strict=True):
+            if drafted and k == 0:
+                continue
             b = g * (k + 1)
             points[b] = min(points.get(b, t), t)
     xs = sorted(points)

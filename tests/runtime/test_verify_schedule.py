@@ -252,11 +252,16 @@ def test_scheduled_rounds_are_not_captured_and_on_is_refused(drafter):
 
 
 def test_sps_from_a_cost_profile_interpolates_round_times():
-    profile = CostProfile(rows=(1, 2), draft_tokens=(0, 1), seconds=((1.0, 2.0), (2.0, 3.0)),
-                          context_width=8, method="test")
-    # points: B = 1 -> 1 s, B = 2 -> min(2, 2) s, B = 4 -> 3 s; past 4 the last slope (0.5 s)
-    sps = sps_from_profile(profile, 6)
-    assert sps == pytest.approx((1.0, 1.0, 1 / 2, 1 / 2.5, 1 / 3, 1 / 3.5, 1 / 4))
+    profile = CostProfile(rows=(1, 2), draft_tokens=(0, 1, 2),
+                          seconds=((0.5, 2.0, 2.5), (1.0, 3.0, 4.5)), context_width=8,
+                          method="test")
+    # K >= 1 points: B = 2 -> 2 s, B = 3 -> 2.5 s, B = 4 -> 3 s, B = 6 -> 4.5 s; flat below
+    # B = 2 (the plain step's 0.5 s and 1 s are left out), the last slope (0.75 s) past B = 6
+    sps = sps_from_profile(profile, 7)
+    assert sps == pytest.approx((1 / 2, 1 / 2, 1 / 2, 1 / 2.5, 1 / 3, 1 / 3.75, 1 / 4.5, 1 / 5.25))
+    plain = CostProfile(rows=(1, 2), draft_tokens=(0,), seconds=((1.0,), (2.0,)),
+                        context_width=8, method="test")
+    assert sps_from_profile(plain, 3) == pytest.approx((1.0, 1.0, 1 / 2, 1 / 3))
 
 
 def test_the_sps_table_is_measured_at_bind_without_one(nudged, drafter):
