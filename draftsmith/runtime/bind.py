@@ -48,12 +48,7 @@ from draftsmith.runtime.costs import (
 from draftsmith.runtime.decoder import SpecDecoder
 from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager, SlotManager
-from draftsmith.runtime.plan import (
-    AutoDraftTokens,
-    DraftPlan,
-    PlanInputs,
-    make_plan,
-)
+from draftsmith.runtime.plan import AutoDraftTokens, DraftPlan, PlanInputs, make_plan
 from draftsmith.runtime.registry import Registry, load_registry
 from draftsmith.runtime.targets.hf_gemm import gemm_choice
 from draftsmith.runtime.verify_plan import check_verify_schedule

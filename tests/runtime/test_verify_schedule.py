@@ -314,3 +314,16 @@ def test_the_plain_baseline_of_a_scheduled_decoder_verifies_one_token(nudged, dr
     assert report.exact and [list(r.tokens) for r in report.results] == oracle
     assert decoder.plain.plan.verify_schedule == "all"
     assert decoder.plain.plan.num_draft_tokens == 0
+
+
+def test_plan_only_shows_the_schedule_without_measuring():
+    """``draftsmith plan`` (no weights): the schedule is decided from the declared capabilities,
+    the STS table is checked at bind, and the ``sps`` table is said to be measured there."""
+    from draftsmith.runtime.bind import plan_only
+
+    toy = TargetInfo(vocab_size=64, hidden_size=32, num_layers=4)
+    plan = plan_only(_config("prefix"), toy)
+    assert plan.verify_schedule == "prefix" and plan.verify_costs is None
+    assert plan.decision("sps").value == "measured at bind"
+    with pytest.raises(PlanError, match="needs a drafter with a confidence head"):
+        plan_only(_config("prefix", family="dflash"), toy)
