@@ -87,7 +87,9 @@ class RoundComputation:
         ``width``: context columns the target and the drafter attend to, at least every real
         row's position plus ``K + 1``. Padding rows (``batch_to_slot`` = dummy) compute at
         clamped positions of their own free slots and touch no live state. No host reads, no
-        persistent allocation: a CUDA graph captures it.
+        persistent allocation: a CUDA graph captures it. Under ``plan.verify_schedule`` other
+        than ``all`` the round reads its verify width back (:meth:`_scheduled_drafts`) and is
+        never captured (the plan refuses it).
         """
         with values_trusted():
             self._round(g, width)
@@ -100,12 +102,7 @@ class RoundComputation:
         if plan.drafting and plan.verify_schedule != "all":
             tokens, drafts, draft_probs, verify_len = self._scheduled_drafts(g, width, view)
         elif plan.drafting:
-            placement = self.pager.place(view.batch_to_slot, view.accepted, view.num_accepted)
-            placement = dataclasses.replace(placement, context_width=width)
-            entries = self.drafter.project_context(view.features.reshape(g * (k + 1), -1),
-                                                   placement.ctx_positions.reshape(-1))
-            self.pager.store(placement, entries)
-            key = None if plan.greedy else SamplingKey(view.seeds, placement.new_ctx_len + 1)
+            placement, key = self._place(g, width, view)
             drafts, draft_probs = self._draft(placement, key, view)
             tokens = torch.cat([placement.bonus[:, None], drafts], dim=1)
         else:
@@ -131,6 +128,19 @@ class RoundComputation:
             bits = _top2(out.logits.logits).view(torch.int32).to(_I64)
             view.result[:, k + 3 : k + 3 + 2 * q] = bits.view(g, 2 * q)
 
+    def _place(self, g: int, width: int,
+               view: BucketView) -> tuple[DraftBlockPlacement, SamplingKey | None]:
+        """Place the block of rows ``0 .. g-1`` at context ``width`` and store the context
+        entries the last round committed (paging); returns the placement and the drafts' key."""
+        plan, k = self.plan, self.plan.num_draft_tokens
+        placement = self.pager.place(view.batch_to_slot, view.accepted, view.num_accepted)
+        placement = dataclasses.replace(placement, context_width=width)
+        entries = self.drafter.project_context(view.features.reshape(g * (k + 1), -1),
+                                               placement.ctx_positions.reshape(-1))
+        self.pager.store(placement, entries)
+        key = None if plan.greedy else SamplingKey(view.seeds, placement.new_ctx_len + 1)
+        return placement, key
+
     def _scheduled_drafts(
         self, g: int, width: int, view: BucketView
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
@@ -143,17 +153,11 @@ class RoundComputation:
         eager (the plan says so). A row admitted fewer than ``Q - 1`` drafts verifies the rest
         too, but acceptance stops at its admitted length and takes the bonus there.
         """
-        plan, k = self.plan, self.plan.num_draft_tokens
-        placement = self.pager.place(view.batch_to_slot, view.accepted, view.num_accepted)
-        placement = dataclasses.replace(placement, context_width=width)
-        entries = self.drafter.project_context(view.features.reshape(g * (k + 1), -1),
-                                               placement.ctx_positions.reshape(-1))
-        self.pager.store(placement, entries)
-        key = None if plan.greedy else SamplingKey(view.seeds, placement.new_ctx_len + 1)
+        placement, key = self._place(g, width, view)
         drafts, probs, hidden = self.draft_block(placement, key)
         draft_probs = self._slot_probs(probs, view)
         verify_len = self.schedule_rows(view, placement.bonus, drafts, hidden)
-        q = _bucket(int(verify_len.max()) + 1, verify_widths(k))  # the host read
+        q = _bucket(int(verify_len.max()) + 1, verify_widths(self.plan.num_draft_tokens))
         tokens = torch.cat([placement.bonus[:, None], drafts[:, : q - 1]], dim=1)
         if draft_probs is not None:
             draft_probs = draft_probs[:, : q - 1]
