@@ -66,7 +66,7 @@ def _k_arg(text: str) -> int | str:
 
 
 def _decoder(target, tokenizer, dtype_name: str, batch: int, k: int | str, family: str = "dspark-gqa",
-             checkpoint: str | None = None):
+             checkpoint: str | None = None, verify_schedule: str = "all"):
     from draftsmith.cli.common import SHIPPED_DRAFTER
     from draftsmith.runtime.api import load_decoder
     from draftsmith.runtime.config import SpecConfig
@@ -77,7 +77,7 @@ def _decoder(target, tokenizer, dtype_name: str, batch: int, k: int | str, famil
         "target": {"model": "smollm2-135m", "dtype": {"bf16": "bfloat16"}.get(dtype_name,
                                                                            "float32"),
                    "device": "cuda" if torch.cuda.is_available() else "cpu"},
-        "runtime": {"max_batch": batch, "max_context": 2048},
+        "runtime": {"max_batch": batch, "max_context": 2048, "verify_schedule": verify_schedule},
     })
     return load_decoder(config, target=target, tokenizer=tokenizer)
 
@@ -261,6 +261,27 @@ def _exact(got: list[list[int]], want: list[list[int]]) -> str:
     return f"{same}/{len(want)}"
 
 
+def _scheduled(target, tokenizer, dtype_name: str, batch: int, args: argparse.Namespace,
+               ids: list[list[int]], spec_report, plain_tokens: list[list[int]],
+               table: Table) -> None:
+    """The ``spec-<schedule>`` row: the same decoding under ``runtime.verify_schedule``, with
+    its ratio to plain and to verifying every draft (``spec``, the issue's comparison)."""
+    dec = _decoder(target, tokenizer, dtype_name, batch, args.k,
+                   verify_schedule=args.verify_schedule)
+    dec.generate_ids(ids[: max(batch, 2)], 16, compare_plain=False)  # warm-up, untimed
+    report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=False)
+    rate = report.spec_tokens_per_s
+    plan = dec.spec.plan
+    table.add(dtype=dtype_name, batch=batch, decoding=f"spec-{args.verify_schedule}",
+              prompts=len(ids), tokens=report.num_tokens, tokens_per_s=rate,
+              vs_plain=rate / spec_report.plain_tokens_per_s,
+              tau=report.mean_accepted_length,
+              exact=_exact([list(r.tokens) for r in report.results], plain_tokens),
+              note=f"{rate / spec_report.spec_tokens_per_s:.2f}x spec (verify all); "
+                   f"cuda_graphs {plan.cuda_graphs}; sps: "
+                   + (plan.decision("sps").reason if plan.verify_schedule == "prefix" else "-"))
+
+
 def run_dtype(dtype_name: str, args: argparse.Namespace, table: Table) -> None:
     from draftsmith.runtime.config import TargetConfig
     from draftsmith.runtime.targets.smollm2 import load_target
@@ -295,6 +316,9 @@ def run_dtype(dtype_name: str, args: argparse.Namespace, table: Table) -> None:
                   + (f" (auto: {report.draft_tokens_reason})" if args.k == "auto" else "")
                   + "; per set tau " + ", ".join(
                       f"{name} {_tau(report, prompts, name):.2f}" for name in SETS))
+        if args.verify_schedule != "all":
+            _scheduled(target, tokenizer, dtype_name, batch, args, ids, report, plain_tokens,
+                       table)
         if not args.slow_limit:
             continue
         # the slow baselines, on the first --slow-limit prompts of each set
@@ -421,6 +445,10 @@ def main() -> int:
                              "the DFlash comparison then uses 7)")
     parser.add_argument("--parts", default="recipe,hf,zlab",
                         help="slow baselines to run (recipe, hf, zlab)")
+    parser.add_argument("--verify-schedule", default="all",
+                        choices=["all", "prefix", "top-budget"],
+                        help="also run the decoding under this runtime.verify_schedule (row "
+                             "spec-<schedule>, with its ratio to verifying every draft)")
     parser.add_argument("--data", default=str(DATA))
     parser.add_argument("--plot", type=Path, help="plot an e2e.json and exit")
     parser.add_argument("--smoke", action="store_true", help="tiny run on the CPU")

@@ -51,7 +51,6 @@ ALLOW: dict[tuple[str, str], str] = {
     ("draftsmith.drafters.mla", "read_mla_checkpoint"): "docs/checkpoint-mla.md names it here",
     ("draftsmith.runtime.reference_loop", "*"):
         "the golden-path loop: the decoder is tested against it, and it is how to read a round",
-    ("draftsmith.runtime.scheduler", "*"): "the prefix scheduler: the batched-speculation issue",
     ("draftsmith.checkpoints", "*"): "data: the shipped checkpoint, read by path",
     ("draftsmith.__main__", "*"): "entry point: python -m draftsmith",
     ("draftsmith.cli.__main__", "*"): "entry point: python -m draftsmith.cli",

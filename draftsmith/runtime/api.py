@@ -302,7 +302,10 @@ class Decoder:
         """The baseline: the same target, selection and runtime with ``K = 0`` (bound on first
         use; it shares the target's cache with :attr:`spec`, one call at a time)."""
         if self._plain is None:
-            config = self.config.model_copy(update={"num_draft_tokens": 0})
+            # plain decoding drafts nothing: there is nothing to schedule
+            runtime = self.config.runtime.model_copy(update={"verify_schedule": "all",
+                                                             "verify_budget": None})
+            config = self.config.model_copy(update={"num_draft_tokens": 0, "runtime": runtime})
             self._plain = bind(self.target, self.spec.drafter, config,
                                collectives=self.spec.collectives)
         return self._plain

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -37,10 +38,12 @@ from draftsmith.runtime.config import SpecConfig, TargetConfig, parse_device, re
 from draftsmith.runtime.costs import (
     AcceptanceEstimate,
     CostProfile,
+    VerifyCosts,
     acceptance_prior,
     choose_draft_tokens,
     profile_ks,
     profile_rounds,
+    sps_from_profile,
 )
 from draftsmith.runtime.decoder import SpecDecoder
 from draftsmith.runtime.markov import DraftChain
@@ -48,6 +51,7 @@ from draftsmith.runtime.paging import ContextPager, SlotManager
 from draftsmith.runtime.plan import AutoDraftTokens, DraftPlan, PlanInputs, make_plan
 from draftsmith.runtime.registry import Registry, load_registry
 from draftsmith.runtime.targets.hf_gemm import gemm_choice
+from draftsmith.runtime.verify_plan import check_verify_schedule
 
 _KNOWN_TARGETS = {
     "smollm2-135m": TargetInfo(vocab_size=49152, hidden_size=576, num_layers=30),
@@ -163,7 +167,9 @@ def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str,
                  selector: TokenSelector, vocab_size: int,
                  head_shard: tuple[int, int] | None = None,
                  layers_split: bool | None = None, *, auto: AutoDraftTokens | None = None,
-                 auto_k: int | None = None) -> PlanInputs:
+                 auto_k: int | None = None, verify_costs: VerifyCosts | None = None,
+                 sts: tuple[float, ...] | None = None, drafter_built: bool = True
+                 ) -> PlanInputs:
     rt = config.runtime
     k = config.num_draft_tokens
     if auto is not None:
@@ -190,6 +196,11 @@ def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str,
         head_shard=head_shard,
         target_layers="split" if (config.target.split_layers if layers_split is None
                                   else layers_split) and mapping.tp_size > 1 else "whole",
+        verify_schedule=rt.verify_schedule,
+        verify_budget=rt.verify_budget,
+        verify_costs=verify_costs,
+        sts_temperatures=sts,
+        drafter_built=drafter_built,
     )
 
 
@@ -269,7 +280,7 @@ def plan_only(
     check_fit(capabilities, target_info, _origin(config))
     device = _plan_device(config.target.device)
     return make_plan(_plan_inputs(config, mapping, device, selector, target_info.vocab_size,
-                                  auto_k=auto_k_max(capabilities)),
+                                  auto_k=auto_k_max(capabilities), drafter_built=False),
                      capabilities, target_info,
                      fused_kernels_available=_fused_kernels_available(device))
 
@@ -337,6 +348,7 @@ def bind(
     profile: CostProfile | None = None,
     acceptance: AcceptanceEstimate | None = None,
     rows: int | None = None,
+    sps: Sequence[float] | None = None,
 ) -> SpecDecoder:
     """Validate the combination, decide the plan, allocate buffers, return the decoder.
 
@@ -348,9 +360,16 @@ def bind(
     ``profile`` (default: rounds of every profiled ``K`` timed here, on this target) and
     ``acceptance`` (default: the checkpoint's recorded prior, else the conservative default).
     The other arguments are ignored for a fixed ``K``.
+
+    With ``runtime.verify_schedule`` other than ``all``, the scheduler's throughput table is
+    ``sps`` (``sps[B]``: rounds per second at ``B`` verify tokens, ``B = 0 .. max_batch * (K +
+    1)``) when given, else derived from the cost profile (``profile``, or the one measured for
+    ``auto``), else measured here on this target (:func:`verify_costs`); the plan records it and
+    its source.
     """
     if config.num_draft_tokens != "auto":
-        return _bind(target, drafter, config, mapping, registry, collectives, None)
+        return _bind(target, drafter, config, mapping, registry, collectives, None, sps,
+                     profile)
     if (mapping if mapping is not None else config.parallel).tp_size > 1:
         # each rank would time its own rounds and could choose another K than its peers
         raise PlanError("num_draft_tokens = 'auto' measures costs on one process; under tensor "
@@ -374,7 +393,7 @@ def bind(
                                 k_max, buckets)
     auto = AutoDraftTokens(profile=profile, acceptance=acceptance, rows=rows,
                            choices=choose_draft_tokens(profile, acceptance, k_max))
-    return _bind(target, drafter, config, mapping, registry, collectives, auto)
+    return _bind(target, drafter, config, mapping, registry, collectives, auto, sps, profile)
 
 
 def measure_costs(target: TargetModel, drafter: Drafter, config: SpecConfig,
@@ -385,9 +404,12 @@ def measure_costs(target: TargetModel, drafter: Drafter, config: SpecConfig,
     for ``rows[-1]`` requests at the smallest context bucket (captured on CUDA), its round timed
     at each of ``rows``; the decoders are dropped afterwards."""
     decoders = {}
+    # the profiled rounds verify every draft: they are what the scheduler's table is built from
+    runtime = config.runtime.model_copy(update={"verify_schedule": "all", "verify_budget": None})
     for k in profile_ks(k_max):
-        dec = _bind(target, drafter, config.model_copy(update={"num_draft_tokens": k}), mapping,
-                    registry, collectives, None)
+        dec = _bind(target, drafter, config.model_copy(update={"num_draft_tokens": k,
+                                                               "runtime": runtime}),
+                    mapping, registry, collectives, None)
         decoders[k] = dec
     width = min([MIN_CONTEXT_BUCKET] + [d.plan.max_ctx for d in decoders.values()])
     for dec in decoders.values():
@@ -403,6 +425,8 @@ def _bind(
     registry: Registry | None,
     collectives: Collectives | None,
     auto: AutoDraftTokens | None,
+    sps: Sequence[float] | None = None,
+    profile: CostProfile | None = None,
 ) -> SpecDecoder:
     mapping = mapping if mapping is not None else config.parallel
     collectives = collectives if collectives is not None else SingleRank()
@@ -431,8 +455,21 @@ def _bind(
     where = device.type if device.type != "cuda" else str(device)
     head = target.output_head()
     held = (head.vocab_start, int(head.weight.shape[0]))
+    costs, sts = None, None
+    k = next(c.draft_tokens for c in auto.choices if c.rows == auto.rows) if auto else \
+        config.num_draft_tokens
+    assert isinstance(k, int)
+    if config.runtime.verify_schedule != "all" and (k or auto is None):
+        sts = _sts_table(drafter)
+        check_verify_schedule(config.runtime.verify_schedule, caps, k, mapping.tp_size, sts)
+        profile = auto.profile if auto is not None else profile
+        if config.runtime.verify_schedule == "prefix" or sps is not None or profile is not None:
+            # top-budget reads no sps: measured only for prefix, recorded when at hand
+            costs = verify_costs(target, drafter, config, mapping, registry, collectives, k,
+                                 sps=sps, profile=profile)
     plan = make_plan(_plan_inputs(config, mapping, where, selector, info.vocab_size, held,
-                                  bool(getattr(target, "layers_split", False)), auto=auto),
+                                  bool(getattr(target, "layers_split", False)), auto=auto,
+                                  verify_costs=costs, sts=sts),
                      caps, info,
                      fused_kernels_available=_fused_kernels_available(where))
     _check_markov(drafter, plan)
@@ -472,5 +509,46 @@ def _bind(
     )
 
 
+def _sts_table(drafter: Drafter) -> tuple[float, ...] | None:
+    """The drafter's STS table as floats, ``None`` when it has none. Not a contract method yet:
+    read here, at bind, from the ``sts_temperatures`` property the built-in DSpark drafters
+    expose (a drafter without it has no table)."""
+    table = getattr(drafter, "sts_temperatures", None)
+    if table is None:
+        return None
+    return tuple(float(t) for t in torch.as_tensor(table, dtype=torch.float32).tolist())
+
+
+def verify_costs(target: TargetModel, drafter: Drafter, config: SpecConfig,
+                 mapping: ParallelMapping | None, registry: Registry | None,
+                 collectives: Collectives | None, k: int, *,
+                 sps: Sequence[float] | None = None,
+                 profile: CostProfile | None = None) -> VerifyCosts:
+    """The verify scheduler's ``sps`` table for ``B = 0 .. max_batch * (K + 1)`` verify tokens:
+    ``sps`` as given, else :func:`sps_from_profile` of ``profile``, else of rounds measured here
+    (:func:`measure_costs` for ``K`` up to ``k``, every row bucket of ``runtime.max_batch``)."""
+    capacity = config.runtime.max_batch
+    tokens = capacity * (k + 1)
+    if sps is not None:
+        values = tuple(float(x) for x in sps)
+        if len(values) <= tokens:
+            raise ConfigError(f"the sps table given to bind has {len(values)} entries; it needs "
+                              f"one per verify-token count 0 .. {tokens} (max_batch * (K + 1))")
+        return VerifyCosts(sps=values[: tokens + 1], source="given to bind (sps=...)")
+    if profile is not None:
+        return VerifyCosts(sps=sps_from_profile(profile, tokens),
+                           source=f"from the cost profile passed to bind ({profile.method}, "
+                                  f"context width {profile.context_width}), 1 / round seconds "
+                                  "interpolated over rows * (K + 1) verify tokens")
+    registry = registry if registry is not None else load_registry()
+    measured = measure_costs(target, drafter, config, mapping, registry, collectives, k,
+                             row_buckets(capacity))
+    return VerifyCosts(sps=sps_from_profile(measured, tokens),
+                       source=f"measured at bind on this target and device ({measured.method}, "
+                              f"K in {measured.draft_tokens}, rows {measured.rows}, context "
+                              f"width {measured.context_width}), 1 / round seconds "
+                              "interpolated over rows * (K + 1) verify tokens; drafting included")
+
+
 __all__ = ["AUTO_K_MAX", "auto_k_max", "bind", "check_fit", "load_drafter", "measure_costs",
-           "plan_only", "target_info_from_config"]
+           "plan_only", "target_info_from_config", "verify_costs"]

@@ -45,10 +45,22 @@ def prefill_width(length: int, room: int) -> int:
     return max(min(width, room), length)
 
 
+VERIFY_WIDTHS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 65)
+"""Verify widths ``Q`` (tokens per row, bonus included) a scheduled round pads to; capped at
+``K + 1``."""
+
+
+def verify_widths(num_draft_tokens: int) -> tuple[int, ...]:
+    """The verify widths of a scheduled round for ``K = num_draft_tokens``: those of
+    :data:`VERIFY_WIDTHS` below ``K + 1``, then ``K + 1``."""
+    k1 = num_draft_tokens + 1
+    return (*[q for q in VERIFY_WIDTHS if q < k1], k1)
+
+
 def bucket(value: int, buckets: tuple[int, ...]) -> int:
     """The smallest of ``buckets`` (ascending) that is at least ``value``."""
     return next(b for b in buckets if b >= value)
 
 
-__all__ = ["MIN_CONTEXT_BUCKET", "PREFILL_TOKENS", "PREFILL_WIDTHS", "bucket", "prefill_width",
-           "row_buckets", "width_buckets"]
+__all__ = ["MIN_CONTEXT_BUCKET", "PREFILL_TOKENS", "PREFILL_WIDTHS", "VERIFY_WIDTHS", "bucket",
+           "prefill_width", "row_buckets", "verify_widths", "width_buckets"]

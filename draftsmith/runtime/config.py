@@ -194,6 +194,25 @@ class RuntimeOptions(_Strict):
     where speculative and plain decoding part and how close the call was there: ``auto`` does so
     on a single rank, ``on`` also asks for it elsewhere (refused under TP > 1), ``off`` never."""
 
+    verify_schedule: Literal["all", "prefix", "top-budget"] = "all"
+    """Which drafts each round verifies. ``all``: every row its bonus and all ``K`` drafts.
+    ``prefix``: the DSpark prefix scheduler (Algorithm 1) on the drafter's calibrated prefix
+    survival and the bind-time throughput table; ``top-budget``: the ``verify_budget`` drafted
+    positions of highest survival per live row. Both need a drafter with a confidence head and
+    an STS calibration table, verify only the admitted prefixes and stay lossless."""
+    verify_budget: int | None = Field(default=None, ge=0, strict=True)
+    """``top-budget`` only: drafted positions admitted per round, per live row (summed over the
+    round's rows); ``None``: ``K // 2`` per row."""
+
+    @model_validator(mode="after")
+    def _budget_needs_top_budget(self) -> RuntimeOptions:
+        if self.verify_budget is not None and self.verify_schedule != "top-budget":
+            raise ValueError(
+                f"verify_budget is set but verify_schedule is {self.verify_schedule!r}; set "
+                "verify_schedule = 'top-budget' or remove verify_budget"
+            )
+        return self
+
     @model_validator(mode="after")
     def _page_fits_context(self) -> RuntimeOptions:
         # a page larger than the context only wastes memory: every slot owns whole pages

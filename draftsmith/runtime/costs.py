@@ -280,6 +280,61 @@ def acceptance_prior(checkpoint: Path | None, k_max: int) -> AcceptanceEstimate:
                               source=f"checkpoint config.json {PRIOR_KEY} ({where})")
 
 
+class VerifyCosts(_Checked):
+    """The throughput table the verify scheduler reads, and where it came from."""
+
+    model_config = _FROZEN
+
+    sps: tuple[float, ...]
+    """``sps[B]``: rounds per second when a round verifies ``B`` tokens over all its rows
+    (bonus included), for ``B = 0 .. max_batch * (K + 1)``."""
+    source: str
+    """How the table was obtained (measured at bind, a given profile, or given to ``bind``)."""
+
+    def model_post_init(self, _context: object) -> None:
+        if len(self.sps) < 2 or any(not s > 0 for s in self.sps):
+            raise ValueError("the sps table needs positive entries for 0 .. max_batch * (K + 1) "
+                             "verify tokens")
+
+
+def sps_from_profile(profile: CostProfile, max_tokens: int) -> tuple[float, ...]:
+    """``sps[B] = 1 / t(B)`` for ``B = 0 .. max_tokens`` verify tokens, from the round times of
+    ``profile``: each measured ``(rows, K)`` with ``K >= 1`` is a point ``(rows * (K + 1),
+    seconds)`` (the fastest where several share a token count); ``t`` is linear between the
+    points, flat below the first and continues the last segment's slope (never falling) past
+    the last. The plain step's times (``K = 0``) are left out unless nothing else was measured:
+    a scheduled round always drafts, even when it verifies the bonus alone.
+
+    The round times include drafting at the profiled ``K`` and the scheduler's work is not in
+    them: this is the bind-time estimate, not a measurement of scheduled rounds."""
+    points: dict[int, float] = {}
+    drafted = profile.k_max > 0
+    for g, times in zip(profile.rows, profile.seconds, strict=True):
+        for k, t in zip(profile.draft_tokens, times, strict=True):
+            if drafted and k == 0:
+                continue
+            b = g * (k + 1)
+            points[b] = min(points.get(b, t), t)
+    xs = sorted(points)
+    out = []
+    for b in range(max_tokens + 1):
+        if b <= xs[0]:
+            t = points[xs[0]]
+        elif b >= xs[-1]:
+            if len(xs) == 1:
+                t = points[xs[0]]
+            else:
+                x0, x1 = xs[-2], xs[-1]
+                slope = max((points[x1] - points[x0]) / (x1 - x0), 0.0)
+                t = points[x1] + slope * (b - x1)
+        else:
+            hi = next(i for i, x in enumerate(xs) if x >= b)
+            x0, x1 = xs[hi - 1], xs[hi]
+            t = points[x0] + (points[x1] - points[x0]) * (b - x0) / (x1 - x0)
+        out.append(1.0 / t)
+    return tuple(out)
+
+
 def profile_ks(k_max: int) -> tuple[int, ...]:
     """``K`` values to time for ``K`` up to ``k_max``: :data:`PROFILE_CANDIDATES` up to it, and
     ``k_max`` itself."""
@@ -347,5 +402,7 @@ __all__ = [
     "acceptance_prior",
     "choose_draft_tokens",
     "profile_ks",
+    "VerifyCosts",
     "profile_rounds",
+    "sps_from_profile",
 ]

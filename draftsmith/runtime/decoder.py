@@ -6,13 +6,9 @@ plain selection), acceptance, the target and the bind-time buffers. Request ``r`
 ``s`` of every per-slot state, and batch row ``s`` of a round is that slot: a round over ``G``
 rows serves slots ``0 .. G-1`` (free slots among them are padding, routed to the dummy slot).
 
-One round, :meth:`SpecDecoder.round_core`, reads and writes only device state::
-
-    place block + store new context (paging) -> block forward -> head logits -> draft chain
-    -> target forward of [bonus, drafts] at each row's position -> accept -> commit
-
-Committing is advancing the row's target position and keeping the round's accepted tokens,
-counts and target features for the next placement. With ``plan.cuda_graphs`` the round is
+One round, :meth:`SpecDecoder.round_core` (from :mod:`draftsmith.runtime.round`), reads and
+writes only device state. Committing is advancing the row's target position and keeping the
+round's accepted tokens, counts and target features for the next placement. With ``plan.cuda_graphs`` the round is
 captured per (rows, context width) bucket by :meth:`SpecDecoder.prepare` and replayed; the host
 then reads the device once per round (counts and tokens, one copy). ``K = 0`` is plain decoding
 through the same round: the target's one-token step. Prefill stays eager. Hot path: must not
@@ -22,7 +18,6 @@ import pluggy, the registry or bind.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import operator
 import struct
 import time
@@ -34,8 +29,6 @@ import torch
 from draftsmith.contract import (
     Collectives,
     ConfigError,
-    DraftBlockInputs,
-    DraftBlockPlacement,
     Drafter,
     PlanError,
     SamplingKey,
@@ -52,11 +45,12 @@ from draftsmith.runtime.buckets import (
     width_buckets,
 )
 from draftsmith.runtime.buckets import bucket as _bucket
-from draftsmith.runtime.buffers import BucketView, DecoderBuffers
+from draftsmith.runtime.buffers import DecoderBuffers
 from draftsmith.runtime.graphs import CapturedCall
 from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager, SlotManager
 from draftsmith.runtime.plan import DraftPlan
+from draftsmith.runtime.round import RoundComputation, _top2
 
 _I64 = torch.int64
 
@@ -147,19 +141,13 @@ def _token_ids(what: str, ids: Iterable[object], vocab_size: int) -> list[int]:
     return out
 
 
-def _top2(logits: torch.Tensor) -> torch.Tensor:
-    """``[rows, 2] fp32``: each row's largest logit and its margin over the second largest."""
-    top = torch.topk(logits.float(), 2, dim=-1).values
-    return torch.stack((top[:, 0], top[:, 0] - top[:, 1]), dim=-1)
-
-
 def _float_pairs(bits: list[int]) -> list[tuple[float, float]]:
     """fp32 values written into the int64 result as their 32-bit patterns, in pairs."""
     values = struct.unpack(f"<{len(bits)}f", struct.pack(f"<{len(bits)}i", *bits))
     return list(zip(values[::2], values[1::2], strict=True))
 
 
-class SpecDecoder:
+class SpecDecoder(RoundComputation):
     """A bound speculative decoder: the plan plus the components built from it."""
 
     def __init__(
@@ -205,6 +193,10 @@ class SpecDecoder:
         """Host staging buffers are pinned (copies from them to the device do not block the host)."""
         self._host_result = torch.empty(buffers.result.shape, dtype=_I64, pin_memory=self._pinned)
         self._columns = torch.arange(plan.num_draft_tokens + 1, device=self.device)
+        self._sts = torch.tensor(plan.sts_temperatures, dtype=torch.float32, device=self.device)
+        costs = plan.verify_costs
+        self._sps = torch.tensor(costs.sps if costs is not None else (), dtype=torch.float64,
+                                 device=self.device)
         self.admissions: dict[int, CapturedCall] = {}
         """Captured one-prompt admissions by prefill width."""
         self._adm_args = torch.zeros(3, dtype=_I64, device=self.device)
@@ -521,13 +513,6 @@ class SpecDecoder:
             self._start(r, tok, bool(bad), tuple(margin), t0)
         return reqs
 
-    def _any_nan(self, logits: torch.Tensor) -> torch.Tensor:
-        """``[rows] int64``: 1 where a row of this rank's logits ``[rows, S]`` holds NaN, summed
-        over the ranks (a NaN wins selection, as in ``torch.argmax``: it decided that row's
-        token)."""
-        nan = torch.isnan(logits).any(-1).to(_I64)
-        return self.collectives.all_reduce(nan) if self.plan.tp_size > 1 else nan
-
     def _abandon(self, reqs: list[_Request]) -> None:
         """Release the slots of every admitted request that did not finish."""
         held = [r for r in reqs if r.slot >= 0 and not r.finish]
@@ -596,85 +581,6 @@ class SpecDecoder:
         host = self._host_result[:g]
         host.copy_(self.buffers.result[:g])  # into pinned memory; waits for the round
         return host.tolist()
-
-    def round_core(self, g: int, width: int) -> None:
-        """One round over rows ``0 .. g-1``, reading and writing only device state.
-
-        ``width``: context columns the target and the drafter attend to, at least every real
-        row's position plus ``K + 1``. Padding rows (``batch_to_slot`` = dummy) compute at
-        clamped positions of their own free slots and touch no live state. No host reads, no
-        persistent allocation: a CUDA graph captures it.
-        """
-        with values_trusted():
-            self._round(g, width)
-
-    def _round(self, g: int, width: int) -> None:
-        plan, k = self.plan, self.plan.num_draft_tokens
-        view = self.buffers.view(g)
-        starts = view.target_len.clamp(max=self._length - (k + 1))
-        draft_probs = None
-        if plan.drafting:
-            placement = self.pager.place(view.batch_to_slot, view.accepted, view.num_accepted)
-            placement = dataclasses.replace(placement, context_width=width)
-            entries = self.drafter.project_context(view.features.reshape(g * (k + 1), -1),
-                                                   placement.ctx_positions.reshape(-1))
-            self.pager.store(placement, entries)
-            key = None if plan.greedy else SamplingKey(view.seeds, placement.new_ctx_len + 1)
-            drafts, draft_probs = self._draft(placement, key, view)
-            tokens = torch.cat([placement.bonus[:, None], drafts], dim=1)
-        else:
-            drafts = view.accepted[:, :0]
-            tokens = view.accepted  # K = 0: the last committed token
-        out = self.target.forward_rows(tokens, starts, width)
-        key = None if plan.greedy else SamplingKey(view.seeds, starts)
-        accepted, n = self.acceptance.accept(out.logits, drafts, key, draft_probs=draft_probs)
-        view.accepted.copy_(accepted)
-        view.num_accepted.copy_(n)
-        if plan.drafting:
-            view.features.copy_(out.features.view(view.features.shape))
-        torch.add(starts, n, out=view.target_len)
-        # a committed token chosen from logits holding NaN ends its request (checked by the host)
-        nan_rows = self._any_nan(out.logits.logits).view(g, k + 1)
-        view.result[:, 0] = n
-        view.result[:, 1] = (nan_rows * (self._columns[: k + 1] < n[:, None])).amax(-1)
-        view.result[:, 2 : k + 3] = accepted
-        if plan.record_margins:  # fp32 bit patterns, so the one read carries them
-            bits = _top2(out.logits.logits).view(torch.int32).to(_I64)
-            view.result[:, k + 3 :] = bits.view(g, 2 * (k + 1))
-
-    def _draft(
-        self, placement: DraftBlockPlacement, key: SamplingKey | None, view: BucketView
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Block forward, head, chain and selection: drafts ``[G, K]`` and ``q`` ``[G, K, V]``."""
-        drafts, probs = self.draft_core(placement, key)
-        if probs is None:
-            return drafts, None
-        table = view.draft_probs
-        assert table is not None
-        table.index_copy_(0, view.batch_to_slot, probs)  # padding rows land on dummy_slot_row
-        return drafts, table[view.batch_to_slot]
-
-    def draft_core(
-        self, placement: DraftBlockPlacement, key: SamplingKey | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The drafting computation: drafts ``[G, K]`` and, for rejection, ``q`` ``[G, K, V]``."""
-        plan = self.plan
-        g, k, first = placement.num_requests, plan.num_draft_tokens, plan.first_draft_slot
-        ids = self.buffers.block_ids[:g]
-        ids.fill_(self.mask_token_id)
-        ids[:, 0] = placement.bonus
-        emb = self.drafter.embed_block(ids, self.target_embedding)
-        inputs = DraftBlockInputs(token_ids=ids, positions=placement.query_positions, embeddings=emb)
-        hidden = self.drafter.forward_block(inputs, placement, self.buffers.cache)
-        draft_hidden = hidden[:, first : first + k]
-        logits = self.drafter.block_logits(draft_hidden.reshape(g * k, -1), self.head)
-        base = logits.logits.view(g, k, -1)
-        probs = None
-        if self.buffers.draft_probs is not None:
-            probs = torch.empty(g, k, plan.vocab_size, dtype=torch.float32, device=self.device)
-        drafts, _ = self.chain.run(base, logits.vocab_start, placement.bonus, key,
-                                   hidden=draft_hidden, probs_out=probs)
-        return drafts, probs
 
 
 __all__ = ["GenerationResult", "SpecDecoder", "row_buckets", "width_buckets"]

@@ -23,6 +23,8 @@ from draftsmith.contract import (
     TPFusion,
 )
 from draftsmith.runtime.costs import AcceptanceEstimate, CostProfile, DraftTokensChoice
+from draftsmith.runtime.costs import VerifyCosts as VerifyCosts
+from draftsmith.runtime.verify_plan import decide_verify_schedule, eager_reason, plan_confidence
 from draftsmith.selection.eligibility import vocab_parallel_eligibility
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
@@ -105,8 +107,8 @@ class DraftPlan(BaseModel):
     """Capture each round (drafting, target verification, acceptance, commit) in CUDA graphs."""
     capture_layers: tuple[int, ...]
     """Target layers captured for the drafter."""
-    confidence: Literal["none", "score-only"]
-    """Confidence head use."""
+    confidence: Literal["none", "score-only", "scheduler"]
+    """Confidence head use: none, scored only, or feeding the verify scheduler."""
     slot_capacity: int = Field(ge=1)
     """Requests decoded at once; slot ``slot_capacity`` is the dummy."""
     max_ctx: int = Field(ge=1)
@@ -128,6 +130,14 @@ class DraftPlan(BaseModel):
     """Under ``auto``: the per-position acceptance the choice read, and its source."""
     draft_tokens_choices: tuple[DraftTokensChoice, ...] = ()
     """Under ``auto``: ``K`` for every profiled rows bucket, with its reason."""
+    verify_schedule: Literal["all", "prefix", "top-budget"] = "all"
+    """``all`` drafts, or the prefixes the scheduler admits (``prefix``, ``top-budget``)."""
+    verify_budget: int = Field(default=0, ge=0)
+    """Under ``top-budget``: drafted positions admitted per live row and round."""
+    verify_costs: VerifyCosts | None = None
+    """Under a schedule: the ``sps`` table (frozen values) and where it came from."""
+    sts_temperatures: tuple[float, ...] = ()
+    """Under a schedule: the drafter's STS table, ``tau`` per draft position."""
     decisions: tuple[Decision, ...]
     """Every decision, in the order it was made."""
 
@@ -184,6 +194,14 @@ class PlanInputs(BaseModel):
     auto_unmeasured: bool = False
     """The config says ``auto`` but no target was profiled (``draftsmith plan`` without
     ``--measure``): :attr:`num_draft_tokens` is then the largest ``K`` considered."""
+    verify_schedule: Literal["all", "prefix", "top-budget"] = "all"
+    verify_budget: int | None = None
+    verify_costs: VerifyCosts | None = None
+    """The scheduler's ``sps`` table (``None``: not measured, e.g. ``draftsmith plan``)."""
+    sts_temperatures: tuple[float, ...] | None = None
+    """The drafter's STS table, read at bind (``None``: none, or not built)."""
+    drafter_built: bool = True
+    """False for a plan made from declared capabilities only (the STS table is unknown)."""
 
 
 class AutoDraftTokens(BaseModel):
@@ -488,10 +506,12 @@ def make_plan(
                "taken by the drafter and eligible: bf16, TP > 1" if fusions
                else f"family {caps.family} declares no TP fusion")
 
-    # ---- confidence ----
-    decide("confidence", "score-only" if caps.confidence_head else "none",
-           "the confidence head is scored only; no scheduler is configured"
-           if caps.confidence_head else "no confidence head")
+    # ---- confidence and the verify schedule ----
+    schedule, budget = decide_verify_schedule(
+        inputs.verify_schedule, inputs.verify_budget, inputs.verify_costs,
+        inputs.sts_temperatures, inputs.drafter_built, caps, k, tp, decide,
+        auto_chose_zero=k == 0 and inputs.auto is not None)
+    confidence = "scheduler" if schedule != "all" else plan_confidence(caps)
 
     # ---- CUDA graphs ----
     wanted = {True: "on", False: "off"}.get(inputs.cuda_graphs, inputs.cuda_graphs)
@@ -507,6 +527,11 @@ def make_plan(
         graphs = decide("cuda_graphs", False,
                         f"the target cannot be captured ({target.graph_blocker}): every round, "
                         "target verification included, runs eagerly")
+    elif schedule != "all":
+        if wanted == "on":
+            raise PlanError(f"runtime.cuda_graphs = 'on' but {eager_reason(schedule)}; set "
+                            "runtime.cuda_graphs to 'auto' or 'off', or verify_schedule = 'all'")
+        graphs = decide("cuda_graphs", False, f"{eager_reason(schedule)}: every round is eager")
     elif wanted == "auto" and inputs.mapping.tp_size > 1:
         graphs = decide("cuda_graphs", False,
                         "runtime.cuda_graphs = 'auto' captures single-rank rounds only; set "
@@ -587,7 +612,7 @@ def make_plan(
         cuda_graphs=bool(graphs),
         record_margins=bool(margins),
         capture_layers=tuple(caps.target_layer_ids),
-        confidence="score-only" if caps.confidence_head else "none",
+        confidence=confidence,  # type: ignore[arg-type]
         slot_capacity=inputs.max_batch,
         max_ctx=max_ctx,
         page_size=inputs.page_size,
@@ -599,6 +624,10 @@ def make_plan(
         cost_profile=inputs.auto.profile if inputs.auto is not None else None,
         acceptance_estimate=inputs.auto.acceptance if inputs.auto is not None else None,
         draft_tokens_choices=inputs.auto.choices if inputs.auto is not None else (),
+        verify_schedule=schedule,
+        verify_budget=budget,
+        verify_costs=inputs.verify_costs if schedule != "all" else None,
+        sts_temperatures=tuple(inputs.sts_temperatures or ())[:k] if schedule != "all" else (),
         decisions=tuple(decisions),
     )
 

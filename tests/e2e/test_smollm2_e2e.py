@@ -64,3 +64,32 @@ def test_bf16_divergences_are_near_ties() -> None:
         assert d.steps <= 4, f"prompt {i}: {d.describe()}"
     print(f"{len(parted)} of {len(prompts)} prompts parted; bf16 steps at the parting: "
           + ", ".join(f"{d.steps:.2f}" for _, d in parted))
+
+
+@pytest.mark.parametrize("schedule", ["prefix", "top-budget"])
+def test_smollm2_scheduled_verification_with_the_shipped_drafter_is_exact(schedule) -> None:
+    """The shipped drafter's confidence head and STS table drive the verify scheduler on the
+    real target (fp32, CPU; under ``prefix`` the ``sps`` table is measured at bind); the output
+    equals plain greedy decoding token for token."""
+    from draftsmith.cli.common import SHIPPED_DRAFTER
+
+    config = SpecConfig.from_dict({
+        "drafter": {"family": "dspark-gqa", "checkpoint": str(SHIPPED_DRAFTER)},
+        "num_draft_tokens": 4,
+        "target": {"model": "smollm2-135m", "device": "cpu"},
+        "runtime": {"max_batch": 2, "verify_schedule": schedule},
+    })
+    decoder = load_decoder(config)
+    plan = decoder.spec.plan
+    assert plan.confidence == "scheduler" and plan.verify_schedule == schedule
+    assert len(plan.sts_temperatures) == 4
+    if schedule == "prefix":
+        assert plan.verify_costs.source.startswith("measured at bind on this target")
+    else:
+        assert plan.verify_costs is None  # top-budget reads no sps table: none is measured
+    prompts = first_turns({"gsm8k": 1, "humaneval": 1}, max_chars=200)
+    report = decoder.generate(prompts, MAX_NEW, compare_plain=True)
+    assert report.exact is True
+    if schedule == "top-budget":  # a fixed budget: drafts were verified (prefix: the measured
+        # table decides, and on a CPU it may find no extra token worth verifying)
+        assert max(max(r.accepted_lengths) for r in report.results) > 1

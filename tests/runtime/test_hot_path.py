@@ -9,8 +9,9 @@ from pathlib import Path
 
 import draftsmith
 
-HOT_PATH = ("draftsmith.runtime.decoder", "draftsmith.runtime.paging",
-            "draftsmith.runtime.markov", "draftsmith.runtime.acceptance")
+HOT_PATH = ("draftsmith.runtime.decoder", "draftsmith.runtime.round",
+            "draftsmith.runtime.paging", "draftsmith.runtime.markov",
+            "draftsmith.runtime.acceptance")
 FORBIDDEN = ("pluggy", "draftsmith.runtime.registry", "draftsmith.runtime.bind",
              "draftsmith.drafters.hookspecs", "draftsmith.selection.builtin")
 ROOT = Path(draftsmith.__file__).parent

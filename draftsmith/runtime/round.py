@@ -1,0 +1,238 @@
+"""One decoding round as device computation: :class:`RoundComputation`.
+
+Owns what a round reads and writes on the device (no host reads, no persistent allocation, so a
+CUDA graph captures it)::
+
+    place block + store new context (paging) -> block forward -> head logits -> draft chain
+    -> target forward of [bonus, drafts] at each row's position -> accept -> commit
+
+:class:`draftsmith.runtime.decoder.SpecDecoder` mixes it in and owns the request lifecycle
+around it (admission, the one host read per round, stop and budget rules). Hot path: must not
+import pluggy, the registry or bind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from draftsmith.contract import (
+    Collectives,
+    DraftBlockInputs,
+    DraftBlockPlacement,
+    Drafter,
+    OutputHead,
+    SamplingKey,
+    TargetModel,
+    TokenSelector,
+    values_trusted,
+)
+from draftsmith.drafters.calibration import apply_sts, prefix_survival
+from draftsmith.runtime.acceptance import Acceptance
+from draftsmith.runtime.buckets import bucket as _bucket
+from draftsmith.runtime.buckets import verify_widths
+from draftsmith.runtime.buffers import BucketView, DecoderBuffers
+from draftsmith.runtime.markov import DraftChain
+from draftsmith.runtime.paging import ContextPager
+from draftsmith.runtime.plan import DraftPlan
+from draftsmith.runtime.scheduler import schedule_prefix, schedule_top_budget
+
+_I64 = torch.int64
+
+
+
+def _top2(logits: torch.Tensor) -> torch.Tensor:
+    """``[rows, 2] fp32``: each row's largest logit and its margin over the second largest."""
+    top = torch.topk(logits.float(), 2, dim=-1).values
+    return torch.stack((top[:, 0], top[:, 0] - top[:, 1]), dim=-1)
+
+
+
+
+class RoundComputation:
+    """The round over rows ``0 .. g-1`` of the bind-time buffers (mixed into the decoder, which
+    sets these attributes)."""
+
+    plan: DraftPlan
+    target: TargetModel
+    drafter: Drafter
+    selector: TokenSelector
+    collectives: Collectives
+    buffers: DecoderBuffers
+    pager: ContextPager
+    chain: DraftChain
+    acceptance: Acceptance
+    mask_token_id: int
+    device: torch.device
+    target_embedding: torch.Tensor
+    head: OutputHead
+    _length: int
+    _columns: torch.Tensor
+    _sts: torch.Tensor
+    """The plan's STS table ``[K] fp32`` on the device (empty without a schedule)."""
+    _sps: torch.Tensor
+    """The plan's ``sps`` table ``[max_batch * (K + 1) + 1] float64`` (empty without one)."""
+
+    def _any_nan(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[rows] int64``: 1 where a row of this rank's logits ``[rows, S]`` holds NaN, summed
+        over the ranks (a NaN wins selection, as in ``torch.argmax``: it decided that row's
+        token)."""
+        nan = torch.isnan(logits).any(-1).to(_I64)
+        return self.collectives.all_reduce(nan) if self.plan.tp_size > 1 else nan
+
+    def round_core(self, g: int, width: int) -> None:
+        """One round over rows ``0 .. g-1``, reading and writing only device state.
+
+        ``width``: context columns the target and the drafter attend to, at least every real
+        row's position plus ``K + 1``. Padding rows (``batch_to_slot`` = dummy) compute at
+        clamped positions of their own free slots and touch no live state. No host reads, no
+        persistent allocation: a CUDA graph captures it. Under ``plan.verify_schedule`` other
+        than ``all`` the round reads its verify width back (:meth:`_scheduled_drafts`) and is
+        never captured (the plan refuses it).
+        """
+        with values_trusted():
+            self._round(g, width)
+
+    def _round(self, g: int, width: int) -> None:
+        plan, k = self.plan, self.plan.num_draft_tokens
+        view = self.buffers.view(g)
+        starts = view.target_len.clamp(max=self._length - (k + 1))
+        draft_probs = verify_len = None
+        if plan.drafting and plan.verify_schedule != "all":
+            tokens, drafts, draft_probs, verify_len = self._scheduled_drafts(g, width, view)
+        elif plan.drafting:
+            placement, key = self._place(g, width, view)
+            drafts, draft_probs = self._draft(placement, key, view)
+            tokens = torch.cat([placement.bonus[:, None], drafts], dim=1)
+        else:
+            drafts = view.accepted[:, :0]
+            tokens = view.accepted  # K = 0: the last committed token
+        q = tokens.shape[1]  # verify width: K + 1, or a scheduled round's bucket
+        out = self.target.forward_rows(tokens, starts, width)
+        key = None if plan.greedy else SamplingKey(view.seeds, starts)
+        accepted, n = self.acceptance.accept(out.logits, drafts, key, draft_probs=draft_probs,
+                                             verify_len=verify_len)
+        # columns past q keep an earlier round's values: every reader stops at n <= q
+        view.accepted[:, :q].copy_(accepted)
+        view.num_accepted.copy_(n)
+        if plan.drafting:
+            view.features[:, :q].copy_(out.features.view(g, q, -1))
+        torch.add(starts, n, out=view.target_len)
+        # a committed token chosen from logits holding NaN ends its request (checked by the host)
+        nan_rows = self._any_nan(out.logits.logits).view(g, q)
+        view.result[:, 0] = n
+        view.result[:, 1] = (nan_rows * (self._columns[:q] < n[:, None])).amax(-1)
+        view.result[:, 2 : q + 2] = accepted
+        if plan.record_margins:  # fp32 bit patterns, so the one read carries them
+            bits = _top2(out.logits.logits).view(torch.int32).to(_I64)
+            view.result[:, k + 3 : k + 3 + 2 * q] = bits.view(g, 2 * q)
+
+    def _place(self, g: int, width: int,
+               view: BucketView) -> tuple[DraftBlockPlacement, SamplingKey | None]:
+        """Place the block of rows ``0 .. g-1`` at context ``width`` and store the context
+        entries the last round committed (paging); returns the placement and the drafts' key."""
+        plan, k = self.plan, self.plan.num_draft_tokens
+        placement = self.pager.place(view.batch_to_slot, view.accepted, view.num_accepted)
+        placement = dataclasses.replace(placement, context_width=width)
+        entries = self.drafter.project_context(view.features.reshape(g * (k + 1), -1),
+                                               placement.ctx_positions.reshape(-1))
+        self.pager.store(placement, entries)
+        key = None if plan.greedy else SamplingKey(view.seeds, placement.new_ctx_len + 1)
+        return placement, key
+
+    def _scheduled_drafts(
+        self, g: int, width: int, view: BucketView
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Place and draft as :meth:`_round` does, then schedule: the verify tokens ``[G, Q]``,
+        drafts ``[G, Q-1]``, ``q`` ``[G, Q-1, V]`` (rejection) and admitted lengths
+        ``verify_len: [G] int64`` (drafted positions, 0 for padding rows).
+
+        ``Q`` is the smallest of :func:`~draftsmith.runtime.buckets.verify_widths` holding the
+        longest admitted prefix plus its bonus; reading it is a host read, so this round is
+        eager (the plan says so). A row admitted fewer than ``Q - 1`` drafts verifies the rest
+        too, but acceptance stops at its admitted length and takes the bonus there.
+        """
+        placement, key = self._place(g, width, view)
+        drafts, probs, hidden = self.draft_block(placement, key)
+        draft_probs = self._slot_probs(probs, view)
+        verify_len = self.schedule_rows(view, placement.bonus, drafts, hidden)
+        q = _bucket(int(verify_len.max()) + 1, verify_widths(self.plan.num_draft_tokens))
+        tokens = torch.cat([placement.bonus[:, None], drafts[:, : q - 1]], dim=1)
+        if draft_probs is not None:
+            draft_probs = draft_probs[:, : q - 1]
+        return tokens, drafts[:, : q - 1], draft_probs, verify_len
+
+    def schedule_rows(self, view: BucketView, bonus: torch.Tensor, drafts: torch.Tensor,
+                      hidden: torch.Tensor) -> torch.Tensor:
+        """Admitted lengths ``[G] int64`` (drafted positions) of a round's rows.
+
+        ``bonus: [G]``, ``drafts: [G, K]``, ``hidden: [G, K, H]`` the draft slots' hidden
+        states. The drafter's raw confidence ``[G, K]`` is calibrated with the plan's STS table
+        (:func:`apply_sts`) into prefix survival (:func:`prefix_survival`); the live rows' survival
+        goes to :func:`schedule_prefix` with the plan's ``sps`` table, or to
+        :func:`schedule_top_budget` with ``verify_budget`` per live row. Padding rows get 0.
+        """
+        plan = self.plan
+        prev = torch.cat([bonus[:, None], drafts[:, :-1]], dim=1)
+        raw = self.drafter.confidence(hidden, prev).float()
+        survival = prefix_survival(apply_sts(raw, self._sts))
+        live = (view.batch_to_slot != self.buffers.dummy_slot).nonzero().squeeze(1)
+        lengths = torch.zeros(view.g, dtype=_I64, device=self.device)
+        if live.numel():
+            if plan.verify_schedule == "prefix":
+                admitted = schedule_prefix(survival[live], self._sps)
+            else:
+                admitted = schedule_top_budget(survival[live], plan.verify_budget * live.numel())
+            lengths[live] = admitted
+        return lengths
+
+    def _draft(
+        self, placement: DraftBlockPlacement, key: SamplingKey | None, view: BucketView
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Block forward, head, chain and selection: drafts ``[G, K]`` and ``q`` ``[G, K, V]``."""
+        drafts, probs = self.draft_core(placement, key)
+        return drafts, self._slot_probs(probs, view)
+
+    def _slot_probs(self, probs: torch.Tensor | None, view: BucketView) -> torch.Tensor | None:
+        """``q`` ``[G, K, V]`` stored at each row's slot of the bind-time table and read back
+        from there (``None`` without rejection sampling)."""
+        if probs is None:
+            return None
+        table = view.draft_probs
+        assert table is not None
+        table.index_copy_(0, view.batch_to_slot, probs)  # padding rows land on dummy_slot_row
+        return table[view.batch_to_slot]
+
+    def draft_core(
+        self, placement: DraftBlockPlacement, key: SamplingKey | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The drafting computation: drafts ``[G, K]`` and, for rejection, ``q`` ``[G, K, V]``."""
+        drafts, probs, _ = self.draft_block(placement, key)
+        return drafts, probs
+
+    def draft_block(
+        self, placement: DraftBlockPlacement, key: SamplingKey | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """:meth:`draft_core` plus the draft slots' hidden states ``[G, K, H]`` (what the
+        confidence head reads)."""
+        plan = self.plan
+        g, k, first = placement.num_requests, plan.num_draft_tokens, plan.first_draft_slot
+        ids = self.buffers.block_ids[:g]
+        ids.fill_(self.mask_token_id)
+        ids[:, 0] = placement.bonus
+        emb = self.drafter.embed_block(ids, self.target_embedding)
+        inputs = DraftBlockInputs(token_ids=ids, positions=placement.query_positions, embeddings=emb)
+        hidden = self.drafter.forward_block(inputs, placement, self.buffers.cache)
+        draft_hidden = hidden[:, first : first + k]
+        logits = self.drafter.block_logits(draft_hidden.reshape(g * k, -1), self.head)
+        base = logits.logits.view(g, k, -1)
+        probs = None
+        if self.buffers.draft_probs is not None:
+            probs = torch.empty(g, k, plan.vocab_size, dtype=torch.float32, device=self.device)
+        drafts, _ = self.chain.run(base, logits.vocab_start, placement.bonus, key,
+                                   hidden=draft_hidden, probs_out=probs)
+        return drafts, probs, draft_hidden
+
+
+__all__ = ["RoundComputation"]
