@@ -296,4 +296,28 @@ class ToyTarget:
         return torch.softmax(out.logits.logits[-1].float() / temperature, dim=-1)
 
 
-__all__ = ["ToyTarget"]
+def assert_sampled_like_the_target(target, prompt: list[int], results) -> None:
+    """Chi-square checks that tokens 2 and 3 of ``results`` (sampled continuations of
+    ``prompt`` over an 8-token vocabulary) follow the target's own marginals there, computed
+    exactly from ``target.next_token_probs``; a negative control compares token 3 with token 2's
+    marginal and must fail."""
+    from scipy.stats import chisquare
+
+    p1 = target.next_token_probs(prompt)
+    p2 = torch.stack([target.next_token_probs(prompt + [a]) for a in range(8)])  # [x1, x2]
+    p3 = torch.stack([torch.stack([target.next_token_probs(prompt + [a, b]) for b in range(8)])
+                      for a in range(8)])  # [x1, x2, x3]
+    marg2 = (p1[:, None] * p2).sum(0)
+    marg3 = (p1[:, None, None] * p2[:, :, None] * p3).sum((0, 1))
+
+    def pvalue(pos: int, marg: torch.Tensor) -> float:
+        counts = torch.bincount(torch.tensor([r.tokens[pos] for r in results]), minlength=8)
+        expected = marg.double() / marg.double().sum() * counts.sum()
+        return float(chisquare(counts.double().numpy(), expected.numpy()).pvalue)
+
+    assert pvalue(1, marg2) > 1e-3
+    assert pvalue(2, marg3) > 1e-3
+    assert pvalue(2, marg2) < 1e-6  # negative control
+
+
+__all__ = ["ToyTarget", "assert_sampled_like_the_target"]

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _toy_target import ToyTarget
-from scipy.stats import chisquare
+from _toy_target import ToyTarget, assert_sampled_like_the_target
 
 from draftsmith.contract import DraftsmithError
 from draftsmith.runtime.bind import bind
@@ -193,22 +192,7 @@ def test_rejection_sampling_is_lossless_chi_square():
     results = dec.generate([prompt] * n, 3, seeds=list(range(n)))
     rounds = [r.accepted_lengths[0] for r in results]
     assert min(rounds) == 1 and max(rounds) >= 2  # rejections and acceptances both happened
-    # exact marginals of tokens 2 and 3 from the target itself
-    p1 = small.next_token_probs(prompt)
-    p2 = torch.stack([small.next_token_probs(prompt + [a]) for a in range(8)])  # [x1, x2]
-    p3 = torch.stack([torch.stack([small.next_token_probs(prompt + [a, b]) for b in range(8)])
-                      for a in range(8)])  # [x1, x2, x3]
-    marg2 = (p1[:, None] * p2).sum(0)
-    marg3 = (p1[:, None, None] * p2[:, :, None] * p3).sum((0, 1))
-    def pvalue(pos: int, marg: torch.Tensor) -> float:
-        counts = torch.bincount(torch.tensor([r.tokens[pos] for r in results]), minlength=8)
-        expected = marg.double() / marg.double().sum() * counts.sum()
-        return float(chisquare(counts.double().numpy(), expected.numpy()).pvalue)
-
-    assert pvalue(1, marg2) > 1e-3
-    assert pvalue(2, marg3) > 1e-3
-    # negative control: the same counts are clearly not distributed like the other position
-    assert pvalue(2, marg2) < 1e-6
+    assert_sampled_like_the_target(small, prompt, results)
 
 
 def test_forced_acceptance_through_the_decoder(target):

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _toy_target import ToyTarget
-from scipy.stats import chisquare
+from _toy_target import ToyTarget, assert_sampled_like_the_target
 
 from draftsmith.contract import ConfigError, ParallelMapping, PlanError, TargetInfo
 from draftsmith.runtime.bind import bind
@@ -184,21 +183,7 @@ def test_scheduled_rejection_sampling_is_lossless_chi_square(monkeypatch):
     assert int(admitted.min()) == 0 and int(admitted.max()) >= 1  # capped and uncapped rows
     rounds = [r.accepted_lengths[0] for r in results]
     assert min(rounds) == 1 and max(rounds) == 2  # budget 1: at most one draft per row
-    p1 = small.next_token_probs(prompt)
-    p2 = torch.stack([small.next_token_probs(prompt + [a]) for a in range(8)])
-    p3 = torch.stack([torch.stack([small.next_token_probs(prompt + [a, b]) for b in range(8)])
-                      for a in range(8)])
-    marg2 = (p1[:, None] * p2).sum(0)
-    marg3 = (p1[:, None, None] * p2[:, :, None] * p3).sum((0, 1))
-
-    def pvalue(pos: int, marg: torch.Tensor) -> float:
-        counts = torch.bincount(torch.tensor([r.tokens[pos] for r in results]), minlength=8)
-        expected = marg.double() / marg.double().sum() * counts.sum()
-        return float(chisquare(counts.double().numpy(), expected.numpy()).pvalue)
-
-    assert pvalue(1, marg2) > 1e-3
-    assert pvalue(2, marg3) > 1e-3
-    assert pvalue(2, marg2) < 1e-6  # negative control
+    assert_sampled_like_the_target(small, prompt, results)
 
 
 def test_a_drafter_without_confidence_head_is_refused(nudged):
