@@ -11,12 +11,11 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.contract import ConfigError, DrafterCapabilities, LoadRequest
+from draftsmith.contract import DrafterCapabilities, LoadRequest
 from draftsmith.drafters.checkpoint import CONFIG_FILE, read_config, tensor_dtypes
 from draftsmith.drafters.gqa.config import spec_from_config
-from draftsmith.drafters.gqa.load import checkpoint_dtype
+from draftsmith.drafters.gqa.load import checkpoint_dtype, random_spec
 from draftsmith.drafters.gqa.model import GQADrafter
-from draftsmith.drafters.gqa.options import GQAArchitectureOptions
 
 
 def gqa_capabilities(request: LoadRequest, family: str) -> DrafterCapabilities:
@@ -24,15 +23,7 @@ def gqa_capabilities(request: LoadRequest, family: str) -> DrafterCapabilities:
     collectives = request.collectives
     target = request.target
     if request.checkpoint is None:
-        options = request.options
-        if not isinstance(options, GQAArchitectureOptions):
-            raise ConfigError(
-                f"{family} random init needs {family} options, got {type(options).__name__}"
-            )
-        if target is None:
-            raise ConfigError(f"{family} random init needs LoadRequest.target (H, V, L_t)")
-        spec = spec_from_config(options.to_config(target, family), family, target=target,
-                                origin=f"{family} options")
+        spec, _, target = random_spec(request, family)
         dtype = request.dtype or target.dtype
     else:
         directory = Path(request.checkpoint)

@@ -18,6 +18,7 @@ from draftsmith.contract import (
     ConfigError,
     LoadRequest,
     MarkovHeadKind,
+    TargetInfo,
 )
 from draftsmith.drafters.checkpoint import (
     CONFIG_FILE,
@@ -103,6 +104,22 @@ def _checkpoint_view(spec: GQADrafterSpec) -> dict[str, Any]:
     return view
 
 
+def random_spec(request: LoadRequest,
+                family: str) -> tuple[GQADrafterSpec, GQAArchitectureOptions, TargetInfo]:
+    """The architecture of a randomly initialised drafter of ``family``: its spec from
+    ``request.options`` and ``request.target`` (both required), the options and the target."""
+    options, target = request.options, request.target
+    if not isinstance(options, GQAArchitectureOptions):
+        raise ConfigError(
+            f"{family} random init needs {family} options, got {type(options).__name__}"
+        )
+    if target is None:
+        raise ConfigError(f"{family} random init needs LoadRequest.target (H, V, L_t)")
+    spec = spec_from_config(options.to_config(target, family), family, target=target,
+                            origin=f"{family} options")
+    return spec, options, target
+
+
 def load_gqa_drafter(request: LoadRequest, family: str) -> GQADrafter:
     """Build a drafter of ``family`` from ``request.checkpoint`` or, when it is ``None``, from
     ``request.options`` with random weights drawn from ``request.seed``."""
@@ -110,15 +127,7 @@ def load_gqa_drafter(request: LoadRequest, family: str) -> GQADrafter:
     collectives = request.collectives
     tp_rank, tp_size = int(collectives.rank), int(collectives.world_size)
     if request.checkpoint is None:
-        options = request.options
-        if not isinstance(options, GQAArchitectureOptions):
-            raise ConfigError(
-                f"{family} random init needs {family} options, got {type(options).__name__}"
-            )
-        if target is None:
-            raise ConfigError(f"{family} random init needs LoadRequest.target (H, V, L_t)")
-        spec = spec_from_config(options.to_config(target, family), family, target=target,
-                                origin=f"{family} options")
+        spec, options, target = random_spec(request, family)
         model = GQADrafter(spec, family, tp_rank, tp_size)
         _random_init(model, options.init_std, request.seed)
         return _finish(model, request.device, request.dtype or target.dtype)
