@@ -34,7 +34,13 @@ from draftsmith.contract import (
 from draftsmith.runtime.acceptance import Acceptance
 from draftsmith.runtime.buckets import MIN_CONTEXT_BUCKET, bucket, row_buckets
 from draftsmith.runtime.buffers import DecoderBuffers
-from draftsmith.runtime.config import SpecConfig, TargetConfig, parse_device, resolve_device
+from draftsmith.runtime.config import (
+    TARGET_DTYPES,
+    SpecConfig,
+    TargetConfig,
+    parse_device,
+    resolve_device,
+)
 from draftsmith.runtime.costs import (
     AcceptanceEstimate,
     CostProfile,
@@ -65,8 +71,7 @@ def target_info_from_config(config: TargetConfig) -> TargetInfo:
     and the GEMM its linear layers will run on its configured dtype and device."""
     info = _target_sizes(config)
     device = parse_device(config.device) or resolve_device("auto")
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
-             "float16": torch.float16}[config.dtype]
+    dtype = TARGET_DTYPES[config.dtype]
     return dataclasses.replace(info, dtype=dtype, gemm=gemm_choice(config.gemm, dtype, device))
 
 

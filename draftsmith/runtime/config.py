@@ -133,6 +133,10 @@ EMBEDDED_TARGET_NAMES = frozenset({"smollm2-135m", "smollm2-135m-instruct", "smo
 (:mod:`draftsmith.runtime.targets.smollm2` fetches and converts it)."""
 
 
+TARGET_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""``target.dtype`` names and the torch dtypes they stand for."""
+
+
 class TargetConfig(_Strict):
     """The verifying target model."""
 

@@ -24,7 +24,12 @@ from typing import Any
 import torch
 
 from draftsmith.contract import ConfigError
-from draftsmith.runtime.config import EMBEDDED_TARGET_NAMES, TargetConfig, resolve_device
+from draftsmith.runtime.config import (
+    EMBEDDED_TARGET_NAMES,
+    TARGET_DTYPES,
+    TargetConfig,
+    resolve_device,
+)
 from draftsmith.runtime.targets.hf import HFTarget, load_hf_target
 from draftsmith.runtime.targets.hf_model import quiet_transformers
 
@@ -41,7 +46,6 @@ machines without network access)."""
 _COMPLETE_MARKER = ".draftsmith-complete"
 """Written last, so an interrupted conversion is never mistaken for a finished one."""
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def cache_root() -> Path:
@@ -155,7 +159,7 @@ def load_target(
     Face model directory. With ``tp_size > 1`` and ``spec.split_layers`` the decoder layers are
     split over the ranks of the initialised process group (:func:`load_hf_target`).
     """
-    dtype = _DTYPES[spec.dtype]
+    dtype = TARGET_DTYPES[spec.dtype]
     device = resolve_device(spec.device)
     if spec.model in EMBEDDED_TARGET_NAMES:
         directory = ensure_smollm2(log)
