@@ -79,7 +79,6 @@ def test_half_precision_rows_and_rounding(dtype, m, n, k):
 @pytest.mark.parametrize("m,n,k", [(8, 576, 576), (8, 192, 576), (64, 576, 1536),
                                    (16, 49152, 576), (200, 300, 500)])
 def test_fp32_on_the_gpu_is_ieee_and_row_stable(m, n, k):
-    torch.backends.cuda.matmul.allow_tf32 = False
     x, w, b = _data(m, n, k)
     got = linear(x, w, b)
     want = linear_reference(x.double(), w.double(), b.double())
