@@ -251,17 +251,17 @@ class PairScratch:
 
 def launch_pair(kernel, scratch: PairScratch, lead_args: tuple, out: torch.Tensor,
                 vocab_start: int, slot: int, total_tiles: int, unroll: int, num_warps: int,
-                tree: bool, **meta) -> torch.Tensor:
+                tree: bool, programs_per_sm: int = PROGRAMS_PER_SM, **meta) -> torch.Tensor:
     """Launch a pair kernel once over ``(rows, n_chunks)`` and return ``out``.
 
     The kernel's signature is ``*lead_args, out_ptr, out_row_stride, C, vocab_start, slot,
     part_val, part_idx, counts, tiles, n_chunks, BLOCK_C, BLOCK_OUT, TREE, *meta`` where
     ``tiles`` (a multiple of ``unroll``) is the tile count of one chunk. Long rows are split so
-    that ``rows * n_chunks`` fills about :data:`PROGRAMS_PER_SM` programs per SM; many rows get
-    one chunk each (no partials, no counter).
+    that ``rows * n_chunks`` fills about ``programs_per_sm`` programs per SM; many rows get one
+    chunk each (no partials, no counter).
     """
     rows, columns = out.shape
-    slots = sm_count(out.device) * PROGRAMS_PER_SM
+    slots = sm_count(out.device) * programs_per_sm
     n_chunks = max(1, min(slots // rows, triton.cdiv(total_tiles, unroll)))
     bufs = None
     if n_chunks > 1:

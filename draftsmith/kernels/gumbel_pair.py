@@ -175,7 +175,8 @@ def _gumbel_pair_kernel(
     inv_temp = tl.math.div_rn(1.0, tl.where(greedy, 1.0, temp))
     k0, k1 = split_u64(tl.load(seeds_ptr + row))
     off_lo, off_hi = split_u64(tl.load(offsets_ptr + row))
-    q = tl.arange(0, GROUPS)[:, None]
+    g1 = tl.arange(0, GROUPS)
+    q = g1[:, None]
     j = tl.arange(0, 4)[None, :]
     first = chunk * tiles * GROUPS
     # a lane records the tile of its best (a scalar per tile: no per-token index arithmetic);
@@ -202,10 +203,15 @@ def _gumbel_pair_kernel(
         if live:
             s = z
             if temp > 0.0:
+                # one Philox call per group, its four words joined into the group's row: the
+                # words stay in the thread that computed them (a [GROUPS, 4] counter would be
+                # laid out across threads, each computing the whole call again)
                 w0, w1, w2, w3 = philox4x32_10(
-                    k0, k1, (vocab_start // 4 + group).to(tl.uint32), off_lo, off_hi,
-                    STREAM, CUDA)
-                word = tl.where(j == 0, w0, tl.where(j == 1, w1, tl.where(j == 2, w2, w3)))
+                    k0, k1, (vocab_start // 4 + first + t * GROUPS + g1).to(tl.uint32), off_lo,
+                    off_hi, STREAM, CUDA)
+                # join puts its new axis last: [g, i, k] = (w0, w2 | w1, w3)[k][i], so that
+                # column 2i + k of the reshape is word 2i + k
+                word = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [GROUPS, 4])
                 s = _noisy_score(z, centred_uniform(word), G_LO, G_HI, CUDA)
             best_val, best_tile = lane_step(best_val, best_tile, s, t)
     best_col = (first + best_tile * GROUPS + q) * 4 + j - PHASE
@@ -220,6 +226,12 @@ def _launch_sizes(device: torch.device) -> tuple[int, int]:
     (four Philox calls; enough to amortize the tile's skip reduction, few enough registers); the
     interpreter takes larger tiles (numpy per tile)."""
     return (512, 4) if device.type == "cuda" else (1024, 4)
+
+
+PROGRAMS_PER_SM = 6
+"""Row chunks in flight per SM: the kernel is bound by arithmetic, and its 79 registers per
+thread leave room for six 128-thread programs on an H200 SM (four, the memory-bound pair
+kernels' figure, left a tenth of the throughput at ``B >= 128``)."""
 
 
 _SCRATCH = PairScratch()
@@ -254,7 +266,8 @@ def gumbel_pair(
         _gumbel_pair_kernel, _SCRATCH,
         (logits, logits.stride(0), shard_width, temperatures, seeds, offsets), out, vocab_start,
         slot, triton.cdiv(shard_width + phase, 4 * groups), 1, num_warps, False,
-        GROUPS=groups, PHASE=phase, STREAM=stream, SKIP=bool(skip_dominated), CUDA=cuda,
+        programs_per_sm=PROGRAMS_PER_SM, GROUPS=groups, PHASE=phase, STREAM=stream,
+        SKIP=bool(skip_dominated), CUDA=cuda,
         G_LO=G_MIN, G_HI=G_MAX, MARGIN=GUMBEL_SPAN + SKIP_SLACK, REL=SKIP_REL,
     )
 
