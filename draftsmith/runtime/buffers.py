@@ -41,6 +41,8 @@ class BucketView:
     result: torch.Tensor
     draft_probs: torch.Tensor | None
     dummy_slot_row: int
+    verify_tokens: torch.Tensor
+    verify_len: torch.Tensor
 
 
 @dataclass(eq=False)
@@ -58,6 +60,10 @@ class DecoderBuffers:
       ``nan`` is 1 when a committed token came from logits holding NaN), followed, when margins
       are recorded, by ``K+1`` pairs ``(top-1 logit, top-1 minus top-2)`` as fp32 bit patterns;
       ``block_ids [C, W]`` (the block's token ids, written by the drafting step);
+      ``verify_tokens [C, K+1]`` (bonus and drafts) and ``verify_len [C]`` (admitted drafted
+      positions), written by a scheduled round's drafting phase for its verify phase;
+    * ``verify_width: [1] int64``: the verify width ``Q`` the drafting phase chose, what the
+      host reads between a scheduled round's two phases;
     * ``draft_probs: [C+1, K, V] fp32`` (rejection sampling only), indexed by slot;
       ``dummy_slot_row = C``, fixed here.
     """
@@ -79,6 +85,9 @@ class DecoderBuffers:
     result: torch.Tensor
     draft_probs: torch.Tensor | None
     dummy_slot_row: int
+    verify_tokens: torch.Tensor
+    verify_len: torch.Tensor
+    verify_width: torch.Tensor
 
     @property
     def num_slots(self) -> int:
@@ -123,7 +132,7 @@ class DecoderBuffers:
                       page_size, entry.width)
         needed = math.prod(pool_shape) * pool_dtype.itemsize + 8 * (
             num_slots * (pages_per_slot + 1) + c * (k + w + 3))
-        needed += c * (k + 1) * feature_width * feature_dtype.itemsize + 8 * c * (k + 5)
+        needed += c * (k + 1) * feature_width * feature_dtype.itemsize + 8 * c * (2 * k + 7)
         if with_draft_probs:
             needed += 4 * num_slots * k * vocab_size
         _check_fits(needed, dev, slot_capacity=c, max_ctx=max_ctx, page_size=page_size)
@@ -150,6 +159,9 @@ class DecoderBuffers:
                 draft_probs=(torch.zeros((num_slots, k, vocab_size), dtype=torch.float32, device=dev)
                              if with_draft_probs else None),
                 dummy_slot_row=c,
+                verify_tokens=zeros(c, k + 1),
+                verify_len=zeros(c),
+                verify_width=torch.full((1,), k + 1, dtype=_I64, device=dev),
             )
         except torch.OutOfMemoryError:  # the estimate fitted, but the memory was taken
             raise PlanError(
@@ -175,6 +187,8 @@ class DecoderBuffers:
             result=self.result[:g],
             draft_probs=self.draft_probs,
             dummy_slot_row=self.dummy_slot_row,
+            verify_tokens=self.verify_tokens[:g],
+            verify_len=self.verify_len[:g],
         )
 
     def load_slots(self, slots: torch.Tensor, *, first_tokens: torch.Tensor,

@@ -8,9 +8,12 @@ rows serves slots ``0 .. G-1`` (free slots among them are padding, routed to the
 
 One round, :meth:`SpecDecoder.round_core` (from :mod:`draftsmith.runtime.round`), reads and
 writes only device state. Committing is advancing the row's target position and keeping the
-round's accepted tokens, counts and target features for the next placement. With ``plan.cuda_graphs`` the round is
-captured per (rows, context width) bucket by :meth:`SpecDecoder.prepare` and replayed; the host
-then reads the device once per round (counts and tokens, one copy). ``K = 0`` is plain decoding
+round's accepted tokens, counts and target features for the next placement. With
+``plan.cuda_graphs`` the round is captured per (rows, context width) bucket by
+:meth:`SpecDecoder.prepare` and replayed; the host then reads the device once per round (counts
+and tokens, one copy). A confidence-scheduled round is captured as its two phases, drafting per
+(rows, width) and verification per (rows, width, verify width ``Q``), and the host reads ``Q``
+between them: two reads per round. ``K = 0`` is plain decoding
 through the same round: the target's one-token step. Prefill stays eager. Hot path: must not
 import pluggy, the registry or bind.
 """
@@ -42,6 +45,7 @@ from draftsmith.runtime.buckets import (
     PREFILL_WIDTHS,
     prefill_width,
     row_buckets,
+    verify_widths,
     width_buckets,
 )
 from draftsmith.runtime.buckets import bucket as _bucket
@@ -182,7 +186,11 @@ class SpecDecoder(RoundComputation):
         self.target_embedding = target.input_embedding()
         self.head = target.output_head()
         self.graphs: dict[tuple[int, int], CapturedCall] = {}
-        """Captured rounds by ``(rows, context width)``."""
+        """Captured rounds by ``(rows, context width)`` (a scheduled round: its drafting
+        phase)."""
+        self.verify_graphs: dict[tuple[int, int, int], CapturedCall] = {}
+        """A scheduled round's captured verify phase by ``(rows, context width, Q)``."""
+        self._scheduled = plan.drafting and plan.verify_schedule != "all"
         self._graph_pool = None
         self._graph_cache_version = -1
         self._length = 0
@@ -197,6 +205,9 @@ class SpecDecoder(RoundComputation):
         costs = plan.verify_costs
         self._sps = torch.tensor(costs.sps if costs is not None else (), dtype=torch.float64,
                                  device=self.device)
+        self._verify_widths = torch.tensor(verify_widths(plan.num_draft_tokens), dtype=_I64,
+                                           device=self.device)
+        self._host_width = torch.zeros(1, dtype=_I64, pin_memory=self._pinned)
         self.admissions: dict[int, CapturedCall] = {}
         """Captured one-prompt admissions by prefill width."""
         self._adm_args = torch.zeros(3, dtype=_I64, device=self.device)
@@ -305,8 +316,15 @@ class SpecDecoder(RoundComputation):
         for w in reversed(prefills):  # largest first: the rest reuse its memory
             self.admissions[w] = CapturedCall(lambda w=w: self.admit_core(w), self._graph_pool)
         for g, w in sorted(missing, reverse=True):
-            self.graphs[(g, w)] = CapturedCall(lambda g=g, w=w: self.round_core(g, w),
+            if not self._scheduled:
+                self.graphs[(g, w)] = CapturedCall(lambda g=g, w=w: self.round_core(g, w),
+                                                   self._graph_pool)
+                continue
+            self.graphs[(g, w)] = CapturedCall(lambda g=g, w=w: self.draft_phase_core(g, w),
                                                self._graph_pool)
+            for q in reversed(self._verify_widths.tolist()):
+                self.verify_graphs[(g, w, q)] = CapturedCall(
+                    lambda g=g, w=w, q=q: self.verify_phase_core(g, w, q), self._graph_pool)
         self.acceptance.forced_counter.copy_(counter)
         self.buffers.reset_slots()
 
@@ -325,6 +343,7 @@ class SpecDecoder(RoundComputation):
         """Forget every captured round and admission and their memory pool (a pool whose graphs
         are all gone cannot take a new capture)."""
         self.graphs.clear()
+        self.verify_graphs.clear()
         self.admissions.clear()
         self._graph_pool = None
 
@@ -547,6 +566,9 @@ class SpecDecoder(RoundComputation):
                 raise PlanError(f"no round was captured for {g} rows and context width {width}; "
                                 "call prepare() with the largest batch and length first")
             graph.replay()
+            if self._scheduled:  # the drafting phase chose the verify width: read it, verify
+                self._host_width.copy_(self.buffers.verify_width)
+                self.verify_graphs[(g, width, int(self._host_width[0]))].replay()
         else:
             self.round_core(g, width)
         self.emit_round(active, g)

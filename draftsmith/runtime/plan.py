@@ -24,7 +24,7 @@ from draftsmith.contract import (
 )
 from draftsmith.runtime.costs import AcceptanceEstimate, CostProfile, DraftTokensChoice
 from draftsmith.runtime.costs import VerifyCosts as VerifyCosts
-from draftsmith.runtime.verify_plan import decide_verify_schedule, eager_reason, plan_confidence
+from draftsmith.runtime.verify_plan import decide_verify_schedule, plan_confidence
 from draftsmith.selection.eligibility import vocab_parallel_eligibility
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
@@ -527,15 +527,17 @@ def make_plan(
         graphs = decide("cuda_graphs", False,
                         f"the target cannot be captured ({target.graph_blocker}): every round, "
                         "target verification included, runs eagerly")
-    elif schedule != "all":
-        if wanted == "on":
-            raise PlanError(f"runtime.cuda_graphs = 'on' but {eager_reason(schedule)}; set "
-                            "runtime.cuda_graphs to 'auto' or 'off', or verify_schedule = 'all'")
-        graphs = decide("cuda_graphs", False, f"{eager_reason(schedule)}: every round is eager")
     elif wanted == "auto" and inputs.mapping.tp_size > 1:
         graphs = decide("cuda_graphs", False,
                         "runtime.cuda_graphs = 'auto' captures single-rank rounds only; set "
                         "'on' to capture the collectives too")
+    elif schedule != "all":
+        graphs = decide("cuda_graphs", True,
+                        f"runtime.cuda_graphs = {wanted!r} on {inputs.device}: a scheduled round "
+                        "is captured as two phases, drafting and scheduling per (batch, context "
+                        "width) bucket, verification, acceptance and commit per (batch, context "
+                        "width, verify width Q), and replayed with two host reads (Q, then the "
+                        "result); admissions as in the unscheduled round")
     else:
         graphs = decide("cuda_graphs", True,
                         f"runtime.cuda_graphs = {wanted!r} on {inputs.device}: the whole round "

@@ -6,9 +6,13 @@ CUDA graph captures it)::
     place block + store new context (paging) -> block forward -> head logits -> draft chain
     -> target forward of [bonus, drafts] at each row's position -> accept -> commit
 
+A confidence-scheduled round (``plan.verify_schedule`` other than ``all``) runs in two phases:
+drafting ends with the scheduler choosing each row's admitted prefix and the round's verify
+width ``Q``, which the host reads; verification then runs at that width.
+
 :class:`draftsmith.runtime.decoder.SpecDecoder` mixes it in and owns the request lifecycle
-around it (admission, the one host read per round, stop and budget rules). Hot path: must not
-import pluggy, the registry or bind.
+around it (admission, the host reads, stop and budget rules). Hot path: must not import
+pluggy, the registry or bind.
 """
 
 from __future__ import annotations
@@ -30,8 +34,6 @@ from draftsmith.contract import (
 )
 from draftsmith.drafters.calibration import apply_sts, prefix_survival
 from draftsmith.runtime.acceptance import Acceptance
-from draftsmith.runtime.buckets import bucket as _bucket
-from draftsmith.runtime.buckets import verify_widths
 from draftsmith.runtime.buffers import BucketView, DecoderBuffers
 from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager
@@ -73,6 +75,8 @@ class RoundComputation:
     """The plan's STS table ``[K] fp32`` on the device (empty without a schedule)."""
     _sps: torch.Tensor
     """The plan's ``sps`` table ``[max_batch * (K + 1) + 1] float64`` (empty without one)."""
+    _verify_widths: torch.Tensor
+    """The scheduled round's verify widths ``Q`` (ascending, ``int64``, ``K + 1`` last)."""
 
     def _any_nan(self, logits: torch.Tensor) -> torch.Tensor:
         """``[rows] int64``: 1 where a row of this rank's logits ``[rows, S]`` holds NaN, summed
@@ -88,27 +92,82 @@ class RoundComputation:
         row's position plus ``K + 1``. Padding rows (``batch_to_slot`` = dummy) compute at
         clamped positions of their own free slots and touch no live state. No host reads, no
         persistent allocation: a CUDA graph captures it. Under ``plan.verify_schedule`` other
-        than ``all`` the round reads its verify width back (:meth:`_scheduled_drafts`) and is
-        never captured (the plan refuses it).
+        than ``all`` the round is its two phases with the verify width read back between them
+        (:meth:`draft_phase_core`, :meth:`verify_phase_core`); the decoder captures each phase
+        instead.
         """
         with values_trusted():
-            self._round(g, width)
+            plan, view = self.plan, self.buffers.view(g)
+            if plan.drafting and plan.verify_schedule != "all":
+                self._draft_scheduled(g, width, view)
+                self._verify_scheduled(g, width, view, int(self.buffers.verify_width[0]))
+            else:
+                self._round(g, width, view)
 
-    def _round(self, g: int, width: int) -> None:
-        plan, k = self.plan, self.plan.num_draft_tokens
-        view = self.buffers.view(g)
-        starts = view.target_len.clamp(max=self._length - (k + 1))
-        draft_probs = verify_len = None
-        if plan.drafting and plan.verify_schedule != "all":
-            tokens, drafts, draft_probs, verify_len = self._scheduled_drafts(g, width, view)
-        elif plan.drafting:
+    def draft_phase_core(self, g: int, width: int) -> None:
+        """A scheduled round's first phase over rows ``0 .. g-1``: place, draft, score the
+        drafts' confidence and schedule; writes ``verify_tokens``, ``verify_len`` and the verify
+        width ``Q`` (``buffers.verify_width``, the host reads it). No host reads: captured per
+        ``(rows, width)``."""
+        with values_trusted():
+            self._draft_scheduled(g, width, self.buffers.view(g))
+
+    def verify_phase_core(self, g: int, width: int, q: int) -> None:
+        """A scheduled round's second phase: the target verifies the first ``q`` columns of
+        ``verify_tokens`` (bonus and ``q - 1`` drafts; acceptance stops at each row's
+        ``verify_len``), then accept and commit as :meth:`round_core`. No host reads: captured
+        per ``(rows, width, q)``."""
+        with values_trusted():
+            self._verify_scheduled(g, width, self.buffers.view(g), q)
+
+    def _round(self, g: int, width: int, view: BucketView) -> None:
+        """Every row verifies its bonus and all ``K`` drafts (or, with ``K = 0``, its last
+        committed token)."""
+        draft_probs = None
+        if self.plan.drafting:
             placement, key = self._place(g, width, view)
             drafts, draft_probs = self._draft(placement, key, view)
             tokens = torch.cat([placement.bonus[:, None], drafts], dim=1)
         else:
             drafts = view.accepted[:, :0]
             tokens = view.accepted  # K = 0: the last committed token
-        q = tokens.shape[1]  # verify width: K + 1, or a scheduled round's bucket
+        self._verify_commit(g, width, view, tokens, drafts, draft_probs, None)
+
+    def _draft_scheduled(self, g: int, width: int, view: BucketView) -> None:
+        """Place and draft as :meth:`_round` does, then schedule (:meth:`schedule_rows`).
+
+        ``Q``, written to ``buffers.verify_width``, is the smallest of
+        :func:`~draftsmith.runtime.buckets.verify_widths` holding the longest admitted prefix
+        plus its bonus. A row admitted fewer than ``Q - 1`` drafts verifies the rest too, but
+        acceptance stops at its admitted length and takes the bonus there.
+        """
+        placement, key = self._place(g, width, view)
+        drafts, probs, hidden = self.draft_block(placement, key)
+        if probs is not None:  # q, read back by the verify phase
+            view.draft_probs.index_copy_(0, view.batch_to_slot, probs)
+        view.verify_len.copy_(self.schedule_rows(view, placement.bonus, drafts, hidden))
+        view.verify_tokens[:, 0] = placement.bonus
+        view.verify_tokens[:, 1:] = drafts
+        top = view.verify_len.max().view(1) + 1
+        self.buffers.verify_width.copy_(self._verify_widths[
+            torch.searchsorted(self._verify_widths, top)])
+
+    def _verify_scheduled(self, g: int, width: int, view: BucketView, q: int) -> None:
+        tokens = view.verify_tokens[:, :q]
+        draft_probs = None
+        if view.draft_probs is not None:
+            draft_probs = view.draft_probs[view.batch_to_slot][:, : q - 1]
+        self._verify_commit(g, width, view, tokens, tokens[:, 1:], draft_probs, view.verify_len)
+
+    def _verify_commit(self, g: int, width: int, view: BucketView, tokens: torch.Tensor,
+                       drafts: torch.Tensor, draft_probs: torch.Tensor | None,
+                       verify_len: torch.Tensor | None) -> None:
+        """Target forward of ``tokens: [G, Q]`` (bonus and drafts ``[G, Q-1]``, ``q``
+        ``[G, Q-1, V]`` for rejection) at each row's position, accept (up to ``verify_len``
+        drafts per row when given), commit and write the host's result row."""
+        plan, k = self.plan, self.plan.num_draft_tokens
+        starts = view.target_len.clamp(max=self._length - (k + 1))
+        q = tokens.shape[1]
         out = self.target.forward_rows(tokens, starts, width)
         key = None if plan.greedy else SamplingKey(view.seeds, starts)
         accepted, n = self.acceptance.accept(out.logits, drafts, key, draft_probs=draft_probs,
@@ -141,28 +200,6 @@ class RoundComputation:
         key = None if plan.greedy else SamplingKey(view.seeds, placement.new_ctx_len + 1)
         return placement, key
 
-    def _scheduled_drafts(
-        self, g: int, width: int, view: BucketView
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """Place and draft as :meth:`_round` does, then schedule: the verify tokens ``[G, Q]``,
-        drafts ``[G, Q-1]``, ``q`` ``[G, Q-1, V]`` (rejection) and admitted lengths
-        ``verify_len: [G] int64`` (drafted positions, 0 for padding rows).
-
-        ``Q`` is the smallest of :func:`~draftsmith.runtime.buckets.verify_widths` holding the
-        longest admitted prefix plus its bonus; reading it is a host read, so this round is
-        eager (the plan says so). A row admitted fewer than ``Q - 1`` drafts verifies the rest
-        too, but acceptance stops at its admitted length and takes the bonus there.
-        """
-        placement, key = self._place(g, width, view)
-        drafts, probs, hidden = self.draft_block(placement, key)
-        draft_probs = self._slot_probs(probs, view)
-        verify_len = self.schedule_rows(view, placement.bonus, drafts, hidden)
-        q = _bucket(int(verify_len.max()) + 1, verify_widths(self.plan.num_draft_tokens))
-        tokens = torch.cat([placement.bonus[:, None], drafts[:, : q - 1]], dim=1)
-        if draft_probs is not None:
-            draft_probs = draft_probs[:, : q - 1]
-        return tokens, drafts[:, : q - 1], draft_probs, verify_len
-
     def schedule_rows(self, view: BucketView, bonus: torch.Tensor, drafts: torch.Tensor,
                       hidden: torch.Tensor) -> torch.Tensor:
         """Admitted lengths ``[G] int64`` (drafted positions) of a round's rows.
@@ -177,15 +214,14 @@ class RoundComputation:
         prev = torch.cat([bonus[:, None], drafts[:, :-1]], dim=1)
         raw = self.drafter.confidence(hidden, prev).float()
         survival = prefix_survival(apply_sts(raw, self._sts))
-        live = (view.batch_to_slot != self.buffers.dummy_slot).nonzero().squeeze(1)
-        lengths = torch.zeros(view.g, dtype=_I64, device=self.device)
-        if live.numel():
-            if plan.verify_schedule == "prefix":
-                admitted = schedule_prefix(survival[live], self._sps)
-            else:
-                admitted = schedule_top_budget(survival[live], plan.verify_budget * live.numel())
-            lengths[live] = admitted
-        return lengths
+        # padding rows get survival 0 (never admitted) and the schedule counts live rows only:
+        # the same lengths as scheduling the live rows alone, without a host read
+        live = view.batch_to_slot != self.buffers.dummy_slot
+        survival = torch.where(live[:, None], survival, 0.0)
+        requests = live.sum()
+        if plan.verify_schedule == "prefix":
+            return schedule_prefix(survival, self._sps, requests)
+        return schedule_top_budget(survival, plan.verify_budget * requests)
 
     def _draft(
         self, placement: DraftBlockPlacement, key: SamplingKey | None, view: BucketView

@@ -80,13 +80,18 @@ def _lengths(rows: torch.Tensor, pos: torch.Tensor, admitted: torch.Tensor, r: i
     return out.scatter_reduce(0, rows, torch.where(admitted, pos, 0), reduce="amax")
 
 
-def schedule_prefix(survival: torch.Tensor, sps: SPSTable) -> torch.Tensor:
+def schedule_prefix(survival: torch.Tensor, sps: SPSTable,
+                    requests: torch.Tensor | None = None) -> torch.Tensor:
     """Algorithm 1 (exact, with the early break): ``survival: [R, K]`` -> ``lengths: [R] int64``.
 
     ``theta_0 = R * SPS(R)``; admitting the ``n``-th sorted candidate gives ``theta_n = (R +
     sum_{m<=n} a_m) * SPS(R + n)`` (sums accumulated in sorted order, float64). Candidates
     ``1..n`` are admitted for the largest ``n`` with ``theta_0 < theta_1 < ... < theta_n`` and
     every ``a_m > 0``; ``lengths[r]`` is the largest admitted ``j`` of request ``r``.
+
+    ``requests`` (a 0-d int64 tensor, at most ``R``) replaces ``R`` in ``theta`` when some rows
+    are padding: give those rows survival 0 (never admitted) and the live count here, and the
+    lengths equal those of the live rows alone, with no host read (a captured graph takes it).
     """
     _check_survival(survival)
     r, k = survival.shape
@@ -95,9 +100,10 @@ def schedule_prefix(survival: torch.Tensor, sps: SPSTable) -> torch.Tensor:
         return torch.zeros(r, dtype=torch.int64, device=device)
     a, rows, pos = _sorted_candidates(survival)
     steps = torch.arange(r * k + 1, dtype=torch.int64, device=device)
-    counts = r + steps  # verify tokens after 0, 1, ..., R*K admissions
-    acc = torch.cat((torch.full((1,), float(r), dtype=torch.float64, device=device), a))
-    acc = torch.cumsum(acc, 0)
+    live = (torch.tensor(r, dtype=torch.int64, device=device) if requests is None
+            else requests.to(device=device, dtype=torch.int64))
+    counts = live + steps  # verify tokens after 0, 1, ..., R*K admissions
+    acc = torch.cumsum(torch.cat((live.to(torch.float64).view(1), a)), 0)
     theta = acc * sps_values(sps, counts, r * (k + 1))
     improves = (theta[1:] > theta[:-1]) & (a > 0)
     admitted = torch.cumprod(improves.to(torch.int64), 0).bool()  # stop at the first failure

@@ -18,14 +18,6 @@ def plan_confidence(caps: DrafterCapabilities) -> str:
     return "score-only" if caps.confidence_head else "none"
 
 
-def eager_reason(schedule: str) -> str:
-    """Why a scheduled round is not captured in a CUDA graph (the plan's reason, and the
-    :class:`PlanError`'s under ``runtime.cuda_graphs = 'on'``)."""
-    return (f"runtime.verify_schedule = {schedule!r} reads the admitted verify width back "
-            "before verifying, which a captured graph cannot (captures per verify width: not "
-            "built yet)")
-
-
 def check_verify_schedule(schedule: str, caps: DrafterCapabilities, k: int, tp: int,
                           sts: tuple[float, ...] | None, sts_known: bool = True) -> None:
     """:class:`PlanError` naming what a verify schedule other than ``all`` is missing: a
@@ -105,4 +97,4 @@ def decide_verify_schedule(schedule: str, verify_budget: int | None, costs: Veri
     return schedule, budget
 
 
-__all__ = ["check_verify_schedule", "decide_verify_schedule", "eager_reason", "plan_confidence"]
+__all__ = ["check_verify_schedule", "decide_verify_schedule", "plan_confidence"]

@@ -92,6 +92,24 @@ def test_matches_the_literal_early_stop_walk_on_random_inputs():
     assert 50 < admitted_some < 390  # both outcomes are exercised
 
 
+def test_padding_rows_with_the_live_count_schedule_like_the_live_rows_alone():
+    """Padding rows (survival 0) anywhere in the batch, with ``requests`` = the live count:
+    the live rows get the lengths they get alone, the padding rows 0 (what a captured round
+    relies on: no host read to drop the padding rows)."""
+    rng = random.Random(99)
+    for trial in range(200):
+        r, k = rng.randint(1, 6), rng.randint(1, 6)
+        survival = _random_survival(rng, r, k)
+        table = _random_sps(rng, (r + 3) * (k + 1) + 1)
+        want = schedule_prefix(survival, table).tolist()
+        padded = torch.zeros(r + 3, k, dtype=survival.dtype)
+        live = sorted(rng.sample(range(r + 3), r))
+        padded[live] = survival
+        got = schedule_prefix(padded, table, torch.tensor(r)).tolist()
+        assert [got[i] for i in live] == want, trial
+        assert all(got[i] == 0 for i in range(r + 3) if i not in live), trial
+
+
 def test_lengths_are_prefixes_of_positive_survival():
     rng = random.Random(7)
     for _ in range(100):

@@ -216,9 +216,9 @@ def test_schedule_config_and_plan_rules(nudged, drafter):
     assert plain.plan.confidence == "score-only"
 
 
-def test_scheduled_rounds_are_not_captured_and_on_is_refused(drafter):
-    """On CUDA a scheduled round runs eagerly under 'auto' (the plan says why) and 'on' is a
-    PlanError: the round reads its verify width back, which a captured graph cannot."""
+def test_scheduled_rounds_are_captured_in_two_phases(drafter):
+    """On CUDA a scheduled round is captured under 'auto' and 'on' alike, as two phases with
+    the verify width read between them (the plan says so)."""
     caps = drafter.capabilities
     toy = TargetInfo(vocab_size=64, hidden_size=32, num_layers=4)
     sts = tuple(drafter.sts_temperatures.tolist())
@@ -229,11 +229,46 @@ def test_scheduled_rounds_are_not_captured_and_on_is_refused(drafter):
                           kernels="eager", cuda_graphs=graphs, force_accepted=0.0,
                           device="cuda", verify_schedule="prefix", sts_temperatures=sts)
 
-    auto = make_plan(inputs("auto"), caps, toy)
-    assert not auto.cuda_graphs
-    assert "reads the admitted verify width back" in auto.decision("cuda_graphs").reason
-    with pytest.raises(PlanError, match="runtime.cuda_graphs = 'on' but runtime.verify_schedule"):
-        make_plan(inputs("on"), caps, toy)
+    for graphs in ("auto", "on"):
+        plan = make_plan(inputs(graphs), caps, toy)
+        assert plan.cuda_graphs
+        assert "two host reads" in plan.decision("cuda_graphs").reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ["prefix", "top-budget"])
+def test_graphed_scheduled_rounds_equal_eager_ones(nudged_toy_target, schedule):
+    """Captured in two phases (drafting per (rows, width), verification per (rows, width, Q)),
+    a scheduled decoder emits what the eager one emits, round for round, and the target's own
+    greedy tokens; the replayed verify widths vary."""
+    target = nudged_toy_target(max_slots=12, max_len=128, mixing=0.3, device="cuda")
+    drafter = bind(target, None, _config(cuda_graphs="off")).drafter
+    drafter.set_sts(torch.linspace(0.6, 1.4, drafter.spec.block_size))
+    extra = {"verify_budget": 2} if schedule == "top-budget" else {}
+    eager = bind(target, drafter, _config(schedule, cuda_graphs="off", **extra), sps=_sps(0.02))
+    graphed = bind(target, drafter, _config(schedule, cuda_graphs="on", **extra), sps=_sps(0.02))
+    assert graphed.plan.cuda_graphs and not eager.plan.cuda_graphs
+    a = eager.generate(PROMPTS, BUDGETS)
+    graphed.prepare_for(PROMPTS, BUDGETS)
+    assert graphed.verify_graphs, "no verify phase was captured"
+    widths: list[int] = []
+
+    def recording(call, q):
+        real = call.replay
+
+        def replay():
+            widths.append(q)
+            real()
+        return replay
+
+    for (_, _, q), call in graphed.verify_graphs.items():
+        call.replay = recording(call, q)
+    b = graphed.generate(PROMPTS, BUDGETS)
+    assert [(r.tokens, r.accepted_lengths) for r in a] == [(r.tokens, r.accepted_lengths)
+                                                           for r in b]
+    want = [target.greedy_generate(p, n, slot=11) for p, n in zip(PROMPTS, BUDGETS, strict=True)]
+    assert [list(r.tokens) for r in b] == want
+    assert len(set(widths)) > 1, widths
 
 
 def test_sps_from_a_cost_profile_interpolates_round_times():
