@@ -468,8 +468,9 @@ def _bind(
         sts = _sts_table(drafter)
         check_verify_schedule(config.runtime.verify_schedule, caps, k, mapping.tp_size, sts)
         profile = auto.profile if auto is not None else profile
-        if config.runtime.verify_schedule == "prefix" or sps is not None or profile is not None:
-            # top-budget reads no sps: measured only for prefix, recorded when at hand
+        if (config.runtime.verify_schedule != "top-budget" or sps is not None
+                or profile is not None):
+            # top-budget reads no sps: measured for the others, recorded when at hand
             costs = verify_costs(target, drafter, config, mapping, registry, collectives, k,
                                  sps=sps, profile=profile)
     plan = make_plan(_plan_inputs(config, mapping, where, selector, info.vocab_size, held,

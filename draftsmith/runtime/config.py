@@ -198,12 +198,14 @@ class RuntimeOptions(_Strict):
     where speculative and plain decoding part and how close the call was there: ``auto`` does so
     on a single rank, ``on`` also asks for it elsewhere (refused under TP > 1), ``off`` never."""
 
-    verify_schedule: Literal["all", "prefix", "top-budget"] = "all"
+    verify_schedule: Literal["all", "prefix", "top-budget", "width"] = "all"
     """Which drafts each round verifies. ``all``: every row its bonus and all ``K`` drafts.
     ``prefix``: the DSpark prefix scheduler (Algorithm 1) on the drafter's calibrated prefix
     survival and the bind-time throughput table; ``top-budget``: the ``verify_budget`` drafted
-    positions of highest survival per live row. Both need a drafter with a confidence head and
-    an STS calibration table, verify only the admitted prefixes and stay lossless."""
+    positions of highest survival per live row; ``width``: one verify width per round for the
+    whole batch, the one of most expected tokens per second on the bind-time table (the padded
+    verify's real cost). Each needs a drafter with a confidence head and an STS calibration
+    table, verifies only the admitted prefixes and stays lossless."""
     verify_budget: int | None = Field(default=None, ge=0, strict=True)
     """``top-budget`` only: drafted positions admitted per round, per live row (summed over the
     round's rows); ``None``: ``K // 2`` per row."""

@@ -130,7 +130,7 @@ class DraftPlan(BaseModel):
     """Under ``auto``: the per-position acceptance the choice read, and its source."""
     draft_tokens_choices: tuple[DraftTokensChoice, ...] = ()
     """Under ``auto``: ``K`` for every profiled rows bucket, with its reason."""
-    verify_schedule: Literal["all", "prefix", "top-budget"] = "all"
+    verify_schedule: Literal["all", "prefix", "top-budget", "width"] = "all"
     """``all`` drafts, or the prefixes the scheduler admits (``prefix``, ``top-budget``)."""
     verify_budget: int = Field(default=0, ge=0)
     """Under ``top-budget``: drafted positions admitted per live row and round."""
@@ -194,7 +194,7 @@ class PlanInputs(BaseModel):
     auto_unmeasured: bool = False
     """The config says ``auto`` but no target was profiled (``draftsmith plan`` without
     ``--measure``): :attr:`num_draft_tokens` is then the largest ``K`` considered."""
-    verify_schedule: Literal["all", "prefix", "top-budget"] = "all"
+    verify_schedule: Literal["all", "prefix", "top-budget", "width"] = "all"
     verify_budget: int | None = None
     verify_costs: VerifyCosts | None = None
     """The scheduler's ``sps`` table (``None``: not measured, e.g. ``draftsmith plan``)."""

@@ -38,7 +38,7 @@ from draftsmith.runtime.buffers import BucketView, DecoderBuffers
 from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager
 from draftsmith.runtime.plan import DraftPlan
-from draftsmith.runtime.scheduler import schedule_prefix, schedule_top_budget
+from draftsmith.runtime.scheduler import schedule_prefix, schedule_top_budget, schedule_width
 
 _I64 = torch.int64
 
@@ -221,6 +221,8 @@ class RoundComputation:
         requests = live.sum()
         if plan.verify_schedule == "prefix":
             return schedule_prefix(survival, self._sps, requests)
+        if plan.verify_schedule == "width":
+            return schedule_width(survival, self._sps, self._verify_widths, live)
         return schedule_top_budget(survival, plan.verify_budget * requests)
 
     def _draft(

@@ -72,6 +72,9 @@ def decide_verify_schedule(schedule: str, verify_budget: int | None, costs: Veri
     if schedule == "prefix":
         how = ("Algorithm 1 (DSpark): admit drafted positions by survival while the expected "
                "tokens per second rise")
+    elif schedule == "width":
+        how = ("width: one verify width Q per round, the one of most expected tokens per second "
+               "at the padded verify's rows * Q tokens; every live row verifies Q - 1 drafts")
     else:
         budget = k // 2 if verify_budget is None else verify_budget
         if budget > k:
@@ -84,7 +87,7 @@ def decide_verify_schedule(schedule: str, verify_budget: int | None, costs: Veri
            f"{how}; each row verifies its admitted prefix, the round pads to the smallest verify "
            "width Q in 1, 2, 3, 4, 6, 8, ... K + 1 holding the longest; acceptance is capped at "
            "each row's admitted length (lossless)")
-    if schedule == "prefix" or costs is not None:
+    if schedule in ("prefix", "width") or costs is not None:
         if costs is None:
             decide("sps", "measured at bind",
                    "rounds per second by verify-token count: measured on the target when it is "

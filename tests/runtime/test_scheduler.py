@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from draftsmith.contract import ConfigError, ShapeError
-from draftsmith.runtime.scheduler import schedule_prefix, schedule_top_budget, sps_values
+from draftsmith.runtime.scheduler import (
+    schedule_prefix,
+    schedule_top_budget,
+    schedule_width,
+    sps_values,
+)
 
 
 def _candidates(survival: torch.Tensor) -> list[tuple[float, int, int]]:
@@ -108,6 +113,30 @@ def test_padding_rows_with_the_live_count_schedule_like_the_live_rows_alone():
         got = schedule_prefix(padded, table, torch.tensor(r)).tolist()
         assert [got[i] for i in live] == want, trial
         assert all(got[i] == 0 for i in range(r + 3) if i not in live), trial
+
+
+def test_width_is_the_brute_force_best_padded_round():
+    """``schedule_width`` picks the width of most ``(live + expected drafts) * SPS(R * Q)`` by
+    brute force over the widths (smallest on ties); live rows get ``Q - 1``, padding rows 0."""
+    rng = random.Random(5)
+    chosen = set()
+    for trial in range(300):
+        r, k = rng.randint(1, 6), rng.randint(1, 7)
+        survival = _random_survival(rng, r, k)
+        table = _random_sps(rng, r * (k + 1) + 1)
+        widths = [q for q in (1, 2, 3, 4, 6, 8) if q < k + 1] + [k + 1]
+        live = [rng.random() < 0.8 for _ in range(r)]
+        n = sum(live)
+
+        def theta(q):
+            drafts = sum(float(survival[i, :q - 1].sum()) for i in range(r) if live[i])
+            return (n + drafts) * float(table[r * q])
+
+        best = max(widths, key=lambda q: (theta(q), -q))
+        got = schedule_width(survival, table, torch.tensor(widths), torch.tensor(live))
+        assert got.tolist() == [best - 1 if x else 0 for x in live], trial
+        chosen.add(best)
+    assert len(chosen) > 3  # several widths win somewhere
 
 
 def test_lengths_are_prefixes_of_positive_survival():

@@ -88,7 +88,7 @@ class _Rounds:
         return torch.cumprod(torch.sigmoid(raw / tau[: raw.shape[1]]), dim=1)
 
 
-@pytest.mark.parametrize("schedule", ["prefix", "top-budget"])
+@pytest.mark.parametrize("schedule", ["prefix", "top-budget", "width"])
 def test_scheduled_greedy_equals_target_greedy(nudged, drafter, schedule, monkeypatch):
     target, oracle = nudged
     extra = {"verify_budget": 2} if schedule == "top-budget" else {}
@@ -236,7 +236,7 @@ def test_scheduled_rounds_are_captured_in_two_phases(drafter):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("schedule", ["prefix", "top-budget"])
+@pytest.mark.parametrize("schedule", ["prefix", "top-budget", "width"])
 def test_graphed_scheduled_rounds_equal_eager_ones(nudged_toy_target, schedule):
     """Captured in two phases (drafting per (rows, width), verification per (rows, width, Q)),
     a scheduled decoder emits what the eager one emits, round for round, and the target's own
