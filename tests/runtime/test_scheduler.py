@@ -126,13 +126,9 @@ def test_width_is_the_brute_force_best_padded_round():
         table = _random_sps(rng, r * (k + 1) + 1)
         widths = [q for q in (1, 2, 3, 4, 6, 8) if q < k + 1] + [k + 1]
         live = [rng.random() < 0.8 for _ in range(r)]
-        n = sum(live)
-
-        def theta(q):
-            drafts = sum(float(survival[i, :q - 1].sum()) for i in range(r) if live[i])
-            return (n + drafts) * float(table[r * q])
-
-        best = max(widths, key=lambda q: (theta(q), -q))
+        theta = {q: (sum(live) + sum(float(survival[i, :q - 1].sum()) for i in range(r)
+                                     if live[i])) * float(table[r * q]) for q in widths}
+        best = max(widths, key=lambda q: (theta[q], -q))
         got = schedule_width(survival, table, torch.tensor(widths), torch.tensor(live))
         assert got.tolist() == [best - 1 if x else 0 for x in live], trial
         chosen.add(best)
