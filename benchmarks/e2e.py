@@ -300,9 +300,9 @@ def _sampling_note(args: argparse.Namespace, plan) -> str:
     if args.temperature == 0.0:
         return ""
     words = f"T={args.temperature}" + (f" top-p {args.top_p}" if args.top_p < 1.0 else "")
-    route = plan.decision("target_selection")
-    return (f"{words}; selection {route.value}: {route.reason}; sampled output is compared by "
-            "distribution in the test suite, not here; ")
+    route, rule = plan.decision("target_selection"), plan.decision("acceptance_rule")
+    return (f"{words} (exact: sampled output is compared by distribution in the test suite, not "
+            f"here); selection {route.value} ({route.reason}); acceptance {rule.value}; ")
 
 
 def _sampling_fields(args: argparse.Namespace) -> dict:
