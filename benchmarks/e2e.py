@@ -24,6 +24,10 @@ exactly those prompts, the fair denominator for them.
     python benchmarks/e2e.py --out $OUT                    # the GPU table (writes e2e.json/.txt)
     python benchmarks/e2e.py --plot e2e.json               # tokens/s against batch size (PNG)
     python benchmarks/e2e.py --smoke                       # tiny sizes on the CPU
+
+``--temperature T`` (default 0: greedy) and ``--top-p P`` (default 1) make ``spec`` and ``plain``
+sample alike (selection ``sample``, fixed request seeds); ``exact`` is then ``-`` and the slow
+baselines, greedy only, are skipped: ``--smoke --temperature 0.7 --top-p 0.95`` on the CPU.
 """
 
 from __future__ import annotations
@@ -65,20 +69,46 @@ def _k_arg(text: str) -> int | str:
     return text if text == "auto" else int(text)
 
 
-def _decoder(target, tokenizer, dtype_name: str, batch: int, k: int | str, family: str = "dspark-gqa",
-             checkpoint: str | None = None, verify_schedule: str = "all"):
+SEED = 0
+"""Request ``i`` samples with seed ``SEED + i``, so sampled runs repeat draw for draw."""
+
+
+def _seeds(n: int) -> list[int]:
+    return [SEED + i for i in range(n)]
+
+
+def _selection(temperature: float, top_p: float) -> dict:
+    """The ``selection`` table: greedy at ``T = 0``, else keyed sampling at ``T`` and ``top_p``."""
+    if temperature == 0.0:
+        return {"kind": "greedy"}
+    return {"kind": "sample", "temperature": temperature, "top_p": top_p, "seed": SEED}
+
+
+def _spec_config(dtype_name: str, batch: int, k: int | str, family: str = "dspark-gqa",
+                 checkpoint: str | None = None, verify_schedule: str = "all",
+                 temperature: float = 0.0, top_p: float = 1.0):
     from draftsmith.cli.common import SHIPPED_DRAFTER
-    from draftsmith.runtime.api import load_decoder
     from draftsmith.runtime.config import SpecConfig
 
-    config = SpecConfig.from_dict({
+    return SpecConfig.from_dict({
         "drafter": {"family": family, "checkpoint": checkpoint or str(SHIPPED_DRAFTER)},
         "num_draft_tokens": k,
+        "selection": _selection(temperature, top_p),
         "target": {"model": "smollm2-135m", "dtype": {"bf16": "bfloat16"}.get(dtype_name,
                                                                            "float32"),
                    "device": "cuda" if torch.cuda.is_available() else "cpu"},
         "runtime": {"max_batch": batch, "max_context": 2048, "verify_schedule": verify_schedule},
     })
+
+
+def _decoder(target, tokenizer, dtype_name: str, batch: int, k: int | str, family: str = "dspark-gqa",
+             checkpoint: str | None = None, verify_schedule: str = "all",
+             temperature: float = 0.0, top_p: float = 1.0):
+    """A decoder whose speculative path and plain (``K = 0``) baseline share one selection."""
+    from draftsmith.runtime.api import load_decoder
+
+    config = _spec_config(dtype_name, batch, k, family, checkpoint, verify_schedule,
+                          temperature, top_p)
     return load_decoder(config, target=target, tokenizer=tokenizer)
 
 
@@ -256,9 +286,27 @@ class Table:
         (self.out / "e2e.txt").write_text("\n".join(self.lines) + "\n")
 
 
-def _exact(got: list[list[int]], want: list[list[int]]) -> str:
+def _exact(got: list[list[int]], want: list[list[int]], sampled: bool = False) -> str:
+    """``same/total`` token for token; ``-`` when sampled (equal in distribution only)."""
+    if sampled:
+        return "-"
     same = sum(a == b for a, b in zip(got, want, strict=True))
     return f"{same}/{len(want)}"
+
+
+def _sampling_note(args: argparse.Namespace, plan) -> str:
+    """``T=0.7 top-p 0.95; ...``: the settings and the selection path the plan chose, or ``""``
+    when greedy."""
+    if args.temperature == 0.0:
+        return ""
+    words = f"T={args.temperature}" + (f" top-p {args.top_p}" if args.top_p < 1.0 else "")
+    route, rule = plan.decision("target_selection"), plan.decision("acceptance_rule")
+    return (f"{words} (exact: sampled output is compared by distribution in the test suite, not "
+            f"here); selection {route.value} ({route.reason}); acceptance {rule.value}; ")
+
+
+def _sampling_fields(args: argparse.Namespace) -> dict:
+    return dict(temperature=args.temperature, top_p=args.top_p)
 
 
 def _scheduled(target, tokenizer, dtype_name: str, batch: int, args: argparse.Namespace,
@@ -267,17 +315,22 @@ def _scheduled(target, tokenizer, dtype_name: str, batch: int, args: argparse.Na
     """The ``spec-<schedule>`` row: the same decoding under ``runtime.verify_schedule``, with
     its ratio to plain and to verifying every draft (``spec``, the issue's comparison)."""
     dec = _decoder(target, tokenizer, dtype_name, batch, args.k,
-                   verify_schedule=args.verify_schedule)
+                   verify_schedule=args.verify_schedule, temperature=args.temperature,
+                   top_p=args.top_p)
     dec.generate_ids(ids[: max(batch, 2)], 16, compare_plain=False)  # warm-up, untimed
-    report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=False)
+    report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=False,
+                              seeds=_seeds(len(ids)))
     rate = report.spec_tokens_per_s
     plan = dec.spec.plan
-    table.add(dtype=dtype_name, batch=batch, decoding=f"spec-{args.verify_schedule}",
+    table.add(dtype=dtype_name, batch=batch, **_sampling_fields(args),
+              decoding=f"spec-{args.verify_schedule}",
               prompts=len(ids), tokens=report.num_tokens, tokens_per_s=rate,
               vs_plain=rate / spec_report.plain_tokens_per_s,
               tau=report.mean_accepted_length,
-              exact=_exact([list(r.tokens) for r in report.results], plain_tokens),
-              note=f"{rate / spec_report.spec_tokens_per_s:.2f}x spec (verify all); "
+              exact=_exact([list(r.tokens) for r in report.results], plain_tokens,
+                           args.temperature > 0),
+              note=_sampling_note(args, plan)
+              + f"{rate / spec_report.spec_tokens_per_s:.2f}x spec (verify all); "
                    f"cuda_graphs {plan.cuda_graphs}; sps: "
                    + (plan.decision("sps").reason if plan.verify_schedule == "prefix" else "-"))
 
@@ -294,32 +347,36 @@ def run_dtype(dtype_name: str, args: argparse.Namespace, table: Table) -> None:
     prompts = _prompts(Path(args.data), args.limit)
     slow = [p for i, p in enumerate(prompts) if i % args.limit < args.slow_limit]
     for batch in args.batches:
-        dec = _decoder(target, tokenizer, dtype_name, batch, args.k)
+        dec = _decoder(target, tokenizer, dtype_name, batch, args.k,
+                       temperature=args.temperature, top_p=args.top_p)
+        sampled = args.temperature > 0
         stops = set(dec.stop_token_ids)
         ids = [dec.encode(text) for _, text in prompts]
         slow_ids = [dec.encode(text) for _, text in slow]
-        common = dict(dtype=dtype_name, batch=batch)
+        common = dict(dtype=dtype_name, batch=batch, **_sampling_fields(args))
         # warm-up (untimed): captures both decoders' rounds and compiles every kernel
         dec.generate_ids(ids[: max(batch, 2)], 16, compare_plain=True)
-        report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=True)
+        report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=True,
+                                  seeds=_seeds(len(ids)))
         plain_rate = report.plain_tokens_per_s
         plain_tokens = [list(r.plain_tokens) for r in report.results]
+        sampling = _sampling_note(args, dec.spec.plan)
         table.add(**common, decoding="plain", prompts=len(ids),
                   tokens=sum(len(t) for t in plain_tokens), tokens_per_s=plain_rate,
-                  vs_plain=1.0, note=report.baseline)
+                  vs_plain=1.0, note=_sampling_note(args, dec.plain.plan) + report.baseline)
         table.add(**common, decoding="spec", prompts=len(ids), tokens=report.num_tokens,
                   tokens_per_s=report.spec_tokens_per_s,
                   vs_plain=report.spec_tokens_per_s / plain_rate,
                   tau=report.mean_accepted_length,
-                  exact=_exact([list(r.tokens) for r in report.results], plain_tokens),
-                  note=f"shipped dspark-gqa, K = {report.num_draft_tokens}"
+                  exact=_exact([list(r.tokens) for r in report.results], plain_tokens, sampled),
+                  note=sampling + f"shipped dspark-gqa, K = {report.num_draft_tokens}"
                   + (f" (auto: {report.draft_tokens_reason})" if args.k == "auto" else "")
                   + "; per set tau " + ", ".join(
                       f"{name} {_tau(report, prompts, name):.2f}" for name in SETS))
         if args.verify_schedule != "all":
             _scheduled(target, tokenizer, dtype_name, batch, args, ids, report, plain_tokens,
                        table)
-        if not args.slow_limit:
+        if not args.slow_limit or sampled:  # the slow baselines decode greedily only
             continue
         # the slow baselines, on the first --slow-limit prompts of each set
         _sync()
@@ -415,11 +472,17 @@ def plot(json_path: Path, png: Path) -> None:
     fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4.5), dpi=100,
                              squeeze=False)
     for ax, dtype in zip(axes[0], dtypes, strict=True):
+        sampling = sorted({(r.get("temperature", 0.0), r.get("top_p", 1.0)) for r in rows})
         for name in ("spec", "plain", "recipe", "hf-eager", "zlab", "ds-dflash"):
-            pts = sorted((r["batch"], r["tokens_per_s"]) for r in rows
-                         if r["dtype"] == dtype and r["decoding"] == name)
-            if pts:
-                ax.plot([b for b, _ in pts], [t for _, t in pts], marker="o", label=name)
+            for temperature, top_p in sampling:
+                pts = sorted((r["batch"], r["tokens_per_s"]) for r in rows
+                             if r["dtype"] == dtype and r["decoding"] == name
+                             and r.get("temperature", 0.0) == temperature
+                             and r.get("top_p", 1.0) == top_p)
+                label = name if temperature == 0.0 else (
+                    f"{name} T={temperature}" + (f" top-p {top_p}" if top_p < 1.0 else ""))
+                if pts:
+                    ax.plot([b for b, _ in pts], [t for _, t in pts], marker="o", label=label)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("batch size (requests in flight)")
@@ -449,10 +512,17 @@ def main() -> int:
                         choices=["all", "prefix", "top-budget"],
                         help="also run the decoding under this runtime.verify_schedule (row "
                              "spec-<schedule>, with its ratio to verifying every draft)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature of spec and plain (0: greedy; > 0 skips the "
+                             "greedy-only slow baselines)")
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="nucleus mass when sampling (1: no filter; needs --temperature > 0)")
     parser.add_argument("--data", default=str(DATA))
     parser.add_argument("--plot", type=Path, help="plot an e2e.json and exit")
     parser.add_argument("--smoke", action="store_true", help="tiny run on the CPU")
     args = parser.parse_args()
+    if args.temperature == 0.0 and args.top_p < 1.0:
+        parser.error("--top-p filters sampling only; give --temperature > 0 as well")
     if args.plot is not None:
         png = args.plot.with_suffix(".png")
         plot(args.plot, png)
@@ -463,6 +533,9 @@ def main() -> int:
         args.max_new_tokens, args.parts = 8, "hf"
     print(f"# e2e on {machine_tag(_DEVICE)}, torch {torch.__version__}, "
           f"{time.strftime('%Y-%m-%dT%H%M%SZ', time.gmtime())}", flush=True)
+    if args.temperature > 0 and args.slow_limit:
+        print("# sampled: the slow baselines (plain@slow, recipe, hf, zlab) decode greedily "
+              "only, skipped", flush=True)
     table = Table(args.out)
     for dtype_name in args.dtypes:
         run_dtype(dtype_name, args, table)
