@@ -310,12 +310,12 @@ def _sampling_fields(args: argparse.Namespace) -> dict:
 
 
 def _scheduled(target, tokenizer, dtype_name: str, batch: int, args: argparse.Namespace,
-               ids: list[list[int]], spec_report, plain_tokens: list[list[int]],
-               table: Table) -> None:
+               schedule: str, ids: list[list[int]], spec_report,
+               plain_tokens: list[list[int]], table: Table) -> None:
     """The ``spec-<schedule>`` row: the same decoding under ``runtime.verify_schedule``, with
     its ratio to plain and to verifying every draft (``spec``, the issue's comparison)."""
     dec = _decoder(target, tokenizer, dtype_name, batch, args.k,
-                   verify_schedule=args.verify_schedule, temperature=args.temperature,
+                   verify_schedule=schedule, temperature=args.temperature,
                    top_p=args.top_p)
     dec.generate_ids(ids[: max(batch, 2)], 16, compare_plain=False)  # warm-up, untimed
     report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=False,
@@ -323,7 +323,7 @@ def _scheduled(target, tokenizer, dtype_name: str, batch: int, args: argparse.Na
     rate = report.spec_tokens_per_s
     plan = dec.spec.plan
     table.add(dtype=dtype_name, batch=batch, **_sampling_fields(args),
-              decoding=f"spec-{args.verify_schedule}",
+              decoding=f"spec-{schedule}",
               prompts=len(ids), tokens=report.num_tokens, tokens_per_s=rate,
               vs_plain=rate / spec_report.plain_tokens_per_s,
               tau=report.mean_accepted_length,
@@ -332,7 +332,8 @@ def _scheduled(target, tokenizer, dtype_name: str, batch: int, args: argparse.Na
               note=_sampling_note(args, plan)
               + f"{rate / spec_report.spec_tokens_per_s:.2f}x spec (verify all); "
                    f"cuda_graphs {plan.cuda_graphs}; sps: "
-                   + (plan.decision("sps").reason if plan.verify_schedule == "prefix" else "-"))
+                   + (plan.decision("sps").reason if plan.verify_schedule != "top-budget"
+                      else "-"))
 
 
 def run_dtype(dtype_name: str, args: argparse.Namespace, table: Table) -> None:
@@ -373,9 +374,10 @@ def run_dtype(dtype_name: str, args: argparse.Namespace, table: Table) -> None:
                   + (f" (auto: {report.draft_tokens_reason})" if args.k == "auto" else "")
                   + "; per set tau " + ", ".join(
                       f"{name} {_tau(report, prompts, name):.2f}" for name in SETS))
-        if args.verify_schedule != "all":
-            _scheduled(target, tokenizer, dtype_name, batch, args, ids, report, plain_tokens,
-                       table)
+        for schedule in args.verify_schedule:
+            if schedule != "all":
+                _scheduled(target, tokenizer, dtype_name, batch, args, schedule, ids, report,
+                           plain_tokens, table)
         if not args.slow_limit or sampled:  # the slow baselines decode greedily only
             continue
         # the slow baselines, on the first --slow-limit prompts of each set
@@ -508,10 +510,10 @@ def main() -> int:
                              "the DFlash comparison then uses 7)")
     parser.add_argument("--parts", default="recipe,hf,zlab",
                         help="slow baselines to run (recipe, hf, zlab)")
-    parser.add_argument("--verify-schedule", default="all",
-                        choices=["all", "prefix", "top-budget"],
-                        help="also run the decoding under this runtime.verify_schedule (row "
-                             "spec-<schedule>, with its ratio to verifying every draft)")
+    parser.add_argument("--verify-schedule", nargs="+", default=["all"],
+                        choices=["all", "prefix", "top-budget", "width"],
+                        help="also run the decoding under each runtime.verify_schedule given "
+                             "(rows spec-<schedule>, with their ratio to verifying every draft)")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sampling temperature of spec and plain (0: greedy; > 0 skips the "
                              "greedy-only slow baselines)")
