@@ -362,7 +362,10 @@ def load_tensors(directory: Path) -> dict[str, torch.Tensor]:
         clash = tensors.keys() & part.keys()
         if clash:
             raise CheckpointError(f"tensor {sorted(clash)[0]!r} appears in two files of {directory}")
-        tensors.update(part)
+        # owned copies: safetensors (0.8 here) can hand out views into one buffer at the file's
+        # offsets, and a CPU GEMM over a weight that is not 64-byte aligned rounds differently,
+        # so the loaded drafter would not compute bit for bit what the saved one did
+        tensors.update({name: t.clone() for name, t in part.items()})
     return tensors
 
 
