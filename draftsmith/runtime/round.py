@@ -157,7 +157,8 @@ class RoundComputation:
         draft_probs = None
         if view.draft_probs is not None:
             draft_probs = view.draft_probs[view.batch_to_slot][:, : q - 1]
-        self._verify_commit(g, width, view, tokens, tokens[:, 1:], draft_probs, view.verify_len)
+        self._verify_commit(g, width, view, tokens, tokens[:, 1:].contiguous(), draft_probs,
+                            view.verify_len)
 
     def _verify_commit(self, g: int, width: int, view: BucketView, tokens: torch.Tensor,
                        drafts: torch.Tensor, draft_probs: torch.Tensor | None,

@@ -103,7 +103,7 @@ def schedule_prefix(survival: torch.Tensor, sps: SPSTable,
         return torch.zeros(r, dtype=torch.int64, device=device)
     a, rows, pos = _sorted_candidates(survival)
     steps = torch.arange(r * k + 1, dtype=torch.int64, device=device)
-    live = (torch.tensor(r, dtype=torch.int64, device=device) if requests is None
+    live = (torch.full((), r, dtype=torch.int64, device=device) if requests is None
             else requests.to(device=device, dtype=torch.int64))
     counts = live + steps  # verify tokens after 0, 1, ..., R*K admissions
     acc = torch.cumsum(torch.cat((live.to(torch.float64).view(1), a)), 0)
@@ -173,7 +173,9 @@ def schedule_width(survival: torch.Tensor, sps: SPSTable, widths: torch.Tensor,
     # expected accepted drafts when every row verifies j drafts, j = 0 .. K
     drafts = torch.cat((a.new_zeros(1), torch.cumsum(a.sum(0), 0)))
     theta = (live.sum() + drafts[widths - 1]) * sps_values(sps, r * widths, r * (k + 1))
-    best = widths[torch.argmax(theta)]  # the first maximum: the smaller width on ties
+    # the first maximum (the smaller width on ties), indexed as a [1] tensor: a 0-d index
+    # would be read back to the host
+    best = widths[torch.argmax(theta).view(1)]
     return torch.where(live, best - 1, 0)
 
 

@@ -268,7 +268,9 @@ def test_graphed_scheduled_rounds_equal_eager_ones(nudged_toy_target, schedule):
                                                            for r in b]
     want = [target.greedy_generate(p, n, slot=11) for p, n in zip(PROMPTS, BUDGETS, strict=True)]
     assert [list(r.tokens) for r in b] == want
-    assert len(set(widths)) > 1, widths
+    # top-budget (2 positions per row) and width pad every round to Q = 3 on this target and
+    # table; Algorithm 1's widths vary
+    assert len(set(widths)) > (schedule == "prefix"), widths
 
 
 def test_sps_from_a_cost_profile_interpolates_round_times():
