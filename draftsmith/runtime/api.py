@@ -45,8 +45,8 @@ from draftsmith.runtime.buckets import bucket, row_buckets
 from draftsmith.runtime.config import SpecConfig, parse_device
 from draftsmith.runtime.costs import AcceptanceEstimate, AcceptanceTally, choose_draft_tokens
 from draftsmith.runtime.decoder import GenerationResult, SpecDecoder
+from draftsmith.runtime.head_layout import vocab_shard_range
 from draftsmith.runtime.inputs import check_max_new_tokens, check_prompt_ids, check_prompt_texts
-from draftsmith.runtime.plan import vocab_shard_range
 from draftsmith.runtime.registry import load_registry
 from draftsmith.runtime.targets.hf import HFTarget
 

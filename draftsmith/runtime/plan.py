@@ -24,6 +24,7 @@ from draftsmith.contract import (
 )
 from draftsmith.runtime.costs import AcceptanceEstimate, CostProfile, DraftTokensChoice
 from draftsmith.runtime.costs import VerifyCosts as VerifyCosts
+from draftsmith.runtime.head_layout import head_layout
 from draftsmith.runtime.verify_plan import decide_verify_schedule, plan_confidence
 from draftsmith.selection.eligibility import vocab_parallel_eligibility
 
@@ -187,7 +188,8 @@ class PlanInputs(BaseModel):
     plan, ``target.split_layers``) or whole on every rank."""
     head_shard: tuple[int, int] | None = None
     """``(vocab_start, S)`` of the LM head rows the target holds on this rank; ``None``: the even
-    split (:func:`vocab_shard_range`) where ``V`` divides by ``TP``, else the whole head."""
+    split (:func:`~draftsmith.runtime.head_layout.vocab_shard_range`) where ``V`` divides by
+    ``TP``, else the whole head."""
     auto: AutoDraftTokens | None = None
     """The cost model's choice when the config says ``num_draft_tokens = "auto"`` and a target
     was profiled; ``None``: :attr:`num_draft_tokens` is the config's fixed ``K``."""
@@ -241,58 +243,6 @@ def _check_block(caps: DrafterCapabilities, num_draft_tokens: int) -> None:
             )
 
 
-def vocab_shard_range(vocab_size: int, tp_size: int, tp_rank: int) -> tuple[int, int] | None:
-    """``(vocab_start, S)`` of rank ``tp_rank``'s even column shard of the LM head, or
-    ``None`` when ``V`` does not split into ``tp_size`` even shards (the head then stays whole on
-    every rank). At ``TP = 1``: ``(0, V)``. The target loader and :func:`make_plan` both use it,
-    so the head a target holds and the plan agree."""
-    if tp_size < 1 or not 0 <= tp_rank < tp_size:
-        raise PlanError(f"rank {tp_rank} is not in a tensor-parallel group of {tp_size}")
-    if vocab_size % tp_size:
-        return None
-    width = vocab_size // tp_size
-    return tp_rank * width, width
-
-
-class _HeadLayout(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    start: int
-    width: int
-    replicated: bool
-    reason: str
-
-
-def _head_layout(vocab_size: int, tp: int, rho: int,
-                 held: tuple[int, int] | None) -> _HeadLayout:
-    """Which head rows this rank holds: ``held`` (what the target hands out), by default the
-    even split where ``V`` divides and the whole head elsewhere; :class:`PlanError` for a shard
-    that is neither."""
-    even = vocab_shard_range(vocab_size, tp, rho)
-    whole = (0, vocab_size)
-    held = held if held is not None else (even or whole)
-    if tp == 1:
-        if held != whole:
-            raise PlanError(f"TP = 1 but the target holds head rows {held[0]}.."
-                            f"{held[0] + held[1]} of V = {vocab_size}; one rank needs them all")
-        return _HeadLayout(start=0, width=vocab_size, replicated=False,
-                           reason="TP = 1: one rank holds the whole head")
-    if held == whole:
-        why = (f"V = {vocab_size} does not split into {tp} even shards" if even is None
-               else "the target holds the whole head on every rank (it was not sharded)")
-        return _HeadLayout(start=0, width=vocab_size, replicated=True,
-                           reason=f"{why}; the head stays replicated")
-    if held != even:
-        raise PlanError(
-            f"rank {rho} of {tp} holds head rows {held[0]}..{held[0] + held[1]} of V = "
-            f"{vocab_size}; vocab-parallel selection needs the even shard "
-            f"[rho * S, (rho + 1) * S) with S = V / TP, or the whole head"
-        )
-    return _HeadLayout(start=held[0], width=held[1], replicated=False,
-                       reason=f"rank {rho} holds head rows {held[0]}..{held[0] + held[1] - 1} of "
-                              f"V = {vocab_size} (S = {held[1]}); logits come out as that shard")
-
-
 def make_plan(
     inputs: PlanInputs, caps: DrafterCapabilities, target: TargetInfo, *,
     fused_kernels_available: bool = True,
@@ -303,7 +253,7 @@ def make_plan(
     k = inputs.num_draft_tokens
     tp, rho = inputs.mapping.tp_size, inputs.mapping.tp_rank
     _check_block(caps, k)
-    head = _head_layout(target.vocab_size, tp, rho, inputs.head_shard)
+    head = head_layout(target.vocab_size, tp, rho, inputs.head_shard)
     if head.replicated and tp > 1 and caps.markov_head is not MarkovHeadKind.NONE and k > 0:
         raise PlanError(
             f"{head.reason}, but the drafter's {caps.markov_head.value} Markov head splits its "
@@ -696,5 +646,4 @@ __all__ = [
     "PlanInputs",
     "format_plan",
     "make_plan",
-    "vocab_shard_range",
 ]
