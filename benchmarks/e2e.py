@@ -20,9 +20,9 @@ drafter, K = 7, greedy, chat template, stop at EOS:
 Every decoding is warmed up (graphs captured, kernels compiled) before it is timed. Beside each
 tokens/s figure: the accepted length (tau, bonus included) and exactness against draftsmith's
 plain decoding of the same prompts (token for token). Ratios are against the faster of
-``plain`` and ``plain-cublas`` of the same dtype and batch in the same run. The slow baselines (``hf-eager``, ``recipe``, ``zlab``) run on
-the first ``--slow-limit`` prompts of each set; the ``plain@slow`` row is draftsmith plain on
-exactly those prompts, the fair denominator for them.
+``plain`` and ``plain-cublas`` of the same dtype and batch in the same run. The slow baselines
+(``hf-eager``, ``recipe``, ``zlab``) run on the first ``--slow-limit`` prompts of each set; the
+``plain@slow`` row is draftsmith plain on exactly those prompts, the fair denominator for them.
 
     python benchmarks/e2e.py --out $OUT                    # the GPU table (writes e2e.json/.txt)
     python benchmarks/e2e.py --plot e2e.json               # tokens/s against batch size (PNG)
