@@ -190,7 +190,6 @@ class SpecDecoder(RoundComputation):
         phase)."""
         self.verify_graphs: dict[tuple[int, int, int], CapturedCall] = {}
         """A scheduled round's captured verify phase by ``(rows, context width, Q)``."""
-        self._scheduled = plan.drafting and plan.verify_schedule != "all"
         self._graph_pool = None
         self._graph_cache_version = -1
         self._length = 0

@@ -35,7 +35,7 @@ class HeadLayout(BaseModel):
 
 
 def head_layout(vocab_size: int, tp: int, rho: int,
-                 held: tuple[int, int] | None) -> HeadLayout:
+                held: tuple[int, int] | None) -> HeadLayout:
     """Which head rows this rank holds: ``held`` (what the target hands out), by default the
     even split where ``V`` divides and the whole head elsewhere; :class:`PlanError` for a shard
     that is neither."""
@@ -47,12 +47,12 @@ def head_layout(vocab_size: int, tp: int, rho: int,
             raise PlanError(f"TP = 1 but the target holds head rows {held[0]}.."
                             f"{held[0] + held[1]} of V = {vocab_size}; one rank needs them all")
         return HeadLayout(start=0, width=vocab_size, replicated=False,
-                           reason="TP = 1: one rank holds the whole head")
+                          reason="TP = 1: one rank holds the whole head")
     if held == whole:
         why = (f"V = {vocab_size} does not split into {tp} even shards" if even is None
                else "the target holds the whole head on every rank (it was not sharded)")
         return HeadLayout(start=0, width=vocab_size, replicated=True,
-                           reason=f"{why}; the head stays replicated")
+                          reason=f"{why}; the head stays replicated")
     if held != even:
         raise PlanError(
             f"rank {rho} of {tp} holds head rows {held[0]}..{held[0] + held[1]} of V = "
@@ -60,8 +60,8 @@ def head_layout(vocab_size: int, tp: int, rho: int,
             f"[rho * S, (rho + 1) * S) with S = V / TP, or the whole head"
         )
     return HeadLayout(start=held[0], width=held[1], replicated=False,
-                       reason=f"rank {rho} holds head rows {held[0]}..{held[0] + held[1] - 1} of "
-                              f"V = {vocab_size} (S = {held[1]}); logits come out as that shard")
+                      reason=f"rank {rho} holds head rows {held[0]}..{held[0] + held[1] - 1} of "
+                             f"V = {vocab_size} (S = {held[1]}); logits come out as that shard")
 
 
 __all__ = ["HeadLayout", "head_layout", "vocab_shard_range"]

@@ -78,6 +78,12 @@ class RoundComputation:
     _verify_widths: torch.Tensor
     """The scheduled round's verify widths ``Q`` (ascending, ``int64``, ``K + 1`` last)."""
 
+    @property
+    def _scheduled(self) -> bool:
+        """The round runs in two phases: it drafts, and ``plan.verify_schedule`` is not
+        ``all``."""
+        return self.plan.drafting and self.plan.verify_schedule != "all"
+
     def _any_nan(self, logits: torch.Tensor) -> torch.Tensor:
         """``[rows] int64``: 1 where a row of this rank's logits ``[rows, S]`` holds NaN, summed
         over the ranks (a NaN wins selection, as in ``torch.argmax``: it decided that row's
@@ -97,8 +103,8 @@ class RoundComputation:
         instead.
         """
         with values_trusted():
-            plan, view = self.plan, self.buffers.view(g)
-            if plan.drafting and plan.verify_schedule != "all":
+            view = self.buffers.view(g)
+            if self._scheduled:
                 self._draft_scheduled(g, width, view)
                 self._verify_scheduled(g, width, view, int(self.buffers.verify_width[0]))
             else:
@@ -207,24 +213,22 @@ class RoundComputation:
 
         ``bonus: [G]``, ``drafts: [G, K]``, ``hidden: [G, K, H]`` the draft slots' hidden
         states. The drafter's raw confidence ``[G, K]`` is calibrated with the plan's STS table
-        (:func:`apply_sts`) into prefix survival (:func:`prefix_survival`); the live rows' survival
-        goes to :func:`schedule_prefix` with the plan's ``sps`` table, or to
-        :func:`schedule_top_budget` with ``verify_budget`` per live row. Padding rows get 0.
+        (:func:`apply_sts`) into prefix survival (:func:`prefix_survival`); it goes, with the
+        live-row mask, to :func:`schedule_prefix` or :func:`schedule_width` with the plan's
+        ``sps`` table, or to :func:`schedule_top_budget` with ``verify_budget`` per live row.
+        Padding rows get 0.
         """
         plan = self.plan
         prev = torch.cat([bonus[:, None], drafts[:, :-1]], dim=1)
         raw = self.drafter.confidence(hidden, prev).float()
         survival = prefix_survival(apply_sts(raw, self._sts))
-        # padding rows get survival 0 (never admitted) and the schedule counts live rows only:
-        # the same lengths as scheduling the live rows alone, without a host read
+        # the live-row mask: the same lengths as scheduling the live rows alone, no host read
         live = view.batch_to_slot != self.buffers.dummy_slot
-        survival = torch.where(live[:, None], survival, 0.0)
-        requests = live.sum()
         if plan.verify_schedule == "prefix":
-            return schedule_prefix(survival, self._sps, requests)
+            return schedule_prefix(survival, self._sps, live)
         if plan.verify_schedule == "width":
             return schedule_width(survival, self._sps, self._verify_widths, live)
-        return schedule_top_budget(survival, plan.verify_budget * requests)
+        return schedule_top_budget(survival, plan.verify_budget * live.sum(), live=live)
 
     def _draft(
         self, placement: DraftBlockPlacement, key: SamplingKey | None, view: BucketView

@@ -77,6 +77,17 @@ def _check_survival(survival: torch.Tensor) -> None:
     check_tensor("survival", survival, ("R", "K"), _SURVIVAL_DTYPES)
 
 
+def _live(survival: torch.Tensor, live: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(survival with padding rows zeroed [R, K] float64, live rows 0-d int64)`` for the
+    ``live: [R] bool`` mask (``None``: every row), on the device, with no host read."""
+    r = survival.shape[0]
+    if live is None:
+        return survival.double(), torch.full((), r, dtype=torch.int64, device=survival.device)
+    live = live.to(survival.device)
+    check_tensor("live", live, (r,), torch.bool)
+    return torch.where(live[:, None], survival.double(), 0.0), live.sum()
+
+
 def _lengths(rows: torch.Tensor, pos: torch.Tensor, admitted: torch.Tensor, r: int) -> torch.Tensor:
     """``len[r] = max j admitted for r`` (0 if none) -> ``[R] int64``."""
     out = torch.zeros(r, dtype=torch.int64, device=rows.device)
@@ -84,7 +95,7 @@ def _lengths(rows: torch.Tensor, pos: torch.Tensor, admitted: torch.Tensor, r: i
 
 
 def schedule_prefix(survival: torch.Tensor, sps: SPSTable,
-                    requests: torch.Tensor | None = None) -> torch.Tensor:
+                    live: torch.Tensor | None = None) -> torch.Tensor:
     """Algorithm 1 (exact, with the early break): ``survival: [R, K]`` -> ``lengths: [R] int64``.
 
     ``theta_0 = R * SPS(R)``; admitting the ``n``-th sorted candidate gives ``theta_n = (R +
@@ -92,21 +103,20 @@ def schedule_prefix(survival: torch.Tensor, sps: SPSTable,
     ``1..n`` are admitted for the largest ``n`` with ``theta_0 < theta_1 < ... < theta_n`` and
     every ``a_m > 0``; ``lengths[r]`` is the largest admitted ``j`` of request ``r``.
 
-    ``requests`` (a 0-d int64 tensor, at most ``R``) replaces ``R`` in ``theta`` when some rows
-    are padding: give those rows survival 0 (never admitted) and the live count here, and the
-    lengths equal those of the live rows alone, with no host read (a captured graph takes it).
+    ``live: [R] bool`` marks the real rows when some are padding: padding rows are never
+    admitted and ``R`` in ``theta`` counts the live rows, so the lengths equal those of the live
+    rows alone (padding rows get 0), with no host read (a captured graph takes it).
     """
     _check_survival(survival)
     r, k = survival.shape
     device = survival.device
     if r == 0 or k == 0:
         return torch.zeros(r, dtype=torch.int64, device=device)
+    survival, n = _live(survival, live)
     a, rows, pos = _sorted_candidates(survival)
     steps = torch.arange(r * k + 1, dtype=torch.int64, device=device)
-    live = (torch.full((), r, dtype=torch.int64, device=device) if requests is None
-            else requests.to(device=device, dtype=torch.int64))
-    counts = live + steps  # verify tokens after 0, 1, ..., R*K admissions
-    acc = torch.cumsum(torch.cat((live.to(torch.float64).view(1), a)), 0)
+    counts = n + steps  # verify tokens after 0, 1, ..., R*K admissions
+    acc = torch.cumsum(torch.cat((n.to(torch.float64).view(1), a)), 0)
     theta = acc * sps_values(sps, counts, r * (k + 1))
     improves = (theta[1:] > theta[:-1]) & (a > 0)
     admitted = torch.cumprod(improves.to(torch.int64), 0).bool()  # stop at the first failure
@@ -119,6 +129,7 @@ def schedule_top_budget(
     floor: float = 0.0,
     min_len: int = 0,
     max_len: int | None = None,
+    live: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fixed-shape top-``budget`` admission (the production form of Algorithm 1: no early break).
 
@@ -128,7 +139,7 @@ def schedule_top_budget(
     the first ``budget`` kept (prefix sums of the kept indicator). Each length is then clamped to
     ``[min_len, max_len]`` (``max_len = None``: ``K``). Returns ``lengths: [R] int64``; without
     the clamp their sum is ``min(budget, #entries above floor)`` and each request's admitted set
-    is a prefix.
+    is a prefix. ``live: [R] bool`` (as in :func:`schedule_prefix`): padding rows get 0.
     """
     _check_survival(survival)
     r, k = survival.shape
@@ -145,10 +156,11 @@ def schedule_top_budget(
         budget_t = torch.tensor(budget, dtype=torch.int64, device=device)
     if r == 0 or k == 0:
         return torch.zeros(r, dtype=torch.int64, device=device).clamp(min_len, max_len)
-    a, rows, pos = _sorted_candidates(survival)
+    a, rows, pos = _sorted_candidates(_live(survival, live)[0])
     keep = a > floor
     admitted = keep & (torch.cumsum(keep.to(torch.int64), 0) <= budget_t)
-    return _lengths(rows, pos, admitted, r).clamp(min_len, max_len)
+    lengths = _lengths(rows, pos, admitted, r).clamp(min_len, max_len)
+    return lengths if live is None else torch.where(live.to(device), lengths, 0)
 
 
 def schedule_width(survival: torch.Tensor, sps: SPSTable, widths: torch.Tensor,
@@ -168,11 +180,11 @@ def schedule_width(survival: torch.Tensor, sps: SPSTable, widths: torch.Tensor,
     if r == 0 or k == 0:
         return torch.zeros(r, dtype=torch.int64, device=device)
     live = torch.ones(r, dtype=torch.bool, device=device) if live is None else live.to(device)
-    a = torch.where(live[:, None], survival.double(), 0.0)
+    a, n = _live(survival, live)
     widths = widths.to(device)
     # expected accepted drafts when every row verifies j drafts, j = 0 .. K
     drafts = torch.cat((a.new_zeros(1), torch.cumsum(a.sum(0), 0)))
-    theta = (live.sum() + drafts[widths - 1]) * sps_values(sps, r * widths, r * (k + 1))
+    theta = (n + drafts[widths - 1]) * sps_values(sps, r * widths, r * (k + 1))
     # the first maximum (the smaller width on ties), indexed as a [1] tensor: a 0-d index
     # would be read back to the host
     best = widths[torch.argmax(theta).view(1)]

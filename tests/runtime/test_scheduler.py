@@ -97,22 +97,27 @@ def test_matches_the_literal_early_stop_walk_on_random_inputs():
     assert 50 < admitted_some < 390  # both outcomes are exercised
 
 
-def test_padding_rows_with_the_live_count_schedule_like_the_live_rows_alone():
-    """Padding rows (survival 0) anywhere in the batch, with ``requests`` = the live count:
-    the live rows get the lengths they get alone, the padding rows 0 (what a captured round
-    relies on: no host read to drop the padding rows)."""
+def test_padding_rows_marked_by_live_schedule_like_the_live_rows_alone():
+    """Padding rows anywhere in the batch, marked by ``live``: the live rows get the lengths they
+    get alone, the padding rows 0 (what a captured round relies on: no host read to drop the
+    padding rows); top-budget likewise."""
     rng = random.Random(99)
     for trial in range(200):
         r, k = rng.randint(1, 6), rng.randint(1, 6)
         survival = _random_survival(rng, r, k)
         table = _random_sps(rng, (r + 3) * (k + 1) + 1)
+        budget = rng.randint(0, r * k)
         want = schedule_prefix(survival, table).tolist()
-        padded = torch.zeros(r + 3, k, dtype=survival.dtype)
+        want_tb = schedule_top_budget(survival, budget).tolist()
+        padded = _random_survival(rng, r + 3, k)  # padding rows hold garbage, not zeros
         live = sorted(rng.sample(range(r + 3), r))
         padded[live] = survival
-        got = schedule_prefix(padded, table, torch.tensor(r)).tolist()
+        mask = torch.tensor([i in live for i in range(r + 3)])
+        got = schedule_prefix(padded, table, mask).tolist()
+        got_tb = schedule_top_budget(padded, budget, live=mask).tolist()
         assert [got[i] for i in live] == want, trial
-        assert all(got[i] == 0 for i in range(r + 3) if i not in live), trial
+        assert [got_tb[i] for i in live] == want_tb, trial
+        assert all(got[i] == got_tb[i] == 0 for i in range(r + 3) if i not in live), trial
 
 
 def test_width_is_the_brute_force_best_padded_round():
