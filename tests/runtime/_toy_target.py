@@ -296,6 +296,20 @@ class ToyTarget:
         return torch.softmax(out.logits.logits[-1].float() / temperature, dim=-1)
 
 
+def chi_square_world(**runtime) -> tuple[ToyTarget, dict]:
+    """The V = 8 toy target and the config (a dict for ``SpecConfig.from_dict``: a one-layer
+    ``dspark-gqa`` drafter, ``K = 3``, sampling at ``T = 1``, 64 rows) of the chi-square
+    decoding tests; ``runtime`` adds runtime options."""
+    small = ToyTarget(vocab_size=8, hidden_size=16, num_layers=3, num_heads=2,
+                      intermediate_size=32, max_slots=80, max_len=32, seed=3)
+    return small, {
+        "drafter": {"family": "dspark-gqa", "options": {"target_layer_ids": [0, 1],
+                                                        "num_layers": 1, "markov_rank": 4}},
+        "num_draft_tokens": 3, "selection": {"kind": "sample", "temperature": 1.0},
+        "runtime": {"max_batch": 64, "max_context": 32, "page_size": 8, **runtime},
+    }
+
+
 def assert_sampled_like_the_target(target, prompt: list[int], results) -> None:
     """Chi-square checks that tokens 2 and 3 of ``results`` (sampled continuations of
     ``prompt`` over an 8-token vocabulary) follow the target's own marginals there, computed

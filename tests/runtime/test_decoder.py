@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _toy_target import ToyTarget, assert_sampled_like_the_target
+from _toy_target import ToyTarget, assert_sampled_like_the_target, chi_square_world
 
 from draftsmith.contract import DraftsmithError
 from draftsmith.runtime.bind import bind
@@ -179,15 +179,8 @@ def test_prompt_too_long_is_refused(target):
 
 def test_rejection_sampling_is_lossless_chi_square():
     """The emitted tokens after the prompt follow the target's own distribution (V = 8)."""
-    small = ToyTarget(vocab_size=8, hidden_size=16, num_layers=3, num_heads=2,
-                      intermediate_size=32, max_slots=80, max_len=32, seed=3)
-    cfg = SpecConfig.from_dict({
-        "drafter": {"family": "dspark-gqa", "options": {"target_layer_ids": [0, 1],
-                                                        "num_layers": 1, "markov_rank": 4}},
-        "num_draft_tokens": 3, "selection": {"kind": "sample", "temperature": 1.0},
-        "runtime": {"max_batch": 64, "max_context": 32, "page_size": 8},
-    })
-    dec = bind(small, None, cfg)
+    small, cfg = chi_square_world()
+    dec = bind(small, None, SpecConfig.from_dict(cfg))
     prompt, n = [1, 2, 3], 2000
     results = dec.generate([prompt] * n, 3, seeds=list(range(n)))
     rounds = [r.accepted_lengths[0] for r in results]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _toy_target import ToyTarget, assert_sampled_like_the_target
+from _toy_target import assert_sampled_like_the_target, chi_square_world
 
 from draftsmith.contract import ConfigError, ParallelMapping, PlanError, TargetInfo
 from draftsmith.runtime.bind import bind
@@ -156,17 +156,11 @@ def test_unprofitable_drafts_verify_only_the_bonus(nudged, drafter, monkeypatch)
 def test_scheduled_rejection_sampling_is_lossless_chi_square(monkeypatch):
     """Sampling under the schedule keeps the target's distribution (V = 8): the cap only
     shortens the accepted prefix, the bonus at the cap is the target's own sample."""
-    small = ToyTarget(vocab_size=8, hidden_size=16, num_layers=3, num_heads=2,
-                      intermediate_size=32, max_slots=80, max_len=32, seed=3)
-    cfg = SpecConfig.from_dict({
-        "drafter": {"family": "dspark-gqa", "options": {"target_layer_ids": [0, 1],
-                                                        "num_layers": 1, "markov_rank": 4}},
-        "num_draft_tokens": 3, "selection": {"kind": "sample", "temperature": 1.0},
-        "runtime": {"max_batch": 64, "max_context": 32, "page_size": 8,
-                    "verify_schedule": "top-budget", "verify_budget": 1},
-    })
-    drafter = bind(small, None, cfg.model_copy(update={"runtime": cfg.runtime.model_copy(
-        update={"verify_schedule": "all", "verify_budget": None})})).drafter
+    small, plain = chi_square_world()
+    cfg = SpecConfig.from_dict({**plain, "runtime": {**plain["runtime"],
+                                                     "verify_schedule": "top-budget",
+                                                     "verify_budget": 1}})
+    drafter = bind(small, None, SpecConfig.from_dict(plain)).drafter
     drafter.set_sts(torch.ones(drafter.spec.block_size))
     dec = bind(small, drafter, cfg, sps=[1.0] * (64 * 4 + 1))
     lens: list[torch.Tensor] = []
