@@ -5,6 +5,8 @@ with an STS table installed."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from _toy_target import assert_sampled_like_the_target, chi_square_world
@@ -20,6 +22,7 @@ from draftsmith.selection.configs import GreedyConfig, capabilities_of
 
 PROMPTS = [[(i * 7 + j * 3 + 1) % 60 for j in range(2 + 3 * i)] for i in range(6)]
 BUDGETS = [14 + 2 * i for i in range(6)]
+SYNC_MESSAGE = "called a synchronizing CUDA operation"
 K = 5
 MAX_BATCH = 8
 
@@ -265,6 +268,40 @@ def test_graphed_scheduled_rounds_equal_eager_ones(nudged_toy_target, schedule):
     # top-budget (2 positions per row) and width pad every round to Q = 3 on this target and
     # table; Algorithm 1's widths vary
     assert len(set(widths)) > (schedule == "prefix"), widths
+
+
+@pytest.mark.gpu
+def test_a_graphed_scheduled_round_synchronizes_with_the_host_twice(nudged_toy_target):
+    """torch's sync debug mode reports every synchronizing call: a replayed scheduled round
+    makes two, the read of its verify width Q between the phases and the read of its counts and
+    tokens at the end. The negative control adds a ``.item()`` and sees three."""
+    target = nudged_toy_target(max_slots=12, max_len=128, mixing=0.3, device="cuda")
+    drafter = bind(target, None, _config(cuda_graphs="off")).drafter
+    drafter.set_sts(torch.linspace(0.6, 1.4, drafter.spec.block_size))
+    dec = bind(target, drafter, _config("width", cuda_graphs="on"), sps=_sps(0.02))
+    dec.generate(PROMPTS[:3], BUDGETS[:3])  # captures
+    real = dec.step
+    counts: list[int] = []
+
+    def step(active, extra=False):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                real(active)
+                if extra:
+                    dec.buffers.target_len[0].item()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        counts.append(sum(SYNC_MESSAGE in str(w.message) for w in caught))
+
+    dec.step = step
+    dec.generate(PROMPTS[:3], BUDGETS[:3])
+    assert dec.verify_graphs and len(counts) > 3 and set(counts) == {2}, counts
+    counts.clear()
+    dec.step = lambda active: step(active, extra=True)
+    dec.generate(PROMPTS[:3], BUDGETS[:3])
+    assert len(counts) > 3 and set(counts) == {3}, counts
 
 
 def test_sps_from_a_cost_profile_interpolates_round_times():
