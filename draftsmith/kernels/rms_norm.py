@@ -152,9 +152,9 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, D, eps, s_x, s_r
 @triton.jit
 def _head_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, HEADS, D, eps,
                            s_xt, s_xh, s_ct, s_ot, s_oh, W_ROWS, s_wl, s_wh, COS_GROUP,
-                           BLOCK_D: tl.constexpr):
-    """Program ``(t, h)`` normalises head ``h`` of row ``t`` and rotates it (in place when
-    ``out`` is ``x``: every value is loaded before any is stored)."""
+                           BLOCK_D: tl.constexpr, NORM: tl.constexpr):
+    """Program ``(t, h)`` normalises head ``h`` of row ``t`` (unless ``NORM`` is false) and
+    rotates it (in place when ``out`` is ``x``: every value is loaded before any is stored)."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
@@ -165,14 +165,18 @@ def _head_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, HEADS, D, ep
     x = tl.load(row + d, mask=ok, other=0.0)
     xp = tl.load(row + partner, mask=ok, other=0.0)
     hx = x.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(hx * hx, axis=0) / D + eps)
-    w_row = w_ptr + (t % W_ROWS) * s_wl + h * s_wh
-    w = tl.load(w_row + d, mask=ok, other=0.0).to(tl.float32)
-    wp = tl.load(w_row + partner, mask=ok, other=0.0).to(tl.float32)
     odt = out_ptr.dtype.element_ty
-    # the normalised vector, rounded as the reference rounds it (input dtype, then weight)
-    y = (w * (hx * inv).to(x.dtype).to(tl.float32)).to(odt).to(tl.float32)
-    yp = (wp * (xp.to(tl.float32) * inv).to(x.dtype).to(tl.float32)).to(odt).to(tl.float32)
+    if NORM:
+        inv = 1.0 / tl.sqrt(tl.sum(hx * hx, axis=0) / D + eps)
+        w_row = w_ptr + (t % W_ROWS) * s_wl + h * s_wh
+        w = tl.load(w_row + d, mask=ok, other=0.0).to(tl.float32)
+        wp = tl.load(w_row + partner, mask=ok, other=0.0).to(tl.float32)
+        # the normalised vector, rounded as the reference rounds it (input dtype, then weight)
+        y = (w * (hx * inv).to(x.dtype).to(tl.float32)).to(odt).to(tl.float32)
+        yp = (wp * (xp.to(tl.float32) * inv).to(x.dtype).to(tl.float32)).to(odt).to(tl.float32)
+    else:
+        y = hx
+        yp = xp.to(tl.float32)
     rot = tl.where(d < half, -yp, yp)
     c_row = (t // COS_GROUP) * s_ct
     c = tl.load(cos_ptr + c_row + d, mask=ok, other=0.0).to(tl.float32)
@@ -276,7 +280,38 @@ def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch
         _head_norm_rope_kernel[(x.shape[0], x.shape[1])](
             x, weight, cos, sin, out, x.shape[1], s["d"], float(eps), x.stride(0), x.stride(1),
             cos.stride(0), out.stride(0), out.stride(1), w_rows, s_wl, s_wh, cos_group,
-            BLOCK_D=block, num_warps=_num_warps(block))
+            BLOCK_D=block, NORM=True, num_warps=_num_warps(block))
+    return out
+
+
+def rotate_half_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """Kernel form of :func:`rotate_half_rope_reference` for head rows, one launch: ``x: [R, n,
+    d]`` (any row and head strides, a contiguous last dim), ``cos, sin: [R, d]`` in ``x``'s
+    dtype -> ``[R, n, d]``; written into ``out`` when given (which may be ``x``: in place).
+    Every product is rounded to ``x``'s dtype where the reference rounds it, so the result
+    equals the reference's bit for bit."""
+    s: dict[str, int] = {}
+    check_tensor("x", x, ("R", "n", "d"), FLOAT_DTYPES, s)
+    check_tensor("cos", cos, (s["R"], s["d"]), x.dtype, s, x.device)
+    check_tensor("sin", sin, (s["R"], s["d"]), x.dtype, s, x.device)
+    if s["d"] % 2:
+        raise ShapeError(f"rotate-half RoPE needs an even head width, got {s['d']}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    else:
+        check_tensor("out", out, tuple(x.shape), x.dtype, device=x.device, unit_stride=True)
+    if x.shape[0] and x.shape[1]:
+        block = triton.next_power_of_2(s["d"])
+        _head_norm_rope_kernel[(x.shape[0], x.shape[1])](
+            x, x, cos, sin, out, x.shape[1], s["d"], 0.0, x.stride(0), x.stride(1),
+            cos.stride(0), out.stride(0), out.stride(1), 1, 0, 0, 1,
+            BLOCK_D=block, NORM=False, num_warps=_num_warps(block),
+            enable_fp_fusion=False)  # no FMA: the two products round as the reference's do
     return out
 
 
@@ -288,6 +323,7 @@ __all__ = [
     "rope_cos_sin",
     "rope_cos_sin_reference",
     "rms_norm",
+    "rotate_half_rope",
     "rms_norm_reference",
     "rotate_half_rope_reference",
 ]

@@ -15,6 +15,8 @@ from draftsmith.kernels.rms_norm import (
     head_norm_rope_reference,
     rms_norm,
     rms_norm_reference,
+    rotate_half_rope,
+    rotate_half_rope_reference,
 )
 
 SHAPES = [(1, 64), (7, 576), (33, 111), (5, 3, 96)]
@@ -69,6 +71,26 @@ def test_head_norm_rope_matches_the_drafters_composition(tokens, heads, width, d
     got = head_norm_rope(x, w, 1e-6, cos, sin)
     assert got.dtype == want.dtype and got.shape == want.shape
     torch.testing.assert_close(got, want, **_tol(dtype))
+
+
+@pytest.mark.parametrize(("tokens", "heads", "width"), [(1, 9, 64), (13, 3, 64), (5, 2, 30)])
+@pytest.mark.parametrize(("device", "dtype"), _devices())
+def test_rotate_half_rope_equals_its_reference_in_place_on_packed_heads(tokens, heads, width,
+                                                                       device, dtype):
+    """The target's packed ``[q | k | v]`` rows: RoPE on the first ``heads`` heads in place,
+    bit for bit the reference's (every product rounds where the reference rounds); the other
+    heads untouched."""
+    g = torch.Generator().manual_seed(tokens * heads + width)
+    packed = (torch.randn(tokens, heads + 2, width, generator=g) * 2).to(device, dtype)
+    positions = torch.randint(0, 5000, (tokens,), generator=g).to(device)
+    cos, sin = rope_cos_sin(positions, rope_inv_freq(width, 10000.0).to(device), dtype)
+    want = rotate_half_rope_reference(packed[:, :heads], cos, sin)
+    assert torch.equal(rotate_half_rope(packed[:, :heads], cos, sin), want)
+    rest = packed[:, heads:].clone()
+    rotate_half_rope(packed[:, :heads], cos, sin, out=packed[:, :heads])
+    assert torch.equal(packed[:, :heads], want) and torch.equal(packed[:, heads:], rest)
+    with pytest.raises(ShapeError):
+        rotate_half_rope(packed[:, :heads], cos[:, :-1], sin[:, :-1])
 
 
 def test_head_norm_rope_refuses_what_it_cannot_do():
