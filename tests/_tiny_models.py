@@ -23,14 +23,15 @@ def make_tiny_causal_lm(
     num_heads: int = 4,
     num_kv_heads: int = 2,
     intermediate_size: int = 128,
-    architecture: Literal["llama", "qwen3"] = "llama",
+    architecture: Literal["llama", "qwen2", "qwen3"] = "llama",
     tie_word_embeddings: bool = False,
     initializer_range: float = 0.1,
     max_position_embeddings: int = 2048,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
 ) -> torch.nn.Module:
-    """A randomly initialised ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` (eval mode, CPU)."""
+    """A randomly initialised ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM``
+    (eval mode, CPU)."""
     transformers = require_transformers()
     common: dict[str, Any] = dict(
         vocab_size=vocab_size,
@@ -55,8 +56,12 @@ def make_tiny_causal_lm(
             **common, head_dim=hidden_size // num_heads, use_sliding_window=False
         )
         cls = transformers.Qwen3ForCausalLM
+    elif architecture == "qwen2":  # biases on q, k and v
+        config = transformers.Qwen2Config(**common, use_sliding_window=False)
+        cls = transformers.Qwen2ForCausalLM
     else:
-        raise ValueError(f"unknown tiny architecture {architecture!r}; use 'llama' or 'qwen3'")
+        raise ValueError(f"unknown tiny architecture {architecture!r}; use 'llama', 'qwen2' or "
+                         "'qwen3'")
     config._attn_implementation = "sdpa"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -52,6 +52,11 @@ class TargetInfo:
     """Why a CUDA graph cannot capture the target's forward (``None``: it can)."""
     gemm: str = "torch"
     """How the target's linear layers multiply at decoding row counts (``TargetModel.gemm``)."""
+    layer_path: str = "own"
+    """What runs the target's decoder layers: a Hugging Face target's ``layer_path`` (``fused`` or
+    ``transformers``; ``own`` for a target that runs its own forward)."""
+    layer_path_reason: str = ""
+    """Why (a Hugging Face target's ``layer_path_reason``)."""
 
 
 @dataclass(frozen=True, eq=False)

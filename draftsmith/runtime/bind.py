@@ -57,6 +57,8 @@ from draftsmith.runtime.paging import ContextPager, SlotManager
 from draftsmith.runtime.plan import AutoDraftTokens, DraftPlan, PlanInputs, make_plan
 from draftsmith.runtime.registry import Registry, load_registry
 from draftsmith.runtime.targets.hf_gemm import gemm_choice
+from draftsmith.runtime.targets.hf_layers import FUSED_MODEL_TYPES
+from draftsmith.runtime.targets.hf_layers import describe as describe_layers
 from draftsmith.runtime.verify_plan import check_verify_schedule
 
 _KNOWN_TARGETS = {
@@ -72,7 +74,38 @@ def target_info_from_config(config: TargetConfig) -> TargetInfo:
     info = _target_sizes(config)
     device = parse_device(config.device) or resolve_device("auto")
     dtype = TARGET_DTYPES[config.dtype]
-    return dataclasses.replace(info, dtype=dtype, gemm=gemm_choice(config.gemm, dtype, device))
+    layers, reason = _planned_layers(config, info, device)
+    return dataclasses.replace(info, dtype=dtype, gemm=gemm_choice(config.gemm, dtype, device),
+                               layer_path=layers, layer_path_reason=reason)
+
+
+def _model_type(config: TargetConfig) -> str | None:
+    """The ``model_type`` of the configured target (``None`` when unknown)."""
+    if config.model in _KNOWN_TARGETS:
+        return "llama" if config.model == "smollm2-135m" else None
+    try:
+        data = json.loads((Path(config.model) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if isinstance(data, dict):
+        data = data.get("text_config", data)
+    return data.get("model_type") if isinstance(data, dict) else None
+
+
+def _planned_layers(config: TargetConfig, info: TargetInfo,
+                    device: torch.device) -> tuple[str, str]:
+    """``target.layers`` resolved from the config alone, as :class:`HFTarget` resolves it once
+    the weights are loaded (the model type stands in for the module checks)."""
+    if config.layers == "transformers":
+        return describe_layers(None, "transformers")
+    model_type = _model_type(config)
+    blocker = (None if model_type in FUSED_MODEL_TYPES
+               else f"model_type {model_type!r} is not one of {sorted(FUSED_MODEL_TYPES)}, "
+                    "whose layers the loop computes")
+    if config.layers == "auto" and blocker is None and device.type != "cuda":
+        return "transformers", ("transformers' own modules: on the CPU launches cost nothing "
+                                "(target.layers = auto)")
+    return describe_layers(blocker, config.layers)
 
 
 def _target_sizes(config: TargetConfig) -> TargetInfo:
@@ -383,7 +416,8 @@ def bind(
     if drafter is None:
         info = TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
                           num_layers=target.num_layers, graph_blocker=target.graph_blocker,
-                          gemm=target.gemm)
+                          gemm=target.gemm, layer_path=getattr(target, "layer_path", "own"),
+                          layer_path_reason=getattr(target, "layer_path_reason", ""))
         drafter = load_drafter(config, info, registry,
                                collectives if collectives is not None else SingleRank(),
                                _device_of(target))
@@ -450,7 +484,8 @@ def _bind(
     device = _device_of(target)
     info = TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
                       num_layers=target.num_layers, graph_blocker=target.graph_blocker,
-                      gemm=target.gemm)
+                      gemm=target.gemm, layer_path=getattr(target, "layer_path", "own"),
+                      layer_path_reason=getattr(target, "layer_path_reason", ""))
     origin = "the drafter"
     if drafter is None:
         drafter = load_drafter(config, info, registry, collectives, device)

@@ -160,6 +160,12 @@ class TargetConfig(_Strict):
     by one); on a GPU only. ``torch``: torch's GEMM (cuBLAS). ``auto``: ``row-stable`` for fp32
     on CUDA, where cuBLAS's few-row fp32 kernels are several times slower than its one-row
     kernel, ``torch`` otherwise."""
+    layers: Literal["auto", "fused", "transformers"] = "auto"
+    """What runs a Hugging Face target's decoder layers. ``fused``: draftsmith's loop over the
+    model's weights (packed projections, the residual add fused with each RMSNorm, RoPE in one
+    launch: about 11 launches a layer against transformers' 40), for Llama, Mistral, Qwen2 and
+    Qwen3 stacks. ``transformers``: its own modules. ``auto``: ``fused`` on a GPU when the model
+    allows it, ``transformers`` otherwise; the plan says which and why."""
 
     @field_validator("device")
     @classmethod

@@ -533,6 +533,8 @@ def make_plan(
            "does not depend on the rows beside it, so verification rounds as plain decoding "
            "does (target.gemm)" if target.gemm == "row-stable"
            else "the target's linear layers run torch's GEMM (target.gemm)")
+    decide("target_forward", target.layer_path,
+           target.layer_path_reason or "the target's own forward runs its layers")
     decide("capture_layers", tuple(str(x) for x in caps.target_layer_ids),
            f"the drafter reads {caps.num_captured_layers} target layer(s)")
 

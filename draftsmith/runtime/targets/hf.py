@@ -43,6 +43,7 @@ from draftsmith.runtime.buckets import PREFILL_TOKENS, PREFILL_WIDTHS, prefill_w
 from draftsmith.runtime.buffers import available_bytes
 from draftsmith.runtime.targets.hf_cache import StaticKV, row_cache
 from draftsmith.runtime.targets.hf_gemm import gemm_choice, use_row_stable
+from draftsmith.runtime.targets.hf_layers import LayerLoop, describe, fused_blocker
 from draftsmith.runtime.targets.hf_model import (
     check_supported,
     load_hf_model,
@@ -65,10 +66,14 @@ class HFTarget:
     :param max_slots: number of request slots (slot ids ``0 .. max_slots - 1``).
     :param gemm: ``target.gemm``: how the linear layers multiply at decoding row counts
         (``auto``, ``torch`` or ``row-stable``; see :attr:`gemm`).
+    :param layers: ``target.layers``: what runs the decoder layers (``auto``, ``fused`` or
+        ``transformers``; see :attr:`layer_path`).
     """
 
-    def __init__(self, model: torch.nn.Module, max_slots: int = 64, gemm: str = "auto") -> None:
+    def __init__(self, model: torch.nn.Module, max_slots: int = 64, gemm: str = "auto",
+                 layers: str = "auto") -> None:
         require_transformers()
+        requested_layers = layers
         config = model.config
         check_supported(config)
         self.model = model.eval()
@@ -98,6 +103,32 @@ class HFTarget:
         self._hooks: list[Any] = []
         self._gemm = gemm_choice(gemm, self.dtype, self.device)
         self._use_gemm()
+        self._loop: LayerLoop | None = None
+        self._layer_path, self.layer_path_reason = self._choose_layers(requested_layers)
+        if self._layer_path == "fused":
+            self._loop = LayerLoop(model, row_stable=self._gemm == "row-stable")
+
+    def _choose_layers(self, requested: str) -> tuple[str, str]:
+        """``(path, reason)`` for ``target.layers = requested``: ``auto`` takes the fused loop on
+        a GPU when the model allows it (on the CPU launches cost nothing, and transformers'
+        modules are the reference)."""
+        if requested not in ("auto", "fused", "transformers"):
+            raise ConfigError(f"target.layers must be 'auto', 'fused' or 'transformers', got "
+                              f"{requested!r}")
+        blocker = fused_blocker(self.model, self.layers_split)
+        if requested == "fused" and blocker is not None:
+            raise ConfigError(f"target.layers = 'fused' cannot run this model: {blocker}; set "
+                              "target.layers to 'auto' or 'transformers'")
+        if requested == "auto" and blocker is None and self.device.type != "cuda":
+            return "transformers", ("transformers' own modules: on the CPU launches cost "
+                                    "nothing (target.layers = auto)")
+        return describe(blocker, requested)
+
+    @property
+    def layer_path(self) -> str:
+        """What runs the decoder layers: ``'fused'`` (draftsmith's loop over the packed weights,
+        :mod:`.hf_layers`) or ``'transformers'`` (its modules); :attr:`layer_path_reason` says why."""
+        return self._layer_path
 
     def _use_gemm(self) -> None:
         """Give every plain ``nn.Linear`` of the decoder layers and the head the chosen GEMM
@@ -513,6 +544,9 @@ class HFTarget:
         capture buffers. Query ``(b, j)`` sees columns ``0 .. positions[b, j]`` of its row."""
         self._captured.clear()
         hidden_mask = kv.columns[:width] > positions[:, :, None]  # [N, Q, W] True = hidden
+        if self._loop is not None:
+            return self._loop.forward(ids, kv, rows, write_rows, positions, width, hidden_mask,
+                                      self._capture_ids, self._captured)
         mask = hidden_mask.to(self.dtype) * torch.finfo(self.dtype).min
         cache = row_cache(kv, rows, write_rows, positions, width)
         out = self._decoder(
@@ -587,6 +621,7 @@ def load_hf_target(
     max_slots: int = 64,
     split_layers_over: int = 1,
     gemm: str = "auto",
+    layers: str = "auto",
 ) -> tuple[HFTarget, Any]:
     """Load a local Hugging Face model directory as ``(HFTarget, tokenizer)``.
 
@@ -600,7 +635,7 @@ def load_hf_target(
     (:func:`~draftsmith.runtime.targets.hf_model.load_hf_model`).
     """
     model, tokenizer = load_hf_model(directory, dtype, device, split_layers_over)
-    return HFTarget(model, max_slots=max_slots, gemm=gemm), tokenizer
+    return HFTarget(model, max_slots=max_slots, gemm=gemm, layers=layers), tokenizer
 
 
 __all__ = ["HFTarget", "load_hf_target"]

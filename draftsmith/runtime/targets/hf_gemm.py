@@ -27,9 +27,17 @@ class RowStableLinear(torch.nn.Linear):
     :data:`ROW_STABLE_MAX_ROWS` rows on a GPU runs :func:`draftsmith.kernels.linear.linear`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and x.numel() <= ROW_STABLE_MAX_ROWS * self.in_features:
-            return row_stable_linear(x, self.weight, self.bias)
-        return super().forward(x)
+        return linear(x, self.weight, self.bias, row_stable=True)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+           row_stable: bool) -> torch.Tensor:
+    """``x @ weight.T + bias`` (``x: [..., in]``, ``weight: [out, in]``): the row-stable kernel
+    when ``row_stable`` and ``x`` is on a GPU with at most :data:`ROW_STABLE_MAX_ROWS` rows,
+    torch's GEMM otherwise."""
+    if row_stable and x.is_cuda and x.numel() <= ROW_STABLE_MAX_ROWS * weight.shape[1]:
+        return row_stable_linear(x, weight, bias)
+    return torch.nn.functional.linear(x, weight, bias)
 
 
 def gemm_choice(requested: str, dtype: torch.dtype, device: torch.device) -> str:
@@ -59,4 +67,4 @@ def use_row_stable(modules: Iterable[torch.nn.Module]) -> None:
             module.__class__ = RowStableLinear
 
 
-__all__ = ["ROW_STABLE_MAX_ROWS", "RowStableLinear", "gemm_choice", "use_row_stable"]
+__all__ = ["ROW_STABLE_MAX_ROWS", "RowStableLinear", "gemm_choice", "linear", "use_row_stable"]

@@ -172,7 +172,7 @@ def load_target(
             )
     return load_hf_target(str(directory), dtype=dtype, device=device, max_slots=max_slots,
                           split_layers_over=tp_size if spec.split_layers else 1,
-                          gemm=spec.gemm)
+                          gemm=spec.gemm, layers=spec.layers)
 
 
 __all__ = [

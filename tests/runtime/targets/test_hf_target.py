@@ -14,9 +14,22 @@ from draftsmith.runtime.targets.hf import HFTarget, load_hf_target
 ATOL = 1e-5
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
+@pytest.fixture(scope="module", params=[("llama", "transformers"), ("qwen3", "transformers"),
+                                        ("llama", "fused"), ("qwen2", "fused"),
+                                        ("qwen3", "fused")], ids="-".join)
 def model(request: pytest.FixtureRequest) -> torch.nn.Module:
-    return make_tiny_causal_lm(architecture=request.param, seed=3)
+    """A tiny model, served through transformers' modules or draftsmith's layer loop (which
+    :func:`_target` reads from the model; the loop runs its reference ops on the CPU)."""
+    architecture, layers = request.param
+    model = make_tiny_causal_lm(architecture=architecture, seed=3)
+    model.served_by = layers
+    return model
+
+
+def _target(model: torch.nn.Module, **kwargs) -> HFTarget:
+    target = HFTarget(model, layers=getattr(model, "served_by", "auto"), **kwargs)
+    assert target.layer_path == getattr(model, "served_by", "transformers")
+    return target
 
 
 def _reference(model: torch.nn.Module, ids: torch.Tensor, layers: list[int]):
@@ -26,7 +39,7 @@ def _reference(model: torch.nn.Module, ids: torch.Tensor, layers: list[int]):
 
 
 def test_is_a_target_model(model: torch.nn.Module) -> None:
-    target = HFTarget(model)
+    target = _target(model)
     assert isinstance(target, TargetModel)
     assert (target.vocab_size, target.hidden_size, target.num_layers) == (512, 64, 6)
     assert target.input_embedding() is model.get_input_embeddings().weight
@@ -41,7 +54,7 @@ def test_tied_head_is_the_embedding_table() -> None:
 
 
 def test_prefill_features_equal_hidden_states_l_plus_1(model: torch.nn.Module) -> None:
-    target = HFTarget(model)
+    target = _target(model)
     layers = [0, 2, -1]
     target.set_capture_layers(layers)
     g = torch.Generator().manual_seed(0)
@@ -61,7 +74,7 @@ def test_prefill_features_equal_hidden_states_l_plus_1(model: torch.nn.Module) -
 
 
 def test_last_layer_and_out_of_range_ids_are_refused(model: torch.nn.Module) -> None:
-    target = HFTarget(model)
+    target = _target(model)
     with pytest.raises(PlanError, match="last of 6 layers"):
         target.set_capture_layers([0, 5])
     with pytest.raises(PlanError, match="outside -1 .. 4"):
@@ -73,7 +86,7 @@ def test_last_layer_and_out_of_range_ids_are_refused(model: torch.nn.Module) -> 
 def test_ragged_verify_and_commit_match_a_fresh_forward(model: torch.nn.Module) -> None:
     """Several steps with different commit lengths per request: every verify row's logits and
     features equal a fresh full forward of the committed sequence plus the verified tokens."""
-    target = HFTarget(model, max_slots=8)
+    target = _target(model, max_slots=8)
     layers = [1, 2]
     target.set_capture_layers(layers)
     g = torch.Generator().manual_seed(1)
@@ -104,10 +117,10 @@ def test_batched_verify_equals_one_slot_at_a_time(model: torch.nn.Module) -> Non
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 512, (n,), generator=g) for n in (3, 8, 5)]
     tokens = torch.randint(0, 512, (3, 3), generator=g)
-    batched = HFTarget(model)
+    batched = _target(model)
     batched.prefill([0, 1, 2], prompts)
     together = batched.verify([0, 1, 2], tokens).logits.logits
-    single = HFTarget(model)
+    single = _target(model)
     for b, prompt in enumerate(prompts):
         single.prefill([b], [prompt])
         alone = single.verify([b], tokens[b:b + 1]).logits.logits
@@ -115,7 +128,7 @@ def test_batched_verify_equals_one_slot_at_a_time(model: torch.nn.Module) -> Non
 
 
 def test_release_and_prefill_reset_a_slot(model: torch.nn.Module) -> None:
-    target = HFTarget(model)
+    target = _target(model)
     a, b = torch.arange(1, 6), torch.arange(10, 13)
     target.prefill([0], [a])
     target.release([0])
@@ -131,7 +144,7 @@ def test_release_and_prefill_reset_a_slot(model: torch.nn.Module) -> None:
 
 
 def test_bad_calls_raise_shape_errors(model: torch.nn.Module) -> None:
-    target = HFTarget(model, max_slots=2)
+    target = _target(model, max_slots=2)
     with pytest.raises(ShapeError, match="empty"):
         target.prefill([0], [torch.zeros(0, dtype=torch.int64)])
     with pytest.raises(ShapeError, match="outside 0 .. 1"):
@@ -255,7 +268,7 @@ def test_forward_rows_at_ragged_positions_matches_a_fresh_forward(model: torch.n
     """The runtime's forward: rows are slots 0..G-1, each at its own position (a device
     tensor), keys and values written in place; logits and features equal a fresh forward of each
     row's sequence, and a row's later columns do not leak into an earlier query."""
-    target = HFTarget(model, max_slots=4)
+    target = _target(model, max_slots=4)
     layers = [0, 3]
     target.set_capture_layers(layers)
     target.reserve(3, 64)
@@ -310,7 +323,7 @@ def test_prefill_widths_pad_at_most_half_and_fit_the_cache() -> None:
 def test_prefill_runs_ladder_widths(model: torch.nn.Module, monkeypatch) -> None:
     """A batch of prompts is right-padded to a ladder width (so shapes repeat across prompts),
     and its rows still equal a fresh forward of each prompt (checked above)."""
-    target = HFTarget(model)
+    target = _target(model)
     target.reserve(4, 256)
     widths = []
     real = target._forward_slots
@@ -341,7 +354,7 @@ def test_forward_rows_into_a_slot_with_last_logits_equals_prefill(model: torch.n
     """A one-prompt admission: forward_rows of the padded prompt into slot 3 at position 0,
     logits of its last token only, gives prefill's last logits and features, and the slot's
     cache then verifies like a prefilled one."""
-    target = HFTarget(model)
+    target = _target(model)
     target.set_capture_layers([1])
     target.reserve(4, 64)
     prompt = torch.arange(3, 40)
@@ -361,12 +374,12 @@ def test_forward_rows_into_a_slot_with_last_logits_equals_prefill(model: torch.n
 
 
 def test_gemm_choice_is_checked_and_torch_on_the_cpu(model: torch.nn.Module) -> None:
-    assert HFTarget(model).gemm == "torch"
+    assert _target(model).gemm == "torch"
     assert not any(type(m).__name__ == "RowStableLinear" for m in model.modules())
     with pytest.raises(ConfigError, match="row-stable.*GPU.*'auto' or 'torch'"):
-        HFTarget(model, gemm="row-stable")
+        _target(model, gemm="row-stable")
     with pytest.raises(ConfigError, match="target.gemm must be"):
-        HFTarget(model, gemm="cutlass")
+        _target(model, gemm="cutlass")
 
 
 @pytest.mark.gpu
@@ -397,3 +410,41 @@ def test_fp32_cuda_target_runs_the_row_stable_gemm() -> None:
         steps.append(target.verify([0], tokens[None, i : i + 1]).logits.logits)
         target.commit([0], [prompt.numel() + i + 1])
     torch.testing.assert_close(block, torch.cat(steps), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_fused_layer_loop_on_a_gpu(architecture, dtype) -> None:
+    """On a GPU ``auto`` takes the layer loop (its kernels): logits and features match
+    transformers' modules to rounding, a block verifies as its tokens decode one at a time (fp32),
+    and a decoding step issues well under half the kernels."""
+    model = make_tiny_causal_lm(architecture=architecture, seed=5, dtype=dtype).cuda()
+    fused = HFTarget(model)
+    reference = HFTarget(make_tiny_causal_lm(architecture=architecture, seed=5,
+                                             dtype=dtype).cuda(), layers="transformers")
+    assert fused.layer_path == "fused" and "layer loop" in fused.layer_path_reason
+    for target in (fused, reference):
+        target.set_capture_layers([0, 3])
+    g = torch.Generator().manual_seed(2)
+    prompt, tokens = (torch.randint(0, 512, (n,), generator=g).cuda() for n in (11, 6))
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=0.1, rtol=0.05)
+    for call in (lambda t: t.prefill([0], [prompt]), lambda t: t.verify([0], tokens[None])):
+        got, want = call(fused), call(reference)
+        torch.testing.assert_close(got.logits.logits, want.logits.logits, **tol)
+        torch.testing.assert_close(got.features.float(), want.features.float(), **tol)
+    block = fused.verify([0], tokens[None]).logits.logits  # positions 17 .. 22
+    fused.commit([0], [17])
+    steps = [fused.verify([0], tokens[None, i : i + 1]).logits.logits for i in range(6)]
+    if dtype == torch.float32:
+        torch.testing.assert_close(block, torch.cat(steps), atol=1e-5, rtol=1e-5)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fused.verify([0], tokens[None, :1])
+        torch.cuda.synchronize()
+    fused_kernels = sum(e.count for e in prof.key_averages() if e.device_type.name == "CUDA")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        reference.verify([0], tokens[None, :1])
+        torch.cuda.synchronize()
+    reference_kernels = sum(e.count for e in prof.key_averages()
+                            if e.device_type.name == "CUDA")
+    assert fused_kernels * 2 < reference_kernels, (fused_kernels, reference_kernels)

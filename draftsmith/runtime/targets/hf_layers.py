@@ -1,0 +1,239 @@
+"""The Hugging Face target's decoder stack run by draftsmith's own loop over the model's weights
+(``target.layers = fused``): eleven launches a layer where transformers' modules take about
+forty.
+
+Inside a captured round a small target is bound by launches, not by bandwidth: SmolLM2-135M's
+30 layers issue about 1160 kernels a decoding step through transformers' modules (RMSNorm as six
+elementwise kernels, RoPE as ten, the three projections apart, SiLU and the product apart),
+3.9 ms at 32 rows on an H200 against 0.1 ms of weights to read. The loop here runs, per layer:
+the residual add fused with the next RMSNorm, one GEMM for ``[q | k | v]``, RoPE (with Qwen3's
+per-head norm) of queries and keys in place, the two cache writes, attention, ``o_proj``, the
+add and norm again, one GEMM for ``[gate | up]``, SiLU times up, ``down_proj``.
+
+Every op computes a row independently of the rows beside it (the GEMMs as ``target.gemm``
+says), so verifying ``K + 1`` tokens rounds as decoding them one by one, exactly as through
+transformers' modules. Against transformers' own forward the values agree to rounding: the norm
+kernel sums squares in another order, the packed GEMMs may tile differently, and the query
+heads of a key/value group attend as one batch of rows instead of copies of the keys.
+
+The projections' weights are packed once (``[q | k | v]`` and ``[gate | up]`` concatenated)
+and the modules' own parameters become views of the packed tensors, so no weight is held twice.
+
+Supported: the ``model_type`` values in :data:`FUSED_MODEL_TYPES` with SiLU MLPs and no MLP
+bias; anything else keeps transformers' modules, for the reason :func:`fused_blocker` gives.
+Must not import drafters or selection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from draftsmith.kernels.rms_norm import (
+    add_rms_norm,
+    add_rms_norm_reference,
+    head_norm_rope,
+    head_norm_rope_reference,
+    rms_norm,
+    rms_norm_reference,
+    rotate_half_rope,
+    rotate_half_rope_reference,
+)
+from draftsmith.kernels.swiglu import silu_mul, silu_mul_reference
+from draftsmith.runtime.targets.hf_cache import StaticKV
+from draftsmith.runtime.targets.hf_gemm import linear
+
+FUSED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+"""Decoder stacks whose layers are exactly pre-norm attention (RoPE, optional per-head q/k norm,
+optional projection biases) plus a SiLU-gated MLP, with an RMSNorm before the head."""
+
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def fused_blocker(model: torch.nn.Module, layers_split: bool) -> str | None:
+    """Why :class:`LayerLoop` cannot run ``model``'s decoder, or ``None`` when it can."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FUSED_MODEL_TYPES:
+        return (f"model_type {model_type!r} is not one of {sorted(FUSED_MODEL_TYPES)}, whose "
+                "layers the loop computes")
+    if layers_split:
+        return "transformers' tensor parallelism split the decoder layers"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} is not silu"
+    if getattr(config, "mlp_bias", False):
+        return "the MLP has biases"
+    decoder = model.get_decoder()
+    if getattr(decoder, "rotary_emb", None) is None or getattr(decoder, "norm", None) is None:
+        return f"{type(decoder).__name__} has no rotary_emb or no final norm"
+    for i, layer in enumerate(decoder.layers):
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        names = [f"self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj", "o_proj")
+                 if not isinstance(getattr(attn, n, None), torch.nn.Linear)]
+        names += [f"mlp.{n}" for n in ("gate_proj", "up_proj", "down_proj")
+                  if not isinstance(getattr(mlp, n, None), torch.nn.Linear)]
+        names += [n for n in ("input_layernorm", "post_attention_layernorm")
+                  if getattr(getattr(layer, n, None), "weight", None) is None]
+        if names:
+            return f"layer {i} has no {', '.join(names)} of the expected kind"
+    return None
+
+
+def _eps(norm: torch.nn.Module) -> float:
+    eps = getattr(norm, "variance_epsilon", None)
+    return float(eps if eps is not None else norm.eps)
+
+
+def _pack(linears: Sequence[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weights (and biases) of ``linears`` concatenated along the output dim; each module's
+    parameters become views of the packed tensors."""
+    with torch.no_grad():
+        weight = torch.cat([lin.weight.detach() for lin in linears])
+        biases = [lin.bias for lin in linears]
+        bias = (torch.cat([b.detach() if b is not None else
+                           torch.zeros(lin.out_features, dtype=weight.dtype, device=weight.device)
+                           for lin, b in zip(linears, biases, strict=True)])
+                if any(b is not None for b in biases) else None)
+        row = 0
+        for lin in linears:
+            rows = slice(row, row + lin.out_features)
+            lin.weight = torch.nn.Parameter(weight[rows], requires_grad=False)
+            if lin.bias is not None:
+                lin.bias = torch.nn.Parameter(bias[rows], requires_grad=False)
+            row += lin.out_features
+    return weight, bias
+
+
+class _Layer:
+    """One decoder layer's packed weights and sizes."""
+
+    def __init__(self, layer: torch.nn.Module, heads: int, kv_heads: int, head_dim: int) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        self.qkv_weight, self.qkv_bias = _pack((attn.q_proj, attn.k_proj, attn.v_proj))
+        self.gate_up_weight, _ = _pack((mlp.gate_proj, mlp.up_proj))
+        self.o_proj, self.down_proj = attn.o_proj, mlp.down_proj
+        self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
+        self.scaling = float(getattr(attn, "scaling", head_dim ** -0.5))
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        self.qk_norm: torch.Tensor | None = None
+        """Qwen3's per-head norm weights, ``[n_q + n_kv, hd]`` (queries', then keys')."""
+        self.qk_eps = 0.0
+        if q_norm is not None and k_norm is not None:
+            self.qk_norm = torch.cat([q_norm.weight.detach()[None].expand(heads, head_dim),
+                                      k_norm.weight.detach()[None].expand(kv_heads, head_dim)])
+            self.qk_eps = _eps(q_norm)
+
+
+class LayerLoop:
+    """Runs the decoder stack of a model :func:`fused_blocker` accepts.
+
+    :param model: the causal LM (its decoder's layers, rotary embedding and final norm are read;
+        its projection parameters become views of packed tensors).
+    :param row_stable: whether GEMMs of up to 64 rows run the row-stable kernel on a GPU.
+    """
+
+    def __init__(self, model: torch.nn.Module, row_stable: bool) -> None:
+        config = model.config
+        self.decoder = model.get_decoder()
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or self.heads)
+        self.head_dim = int(getattr(config, "head_dim", None)
+                            or config.hidden_size // self.heads)
+        self.row_stable = row_stable
+        self.layers = [_Layer(layer, self.heads, self.kv_heads, self.head_dim)
+                       for layer in self.decoder.layers]
+
+    def forward(self, ids: torch.Tensor, kv: StaticKV, rows: torch.Tensor | None,
+                write_rows: torch.Tensor, positions: torch.Tensor, width: int,
+                hidden_mask: torch.Tensor, capture: Sequence[int],
+                captured: dict[int, torch.Tensor]) -> torch.Tensor:
+        """Final-normed hidden ``[N, Q, H_t]`` of ``ids: [N, Q]`` at ``positions: [N, Q]``.
+
+        Keys and values are written at ``(write_rows[b], positions[b, j])`` of ``kv``; attention
+        reads columns ``0 .. width - 1`` of slots ``0 .. N - 1`` (``rows is None``) or of
+        ``rows``, hiding the columns where ``hidden_mask: [N, Q, W]`` is true. The residual
+        stream after each layer in ``capture`` is stored in ``captured`` (``-1``: the
+        embedding's output, which its forward hook records).
+        """
+        n, q = ids.shape
+        nq, nkv, hd = self.heads, self.kv_heads, self.head_dim
+        group = nq // nkv
+        x = self.decoder.embed_tokens(ids)
+        kernels = x.is_cuda and x.dtype in _KERNEL_DTYPES
+        cos, sin = self.decoder.rotary_emb(x, positions)
+        cos, sin = cos.reshape(n * q, hd), sin.reshape(n * q, hd)
+        # the query heads of one key/value head attend as one batch of group * Q rows
+        mask = (hidden_mask.to(x.dtype) * torch.finfo(x.dtype).min)[:, None]
+        if group > 1:
+            mask = mask.expand(n, group, q, width).reshape(n, 1, group * q, width)
+        h = x.reshape(n * q, -1)
+        normed = self._norm(h, self.layers[0].input_norm, kernels)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            qkv = linear(normed, layer.qkv_weight, layer.qkv_bias, self.row_stable)
+            heads = qkv.view(n * q, nq + 2 * nkv, hd)
+            self._rope(heads[:, : nq + nkv], layer, cos, sin, kernels)
+            keys, values = kv.keys[i], kv.values[i]
+            keys[write_rows, :, positions] = heads[:, nq : nq + nkv].view(n, q, nkv, hd)
+            values[write_rows, :, positions] = heads[:, nq + nkv :].view(n, q, nkv, hd)
+            if rows is None:
+                k, v = keys[:n, :, :width], values[:n, :, :width]
+            else:
+                k = keys[:, :, :width].index_select(0, rows)
+                v = values[:, :, :width].index_select(0, rows)
+            query = (heads[:, :nq].view(n, q, nkv, group, hd).permute(0, 2, 3, 1, 4)
+                     .reshape(n, nkv, group * q, hd))
+            out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask,
+                                                 scale=layer.scaling)
+            out = out.view(n, nkv, group, q, hd).permute(0, 3, 1, 2, 4).reshape(n * q, nq * hd)
+            attn = linear(out, layer.o_proj.weight, layer.o_proj.bias, self.row_stable)
+            h, normed = self._add_norm(attn, h, layer.post_norm, kernels)
+            gate_up = linear(normed, layer.gate_up_weight, None, self.row_stable)
+            act = silu_mul(gate_up) if kernels else silu_mul_reference(gate_up)
+            mlp = linear(act, layer.down_proj.weight, layer.down_proj.bias, self.row_stable)
+            following = self.decoder.norm if i == last else self.layers[i + 1].input_norm
+            h, normed = self._add_norm(mlp, h, following, kernels)
+            if i in capture:
+                captured[i] = h.view(n, q, -1)
+        return normed.view(n, q, -1)
+
+    @staticmethod
+    def _norm(h: torch.Tensor, norm: torch.nn.Module, kernels: bool) -> torch.Tensor:
+        return (rms_norm if kernels else rms_norm_reference)(h, norm.weight, _eps(norm))
+
+    @staticmethod
+    def _add_norm(x: torch.Tensor, residual: torch.Tensor, norm: torch.nn.Module,
+                  kernels: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x + residual, norm(x + residual))``."""
+        op = add_rms_norm if kernels else add_rms_norm_reference
+        return op(x, residual, norm.weight, _eps(norm))
+
+    @staticmethod
+    def _rope(heads: torch.Tensor, layer: _Layer, cos: torch.Tensor, sin: torch.Tensor,
+              kernels: bool) -> None:
+        """RoPE (after Qwen3's per-head norm) of the query and key heads ``[R, n_q + n_kv, hd]``,
+        in place."""
+        if layer.qk_norm is None:
+            if kernels:
+                rotate_half_rope(heads, cos, sin, out=heads)
+            else:
+                heads.copy_(rotate_half_rope_reference(heads, cos, sin))
+        elif kernels:
+            head_norm_rope(heads, layer.qk_norm, layer.qk_eps, cos, sin, out=heads)
+        else:
+            head_norm_rope_reference(heads, layer.qk_norm, layer.qk_eps, cos, sin, out=heads)
+
+
+def describe(blocker: str | None, requested: str) -> tuple[str, str]:
+    """``(layers, reason)`` for the plan: which path runs the target's layers and why."""
+    if requested == "transformers":
+        return "transformers", "target.layers = transformers: transformers' own modules"
+    if blocker is not None:
+        return "transformers", f"transformers' own modules: {blocker}"
+    return "fused", ("draftsmith's layer loop (packed projections, fused norms and RoPE: about "
+                     "a quarter of transformers' launches a layer)")
+
+
+__all__ = ["FUSED_MODEL_TYPES", "LayerLoop", "describe", "fused_blocker"]
