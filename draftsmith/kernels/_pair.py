@@ -9,9 +9,9 @@ index.
 Owns the tile reduction and merge of ``strict_accept`` and ``markov_step``, the staging-row
 constants, the checks of the common pair arguments, the ``@triton.jit`` pieces of a pair kernel
 (lane step, lane reduction, chunk merge, staging-row writer; ``reduce_lanes`` hands the row's
-pair to a kernel that finishes it itself, as ``gumbel_pair``'s draw inside the winning group), the split of a launch over
-``(row, chunk)`` and the per-device scratch of the chunk merge. Imports ``draftsmith.contract``
-only.
+pair to a kernel that finishes it itself, as ``gumbel_pair`` draws inside its winning group),
+the split of a launch over ``(row, chunk)`` and the per-device scratch of the chunk merge.
+Imports ``draftsmith.contract`` only.
 
 A pair kernel is ONE launch over ``(row, chunk)``. Each program scans its chunk tile by tile,
 keeping a running order-T best per lane, and reduces its lanes at the end. When a row has several
