@@ -377,10 +377,13 @@ def _gumbel_pair_kernel(
                        vocab_start + group * GS + pick - PHASE, value, BLOCK_OUT)
 
 
-def _launch_sizes(device: torch.device) -> tuple[int, int]:
-    """``(GROUPS, num_warps)``: tiles of ``GROUPS * GROUP_SIZE`` tokens. On a GPU 2048 tokens
-    per 128 threads (16 each); the interpreter takes larger tiles (numpy per tile)."""
-    return (128, 4) if device.type == "cuda" else (256, 4)
+def _launch_sizes(shard_groups: int, device: torch.device) -> tuple[int, int]:
+    """``(GROUPS, num_warps)``: tiles of ``GROUPS * GROUP_SIZE`` tokens (``GROUPS >= 4``: the
+    four groups of a Philox call share a tile). On a GPU 2048 tokens per 128 threads (16 each);
+    the interpreter takes up to 4096 (numpy per tile), fewer for a narrow shard."""
+    if device.type == "cuda":
+        return 128, 4
+    return min(256, max(4, triton.next_power_of_2(shard_groups))), 4
 
 
 PROGRAMS_PER_SM = 4
@@ -413,8 +416,9 @@ def gumbel_pair(
     rows, shard_width = logits.shape
     if rows == 0:
         return out
-    groups, num_warps = _launch_sizes(logits.device)
     phase = vocab_start % (4 * GROUP_SIZE)
+    groups, num_warps = _launch_sizes(triton.cdiv(shard_width + phase, GROUP_SIZE),
+                                      logits.device)
     cuda = logits.is_cuda
     return launch_pair(
         _gumbel_pair_kernel, _SCRATCH,
