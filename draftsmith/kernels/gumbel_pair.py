@@ -260,22 +260,25 @@ def _pairwise_sum16(e):
 
 
 @triton.jit
-def _group_max_lse(z, CUDA: tl.constexpr):
-    """``(max, LSE)`` along axis 1 of ``z: [N, GROUP_SIZE] fp32``, each NaN where a NaN is.
+def _group_max_lse(x, r, CUDA: tl.constexpr):
+    """``(max, LSE)`` along axis 1 of ``z = x * r`` for ``x: [N, GROUP_SIZE] fp32``, each NaN
+    where a NaN is.
 
-    Off CUDA :func:`group_logsumexp`'s fp64 formulation (the same bits). On CUDA one
-    NaN-propagating max, one ``ex2.approx`` and one add per token, ``lg2.approx`` per group.
+    Off CUDA :func:`group_logsumexp`'s fp64 formulation (the same bits). On CUDA per token one
+    NaN-propagating max, one multiply-add, one ``ex2.approx`` and one add, with ``r`` folded into
+    the exponent's scale (``max(x * r) == max(x) * r`` exactly for ``r > 0``: rounding is
+    monotone); ``lg2.approx`` per group.
     """
     if CUDA:
-        m = tl.reduce(z, 1, _max_nan)
+        m = tl.reduce(x, 1, _max_nan) * r
         finite = tl.abs(m) < float("inf")  # false for ±inf and NaN
         m0 = tl.where(finite, m, 0.0)
-        t = m0 * 1.4426950408889634
-        e = _ex2_approx(tl.fma(z, 1.4426950408889634, -t[:, None]))
+        e = _ex2_approx(tl.fma(x, r * 1.4426950408889634, -(m0 * 1.4426950408889634)[:, None]))
         lse = tl.where(tl.abs(m) == float("inf"), m,
                        tl.fma(_lg2_approx(tl.sum(e, 1)), 0.6931471805599453, m0))
         lse = tl.where(m != m, m, lse)
     else:
+        z = x * r
         nans = z != z
         has_nan = tl.max(nans.to(tl.int32), 1) > 0
         m = tl.max(tl.where(nans, float("-inf"), z), 1)
@@ -344,7 +347,7 @@ def _gumbel_pair_kernel(
         h = first + t * GROUPS + lanes
         cols = h[:, None] * GS + j[None, :] - PHASE
         x = tl.load(base + cols, mask=(cols >= 0) & (cols < S), other=float("-inf"))
-        m, lse = _group_max_lse(x.to(tl.float32) * inv_temp, CUDA)
+        m, lse = _group_max_lse(x.to(tl.float32), inv_temp, CUDA)
         s = m
         if sampled:
             # one Philox call per four groups, its words joined in group order:
@@ -386,9 +389,10 @@ def _launch_sizes(shard_groups: int, device: torch.device) -> tuple[int, int]:
     return min(256, max(4, triton.next_power_of_2(shard_groups))), 4
 
 
-PROGRAMS_PER_SM = 4
-"""Row chunks in flight per SM (the pair kernels' figure: the scan reads each logit once and
-does a handful of operations on it)."""
+PROGRAMS_PER_SM = 8
+"""Row chunks in flight per SM. A loop trip issues only two 16-byte loads per thread, so more
+programs than the memory-bound pair kernels' 4 keep loads in flight; the scan's 32 to 48
+registers per thread (sm_90) leave room for 16."""
 
 
 _SCRATCH = PairScratch()
