@@ -83,10 +83,10 @@ G_MAX = float(torch.tensor(-math.log(-math.log1p(-(2.0**-24))), dtype=torch.floa
 G_MIN = float(torch.tensor(-math.log(24 * math.log(2.0)), dtype=torch.float32))
 """Smallest Gumbel draw, ``-ln(24 ln 2) ~ -2.81154`` (fp32), at ``u = 2**-24``."""
 GROUP_SIZE = 16
-"""Consecutive global ids per group (``g = id // GROUP_SIZE``). 16 makes the per-group work (a
-quarter of a Philox call, two logarithms, a lane update) small per token, and keeps the group in
-one or two threads' registers (32 bytes of bf16); the winning group's per-token noise is 16
-draws per row."""
+"""Consecutive global ids per group (``g = id // GROUP_SIZE``). 16 spreads the per-group work (a
+Philox call per thread and tile, two logarithms, a lane update) over 16 tokens, keeps a group in
+two threads' registers (two 16-byte loads of bf16, one shuffle per reduction), and leaves the
+winning group's per-token noise at 16 draws per row."""
 GROUP_STREAM_BIT = 1 << 30
 """Set in the Philox stream word of the group draws: they never share a counter with a token
 draw (token draws use the bare stream, below ``2**29``)."""
