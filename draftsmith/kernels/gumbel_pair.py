@@ -37,11 +37,11 @@ A NaN makes its group's score NaN, which wins under order T, and the first NaN o
 the token: the row's first NaN. An all ``-inf`` row gives the first id.
 
 The kernel's per-token work is the group's log-sum-exp: a NaN-propagating maximum, one
-multiply-add, one exponential and one add (plus the bf16 widening). The noise is per group: each
-thread's Philox call and two logarithms cover its 16 tokens, and the running best is a lane per
-group. Only the winning group's 16 tokens draw per-token noise, once per row in the program that
-finishes the row's pair. On sm_90 the scan loop compiles to about 250 instructions per thread
-and 16-token tile in bf16 (about 15.5 per token; about 8 for a greedy row), against about 41
+multiply-add, one exponential and one add (plus the bf16 widening). The noise is per group (one
+Philox call per thread and tile, two logarithms per group) and so is the running best. Only the
+winning group's 16 tokens draw per-token noise, once per row, in the program that finishes the
+row's pair. On sm_90 the compiled scan loop takes about 13.7 instructions per bf16 token (7.7 of
+them the log-sum-exp; a greedy row runs only those) and 17.4 per fp32 token, against about 41
 per token for a Philox draw and two logarithms per token. On CUDA the exponentials and
 logarithms are the hardware ``ex2.approx`` / ``lg2.approx`` (and libdevice's ``logf`` core for
 the inner Gumbel logarithm), so a score is within about ``1e-6`` of the reference's and the
@@ -83,10 +83,10 @@ G_MAX = float(torch.tensor(-math.log(-math.log1p(-(2.0**-24))), dtype=torch.floa
 G_MIN = float(torch.tensor(-math.log(24 * math.log(2.0)), dtype=torch.float32))
 """Smallest Gumbel draw, ``-ln(24 ln 2) ~ -2.81154`` (fp32), at ``u = 2**-24``."""
 GROUP_SIZE = 16
-"""Consecutive global ids per group (``g = id // GROUP_SIZE``). 16 spreads the per-group work (a
-Philox call per thread and tile, two logarithms, a lane update) over 16 tokens, keeps a group in
-two threads' registers (two 16-byte loads of bf16, one shuffle per reduction), and leaves the
-winning group's per-token noise at 16 draws per row."""
+"""Consecutive global ids per group (``g = id // GROUP_SIZE``). 16 spreads the per-group work
+(its share of a Philox call, two logarithms, a lane update) over 16 tokens, makes a group two
+16-byte loads of bf16 (its reductions stay in registers, at most a shuffle apart), and leaves
+the winning group's per-token noise at 16 draws per row."""
 GROUP_STREAM_BIT = 1 << 30
 """Set in the Philox stream word of the group draws: they never share a counter with a token
 draw (token draws use the bare stream, below ``2**29``)."""
@@ -384,19 +384,22 @@ def _gumbel_pair_kernel(
                        vocab_start + group * GS + pick - PHASE, value, BLOCK_OUT)
 
 
-def _launch_sizes(shard_groups: int, device: torch.device) -> tuple[int, int]:
+def _launch_sizes(shard_groups: int, itemsize: int, device: torch.device) -> tuple[int, int]:
     """``(GROUPS, num_warps)``: tiles of ``GROUPS * GROUP_SIZE`` tokens (``GROUPS >= 4``: the
-    four groups of a Philox call share a tile). On a GPU 2048 tokens per 128 threads (16 each);
-    the interpreter takes up to 4096 (numpy per tile), fewer for a narrow shard."""
+    four groups of a Philox call share a tile). On a GPU 128 threads take 32 bf16/fp16 tokens
+    each (four 16-byte loads a trip; the per-thread Philox call then covers two groups: 13.7
+    instructions per token on sm_90 against 15.6 at 16 tokens, 56 registers) or 16 fp32 tokens
+    (48 registers; 32 would take 72). The interpreter takes up to 4096 tokens (numpy per tile),
+    fewer for a narrow shard."""
     if device.type == "cuda":
-        return 128, 4
+        return (256 if itemsize <= 2 else 128), 4
     return min(256, max(4, triton.next_power_of_2(shard_groups))), 4
 
 
 PROGRAMS_PER_SM = 8
-"""Row chunks in flight per SM. A loop trip issues only two 16-byte loads per thread, so more
-programs than the memory-bound pair kernels' 4 keep loads in flight; the scan's 32 to 48
-registers per thread (sm_90) leave room for 16."""
+"""Row chunks in flight per SM: more than the memory-bound pair kernels' 4, since a loop trip
+issues only two to four 16-byte loads per thread; the scan's 48 to 56 registers per thread
+(sm_90) leave room for 8 programs of 128 threads."""
 
 
 _SCRATCH = PairScratch()
@@ -426,7 +429,7 @@ def gumbel_pair(
         return out
     phase = vocab_start % (4 * GROUP_SIZE)
     groups, num_warps = _launch_sizes(triton.cdiv(shard_width + phase, GROUP_SIZE),
-                                      logits.device)
+                                      logits.element_size(), logits.device)
     cuda = logits.is_cuda
     return launch_pair(
         _gumbel_pair_kernel, _SCRATCH,
