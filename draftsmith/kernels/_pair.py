@@ -8,9 +8,10 @@ index.
 
 Owns the tile reduction and merge of ``strict_accept`` and ``markov_step``, the staging-row
 constants, the checks of the common pair arguments, the ``@triton.jit`` pieces of a pair kernel
-(lane step, lane reduction, chunk merge, staging-row writer), the split of a launch over
-``(row, chunk)`` and the per-device scratch of the chunk merge. Imports ``draftsmith.contract``
-only.
+(lane step, lane reduction, chunk merge, staging-row writer; ``reduce_lanes`` hands the row's
+pair to a kernel that finishes it itself, as ``gumbel_pair`` draws inside its winning group),
+the split of a launch over ``(row, chunk)`` and the per-device scratch of the chunk merge.
+Imports ``draftsmith.contract`` only.
 
 A pair kernel is ONE launch over ``(row, chunk)``. Each program scans its chunk tile by tile,
 keeping a running order-T best per lane, and reduces its lanes at the end. When a row has several
@@ -163,7 +164,7 @@ def lane_argmax(vals, idxs, TREE: tl.constexpr):
 
 
 @triton.jit
-def _write_pair_row(row_ptr, C, slot, idx, val, BLOCK_OUT: tl.constexpr):
+def write_pair_row(row_ptr, C, slot, idx, val, BLOCK_OUT: tl.constexpr):
     """Write a whole staging row: ``idx`` (fp32) at ``2*slot``, ``val`` at ``2*slot+1``, +0.0
     elsewhere."""
     cols = tl.arange(0, BLOCK_OUT)
@@ -172,27 +173,26 @@ def _write_pair_row(row_ptr, C, slot, idx, val, BLOCK_OUT: tl.constexpr):
 
 
 @triton.jit
-def finish_lanes(best_val, best_idx, row, chunk, n_chunks, out_ptr, out_row_stride, C,
-                 vocab_start, slot, part_val_ptr, part_idx_ptr, count_ptr,
-                 BLOCK_C: tl.constexpr, BLOCK_OUT: tl.constexpr, TREE: tl.constexpr):
-    """Reduce the lanes ``best_val: [N] fp32``, ``best_idx: [N] int32`` (shard columns) of
-    program ``(row, chunk)`` and publish the chunk's pair.
+def reduce_lanes(best_val, best_idx, row, chunk, n_chunks, part_val_ptr, part_idx_ptr, count_ptr,
+                 BLOCK_C: tl.constexpr, TREE: tl.constexpr):
+    """Reduce the lanes ``best_val: [N] fp32``, ``best_idx: [N] int32`` of program
+    ``(row, chunk)`` to the row's order-T pair; returns ``(val, idx, last)``.
 
-    One chunk: write the staging row. Several: store the partial pair and count the chunk on the
-    row's counter (acq_rel); the program that counts last merges the ``n_chunks`` pairs in order
-    T, writes the staging row and resets the counter.
+    One chunk: the program's own lane winner, ``last`` true. Several: store the partial pair and
+    count the chunk on the row's counter (acq_rel); the program that counts last merges the
+    ``n_chunks`` pairs in order T, resets the counter and gets ``last`` true. ``(val, idx)`` is
+    the row's pair only where ``last`` holds; exactly one program per row sees it.
     """
     val, idx = lane_argmax(best_val, best_idx, TREE)
-    out_row = out_ptr + row.to(tl.int64) * out_row_stride
-    if n_chunks == 1:
-        _write_pair_row(out_row, C, slot, idx + vocab_start, val, BLOCK_OUT)
-    else:
+    last = n_chunks == 1
+    if n_chunks > 1:
         part = row.to(tl.int64) * n_chunks
         tl.store(part_val_ptr + part + chunk, val)
         tl.store(part_idx_ptr + part + chunk, idx)
         tl.debug_barrier()  # every thread's partial store precedes the release below
         done = tl.atomic_add(count_ptr + row, 1, sem="acq_rel")
-        if done == n_chunks - 1:
+        last = done == n_chunks - 1
+        if last:
             c = tl.arange(0, BLOCK_C)
             m = c < n_chunks
             # .cg: read at L2, never a stale L1 line of another row's merge on this SM
@@ -200,9 +200,22 @@ def finish_lanes(best_val, best_idx, row, chunk, n_chunks, out_ptr, out_row_stri
                            cache_modifier=".cg")
             idxs = tl.load(part_idx_ptr + part + c, mask=m, other=2147483647,
                            cache_modifier=".cg")
-            win_val, win_idx = lane_argmax(vals, idxs, TREE)
-            _write_pair_row(out_row, C, slot, win_idx + vocab_start, win_val, BLOCK_OUT)
+            val, idx = lane_argmax(vals, idxs, TREE)
             tl.store(count_ptr + row, 0)
+    return val, idx, last
+
+
+@triton.jit
+def finish_lanes(best_val, best_idx, row, chunk, n_chunks, out_ptr, out_row_stride, C,
+                 vocab_start, slot, part_val_ptr, part_idx_ptr, count_ptr,
+                 BLOCK_C: tl.constexpr, BLOCK_OUT: tl.constexpr, TREE: tl.constexpr):
+    """:func:`reduce_lanes` over shard columns, then the program holding the row's pair writes
+    its staging row (global id ``idx + vocab_start``)."""
+    val, idx, last = reduce_lanes(best_val, best_idx, row, chunk, n_chunks, part_val_ptr,
+                                  part_idx_ptr, count_ptr, BLOCK_C, TREE)
+    if last:
+        write_pair_row(out_ptr + row.to(tl.int64) * out_row_stride, C, slot, idx + vocab_start,
+                       val, BLOCK_OUT)
 
 
 def sm_count(device: torch.device) -> int:
@@ -292,5 +305,7 @@ __all__ = [
     "lane_step",
     "launch_pair",
     "merge_argmax_t",
+    "reduce_lanes",
     "tile_argmax_t",
+    "write_pair_row",
 ]

@@ -1,19 +1,54 @@
 """Per-rank Gumbel-max pair of a logits shard: temperature sampling without gathering.
 
-Owns ``gumbel_pair``, its eager reference, the Gumbel constants and ``gumbel_from_uniform``. Uses
-the Philox helpers of :mod:`draftsmith.kernels.philox` and the pair reduction of
-:mod:`draftsmith.kernels._pair`. Imports ``draftsmith.contract`` only.
+Owns ``gumbel_pair``, its eager reference, the Gumbel constants, ``gumbel_from_uniform`` and the
+group construction below. Uses the Philox helpers of :mod:`draftsmith.kernels.philox` and the
+pair reduction of :mod:`draftsmith.kernels._pair`. Imports ``draftsmith.contract`` only.
 
-The noise of global id ``i`` depends only on ``(seed, offset, stream, i)``, so every
-tensor-parallel split of the same row yields the same winner after the pair exchange.
+Two-level (hierarchical) Gumbel-max, exact in distribution. Global ids are split into aligned
+groups of :data:`GROUP_SIZE` consecutive ids (group ``g = id // GROUP_SIZE``). A rank scores each
+group of its shard with the group's log-sum-exp plus one keyed Gumbel draw, keeps the best group
+(order T), and draws its token inside that group with the per-token keyed noise::
 
-The kernel is bound by arithmetic, not by memory: per token it needs a quarter of a Philox call
-(ids ``4q .. 4q+3`` share call ``q``, so a tile is ``[GROUPS, 4]`` tokens with the four words of
-a call in one thread), two logarithms and an order-T lane update. On CUDA the inner logarithm is
-libdevice's ``logf`` without its special cases (its argument is a normal number in ``(0, 1)``,
-so the bits are the same) and the outer one the hardware ``lg2.approx`` (absolute error below
-``2**-22`` in ``log2``, about ``1e-7`` in the noise). A tile whose scores all sit more than the
-Gumbel span below the chunk's running maximum draws no noise at all.
+    z_i     = float(x_i) * r                          r = 1 / T, rounded to fp32 once per row
+    score_g = LSE_{i in g}(z_i) + G(seed, offset, stream | GROUP_STREAM_BIT, g)
+    g*      = argmax_T over the shard's groups of score_g
+    token   = argmax_T over i in g* of (z_i + G(seed, offset, stream, i))
+    pair    = (token, score_{g*})
+
+``G(seed, offset, s, k) = clamp(-ln(-ln u), G_MIN, G_MAX)`` with ``u`` the keyed Philox uniform
+of id ``k`` in stream word ``s`` (:func:`~draftsmith.kernels.philox.philox_uniform_reference`):
+group draws use the stream word with :data:`GROUP_STREAM_BIT` set, so they never share a counter
+with a token draw (streams are below ``2**29``).
+
+Why it is exact: ``max_g (LSE_g + Gumbel)`` picks group ``g`` with probability ``Z_g / Z``, and
+the independent Gumbel-max inside ``g`` picks ``i`` with probability ``exp(z_i) / Z_g``. The max
+of the ranks' pair values is again a Gumbel-max over all groups, so the exchanged token is
+distributed as ``softmax(z)``. The draws depend only on ``(seed, offset, stream)`` and global
+ids, so when every shard starts at a multiple of ``GROUP_SIZE`` each TP split yields the same
+token. A shard starting inside a group scores its partial first group with a draw keyed on the
+shard's first id under :data:`PIECE_STREAM_BIT` (independent of the draw of the group's other
+piece on the previous rank): still exact in distribution, but no longer the same token as other
+splits. A partial last group (``S`` not a multiple of ``GROUP_SIZE``) is an ordinary group that
+starts aligned.
+
+Greedy rows (``T <= 0``) are the plain order-T argmax pair (``argmax_pair``'s bits): the group
+score is the group's maximum, the token the group's first maximum, the value the token's logit.
+A NaN makes its group's score NaN, which wins under order T, and the first NaN of that group is
+the token: the row's first NaN. An all ``-inf`` row gives the first id.
+
+The kernel's per-token work is the group's log-sum-exp: a NaN-propagating maximum, one
+multiply-add, one exponential and one add (plus the bf16 widening). The noise is per group (one
+Philox call per thread and tile, two logarithms per group) and so is the running best. Only the
+winning group's 16 tokens draw per-token noise, once per row, in the program that finishes the
+row's pair. On sm_90 the compiled scan loop takes about 13.7 instructions per bf16 token (7.7 of
+them the log-sum-exp; a greedy row runs only those) and 17.4 per fp32 token, against about 41
+per token for a Philox draw and two logarithms per token. On CUDA the exponentials and
+logarithms are the hardware ``ex2.approx`` / ``lg2.approx`` (and libdevice's ``logf`` core for
+the inner Gumbel logarithm), so a score is within about ``1e-6`` of the reference's and the
+token is the reference's unless two group scores (or two scores in the winning group) are that
+close. Off CUDA (the interpreter) the log-sum-exp runs in fp64 with a fixed pairwise sum,
+rounded once, and the Gumbel logarithms too, so the kernel equals
+:func:`gumbel_pair_reference` bit for bit.
 """
 
 from __future__ import annotations
@@ -27,10 +62,13 @@ import triton.language as tl
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.kernels._pair import (
     PairScratch,
+    canonical_nan,
     check_pair_args,
-    finish_lanes,
+    lane_argmax,
     lane_step,
     launch_pair,
+    reduce_lanes,
+    write_pair_row,
 )
 from draftsmith.kernels.argmax_pair import argmax_pair_reference
 from draftsmith.kernels.philox import (
@@ -44,12 +82,20 @@ G_MAX = float(torch.tensor(-math.log(-math.log1p(-(2.0**-24))), dtype=torch.floa
 """Largest Gumbel draw, ``-ln(-ln(1 - 2**-24)) ~ 16.63553`` (fp32), at ``u = 1 - 2**-24``."""
 G_MIN = float(torch.tensor(-math.log(24 * math.log(2.0)), dtype=torch.float32))
 """Smallest Gumbel draw, ``-ln(24 ln 2) ~ -2.81154`` (fp32), at ``u = 2**-24``."""
-GUMBEL_SPAN = G_MAX - G_MIN
-"""``D = G_MAX - G_MIN ~ 19.44707``: a score this far below the maximum can never win."""
-SKIP_SLACK = 1e-3
-"""Absolute slack added to ``D`` in the skip test, for fp32 rounding of ``s = z + g``."""
-SKIP_REL = 2.0**-20
-"""Relative slack (times ``|m|``) added to ``D`` in the skip test."""
+GROUP_SIZE = 16
+"""Consecutive global ids per group (``g = id // GROUP_SIZE``). 16 spreads the per-group work
+(its share of a Philox call, two logarithms, a lane update) over 16 tokens, makes a group two
+16-byte loads of bf16 (its reductions stay in registers, at most a shuffle apart), and leaves
+the winning group's per-token noise at 16 draws per row."""
+GROUP_STREAM_BIT = 1 << 30
+"""Set in the Philox stream word of the group draws: they never share a counter with a token
+draw (token draws use the bare stream, below ``2**29``)."""
+PIECE_STREAM_BIT = 1 << 29
+"""Also set for the draw of a partial group that starts inside a group (a shard whose
+``vocab_start`` is not a multiple of ``GROUP_SIZE``), keyed on the shard's first id instead of
+the group id: it is then independent of the draw of the group's piece on the previous rank."""
+MAX_STREAM = 1 << 29
+"""Streams are ints in ``[0, MAX_STREAM)`` (the bits above are the group draws')."""
 
 
 def gumbel_from_uniform(u: torch.Tensor) -> torch.Tensor:
@@ -66,10 +112,32 @@ def gumbel_from_uniform(u: torch.Tensor) -> torch.Tensor:
     return (-torch.log(-torch.log(u.double()))).float().clamp(G_MIN, G_MAX)
 
 
-def skip_threshold(m: torch.Tensor) -> torch.Tensor:
-    """Scores ``z`` strictly below ``m - (D + 1e-3 + 2**-20 * |m|)`` cannot win
-    (``D = GUMBEL_SPAN``, plus slack for fp32 rounding)."""
-    return m - (GUMBEL_SPAN + SKIP_SLACK + SKIP_REL * m.abs())
+def group_logsumexp(z: torch.Tensor) -> torch.Tensor:
+    """``LSE`` over the last axis of ``z: [..., GROUP_SIZE] float32`` (``-inf`` = absent), fp32.
+
+    ``m`` = the largest non-NaN value; ``m + ln(sum exp(z - m))`` in fp64 with the pairwise sum
+    ``(0+1), (2+3), ..`` repeated, rounded once (every step is exactly rounded or, for ``exp`` and
+    ``ln``, an fp64 library call whose last-ulp differences vanish in the rounding, so the
+    interpreted kernel gets the same bits). A NaN anywhere gives NaN; ``m = ±inf`` gives ``m``.
+    """
+    nan = torch.isnan(z).any(dim=-1)
+    m = torch.where(torch.isnan(z), float("-inf"), z).amax(dim=-1)
+    finite = m.abs() < float("inf")
+    m0 = torch.where(finite, m, 0.0).double()
+    e = torch.exp(z.double() - m0[..., None])
+    while e.shape[-1] > 1:
+        e = e[..., 0::2] + e[..., 1::2]
+    lse = torch.where(finite, (m0 + torch.log(e[..., 0])).float(), m)
+    return torch.where(nan, float("nan"), lse)
+
+
+def _argmax_t_where(s: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Order-T argmax along dim 1 of ``s`` among the ``valid`` positions (at least one a row)."""
+    nan = torch.isnan(s) & valid
+    clean = torch.where(valid & ~nan, s, float("-inf"))
+    top = clean.amax(dim=1, keepdim=True)
+    hit = torch.where(nan.any(dim=1, keepdim=True), nan, valid & (clean == top))
+    return torch.argmax(hit.to(torch.int32), dim=1)
 
 
 def gumbel_pair_reference(
@@ -81,36 +149,53 @@ def gumbel_pair_reference(
     vocab_start: int = 0,
     out: torch.Tensor | None = None,
     slot: int = 0,
-    skip_dominated: bool = True,
 ) -> torch.Tensor:
-    """Gumbel-max pair of each row, written like :func:`argmax_pair_reference`.
+    """Gumbel-max pair of each row by the two-level construction of the module docstring,
+    written like :func:`argmax_pair_reference`.
 
     ``logits: [rows, S]`` fp32/bf16/fp16 over global ids ``vocab_start + 0 .. S-1``;
     ``temperatures: [rows] float32`` (``T <= 0`` rows are greedy: plain order-T argmax);
     ``seeds, offsets: [rows] int64`` the :class:`~draftsmith.contract.SamplingKey`; ``stream``
-    0/1/2. ``out: [rows, C] float32`` as in :func:`argmax_pair_reference`::
-
-        z_i = float(logits[row, i]) * r               r = 1 / T, rounded to fp32 once per row
-        u_i = philox_uniform(seed, offset, vocab_start + i, stream)
-        s_i = z_i + clamp(-ln(-ln u_i), G_MIN, G_MAX)   (s_i = z_i for greedy rows)
-        pair = (vocab_start + argmax_T(s), s[argmax_T(s)])
-
-    With ``skip_dominated`` the elements with ``z_i < m - (D + 1e-3 + 2**-20 |m|)`` (``m`` the
-    row's largest non-NaN ``z``) get ``s_i = -inf`` without drawing noise; they cannot win, so the
-    pair is the same bits either way. NaNs are never skipped (they win under order T).
+    in ``[0, 2**29)`` (0 target, 1 draft). ``out: [rows, C] float32`` as in
+    :func:`argmax_pair_reference`: ``(float(token), score_{g*})`` at ``2*slot, 2*slot + 1``, a
+    NaN score as ``0x7FFF0000``.
     """
     out = check_pair_args("gumbel_pair", logits, vocab_start, out, slot)
     _check_key(logits, temperatures, seeds, offsets, stream)
-    greedy = (temperatures <= 0)[:, None]
+    rows, width = logits.shape
+    dev = logits.device
+    greedy = temperatures <= 0
     x = logits.to(torch.float32)
-    z = torch.where(greedy, x, x * (1.0 / torch.where(greedy, 1.0, temperatures[:, None])))
-    ids = torch.arange(vocab_start, vocab_start + logits.shape[1], device=logits.device)
+    z = x * (1.0 / torch.where(greedy, 1.0, temperatures))[:, None]
+    first = vocab_start // GROUP_SIZE
+    lead = vocab_start - first * GROUP_SIZE  # ids of the first group before the shard
+    n_groups = (lead + width + GROUP_SIZE - 1) // GROUP_SIZE
+    padded = torch.full((rows, n_groups * GROUP_SIZE), float("-inf"), device=dev)
+    padded[:, lead:lead + width] = z
+    groups = torch.arange(first, first + n_groups, device=dev)
+    u = philox_uniform_reference(seeds, offsets, groups, stream | GROUP_STREAM_BIT)
+    if lead:
+        piece = torch.tensor([vocab_start], device=dev)
+        u[:, :1] = philox_uniform_reference(seeds, offsets, piece,
+                                            stream | GROUP_STREAM_BIT | PIECE_STREAM_BIT)
+    scores = group_logsumexp(padded.view(rows, n_groups, GROUP_SIZE)) + gumbel_from_uniform(u)
+    win = torch.argmax(scores, dim=1, keepdim=True)
+    value = scores.gather(1, win)[:, 0]
+    ids = (first + win) * GROUP_SIZE + torch.arange(GROUP_SIZE, device=dev)
+    cols = ids - vocab_start
+    valid = (cols >= 0) & (cols < width)
+    member = z.gather(1, cols.clamp(0, width - 1))
     noise = gumbel_from_uniform(philox_uniform_reference(seeds, offsets, ids, stream))
-    scores = torch.where(greedy, z, z + noise)
-    if skip_dominated:
-        top = torch.where(torch.isnan(z), float("-inf"), z).amax(dim=1, keepdim=True)
-        scores = torch.where(z < skip_threshold(top), float("-inf"), scores)
-    return argmax_pair_reference(scores, vocab_start, out, slot)
+    pick = _argmax_t_where(member + noise, valid)
+    token = ids.gather(1, pick[:, None])[:, 0]
+    value = torch.where(torch.isnan(value), canonical_nan(dev), value)
+    out.zero_()
+    out[:, 2 * slot] = token.to(torch.float32)
+    out[:, 2 * slot + 1] = value
+    if greedy.any():
+        plain = argmax_pair_reference(logits, vocab_start, None, slot)
+        out[greedy, 2 * slot:2 * slot + 2] = plain[greedy, 2 * slot:2 * slot + 2]
+    return out
 
 
 @triton.jit
@@ -139,20 +224,88 @@ def _ln_unit(x):
 
 
 @triton.jit
+def _lg2_approx(x):
+    """Hardware ``log2`` (``lg2.approx.ftz``: absolute error below ``2**-22``)."""
+    return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _ex2_approx(x):
+    """Hardware ``2**x`` (``ex2.approx.ftz``: 2 ulp; ``-inf`` gives 0)."""
+    return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x],
+                                     dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
 def _noisy_score(z, u, G_LO: tl.constexpr, G_HI: tl.constexpr, CUDA: tl.constexpr):
     """``z + clamp(-ln(-ln u), G_LO, G_HI)``. Off CUDA in fp64 rounded once, as
-    :func:`gumbel_from_uniform`. On CUDA as in the module docstring, fused into one multiply-add
-    and unclamped: the noise then lies within about ``1e-6`` of ``[G_LO, G_HI]``, well inside
-    the skip test's slack."""
+    :func:`gumbel_from_uniform`. On CUDA the inner logarithm is :func:`_ln_unit`, the outer one
+    ``lg2.approx`` fused into one multiply-add, unclamped (the noise then lies within about
+    ``1e-6`` of ``[G_LO, G_HI]``)."""
     if CUDA:
-        lg2 = tl.inline_asm_elementwise(
-            "{ .reg .f32 t; neg.f32 t, $1; lg2.approx.ftz.f32 $0, t; }", "=r,r", [_ln_unit(u)],
-            dtype=tl.float32, is_pure=True, pack=1)
-        s = tl.fma(lg2, -0.6931471805599453, z)
+        s = tl.fma(_lg2_approx(-_ln_unit(u)), -0.6931471805599453, z)
     else:
         g = (-tl.log(-tl.log(u.to(tl.float64)))).to(tl.float32)
         s = z + tl.minimum(tl.maximum(g, G_LO), G_HI)
     return s
+
+
+@triton.jit
+def _pairwise_sum16(e):
+    """Sum along axis 1 of ``e: [N, 16]`` as ``(0+1), (2+3), ..`` repeated (the order of
+    :func:`group_logsumexp`)."""
+    n: tl.constexpr = e.shape[0]
+    a, b = tl.split(tl.reshape(e, [n, 8, 2]))
+    a, b = tl.split(tl.reshape(a + b, [n, 4, 2]))
+    a, b = tl.split(tl.reshape(a + b, [n, 2, 2]))
+    a, b = tl.split(a + b)
+    return a + b
+
+
+@triton.jit
+def _group_max_lse(x, r, CUDA: tl.constexpr):
+    """``(max, LSE)`` along axis 1 of ``z = x * r`` for ``x: [N, GROUP_SIZE] fp32``, each NaN
+    where a NaN is.
+
+    Off CUDA :func:`group_logsumexp`'s fp64 formulation (the same bits). On CUDA per token one
+    NaN-propagating max, one multiply-add, one ``ex2.approx`` and one add, with ``r`` folded into
+    the exponent's scale (``max(x * r) == max(x) * r`` exactly for ``r > 0``: rounding is
+    monotone); ``lg2.approx`` per group.
+    """
+    if CUDA:
+        m = tl.reduce(x, 1, _max_nan) * r
+        finite = tl.abs(m) < float("inf")  # false for ±inf and NaN
+        m0 = tl.where(finite, m, 0.0)
+        e = _ex2_approx(tl.fma(x, r * 1.4426950408889634, -(m0 * 1.4426950408889634)[:, None]))
+        lse = tl.where(tl.abs(m) == float("inf"), m,
+                       tl.fma(_lg2_approx(tl.sum(e, 1)), 0.6931471805599453, m0))
+        lse = tl.where(m != m, m, lse)
+    else:
+        z = x * r
+        nans = z != z
+        has_nan = tl.max(nans.to(tl.int32), 1) > 0
+        m = tl.max(tl.where(nans, float("-inf"), z), 1)
+        finite = tl.abs(m) < float("inf")
+        m0 = tl.where(finite, m, 0.0).to(tl.float64)
+        e = tl.exp(tl.where(nans, 0.0, z).to(tl.float64) - m0[:, None])
+        total = tl.where(finite, _pairwise_sum16(e), 1.0)  # an empty group takes no log of 0
+        lse = tl.where(finite, (m0 + tl.log(total)).to(tl.float32), m)
+        lse = tl.where(has_nan, float("nan"), lse)
+        m = tl.where(has_nan, float("nan"), m)
+    return m, lse
+
+
+@triton.jit
+def _token_scores(z, ids, k0, k1, off_lo, off_hi, STREAM: tl.constexpr, G_LO: tl.constexpr,
+                  G_HI: tl.constexpr, CUDA: tl.constexpr):
+    """``z_i + G(seed, offset, stream, id_i)`` for ``ids: [N] int32`` (one Philox call per id:
+    this runs for one group per row)."""
+    w0, w1, w2, w3 = philox4x32_10(k0, k1, (ids >> 2).to(tl.uint32), off_lo, off_hi, STREAM,
+                                   CUDA)
+    lane = ids & 3
+    word = tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
+    return _noisy_score(z, centred_uniform(word), G_LO, G_HI, CUDA)
 
 
 @triton.jit(do_not_specialize=["tiles", "n_chunks"])
@@ -161,77 +314,92 @@ def _gumbel_pair_kernel(
     out_ptr, out_row_stride, C, vocab_start, slot, part_val_ptr, part_idx_ptr, count_ptr,
     tiles, n_chunks,
     BLOCK_C: tl.constexpr, BLOCK_OUT: tl.constexpr, TREE: tl.constexpr,
-    GROUPS: tl.constexpr, PHASE: tl.constexpr, STREAM: tl.constexpr, SKIP: tl.constexpr,
-    CUDA: tl.constexpr, G_LO: tl.constexpr, G_HI: tl.constexpr, MARGIN: tl.constexpr,
-    REL: tl.constexpr,
+    GROUPS: tl.constexpr, GS: tl.constexpr, PHASE: tl.constexpr, STREAM: tl.constexpr,
+    GROUP_STREAM: tl.constexpr, PIECE_STREAM: tl.constexpr, CUDA: tl.constexpr,
+    G_LO: tl.constexpr, G_HI: tl.constexpr,
 ):
-    """Program ``(row, chunk)`` scans ``tiles`` tiles of ``[GROUPS, 4]`` tokens: row ``q`` of
-    tile ``t`` holds the four ids of Philox call ``vocab_start // 4 + g``, ``g = first + t *
-    GROUPS + q``, at the local columns ``4g + j - PHASE`` (``PHASE = vocab_start % 4``)."""
+    """Program ``(row, chunk)`` scans ``tiles`` tiles of ``[GROUPS, GS]`` tokens. Local group
+    ``h`` is global group ``(vocab_start - PHASE) // GS + h`` at the shard columns
+    ``h * GS + j - PHASE`` (``PHASE = vocab_start % (4 * GS)``: local group 0 is the first of a
+    Philox call, the groups ``4q .. 4q+3`` taking its four words); lanes keep the best group
+    score per tile row. The program holding the row's winning group then draws its token."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     temp = tl.load(temp_ptr + row)
-    greedy = temp <= 0.0
-    inv_temp = tl.math.div_rn(1.0, tl.where(greedy, 1.0, temp))
+    sampled = temp > 0.0
+    # x * 1.0 == x: greedy rows scale by one
+    inv_temp = tl.math.div_rn(1.0, tl.where(sampled, temp, 1.0))
     k0, k1 = split_u64(tl.load(seeds_ptr + row))
     off_lo, off_hi = split_u64(tl.load(offsets_ptr + row))
-    g1 = tl.arange(0, GROUPS)
-    q = g1[:, None]
-    j = tl.arange(0, 4)[None, :]
+    lanes = tl.arange(0, GROUPS)
+    j = tl.arange(0, GS)
     first = chunk * tiles * GROUPS
-    # a lane records the tile of its best (a scalar per tile: no per-token index arithmetic);
+    call0 = (vocab_start - PHASE) // (4 * GS)
+    FIRST_IN: tl.constexpr = PHASE // GS  # the local group holding the shard's first id
+    if PHASE % GS != 0:
+        # the shard starts inside a group: that piece's draw is keyed on its first id
+        p0, p1, p2, p3 = philox4x32_10(k0, k1, (vocab_start >> 2).to(tl.uint32), off_lo, off_hi,
+                                       STREAM + GROUP_STREAM + PIECE_STREAM, CUDA)
+        piece = vocab_start & 3
+        u_piece = centred_uniform(tl.where(piece == 0, p0, tl.where(
+            piece == 1, p1, tl.where(piece == 2, p2, p3))))
     # lanes start as "-inf at the first tile", as lane_step expects
-    best_val = tl.full([GROUPS, 4], float("-inf"), tl.float32)
-    best_tile = tl.zeros([GROUPS, 4], tl.int32)
-    running = tl.max(tl.max(best_val, 1), 0)
+    best_val = tl.full([GROUPS], float("-inf"), tl.float32)
+    best_tile = tl.zeros([GROUPS], tl.int32)
     base = x_ptr + row.to(tl.int64) * x_row_stride
     for t in range(tiles):
-        group = first + t * GROUPS + q
-        cols = group * 4 + j - PHASE
+        h = first + t * GROUPS + lanes
+        cols = h[:, None] * GS + j[None, :] - PHASE
         x = tl.load(base + cols, mask=(cols >= 0) & (cols < S), other=float("-inf"))
-        z = tl.where(greedy, x.to(tl.float32), x.to(tl.float32) * inv_temp)
-        live = True
-        if SKIP:
-            # against the running max of this chunk (<= the shard's): still exact. A NaN makes
-            # the tile live (it wins under order T).
-            if CUDA:
-                top = tl.reduce(tl.reduce(z, 1, _max_nan), 0, _max_nan)
-            else:
-                top = tl.max(tl.max(tl.where(z != z, float("inf"), z), 1), 0)
-            live = ~(top < running - (MARGIN + REL * tl.abs(running)))
-            running = tl.maximum(running, top)
-        if live:
-            s = z
-            if temp > 0.0:
-                # one Philox call per group, its four words joined into the group's row: the
-                # words stay in the thread that computed them (a [GROUPS, 4] counter would be
-                # laid out across threads, each computing the whole call again)
-                w0, w1, w2, w3 = philox4x32_10(
-                    k0, k1, (vocab_start // 4 + first + t * GROUPS + g1).to(tl.uint32), off_lo,
-                    off_hi, STREAM, CUDA)
-                # join puts its new axis last: [g, i, k] = (w0, w2 | w1, w3)[k][i], so that
-                # column 2i + k of the reshape is word 2i + k
-                word = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [GROUPS, 4])
-                s = _noisy_score(z, centred_uniform(word), G_LO, G_HI, CUDA)
-            best_val, best_tile = lane_step(best_val, best_tile, s, t)
-    best_col = (first + best_tile * GROUPS + q) * 4 + j - PHASE
-    best_col = tl.where(best_col < 0, 2147483647, best_col)  # before the shard: never a winner
-    finish_lanes(tl.reshape(best_val, [GROUPS * 4]), tl.reshape(best_col, [GROUPS * 4]), row,
-                 chunk, n_chunks, out_ptr, out_row_stride, C, vocab_start, slot, part_val_ptr,
-                 part_idx_ptr, count_ptr, BLOCK_C, BLOCK_OUT, TREE)
+        m, lse = _group_max_lse(x.to(tl.float32), inv_temp, CUDA)
+        s = m
+        if sampled:
+            # one Philox call per four groups, its words joined in group order:
+            # join puts its new axis last, [q, i, k] = (w0, w2 | w1, w3)[k][i] = word 2i + k
+            w0, w1, w2, w3 = philox4x32_10(
+                k0, k1, (call0 + (first + t * GROUPS) // 4 + tl.arange(0, GROUPS // 4)).to(
+                    tl.uint32), off_lo, off_hi, STREAM + GROUP_STREAM, CUDA)
+            u = centred_uniform(tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [GROUPS]))
+            if PHASE % GS != 0:
+                u = tl.where(h == FIRST_IN, u_piece, u)
+            s = _noisy_score(lse, u, G_LO, G_HI, CUDA)
+        best_val, best_tile = lane_step(best_val, best_tile, s, t)
+    best_group = first + best_tile * GROUPS + lanes
+    best_group = tl.where(best_group < FIRST_IN, 2147483647, best_group)  # before the shard
+    score, group, last = reduce_lanes(best_val, best_group, row, chunk, n_chunks, part_val_ptr,
+                                      part_idx_ptr, count_ptr, BLOCK_C, TREE)
+    if last:
+        cols = group * GS + j - PHASE
+        valid = (cols >= 0) & (cols < S)
+        z = tl.load(base + cols, mask=valid, other=float("-inf")).to(tl.float32) * inv_temp
+        s = z
+        if sampled:
+            s = _token_scores(z, vocab_start + cols, k0, k1, off_lo, off_hi, STREAM, G_LO, G_HI,
+                              CUDA)
+        # columns outside the shard never win: -inf and an index above every real one
+        pick_val, pick = lane_argmax(tl.where(valid, s, float("-inf")),
+                                     tl.where(valid, j, 2147483647 - j), TREE)
+        value = tl.where(sampled, score, pick_val)  # greedy: the token's own logit bits
+        write_pair_row(out_ptr + row.to(tl.int64) * out_row_stride, C, slot,
+                       vocab_start + group * GS + pick - PHASE, value, BLOCK_OUT)
 
 
-def _launch_sizes(device: torch.device) -> tuple[int, int]:
-    """``(GROUPS, num_warps)``: tiles of ``4 * GROUPS`` tokens. On a GPU 16 tokens per thread
-    (four Philox calls; enough to amortize the tile's skip reduction, few enough registers); the
-    interpreter takes larger tiles (numpy per tile)."""
-    return (512, 4) if device.type == "cuda" else (1024, 4)
+def _launch_sizes(shard_groups: int, itemsize: int, device: torch.device) -> tuple[int, int]:
+    """``(GROUPS, num_warps)``: tiles of ``GROUPS * GROUP_SIZE`` tokens (``GROUPS >= 4``: the
+    four groups of a Philox call share a tile). On a GPU 128 threads take 32 bf16/fp16 tokens
+    each (four 16-byte loads a trip; the per-thread Philox call then covers two groups: 13.7
+    instructions per token on sm_90 against 15.6 at 16 tokens, 56 registers) or 16 fp32 tokens
+    (48 registers; 32 would take 72). The interpreter takes up to 4096 tokens (numpy per tile),
+    fewer for a narrow shard."""
+    if device.type == "cuda":
+        return (256 if itemsize <= 2 else 128), 4
+    return min(256, max(4, triton.next_power_of_2(shard_groups))), 4
 
 
-PROGRAMS_PER_SM = 6
-"""Row chunks in flight per SM: the kernel is bound by arithmetic, and its 79 registers per
-thread leave room for six 128-thread programs on an H200 SM (four, the memory-bound pair
-kernels' figure, left a tenth of the throughput at ``B >= 128``)."""
+PROGRAMS_PER_SM = 8
+"""Row chunks in flight per SM: more than the memory-bound pair kernels' 4, since a loop trip
+issues only two to four 16-byte loads per thread; the scan's 48 to 56 registers per thread
+(sm_90) leave room for 8 programs of 128 threads."""
 
 
 _SCRATCH = PairScratch()
@@ -246,29 +414,30 @@ def gumbel_pair(
     vocab_start: int = 0,
     out: torch.Tensor | None = None,
     slot: int = 0,
-    skip_dominated: bool = True,
 ) -> torch.Tensor:
-    """Triton form of :func:`gumbel_pair_reference` (same arguments).
+    """Triton form of :func:`gumbel_pair_reference` (same arguments), one launch.
 
-    Off CUDA (the interpreter) the pair equals the reference's bit for bit. On CUDA the index is
-    the reference's unless two scores lie within about ``2e-7`` of each other (the outer
-    logarithm, see the module docstring); the value agrees to that tolerance.
+    Off CUDA (the interpreter) the pair equals the reference's bit for bit. On CUDA the value is
+    within about ``1e-6`` of the reference's and the token is the reference's unless two group
+    scores, or two token scores of the winning group, lie that close (module docstring); greedy
+    rows are bit for bit.
     """
     out = check_pair_args("gumbel_pair", logits, vocab_start, out, slot)
     _check_key(logits, temperatures, seeds, offsets, stream, contiguous=True)
     rows, shard_width = logits.shape
     if rows == 0:
         return out
-    groups, num_warps = _launch_sizes(logits.device)
-    phase = vocab_start % 4
+    phase = vocab_start % (4 * GROUP_SIZE)
+    groups, num_warps = _launch_sizes(triton.cdiv(shard_width + phase, GROUP_SIZE),
+                                      logits.element_size(), logits.device)
     cuda = logits.is_cuda
     return launch_pair(
         _gumbel_pair_kernel, _SCRATCH,
         (logits, logits.stride(0), shard_width, temperatures, seeds, offsets), out, vocab_start,
-        slot, triton.cdiv(shard_width + phase, 4 * groups), 1, num_warps, False,
-        programs_per_sm=PROGRAMS_PER_SM, GROUPS=groups, PHASE=phase, STREAM=stream,
-        SKIP=bool(skip_dominated), CUDA=cuda,
-        G_LO=G_MIN, G_HI=G_MAX, MARGIN=GUMBEL_SPAN + SKIP_SLACK, REL=SKIP_REL,
+        slot, triton.cdiv(shard_width + phase, GROUP_SIZE * groups), 1, num_warps, cuda,
+        programs_per_sm=PROGRAMS_PER_SM, GROUPS=groups, GS=GROUP_SIZE, PHASE=phase,
+        STREAM=stream, GROUP_STREAM=GROUP_STREAM_BIT, PIECE_STREAM=PIECE_STREAM_BIT, CUDA=cuda,
+        G_LO=G_MIN, G_HI=G_MAX,
     )
 
 
@@ -278,16 +447,20 @@ def _check_key(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Te
                                 ("seeds", seeds, torch.int64), ("offsets", offsets, torch.int64)):
         check_tensor(f"gumbel_pair: {name}", tensor, (logits.shape[0],), dtype,
                      device=logits.device, contiguous=contiguous)
-    if type(stream) is not int or not 0 <= stream < 2**32:
-        raise ShapeError(f"gumbel_pair: stream must be an int in [0, 2**32), got {stream!r}")
+    if type(stream) is not int or not 0 <= stream < MAX_STREAM:
+        raise ShapeError(f"gumbel_pair: stream must be an int in [0, 2**29) (higher bits key the "
+                         f"group draws), got {stream!r}")
 
 
 __all__ = [
-    "GUMBEL_SPAN",
+    "GROUP_SIZE",
+    "GROUP_STREAM_BIT",
     "G_MAX",
     "G_MIN",
+    "MAX_STREAM",
+    "PIECE_STREAM_BIT",
+    "group_logsumexp",
     "gumbel_from_uniform",
     "gumbel_pair",
     "gumbel_pair_reference",
-    "skip_threshold",
 ]

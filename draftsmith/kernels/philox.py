@@ -13,7 +13,8 @@ the four consecutive global ids ``4q .. 4q + 3`` share call ``q``::
     u       = (k + 0.5) * 2**-23                                       in [2**-24, 1 - 2**-24]
 
 Streams: 0 target sample / residual / bonus, 1 draft sample, 2 acceptance uniform (id 0, so
-word 0 of counter ``(0, offset, stream)``). Every ``u`` is exact in fp32 and never 0 or 1, so
+word 0 of counter ``(0, offset, stream)``). Bits 29 and 30 of the stream word key
+``gumbel_pair``'s per-group draws. Every ``u`` is exact in fp32 and never 0 or 1, so
 ``-ln(-ln(u))`` is finite.
 """
 
