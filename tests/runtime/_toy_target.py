@@ -9,7 +9,9 @@ depend on how many tokens or requests were batched with it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -335,3 +337,42 @@ def assert_sampled_like_the_target(target, prompt: list[int], results) -> None:
 
 
 __all__ = ["ToyTarget", "assert_sampled_like_the_target"]
+
+
+SYNC_MESSAGE = "called a synchronizing CUDA operation"
+"""What torch's sync debug mode warns for each synchronizing call (other warnings that mention
+synchronization, issued once per process, are not counted)."""
+
+
+def host_syncs(call: Callable[..., Any], *args: Any) -> tuple[Any, int]:
+    """``(call(*args), synchronizing calls it made)``, counted by torch's sync debug mode."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            result = call(*args)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return result, sum(SYNC_MESSAGE in str(w.message) for w in caught)
+
+
+def syncs_per_step(dec: Any, prompts: Sequence[Sequence[int]], budgets: Any,
+                   extra: bool = False) -> list[int]:
+    """``dec.generate(prompts, budgets)`` with each step's synchronizing calls counted (``extra``:
+    one more device read per step, the negative control)."""
+    real = dec.step
+    counts: list[int] = []
+
+    def step(active):
+        def run():
+            real(active)
+            if extra:
+                dec.buffers.target_len[0].item()
+        counts.append(host_syncs(run)[1])
+
+    dec.step = step
+    try:
+        dec.generate(prompts, budgets)
+    finally:
+        del dec.step
+    return counts

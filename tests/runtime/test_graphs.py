@@ -5,20 +5,16 @@ decoding equals eager decoding token for token (GPU), a round synchronizes with 
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import pytest
 import torch
-from _toy_target import ToyTarget
+from _toy_target import ToyTarget, host_syncs, syncs_per_step
 
 from draftsmith.runtime.bind import bind
 from draftsmith.runtime.config import SpecConfig
 from draftsmith.runtime.decoder import MIN_CONTEXT_BUCKET, row_buckets, width_buckets
 
 PROMPTS = [[(i * 5 + j) % 60 for j in range(3 + 2 * i)] for i in range(6)]
-SYNC_MESSAGE = "called a synchronizing CUDA operation"
-"""What torch's sync debug mode warns for each synchronizing call (other warnings that mention
-synchronization, issued once per process, are not counted)."""
 
 
 def _config(family: str, selection: dict, cuda_graphs: bool, k: int = 5,
@@ -102,42 +98,19 @@ def test_a_graphed_round_synchronizes_with_the_host_once(k):
     target = ToyTarget(max_slots=8, max_len=256, device="cuda", mixing=0.3)
     dec = bind(target, None, _config("dspark-gqa", {"kind": "greedy"}, cuda_graphs=True, k=k))
     dec.generate(PROMPTS[:3], 20)  # captures
-    real = dec.step
-    counts: list[int] = []
-
-    def step(active, extra=False):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                real(active)
-                if extra:
-                    dec.buffers.target_len[0].item()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        counts.append(sum(SYNC_MESSAGE in str(w.message) for w in caught))
-
     admissions: list[int] = []
     real_admit = dec._admit_all
 
     def admit(reqs):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                return real_admit(reqs)
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-                admissions.append(sum(SYNC_MESSAGE in str(w.message) for w in caught)
-                                  - len(reqs))
+        result, syncs = host_syncs(real_admit, reqs)
+        admissions.append(syncs - len(reqs))
+        return result
 
-    dec.step, dec._admit_all = step, admit
-    dec.generate(PROMPTS[:3], 20)
+    dec._admit_all = admit
+    counts = syncs_per_step(dec, PROMPTS[:3], 20)
     assert len(counts) > 3 and set(counts) == {1}, counts
     assert dec.admissions and set(admissions) == {0}, admissions  # one read per prompt
-    counts.clear()
-    dec.step = lambda active: step(active, extra=True)
-    dec.generate(PROMPTS[:3], 20)
+    counts = syncs_per_step(dec, PROMPTS[:3], 20, extra=True)
     assert len(counts) > 3 and set(counts) == {2}, counts
 
 

@@ -5,11 +5,9 @@ with an STS table installed."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
-from _toy_target import assert_sampled_like_the_target, chi_square_world
+from _toy_target import assert_sampled_like_the_target, chi_square_world, syncs_per_step
 
 from draftsmith.contract import ConfigError, ParallelMapping, PlanError, TargetInfo
 from draftsmith.runtime.bind import bind
@@ -22,7 +20,6 @@ from draftsmith.selection.configs import GreedyConfig, capabilities_of
 
 PROMPTS = [[(i * 7 + j * 3 + 1) % 60 for j in range(2 + 3 * i)] for i in range(6)]
 BUDGETS = [14 + 2 * i for i in range(6)]
-SYNC_MESSAGE = "called a synchronizing CUDA operation"
 K = 5
 MAX_BATCH = 8
 
@@ -280,27 +277,9 @@ def test_a_graphed_scheduled_round_synchronizes_with_the_host_twice(nudged_toy_t
     drafter.set_sts(torch.linspace(0.6, 1.4, drafter.spec.block_size))
     dec = bind(target, drafter, _config("width", cuda_graphs="on"), sps=_sps(0.02))
     dec.generate(PROMPTS[:3], BUDGETS[:3])  # captures
-    real = dec.step
-    counts: list[int] = []
-
-    def step(active, extra=False):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                real(active)
-                if extra:
-                    dec.buffers.target_len[0].item()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-        counts.append(sum(SYNC_MESSAGE in str(w.message) for w in caught))
-
-    dec.step = step
-    dec.generate(PROMPTS[:3], BUDGETS[:3])
+    counts = syncs_per_step(dec, PROMPTS[:3], BUDGETS[:3])
     assert dec.verify_graphs and len(counts) > 3 and set(counts) == {2}, counts
-    counts.clear()
-    dec.step = lambda active: step(active, extra=True)
-    dec.generate(PROMPTS[:3], BUDGETS[:3])
+    counts = syncs_per_step(dec, PROMPTS[:3], BUDGETS[:3], extra=True)
     assert len(counts) > 3 and set(counts) == {3}, counts
 
 
