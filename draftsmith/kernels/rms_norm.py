@@ -33,14 +33,15 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return weight * h.to(dtype)
 
 
-def rotate_half_rope_reference(x: torch.Tensor, cos: torch.Tensor,
-                               sin: torch.Tensor) -> torch.Tensor:
+def rotate_half_rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                               out: torch.Tensor | None = None) -> torch.Tensor:
     """Rotate-half RoPE (Hugging Face's ``rotate_half`` form; the drafters' ``apply_rope_neox``):
     ``x: [..., n, d]``, ``cos, sin: [..., d]`` broadcast over the ``n`` heads:
-    ``x * cos + [-x2, x1] * sin``."""
+    ``x * cos + [-x2, x1] * sin``; written into ``out`` when given (which may be ``x``)."""
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    result = x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    return result if out is None else out.copy_(result)
 
 
 def head_norm_rope_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,

@@ -219,7 +219,7 @@ class LayerLoop:
             if kernels:
                 rotate_half_rope(heads, cos, sin, out=heads)
             else:
-                heads.copy_(rotate_half_rope_reference(heads, cos, sin))
+                rotate_half_rope_reference(heads, cos, sin, out=heads)
         elif kernels:
             head_norm_rope(heads, layer.qk_norm, layer.qk_eps, cos, sin, out=heads)
         else:
