@@ -51,7 +51,8 @@ def plan_command(config_path: str | Path, *, json_output: bool = False,
 
             plan = load_decoder(config).spec.plan
         else:
-            plan = plan_only(config, target_info_from_config(config.target))
+            plan = plan_only(config, target_info_from_config(config.target,
+                                                                config.parallel.tp_size))
     except DraftsmithError as exc:
         print(f"draftsmith plan: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

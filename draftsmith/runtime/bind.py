@@ -57,8 +57,7 @@ from draftsmith.runtime.paging import ContextPager, SlotManager
 from draftsmith.runtime.plan import AutoDraftTokens, DraftPlan, PlanInputs, make_plan
 from draftsmith.runtime.registry import Registry, load_registry
 from draftsmith.runtime.targets.hf_gemm import gemm_choice
-from draftsmith.runtime.targets.hf_layers import FUSED_MODEL_TYPES
-from draftsmith.runtime.targets.hf_layers import describe as describe_layers
+from draftsmith.runtime.targets.hf_layers import choose_layer_path, config_blocker
 from draftsmith.runtime.verify_plan import check_verify_schedule
 
 _KNOWN_TARGETS = {
@@ -66,51 +65,32 @@ _KNOWN_TARGETS = {
     "toy": TargetInfo(vocab_size=64, hidden_size=32, num_layers=4),
 }
 """Sizes of the named targets, so ``draftsmith plan`` needs no weights."""
+_KNOWN_CONFIGS = {
+    "smollm2-135m": {"model_type": "llama", "hidden_act": "silu"},
+    "toy": {},
+}
+"""What ``target.layers`` reads of the named targets' configs."""
 
 
-def target_info_from_config(config: TargetConfig) -> TargetInfo:
-    """Sizes of the configured target (a known name or a Hugging Face directory's config.json)
-    and the GEMM its linear layers will run on its configured dtype and device."""
-    info = _target_sizes(config)
+def target_info_from_config(config: TargetConfig, tp_size: int = 1) -> TargetInfo:
+    """Sizes of the configured target (a known name or a Hugging Face directory's config.json),
+    the GEMM its linear layers will run on its configured dtype and device, and what will run
+    its layers (``tp_size``: the ranks it will be split over)."""
+    hf_config = _hf_config(config)
     device = parse_device(config.device) or resolve_device("auto")
     dtype = TARGET_DTYPES[config.dtype]
-    layers, reason = _planned_layers(config, info, device)
+    blocker = config_blocker(hf_config, config.split_layers and tp_size > 1)
+    path, reason = choose_layer_path(config.layers, blocker, device)
+    info = _KNOWN_TARGETS.get(config.model) or _target_sizes(hf_config, config.model)
     return dataclasses.replace(info, dtype=dtype, gemm=gemm_choice(config.gemm, dtype, device),
-                               layer_path=layers, layer_path_reason=reason)
+                               layer_path=path, layer_path_reason=reason)
 
 
-def _model_type(config: TargetConfig) -> str | None:
-    """The ``model_type`` of the configured target (``None`` when unknown)."""
+def _hf_config(config: TargetConfig) -> dict:
+    """The configured target's Hugging Face config as a dict (its ``text_config`` when it has
+    one); a known name's stands in for the file."""
     if config.model in _KNOWN_TARGETS:
-        return "llama" if config.model == "smollm2-135m" else None
-    try:
-        data = json.loads((Path(config.model) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    if isinstance(data, dict):
-        data = data.get("text_config", data)
-    return data.get("model_type") if isinstance(data, dict) else None
-
-
-def _planned_layers(config: TargetConfig, info: TargetInfo,
-                    device: torch.device) -> tuple[str, str]:
-    """``target.layers`` resolved from the config alone, as :class:`HFTarget` resolves it once
-    the weights are loaded (the model type stands in for the module checks)."""
-    if config.layers == "transformers":
-        return describe_layers(None, "transformers")
-    model_type = _model_type(config)
-    blocker = (None if model_type in FUSED_MODEL_TYPES
-               else f"model_type {model_type!r} is not one of {sorted(FUSED_MODEL_TYPES)}, "
-                    "whose layers the loop computes")
-    if config.layers == "auto" and blocker is None and device.type != "cuda":
-        return "transformers", ("transformers' own modules: on the CPU launches cost nothing "
-                                "(target.layers = auto)")
-    return describe_layers(blocker, config.layers)
-
-
-def _target_sizes(config: TargetConfig) -> TargetInfo:
-    if config.model in _KNOWN_TARGETS:
-        return _KNOWN_TARGETS[config.model]
+        return dict(_KNOWN_CONFIGS[config.model])
     path = Path(config.model) / "config.json"
     if not path.is_file():
         raise ConfigError(
@@ -125,6 +105,11 @@ def _target_sizes(config: TargetConfig) -> TargetInfo:
         data = data.get("text_config", data)
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a JSON object (a Hugging Face config)")
+    return data
+
+
+def _target_sizes(data: dict, model: str) -> TargetInfo:
+    path = Path(model) / "config.json"
     try:
         return TargetInfo(vocab_size=int(data["vocab_size"]), hidden_size=int(data["hidden_size"]),
                           num_layers=int(data["num_hidden_layers"]))

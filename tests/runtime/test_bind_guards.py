@@ -184,6 +184,27 @@ def test_a_malformed_target_config_is_a_config_error(tmp_path, text, match):
         target_info_from_config(TargetConfig(model=str(tmp_path)))
 
 
+def test_plan_only_names_what_will_run_the_target_layers(tmp_path):
+    """``draftsmith plan`` resolves ``target.layers`` from the config alone, by the rule the
+    loaded target applies: the loop on a GPU when the model type allows it, transformers' modules
+    on the CPU, for other model types and for layers split by TP; ``fused`` where the loop
+    cannot run is a ConfigError naming why."""
+    cuda = target_info_from_config(TargetConfig(device="cuda"))
+    assert cuda.layer_path == "fused" and "layer loop" in cuda.layer_path_reason
+    cpu = target_info_from_config(TargetConfig(device="cpu"))
+    assert cpu.layer_path == "transformers" and "CPU" in cpu.layer_path_reason
+    split = target_info_from_config(TargetConfig(device="cuda", split_layers=True), tp_size=2)
+    assert split.layer_path == "transformers" and "tensor parallelism" in split.layer_path_reason
+    forced = target_info_from_config(TargetConfig(device="cpu", layers="fused"))
+    assert forced.layer_path == "fused"  # the loop's reference ops run on the CPU too
+    (tmp_path / "config.json").write_text('{"model_type": "gemma", "vocab_size": 64, '
+                                          '"hidden_size": 32, "num_hidden_layers": 2}')
+    other = target_info_from_config(TargetConfig(model=str(tmp_path), device="cuda"))
+    assert other.layer_path == "transformers" and "'gemma'" in other.layer_path_reason
+    with pytest.raises(ConfigError, match="layers = 'fused' cannot run this model.*gemma"):
+        target_info_from_config(TargetConfig(model=str(tmp_path), layers="fused"))
+
+
 @pytest.mark.parametrize("dtype,device,gemm,want", [
     ("float32", "cuda", "auto", "row-stable"),
     ("bfloat16", "cuda", "auto", "torch"),

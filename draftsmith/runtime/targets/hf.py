@@ -43,7 +43,7 @@ from draftsmith.runtime.buckets import PREFILL_TOKENS, PREFILL_WIDTHS, prefill_w
 from draftsmith.runtime.buffers import available_bytes
 from draftsmith.runtime.targets.hf_cache import StaticKV, row_cache
 from draftsmith.runtime.targets.hf_gemm import gemm_choice, use_row_stable
-from draftsmith.runtime.targets.hf_layers import LayerLoop, describe, fused_blocker
+from draftsmith.runtime.targets.hf_layers import LayerLoop, choose_layer_path, fused_blocker
 from draftsmith.runtime.targets.hf_model import (
     check_supported,
     load_hf_model,
@@ -104,25 +104,10 @@ class HFTarget:
         self._gemm = gemm_choice(gemm, self.dtype, self.device)
         self._use_gemm()
         self._loop: LayerLoop | None = None
-        self._layer_path, self.layer_path_reason = self._choose_layers(requested_layers)
+        self._layer_path, self.layer_path_reason = choose_layer_path(
+            requested_layers, fused_blocker(model, self.layers_split), self.device)
         if self._layer_path == "fused":
             self._loop = LayerLoop(model, row_stable=self._gemm == "row-stable")
-
-    def _choose_layers(self, requested: str) -> tuple[str, str]:
-        """``(path, reason)`` for ``target.layers = requested``: ``auto`` takes the fused loop on
-        a GPU when the model allows it (on the CPU launches cost nothing, and transformers'
-        modules are the reference)."""
-        if requested not in ("auto", "fused", "transformers"):
-            raise ConfigError(f"target.layers must be 'auto', 'fused' or 'transformers', got "
-                              f"{requested!r}")
-        blocker = fused_blocker(self.model, self.layers_split)
-        if requested == "fused" and blocker is not None:
-            raise ConfigError(f"target.layers = 'fused' cannot run this model: {blocker}; set "
-                              "target.layers to 'auto' or 'transformers'")
-        if requested == "auto" and blocker is None and self.device.type != "cuda":
-            return "transformers", ("transformers' own modules: on the CPU launches cost "
-                                    "nothing (target.layers = auto)")
-        return describe(blocker, requested)
 
     @property
     def layer_path(self) -> str:

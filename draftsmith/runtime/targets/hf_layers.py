@@ -27,10 +27,12 @@ Must not import drafters or selection.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from draftsmith.contract import ConfigError
 from draftsmith.kernels.rms_norm import (
     add_rms_norm,
     add_rms_norm_reference,
@@ -52,19 +54,34 @@ optional projection biases) plus a SiLU-gated MLP, with an RMSNorm before the he
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def fused_blocker(model: torch.nn.Module, layers_split: bool) -> str | None:
-    """Why :class:`LayerLoop` cannot run ``model``'s decoder, or ``None`` when it can."""
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
+def config_blocker(config: Any, layers_split: bool = False) -> str | None:
+    """Why :class:`LayerLoop` cannot run a model with this config (a transformers config, or
+    the dict of its ``config.json``), from the config alone; ``None`` when nothing there
+    refuses it."""
+    def get(key: str, default: Any = None) -> Any:
+        if isinstance(config, dict):
+            return config.get(key, default)
+        return getattr(config, key, default)
+
+    model_type = get("model_type")
     if model_type not in FUSED_MODEL_TYPES:
         return (f"model_type {model_type!r} is not one of {sorted(FUSED_MODEL_TYPES)}, whose "
                 "layers the loop computes")
     if layers_split:
         return "transformers' tensor parallelism split the decoder layers"
-    if getattr(config, "hidden_act", "silu") != "silu":
-        return f"hidden_act {config.hidden_act!r} is not silu"
-    if getattr(config, "mlp_bias", False):
+    if get("hidden_act", "silu") != "silu":
+        return f"hidden_act {get('hidden_act')!r} is not silu"
+    if get("mlp_bias", False):
         return "the MLP has biases"
+    return None
+
+
+def fused_blocker(model: torch.nn.Module, layers_split: bool) -> str | None:
+    """Why :class:`LayerLoop` cannot run ``model``'s decoder (its config, then its modules), or
+    ``None`` when it can."""
+    blocker = config_blocker(getattr(model, "config", None), layers_split)
+    if blocker is not None:
+        return blocker
     decoder = model.get_decoder()
     if getattr(decoder, "rotary_emb", None) is None or getattr(decoder, "norm", None) is None:
         return f"{type(decoder).__name__} has no rotary_emb or no final norm"
@@ -226,14 +243,30 @@ class LayerLoop:
             head_norm_rope_reference(heads, layer.qk_norm, layer.qk_eps, cos, sin, out=heads)
 
 
-def describe(blocker: str | None, requested: str) -> tuple[str, str]:
-    """``(layers, reason)`` for the plan: which path runs the target's layers and why."""
+def choose_layer_path(requested: str, blocker: str | None,
+                      device: torch.device) -> tuple[str, str]:
+    """``(path, reason)`` for ``target.layers = requested``: ``'fused'`` or ``'transformers'``.
+
+    ``auto`` takes the loop on a GPU when nothing blocks it (``blocker``: why it cannot run the
+    model); on the CPU launches cost nothing and transformers' modules are the reference.
+    :raises ConfigError: for an unknown value, or ``fused`` on a model the loop cannot run.
+    """
+    if requested not in ("auto", "fused", "transformers"):
+        raise ConfigError(f"target.layers must be 'auto', 'fused' or 'transformers', got "
+                          f"{requested!r}")
     if requested == "transformers":
         return "transformers", "target.layers = transformers: transformers' own modules"
     if blocker is not None:
+        if requested == "fused":
+            raise ConfigError(f"target.layers = 'fused' cannot run this model: {blocker}; set "
+                              "target.layers to 'auto' or 'transformers'")
         return "transformers", f"transformers' own modules: {blocker}"
+    if device.type != "cuda" and requested == "auto":
+        return "transformers", ("transformers' own modules: on the CPU launches cost nothing "
+                                "(target.layers = auto)")
     return "fused", ("draftsmith's layer loop (packed projections, fused norms and RoPE: about "
                      "a quarter of transformers' launches a layer)")
 
 
-__all__ = ["FUSED_MODEL_TYPES", "LayerLoop", "describe", "fused_blocker"]
+__all__ = ["FUSED_MODEL_TYPES", "LayerLoop", "choose_layer_path", "config_blocker",
+           "fused_blocker"]

@@ -382,6 +382,17 @@ def test_gemm_choice_is_checked_and_torch_on_the_cpu(model: torch.nn.Module) -> 
         _target(model, gemm="cutlass")
 
 
+def test_target_layers_refuses_what_the_loop_cannot_run() -> None:
+    model = make_tiny_causal_lm(seed=4)
+    with pytest.raises(ConfigError, match="target.layers must be"):
+        HFTarget(model, layers="eager")
+    model.config.hidden_act = "gelu"
+    with pytest.raises(ConfigError, match="cannot run this model: hidden_act 'gelu'"):
+        HFTarget(model, layers="fused")
+    kept = HFTarget(model)
+    assert kept.layer_path == "transformers" and "hidden_act" in kept.layer_path_reason
+
+
 @pytest.mark.gpu
 def test_fp32_cuda_target_runs_the_row_stable_gemm() -> None:
     from draftsmith.runtime.targets.hf_gemm import RowStableLinear
