@@ -27,13 +27,14 @@ from _timing import copy_bandwidth, floor_us, graph_time_us, results_file, time_
 
 from draftsmith.kernels import linear as lin  # noqa: E402
 
-SMOLLM2 = {"q,o": (576, 576), "k,v": (192, 576), "gate,up": (1536, 576), "down": (576, 1536),
+SMOLLM2 = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
            "head": (49152, 576)}
+"""SmolLM2-135M's products as the fused layer loop runs them (q, k, v packed; gate, up packed)."""
 LLAMA8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
            "down": (4096, 14336)}
-SWEEP = [  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps); BLOCK_K below K loops over chunks
-    (8, 2, 1024, 2), (8, 4, 1024, 4), (4, 2, 1024, 2), (2, 4, 1024, 2), (8, 2, 2048, 2),
-    (8, 2, 2048, 4), (8, 1, 2048, 2), (8, 4, 2048, 4), (16, 2, 1024, 2), (8, 1, 1024, 1)]
+SWEEP = [  # (BLOCK_N, num_warps, MIN_PROGRAMS); the K tiles stay the shape's own
+    (bn, nw, mp) for bn, nw in ((1, 1), (2, 1), (2, 2), (4, 2), (4, 4), (8, 4))
+    for mp in (256, 1024, 4096)]
 
 
 def _timer(fn, device, smoke: bool) -> float:
@@ -109,16 +110,18 @@ def main() -> int:
                 f"{floor:7.2f} {t_cublas / t_tri:7.2f}x {t_tri / floor:7.2f}x  "
                 f"{row_cublas} {row_lt} {row_tri}")
             if args.sweep and not args.smoke:
-                chosen = lin._blocks
+                chosen, min_programs = lin._blocks, lin.MIN_PROGRAMS
+                tiles, _, block_k, block_k2, _ = chosen(n, k)
                 best = []
-                for cfg in SWEEP:
-                    lin._blocks = lambda n_, k_, cfg=cfg: cfg
+                for bn, nw, mp in SWEEP:
+                    lin._blocks = (lambda n_, k_, cfg=(tiles, bn, block_k, block_k2, nw): cfg)
+                    lin.MIN_PROGRAMS = mp
                     try:
-                        best.append((_timer(run_triton, device, False) / layers, cfg))
+                        best.append((_timer(run_triton, device, False) / layers, (bn, nw, mp)))
                     finally:
-                        lin._blocks = chosen
+                        lin._blocks, lin.MIN_PROGRAMS = chosen, min_programs
                 best.sort()
-                say("         sweep (us, (BLOCK_M, BLOCK_N, BLOCK_K, warps)): "
+                say("         sweep (us, (BLOCK_N, warps, MIN_PROGRAMS)): "
                     + "  ".join(f"{t:.2f} {cfg}" for t, cfg in best[:5]))
     return 0
 

@@ -154,11 +154,11 @@ class TargetConfig(_Strict):
     key/value heads and the intermediate size divisible by ``TP``. Off: every rank holds the
     whole decoder and only the LM head is split. Ignored with one process."""
     gemm: Literal["auto", "torch", "row-stable"] = "auto"
-    """How the target's linear layers multiply at decoding row counts (up to 64 rows; prefill
-    always uses torch's GEMM). ``row-stable``: a Triton GEMM whose result for a row does not
-    depend on the rows beside it (verifying ``K + 1`` tokens rounds exactly as decoding them one
-    by one); on a GPU only. ``torch``: torch's GEMM (cuBLAS). ``auto``: ``row-stable`` for fp32
-    on CUDA, where cuBLAS's few-row fp32 kernels are several times slower than its one-row
+    """How the target's linear layers multiply at up to 32 rows (above, and in prefill, torch's
+    GEMM runs, the faster one there). ``row-stable``: a Triton GEMM whose result for a row does
+    not depend on the rows beside it (verifying up to 32 tokens rounds exactly as decoding them
+    one by one); on a GPU only. ``torch``: torch's GEMM (cuBLAS). ``auto``: ``row-stable`` for
+    fp32 on CUDA, where cuBLAS's few-row fp32 kernels are several times slower than its one-row
     kernel, ``torch`` otherwise."""
     layers: Literal["auto", "fused", "transformers"] = "auto"
     """What runs a Hugging Face target's decoder layers. ``fused``: draftsmith's loop over the

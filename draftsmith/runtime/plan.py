@@ -529,9 +529,10 @@ def make_plan(
     decide("slot_capacity", inputs.max_batch,
            f"runtime.max_batch = {inputs.max_batch}; slot {inputs.max_batch} is the dummy")
     decide("target_gemm", target.gemm,
-           "the target's linear layers run kernels.linear at up to 64 rows: a row's result "
-           "does not depend on the rows beside it, so verification rounds as plain decoding "
-           "does (target.gemm)" if target.gemm == "row-stable"
+           "the target's linear layers run kernels.linear at up to 32 rows: a row's result "
+           "does not depend on the rows beside it, so a verification of up to 32 tokens "
+           "rounds as plain decoding does; torch's GEMM, faster there, above (target.gemm)"
+           if target.gemm == "row-stable"
            else "the target's linear layers run torch's GEMM (target.gemm)")
     decide("target_forward", target.layer_path,
            target.layer_path_reason or "the target's own forward runs its layers")

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from draftsmith.contract import ShapeError
+from draftsmith.kernels import linear as linear_module
 from draftsmith.kernels.linear import linear, linear_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -39,6 +40,16 @@ def test_each_row_is_bit_identical_at_any_row_count(m):
     # and with other rows than its own beside it
     mixed = torch.cat([x[:m], torch.randn(5, 70).to(DEVICE)])
     assert torch.equal(linear(mixed, w, b)[:m], alone)
+
+
+@pytest.mark.parametrize("k", [70, 100, 4100])  # two tiles (64 + 16), one tile, a K loop
+def test_rows_per_program_never_change_a_row(monkeypatch, k):
+    """More rows per program (a larger launch's choice) leave each row's bits as they are."""
+    monkeypatch.setattr(linear_module, "MIN_PROGRAMS", 1)
+    x, w, b = _data(21, 6, k, seed=4)
+    assert linear_module._rows_per_program(21, 2) == 32  # one program holds every row
+    alone = torch.cat([linear(x[i : i + 1], w, b) for i in range(21)])
+    assert torch.equal(linear(x, w, b), alone)
 
 
 def test_leading_dims_strides_and_out():
@@ -77,10 +88,12 @@ def test_half_precision_rows_and_rounding(dtype, m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", [(8, 576, 576), (8, 192, 576), (64, 576, 1536),
-                                   (16, 49152, 576), (200, 300, 500)])
+                                   (16, 49152, 576), (64, 49152, 576), (33, 3072, 576),
+                                   (200, 300, 500), (9, 4096, 4100)])
 def test_fp32_on_the_gpu_is_ieee_and_row_stable(m, n, k):
     x, w, b = _data(m, n, k)
     got = linear(x, w, b)
     want = linear_reference(x.double(), w.double(), b.double())
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)  # no TF32 rounding
     assert torch.equal(got[m - 1 :], linear(x[m - 1 :], w, b))
+    assert torch.equal(got[:3], linear(x[:3], w, b))  # fewer rows per program there

@@ -13,13 +13,14 @@ import torch
 from draftsmith.contract import ConfigError
 from draftsmith.kernels.linear import linear as row_stable_linear
 
-ROW_STABLE_MAX_ROWS = 64
-"""Largest row count the row-stable GEMM takes; above it (prefill, large batches) torch's GEMM
-runs. 64 rows is a batch of 8 verifying ``K + 1 = 8`` tokens, so that verification at batch 8
-still rounds as plain decoding does. The price, measured on an H200 in fp32
-(``benchmarks/linear.py``): from 1 to 16 rows the kernel is 1.2-23x faster than cuBLAS on
-SmolLM2's projections, but at 64 rows its MLP products run at 0.5-0.7x cuBLAS's speed and the
-LM head at 0.24x."""
+ROW_STABLE_MAX_ROWS = 32
+"""Largest row count the row-stable GEMM takes; above it (prefill, verification of more than 32
+tokens in all, large batches) torch's GEMM runs. Measured on an H200 in fp32
+(``benchmarks/linear.py``, SmolLM2-135M's packed products, one forward): 1.00 against cuBLAS's
+1.38 ms at 16 rows, 1.69 against 1.30 at 32, 3.13 against 1.61 at 64 (the LM head 343 against
+106 us). So up to 32 rows plain decoding, and verification of up to 32 tokens (batch 4 at
+``K = 7``), round as one-by-one decoding does, by construction, at a cost at 17-32 rows; wider
+verification runs cuBLAS and rounds in its order, which can change a logit's last bit."""
 
 
 class RowStableLinear(torch.nn.Linear):
