@@ -86,26 +86,32 @@ def centred_uniform_reference(word: torch.Tensor) -> torch.Tensor:
     return ((word >> 9).to(torch.float32) + 0.5) * _U_SCALE
 
 
+def _check_stream(stream: int) -> None:
+    if not isinstance(stream, int) or not 0 <= stream < 2**32:
+        raise ShapeError(f"stream must be an int in [0, 2**32) (0 target, 1 draft, 2 accept), "
+                         f"got {stream!r}")
+
+
 def philox_uniform_reference(
     seeds: torch.Tensor, offsets: torch.Tensor, ids: torch.Tensor, stream: int
 ) -> torch.Tensor:
     """Keyed uniforms ``u[row, i]`` of global id ``ids[row, i]`` at ``(offsets[row], stream)``.
 
-    ``seeds: [rows] int64``, ``offsets: [rows] int64``, ``ids: [rows, n] int64`` (or ``[n]``,
-    shared by every row) global token ids; ``stream`` 0, 1 or 2. Returns ``[rows, n] float32`` in
-    ``[2**-24, 1 - 2**-24]`` (see the module docstring for the exact map).
+    ``seeds: [rows] int64``, ``offsets: [rows] int64`` (or ``[rows, n]``, one offset per
+    element), ``ids: [rows, n] int64`` (or ``[n]``, shared by every row) global token ids;
+    ``stream`` 0, 1 or 2. Returns ``[rows, n] float32`` in ``[2**-24, 1 - 2**-24]`` (see the
+    module docstring for the exact map).
     """
-    if not isinstance(stream, int) or not 0 <= stream < 2**32:
-        raise ShapeError(f"stream must be an int in [0, 2**32) (0 target, 1 draft, 2 accept), "
-                         f"got {stream!r}")
+    _check_stream(stream)
     seeds, offsets = seeds.to(torch.int64), offsets.to(torch.int64)
     ids = ids.to(torch.int64)
     if ids.dim() == 1:
         ids = ids.expand(seeds.shape[0], -1)
     col = (slice(None), None)
+    if offsets.dim() == 1:
+        offsets = offsets[col]
     words = philox4x32_10_reference(
-        (ids >> 2, (offsets & _MASK32)[col], ((offsets >> 32) & _MASK32)[col],
-         torch.full_like(ids, stream)),
+        (ids >> 2, offsets & _MASK32, (offsets >> 32) & _MASK32, torch.full_like(ids, stream)),
         ((seeds & _MASK32)[col], ((seeds >> 32) & _MASK32)[col]),
     )
     lane = ids & 3
@@ -164,6 +170,54 @@ def split_u64(x):
     return lo, hi
 
 
+@triton.jit
+def _philox_uniform_kernel(seeds_ptr, offsets_ptr, ids_ptr, out_ptr, n, s_off_row, s_off_col,
+                           s_ids_row, s_ids_col, STREAM: tl.constexpr, BLOCK: tl.constexpr,
+                           WIDE_MUL: tl.constexpr):
+    """Program ``(row, block)``: ``u[row, block * BLOCK ..]``, the reference's map."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < n
+    k0, k1 = split_u64(tl.load(seeds_ptr + row))
+    off = tl.load(offsets_ptr + row * s_off_row + cols * s_off_col, mask=ok, other=0)
+    ids = tl.load(ids_ptr + row * s_ids_row + cols * s_ids_col, mask=ok, other=0)
+    off_lo, off_hi = split_u64(off)
+    w0, w1, w2, w3 = philox4x32_10(k0, k1, (ids >> 2).to(tl.uint32), off_lo, off_hi, STREAM,
+                                   WIDE_MUL)
+    lane = ids & 3
+    word = tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
+    tl.store(out_ptr + row * n + cols, centred_uniform(word), mask=ok)
+
+
+def philox_uniform(
+    seeds: torch.Tensor, offsets: torch.Tensor, ids: torch.Tensor, stream: int
+) -> torch.Tensor:
+    """Kernel form of :func:`philox_uniform_reference` (same arguments, same bits), one launch:
+    a few keyed uniforms (rejection sampling's acceptance draws) without the reference's ~200
+    small integer kernels."""
+    _check_stream(stream)
+    if seeds.dim() != 1 or offsets.shape[0] != seeds.shape[0] or offsets.dim() not in (1, 2):
+        raise ShapeError(f"philox_uniform needs seeds [rows] and offsets [rows] or [rows, n], "
+                         f"got {tuple(seeds.shape)} and {tuple(offsets.shape)}")
+    rows = seeds.shape[0]
+    ids = ids.to(torch.int64)
+    if ids.dim() == 1:
+        ids = ids.expand(rows, -1)
+    n = ids.shape[1]
+    if offsets.dim() == 2 and offsets.shape[1] != n:
+        raise ShapeError(f"offsets [rows, n] must match ids' n = {n}, got {tuple(offsets.shape)}")
+    offsets = offsets.to(torch.int64)
+    s_off = (offsets.stride(0), offsets.stride(1)) if offsets.dim() == 2 else (offsets.stride(0),
+                                                                              0)
+    out = torch.empty(rows, n, dtype=torch.float32, device=seeds.device)
+    if rows and n:
+        block = min(1024, max(16, triton.next_power_of_2(n)))
+        _philox_uniform_kernel[(rows, triton.cdiv(n, block))](
+            seeds.to(torch.int64).contiguous(), offsets, ids, out, n, *s_off, ids.stride(0),
+            ids.stride(1), STREAM=stream, BLOCK=block, WIDE_MUL=seeds.is_cuda)
+    return out
+
+
 __all__ = [
     "STREAM_ACCEPT",
     "STREAM_DRAFT",
@@ -172,6 +226,7 @@ __all__ = [
     "centred_uniform_reference",
     "philox4x32_10",
     "philox4x32_10_reference",
+    "philox_uniform",
     "philox_uniform_reference",
     "split_u64",
 ]

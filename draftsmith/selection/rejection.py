@@ -14,8 +14,8 @@ from draftsmith.contract import SamplingKey, ShapeError, check_tensor
 from draftsmith.kernels.philox import (
     STREAM_ACCEPT,
     STREAM_TARGET,
-    centred_uniform_reference,
-    philox4x32_10_reference,
+    philox_uniform,
+    philox_uniform_reference,
 )
 from draftsmith.selection.sampling import sample_from_probs
 
@@ -40,16 +40,13 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 def acceptance_uniforms(key: SamplingKey, k: int) -> torch.Tensor:
     """``u[b, j]`` for draft ``j`` of request ``b``: stream 2, token id 0, offset ``offsets[b] + j``.
 
-    Returns ``[G, K] float32`` in ``[2**-24, 1 - 2**-24]``.
+    Returns ``[G, K] float32`` in ``[2**-24, 1 - 2**-24]``; one kernel on a GPU (the same bits
+    as the torch reference it runs elsewhere).
     """
     off = key.offsets[:, None] + torch.arange(k, device=key.offsets.device)
-    seeds = key.seeds[:, None]
-    mask = 0xFFFFFFFF
-    word0 = philox4x32_10_reference(
-        (torch.zeros_like(off), off & mask, (off >> 32) & mask, torch.full_like(off, STREAM_ACCEPT)),
-        (seeds & mask, (seeds >> 32) & mask),
-    )[0]
-    return centred_uniform_reference(word0)
+    ids = torch.zeros(k, dtype=torch.int64, device=off.device)
+    draw = philox_uniform if off.is_cuda else philox_uniform_reference
+    return draw(key.seeds, off, ids, STREAM_ACCEPT)
 
 
 def rejection_sample(

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from draftsmith.contract import SamplingKey, check_tensor
-from draftsmith.kernels.gumbel_pair import gumbel_from_uniform
+from draftsmith.kernels.argmax_pair import EXCHANGE_COLUMNS
+from draftsmith.kernels.gumbel_pair import gumbel_from_uniform, gumbel_pair, gumbel_pair_reference
 from draftsmith.kernels.philox import philox_uniform_reference
 from draftsmith.selection.vocab_parallel import local_top_k, order_t_sort
 
@@ -73,17 +74,23 @@ def sample_from_probs(probs: torch.Tensor, key: SamplingKey, stream: int,
                       offsets: torch.Tensor | None = None) -> torch.Tensor:
     """One keyed draw per row from ``probs: [rows, V] float32`` -> ``[rows] int64``.
 
-    ``argmax_T(ln(probs_i) + g_i)`` with ``g_i`` the keyed Gumbel noise of id ``i``; zero-mass
-    ids never win unless the whole row is zero (then id 0).
+    The two-level keyed Gumbel-max of :func:`~draftsmith.kernels.gumbel_pair.gumbel_pair` over
+    ``ln(probs)`` at temperature 1 (one launch on a GPU): exact in distribution, a function of
+    the key, ``offsets`` (default ``key.offsets``) and ``stream`` only. Zero-mass ids never win
+    unless the whole row is zero.
     """
     rows: dict[str, int] = {}
     check_tensor("probs", probs, ("rows", "V"), torch.float32, rows)
     check_tensor("key.seeds", key.seeds, ("rows",), torch.int64, rows)
     if offsets is not None:
         check_tensor("offsets", offsets, ("rows",), torch.int64, rows)
-    ids = torch.arange(probs.shape[1], device=probs.device)
-    noisy = torch.log(probs) + keyed_gumbel(key, ids, stream, offsets)
-    return torch.argmax(noisy, dim=1)
+    n = probs.shape[0]
+    pairs = torch.empty(n, EXCHANGE_COLUMNS, dtype=torch.float32, device=probs.device)
+    draw = gumbel_pair if probs.is_cuda else gumbel_pair_reference
+    draw(torch.log(probs).contiguous(),
+         torch.ones(n, dtype=torch.float32, device=probs.device), key.seeds.contiguous(),
+         (key.offsets if offsets is None else offsets).contiguous(), stream, 0, pairs, 0)
+    return pairs[:, 0].to(torch.int64)
 
 
 def filtered_probs(

@@ -10,12 +10,10 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError
 from draftsmith.kernels.philox import (
-    centred_uniform,
     centred_uniform_reference,
-    philox4x32_10,
     philox4x32_10_reference,
+    philox_uniform,
     philox_uniform_reference,
-    split_u64,
 )
 
 M = 0xFFFFFFFF
@@ -77,38 +75,13 @@ def _keys(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     return seeds, offsets
 
 
-@triton.jit
-def _uniform_kernel(seeds_ptr, offsets_ptr, ids_ptr, out_ptr, n, STREAM: tl.constexpr,
-                    BLOCK: tl.constexpr):
-    """The keyed uniform of ``ids[row, i]`` from the device helpers the sampling kernel uses."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n
-    k0, k1 = split_u64(tl.load(seeds_ptr + row))
-    off_lo, off_hi = split_u64(tl.load(offsets_ptr + row))
-    ids = tl.load(ids_ptr + row * n + cols, mask=mask, other=0)
-    w0, w1, w2, w3 = philox4x32_10(k0, k1, (ids >> 2).to(tl.uint32), off_lo, off_hi, STREAM,
-                                   False)
-    lane = ids & 3
-    word = tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
-    tl.store(out_ptr + row * n + cols, centred_uniform(word), mask=mask)
-
-
-def device_uniforms(seeds, offsets, ids, stream: int) -> torch.Tensor:
-    ids = ids.expand(seeds.shape[0], -1).contiguous() if ids.dim() == 1 else ids.contiguous()
-    out = torch.empty(ids.shape, dtype=torch.float32, device=ids.device)
-    _uniform_kernel[(ids.shape[0], triton.cdiv(ids.shape[1], 1024))](
-        seeds, offsets, ids, out, ids.shape[1], STREAM=stream, BLOCK=1024)
-    return out
-
-
 @pytest.mark.parametrize("stream", [0, 1, 2])
 @pytest.mark.parametrize("shared_ids", [True, False])
 def test_device_helpers_equal_reference(stream: int, shared_ids: bool) -> None:
     seeds, offsets = _keys(5)
     ids = torch.arange(3000) if shared_ids else torch.randint(0, 2**24, (5, 777))
     ref = philox_uniform_reference(seeds, offsets, ids, stream)
-    out = device_uniforms(seeds, offsets, ids, stream)
+    out = philox_uniform(seeds, offsets, ids, stream)
     assert torch.equal(out.view(torch.int32), ref.view(torch.int32))
 
 
@@ -171,10 +144,26 @@ def test_streams_offsets_and_seeds_decorrelate() -> None:
         assert float((other == base).float().mean()) < 0.05
 
 
-def test_reference_validates_the_stream() -> None:
+def test_offsets_per_element_and_strided_ids() -> None:
+    """``offsets: [rows, n]`` (rejection sampling's ``offset + j``) and ids with a zero stride:
+    kernel and reference agree bit for bit, and one offset per element is the per-row form
+    column by column."""
+    seeds, offsets = _keys(4)
+    off = offsets[:, None] + torch.arange(9)
+    ids = torch.zeros(9, dtype=torch.int64)
+    ref = philox_uniform_reference(seeds, off, ids, 2)
+    assert torch.equal(philox_uniform(seeds, off, ids, 2).view(torch.int32),
+                       ref.view(torch.int32))
+    for j in range(9):
+        column = philox_uniform_reference(seeds, offsets + j, ids[:1], 2)[:, 0]
+        assert torch.equal(ref[:, j], column)
+
+
+@pytest.mark.parametrize("draw", [philox_uniform, philox_uniform_reference])
+def test_uniforms_validate_the_stream(draw) -> None:
     seeds, offsets = _keys(3)
     with pytest.raises(ShapeError, match="stream"):
-        philox_uniform_reference(seeds, offsets, torch.arange(4), -1)
+        draw(seeds, offsets, torch.arange(4), -1)
 
 
 @pytest.mark.gpu
@@ -182,5 +171,5 @@ def test_device_helpers_equal_reference_gpu() -> None:
     seeds, offsets = _keys(7)
     ids = torch.randint(0, 2**24, (7, 100_003))
     ref = philox_uniform_reference(seeds, offsets, ids, 1)
-    out = device_uniforms(seeds.cuda(), offsets.cuda(), ids.cuda(), 1).cpu()
+    out = philox_uniform(seeds.cuda(), offsets.cuda(), ids.cuda(), 1).cpu()
     assert torch.equal(out.view(torch.int32), ref.view(torch.int32))
