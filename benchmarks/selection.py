@@ -177,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=None)
     parser.add_argument("--sweep", action="store_true",
                         help="also time argmax_pair over a grid of launch layouts")
+    parser.add_argument("--gumbel-sweep", action="store_true",
+                        help="also time gumbel_pair over tile sizes, warps and programs per SM")
+    parser.add_argument("--gumbel-grid", choices=("all", "wide"), default="all")
     parser.add_argument("--no-table", action="store_true", help="skip the main tables")
     parser.add_argument("--sweep-iters", type=int, default=None,
                         help="graph replays per sweep point (default 30)")
@@ -217,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
                                                           min(16, os.cpu_count() or 1))
         sweep(batches, vocab, device, bandwidth, args.sweep_iters or (2 if args.smoke else 30),
               args.sweep_grid, jobs)
+    if args.gumbel_sweep:
+        gumbel_sweep(batches, vocab, device, bandwidth,
+                     args.sweep_iters or (2 if args.smoke else 30), args.gumbel_grid)
     if args.out:
         emit(f"# wrote {path}")
         SINK.pop().close()
@@ -293,6 +299,67 @@ class use_layout:
 
     def __exit__(self, *exc) -> None:
         ap._launch_sizes, _pair.PROGRAMS_PER_SM = self.saved
+
+
+GUMBEL_GRID = [(groups, warps, per_sm) for groups in (64, 128, 256) for warps in (4, 8)
+               for per_sm in (4, 8, 16)] + [
+    (256, 2, 8), (256, 2, 16), (512, 4, 4), (512, 4, 8), (512, 8, 4), (512, 8, 8), (128, 2, 8)]
+"""``(GROUPS, num_warps, programs_per_sm)`` that ``--gumbel-sweep`` times (a tile holds
+``GROUPS * 16`` tokens); ``--gumbel-grid wide`` times only the last seven (fewer warps or
+wider tiles) beside the default."""
+
+
+def gumbel_sweep(batches: list[int], vocab: int, device: torch.device, bandwidth: float,
+                 iters: int, which: str = "all") -> None:
+    """Time ``gumbel_pair`` in a CUDA graph per launch layout of :data:`GUMBEL_GRID` (patching
+    ``gumbel_pair._launch_sizes`` and its programs per SM), each checked bit for bit against
+    the default layout's pair (the draw does not depend on the tiling). Prints us per call and
+    the ratio to the memory floor; the best layout per case last."""
+    from draftsmith.kernels import gumbel_pair as gp
+
+    grid = [(64, 4, 8), (16, 4, 8)] if device.type != "cuda" else (
+        GUMBEL_GRID if which == "all" else [(256, 4, 8)] + GUMBEL_GRID[-7:])
+    timer = graph_time_us if device.type == "cuda" else time_us
+    emit()
+    emit("# gumbel sweep: gumbel_pair in a CUDA graph, us per call (x floor); layout = "
+         "(GROUPS, num_warps, programs per SM); '!' = pair differs from the default layout's")
+    best: dict[tuple, tuple[float, tuple]] = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        for b in batches:
+            g = torch.Generator(device=device).manual_seed(b)
+            x = torch.randn(b, vocab, device=device, generator=g).mul_(3).to(dtype)
+            temps = torch.full((b,), 0.8, device=device)
+            seeds = torch.arange(b, device=device, dtype=torch.int64)
+            offsets = torch.zeros(b, device=device, dtype=torch.int64)
+            ref = gumbel_pair(x, temps, seeds, offsets, 0, 0,
+                              torch.zeros(b, EXCHANGE_COLUMNS, device=device), 0).clone()
+            floor = floor_us(b * vocab * x.element_size(), bandwidth)
+            cells = []
+            for cfg in grid:
+                saved = (gp._launch_sizes, gp.PROGRAMS_PER_SM)
+                gp._launch_sizes = lambda *_a, cfg=cfg: cfg[:2]
+                gp.PROGRAMS_PER_SM = cfg[2]
+                try:
+                    out = torch.zeros(b, EXCHANGE_COLUMNS, device=device)
+                    gumbel_pair(x, temps, seeds, offsets, 0, 0, out, 0)
+                    same = torch.equal(out.view(torch.int32), ref.view(torch.int32))
+                    args = (x, temps, seeds, offsets, 0, 0, out, 0)
+                    t = timer(lambda args=args: gumbel_pair(*args), device, iters=iters,
+                              warmup=2)
+                except Exception as exc:  # noqa: BLE001 - a layout that fails is reported
+                    emit(f"# {cfg} {dtype} B={b}: {type(exc).__name__}: {exc}")
+                    continue
+                finally:
+                    gp._launch_sizes, gp.PROGRAMS_PER_SM = saved
+                cells.append(f"{cfg}: {t:.2f} ({t / floor:.2f}x){'' if same else ' !'}")
+                key = (str(dtype).removeprefix("torch."), b)
+                if same and (key not in best or t < best[key][0]):
+                    best[key] = (t, cfg)
+            emit(f"{str(dtype).removeprefix('torch.'):>8} B={b:<4} floor {floor:.2f} | "
+                 + "  ".join(cells))
+    for (name, b), (t, cfg) in best.items():
+        floor = floor_us(b * vocab * (2 if name == "bfloat16" else 4), bandwidth)
+        emit(f"# best {name} B={b}: {cfg} {t:.2f} us, {t / floor:.2f}x floor")
 
 
 def _state_is_clean(device: torch.device) -> bool:

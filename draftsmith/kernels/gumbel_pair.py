@@ -384,15 +384,16 @@ def _gumbel_pair_kernel(
                        vocab_start + group * GS + pick - PHASE, value, BLOCK_OUT)
 
 
-def _launch_sizes(shard_groups: int, itemsize: int, device: torch.device) -> tuple[int, int]:
+def _launch_sizes(shard_groups: int, device: torch.device) -> tuple[int, int]:
     """``(GROUPS, num_warps)``: tiles of ``GROUPS * GROUP_SIZE`` tokens (``GROUPS >= 4``: the
-    four groups of a Philox call share a tile). On a GPU 128 threads take 32 bf16/fp16 tokens
-    each (four 16-byte loads a trip; the per-thread Philox call then covers two groups: 13.7
-    instructions per token on sm_90 against 15.6 at 16 tokens, 56 registers) or 16 fp32 tokens
-    (48 registers; 32 would take 72). The interpreter takes up to 4096 tokens (numpy per tile),
-    fewer for a narrow shard."""
+    four groups of a Philox call share a tile). On a GPU 128 threads take 32 tokens each, bf16
+    or fp32 (four or eight 16-byte loads a trip; the per-thread Philox call covers two groups).
+    The H200 launch sweep (``benchmarks/selection.py --gumbel-sweep``, 2026-12-02) found 256
+    groups and 4 warps the fastest of 64-256 groups and 4-8 warps at B = 32, 128 and 256 in both
+    dtypes (fp32: 9.4 / 30.4 / 53.3 us against 10.1 / 35.3 / 64.3 with 128 groups). The
+    interpreter takes up to 4096 tokens (numpy per tile), fewer for a narrow shard."""
     if device.type == "cuda":
-        return (256 if itemsize <= 2 else 128), 4
+        return 256, 4
     return min(256, max(4, triton.next_power_of_2(shard_groups))), 4
 
 
@@ -429,7 +430,7 @@ def gumbel_pair(
         return out
     phase = vocab_start % (4 * GROUP_SIZE)
     groups, num_warps = _launch_sizes(triton.cdiv(shard_width + phase, GROUP_SIZE),
-                                      logits.element_size(), logits.device)
+                                      logits.device)
     cuda = logits.is_cuda
     return launch_pair(
         _gumbel_pair_kernel, _SCRATCH,
