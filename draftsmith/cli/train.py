@@ -36,6 +36,10 @@ def add_train_data_arguments(parser: argparse.ArgumentParser) -> None:
                              "so an interrupted run resumes from the last one")
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--engine", default="transformers", choices=["transformers", "draftsmith"],
+                        help="what decodes the responses: transformers' generate over left-padded "
+                             "batches (default), or draftsmith's plain decoding (K = 0, "
+                             "--batch-size slots, graph-captured on a GPU)")
     parser.add_argument("--part", default="0/1", metavar="I/N",
                         help="generate only prompts I, I+N, I+2N, ... of the recipe (one process "
                              "per GPU writes part I of N into the same --out)")
@@ -134,9 +138,11 @@ def train_data_command(args: argparse.Namespace) -> int:
     meta: dict[str, object] = {
         "target": args.target, "dtype": args.dtype, "source": args.source,
         "recipe": "draftsmith.training.prompts", "recipe_seed": args.seed,
-        "python": platform.python_version(), "prompts_file": prompts_file.name}
+        "python": platform.python_version(), "prompts_file": prompts_file.name,
+        "engine": args.engine}
     saved = _read_saved_prompts(prompts_file)
-    target, tokenizer = load_target(target_config(args), log=_log)
+    target, tokenizer = load_target(target_config(args), log=_log,
+                                    max_slots=max(64, args.batch_size + 2))
     if saved is not None:
         recipe, self_made = saved
         _log(f"resuming: {len(recipe) + len(self_made)} prompts from {prompts_file}")
@@ -146,12 +152,50 @@ def train_data_command(args: argparse.Namespace) -> int:
         _save_prompts(prompts_file, recipe, self_made)
     meta.update(recipe_count=len(recipe), self_count=len(self_made))
     prompts = recipe + self_made
+    respond = (_plain_decoding(args, target, tokenizer, prompts)
+               if args.engine == "draftsmith" else None)
     generate_dataset(target.model, tokenizer, prompts, args.out, args.max_new_tokens,
                      args.batch_size, shard_size=args.shard_size, meta=meta, log=_log,
-                     part=(index, parts))
+                     part=(index, parts), respond=respond)
     _log(f"wrote {len(prompts)} sequences ({len(recipe)} recipe, {len(self_made)} self; part "
          f"{index} of {parts}) to {args.out}")
     return 0
+
+
+def _plain_decoding(args: argparse.Namespace, target, tokenizer, prompts: list[str]):
+    """``--engine draftsmith``: a responder for :func:`generate_dataset` that decodes greedily
+    through draftsmith's runtime with ``K = 0`` (``--batch-size`` slots, continuous batching, the
+    step captured in CUDA graphs on a GPU; the drafter it binds has random weights and never
+    runs). A response ends at the tokenizer's EOS (kept) or at ``--max-new-tokens``."""
+    from draftsmith.runtime.api import load_decoder
+    from draftsmith.runtime.config import SpecConfig
+    from draftsmith.training.data import encode_prompt
+
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ConfigError("--engine draftsmith needs a tokenizer with an eos_token_id")
+    encoded = {p: encode_prompt(tokenizer, p) for p in prompts}
+    longest = max((len(ids) for ids in encoded.values()), default=1)
+    config = SpecConfig.from_dict({
+        "drafter": {"family": "dspark-gqa"}, "num_draft_tokens": 0,
+        "selection": {"kind": "greedy"},
+        "target": target_config(args).model_dump(mode="json"),
+        "runtime": {"max_batch": args.batch_size,
+                    "max_context": longest + args.max_new_tokens + 1}})
+    decoder = load_decoder(config, target=target, tokenizer=tokenizer, log=_log)
+
+    def respond(chunk):
+        rows = [encoded[p] for p in chunk]
+        results = decoder.spec.generate(rows, args.max_new_tokens, [eos])
+        out = []
+        for ids, result in zip(rows, results, strict=True):
+            if result.finish_reason == "error":
+                raise ConfigError(f"--engine draftsmith: {result.error}; run with --engine "
+                                  "transformers or another --dtype")
+            out.append((ids + list(result.tokens), len(ids)))
+        return out
+
+    return respond
 
 
 def _check_train_data_flags(args: argparse.Namespace):
@@ -181,6 +225,8 @@ def _dataset_parameters(args: argparse.Namespace, sampling, excluded: list[Path]
         "target": args.target, "dtype": args.dtype, "source": args.source,
         "count": args.count, "recipe_seed": args.seed, "max_new_tokens": args.max_new_tokens,
         "parts": parts, "shard_size": args.shard_size}
+    if args.engine != "transformers":  # datasets made before the flag existed still resume
+        params["engine"] = args.engine
     if args.source != "recipe":
         params.update(self_fraction=args.self_fraction if args.source == "mix" else 1.0,
                       sample_seed=args.sample_seed, sampling=sampling.model_dump(),

@@ -137,8 +137,13 @@ def generate_dataset(
     meta: dict[str, Any] | None = None,
     log: Callable[[str], None] = print,
     part: tuple[int, int] = (0, 1),
+    respond: Callable[[Sequence[str]], list[tuple[list[int], int]]] | None = None,
 ) -> Path:
     """Greedy-decode every prompt with ``model`` (a transformers causal LM) and write shards.
+
+    ``respond`` replaces transformers' ``generate``: it takes a shard's prompts and returns
+    ``(prompt ids + greedy response through the first EOS, prompt length)`` for each, in order
+    (``draftsmith train-data --engine draftsmith`` passes draftsmith's own plain decoding).
 
     Prompts ``k * shard_size ...`` form shard ``k``, written atomically as soon as its responses
     are done; a shard already present is kept, so a run that was interrupted resumes where it
@@ -160,7 +165,8 @@ def generate_dataset(
         if path.is_file():
             log(f"{path.name} is already written ({len(chunk)} sequences); keeping it")
             continue
-        _write_shard(path, _responses(model, tokenizer, chunk, max_new_tokens, batch_size))
+        _write_shard(path, respond(chunk) if respond is not None
+                     else _responses(model, tokenizer, chunk, max_new_tokens, batch_size))
         log(f"wrote {path.name}: {first + len(chunk)}/{len(prompts)} responses "
             f"({time.perf_counter() - start:.0f} s)")
         pause_point("train-data-shard")

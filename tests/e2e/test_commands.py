@@ -12,6 +12,7 @@ from _tiny_models import save_tiny_model
 from draftsmith.cli import main
 from draftsmith.contract import LoadRequest, TargetInfo
 from draftsmith.runtime.registry import load_registry
+from draftsmith.training.data import read_dataset
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +217,27 @@ def test_a_drafter_without_checkpoint_is_announced_as_untrained() -> None:
     text = "\n".join(lines)
     assert "random weights" in text and "untrained" in text
     assert "--checkpoint draftsmith/checkpoints/smollm2-135m-dspark-gqa" in text
+
+
+def test_train_data_through_draftsmith_decoding_equals_transformers(capsys, tiny_dir,
+                                                                    tmp_path) -> None:
+    """``train-data --engine draftsmith`` (the runtime's plain decoding, two slots for five
+    prompts) writes the sequences transformers' ``generate`` writes (fp32, greedy), each cut
+    after its EOS; the engine is part of the dataset's parameters."""
+    sequences = {}
+    for engine in ("transformers", "draftsmith"):
+        out = tmp_path / engine
+        code, _out, err = _run(capsys, "train-data", "--target", str(tiny_dir), "--device", "cpu",
+                               "--dtype", "float32", "--out", str(out), "--count", "5",
+                               "--seed", "3", "--max-new-tokens", "10", "--batch-size", "2",
+                               "--engine", engine, "--exclude", str(tmp_path / "none.jsonl"))
+        assert code == 0, err
+        read = read_dataset(out)
+        sequences[engine] = [(s.tokens.tolist(), s.prompt_len) for s in read]
+        assert len(read) == 5 and all(s.tokens.numel() > s.prompt_len for s in read)
+    assert sequences["draftsmith"] == sequences["transformers"]
+    manifest = json.loads((tmp_path / "draftsmith" / "dataset.json").read_text())
+    assert manifest["parameters"]["engine"] == "draftsmith"
 
 
 def test_train_reads_several_data_directories_and_exports(capsys, tiny_dir, tmp_path) -> None:
