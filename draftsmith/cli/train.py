@@ -141,8 +141,8 @@ def train_data_command(args: argparse.Namespace) -> int:
         "python": platform.python_version(), "prompts_file": prompts_file.name,
         "engine": args.engine}
     saved = _read_saved_prompts(prompts_file)
-    target, tokenizer = load_target(target_config(args), log=_log,
-                                    max_slots=max(64, args.batch_size + 2))
+    slots = args.batch_size + 1 if args.engine == "draftsmith" else 64  # + the dummy slot
+    target, tokenizer = load_target(target_config(args), log=_log, max_slots=max(64, slots))
     if saved is not None:
         recipe, self_made = saved
         _log(f"resuming: {len(recipe) + len(self_made)} prompts from {prompts_file}")

@@ -196,16 +196,17 @@ def philox_uniform(
     a few keyed uniforms (rejection sampling's acceptance draws) without the reference's ~200
     small integer kernels."""
     _check_stream(stream)
-    if seeds.dim() != 1 or offsets.shape[0] != seeds.shape[0] or offsets.dim() not in (1, 2):
-        raise ShapeError(f"philox_uniform needs seeds [rows] and offsets [rows] or [rows, n], "
-                         f"got {tuple(seeds.shape)} and {tuple(offsets.shape)}")
-    rows = seeds.shape[0]
+    rows = seeds.shape[0] if seeds.dim() == 1 else -1
+    n = ids.shape[-1] if ids.dim() in (1, 2) else -1
+    if (rows < 0 or n < 0 or (ids.dim() == 2 and ids.shape[0] != rows)
+            or offsets.dim() not in (1, 2) or offsets.shape[0] != rows
+            or (offsets.dim() == 2 and offsets.shape[1] != n)):
+        raise ShapeError(f"philox_uniform needs seeds [rows], offsets [rows] or [rows, n] and "
+                         f"ids [n] or [rows, n], got {tuple(seeds.shape)}, "
+                         f"{tuple(offsets.shape)} and {tuple(ids.shape)}")
     ids = ids.to(torch.int64)
     if ids.dim() == 1:
         ids = ids.expand(rows, -1)
-    n = ids.shape[1]
-    if offsets.dim() == 2 and offsets.shape[1] != n:
-        raise ShapeError(f"offsets [rows, n] must match ids' n = {n}, got {tuple(offsets.shape)}")
     offsets = offsets.to(torch.int64)
     s_off = (offsets.stride(0), offsets.stride(1)) if offsets.dim() == 2 else (offsets.stride(0),
                                                                               0)

@@ -159,6 +159,19 @@ def test_offsets_per_element_and_strided_ids() -> None:
         assert torch.equal(ref[:, j], column)
 
 
+@pytest.mark.parametrize("seeds,offsets,ids", [
+    ((3,), (3,), (2, 4)),      # ids of another row count
+    ((3,), (3, 5), (4,)),      # offsets of another width
+    ((3,), (2,), (4,)),        # offsets of another row count
+    ((), (3,), (4,)),          # a scalar seed
+    ((3,), (3,), (1, 3, 4)),   # ids of three dims
+])
+def test_the_kernel_refuses_shapes_it_would_read_past(seeds, offsets, ids) -> None:
+    with pytest.raises(ShapeError, match="philox_uniform needs seeds"):
+        philox_uniform(torch.zeros(seeds, dtype=torch.int64), torch.zeros(offsets, dtype=torch.int64),
+                       torch.zeros(ids, dtype=torch.int64), 0)
+
+
 @pytest.mark.parametrize("draw", [philox_uniform, philox_uniform_reference])
 def test_uniforms_validate_the_stream(draw) -> None:
     seeds, offsets = _keys(3)

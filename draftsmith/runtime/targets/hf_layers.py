@@ -10,11 +10,12 @@ the residual add fused with the next RMSNorm, one GEMM for ``[q | k | v]``, RoPE
 per-head norm) of queries and keys in place, the two cache writes, attention, ``o_proj``, the
 add and norm again, one GEMM for ``[gate | up]``, SiLU times up, ``down_proj``.
 
-Every op computes a row independently of the rows beside it (the GEMMs as ``target.gemm``
-says), so verifying ``K + 1`` tokens rounds as decoding them one by one, exactly as through
-transformers' modules. Against transformers' own forward the values agree to rounding: the norm
-kernel sums squares in another order, the packed GEMMs may tile differently, and the query
-heads of a key/value group attend as one batch of rows instead of copies of the keys.
+Every op but the GEMMs computes a row independently of the rows beside it, and the GEMMs do
+wherever ``target.gemm`` runs the row-stable kernel (up to 32 rows), so a verification of that
+size rounds as decoding its tokens one by one, exactly as through transformers' modules.
+Against transformers' own forward the values agree to rounding: the norm kernel sums squares in
+another order, the packed GEMMs may tile differently, and the query heads of a key/value group
+attend as one batch of rows instead of copies of the keys.
 
 The projections' weights are packed once (``[q | k | v]`` and ``[gate | up]`` concatenated)
 and the modules' own parameters become views of the packed tensors, so no weight is held twice.
