@@ -276,7 +276,8 @@ class TargetModel(Protocol):
 
     def forward_rows(self, tokens: torch.Tensor, starts: torch.Tensor, context_width: int,
                      slots: torch.Tensor | None = None,
-                     logit_rows: torch.Tensor | None = None) -> TargetOutput:
+                     logit_rows: torch.Tensor | None = None,
+                     compute_rows: torch.Tensor | None = None) -> TargetOutput:
         """Forward ``tokens: [G, Q] int64`` for slots ``0 .. G-1`` (or ``slots: [G] int64`` on the
         device), token ``j`` of row ``b`` at position ``starts[b] + j`` (``starts: [G] int64``, on
         the device), attending to columns ``0 .. context_width - 1``; keys and values are written
@@ -284,6 +285,13 @@ class TargetModel(Protocol):
 
         Features have ``G * Q`` rows in request-major order; logits the same rows, or only
         ``logit_rows: [R] int64`` (device indices into them; a prefill needs its last token's).
+
+        ``compute_rows: [T] int64`` (device indices ``b * Q + j``, distinct; not with
+        ``logit_rows``) asks for those tokens only: features and logits have ``T`` rows in that
+        order, and the keys and values of the tokens outside it may be left unwritten. A token's
+        result is defined when every earlier token of its row is in ``compute_rows`` too (the
+        positions it attends to are then written this call); a target may compute every token
+        and select the rows, but the point is a verify whose cost follows ``T``, not ``G * Q``.
         Reads nothing back to the host.
         """
         ...

@@ -82,24 +82,29 @@ class Acceptance:
         *,
         draft_probs: torch.Tensor | None = None,
         verify_len: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
         warmup: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Accepted tokens ``[G, K+1] int64`` and counts ``n: [G] int64`` (bonus included).
 
-        ``logits``: the target's ``[G*(K+1), S]`` verify rows; ``drafts: [G, K] int64``;
+        ``logits``: the target's ``[G*(K+1), S]`` verify rows, or with ``rows: [T] int64`` only
+        those rows (indices ``b * (K+1) + j``; a packed verify, which must hold every row's
+        bonus and verified drafts); ``drafts: [G, K] int64``;
         ``key``: seeds and anchor positions ``[G]`` (``None`` for greedy);
         ``draft_probs: [G, K, V] fp32`` (rejection); ``verify_len: [G] int64`` drafted positions
         verified (``None``: all ``K``). Tokens past ``n`` carry no meaning.
         """
         g, k = drafts.shape
-        if logits.logits.shape[0] != g * (k + 1):
-            raise ShapeError(
-                f"target logits have {logits.logits.shape[0]} rows, expected G*(K+1) = {g * (k + 1)}"
-            )
+        want = g * (k + 1) if rows is None else rows.shape[0]
+        if logits.logits.shape[0] != want:
+            raise ShapeError(f"target logits have {logits.logits.shape[0]} rows, expected "
+                             + (f"G*(K+1) = {want}" if rows is None else f"{want} (rows)"))
         if k == 0:
             tokens = self.target_tokens(logits, key, 1).view(g, 1)
             return tokens, torch.ones(g, dtype=torch.int64, device=tokens.device)
-        if self.rule == "rejection":
+        if rows is not None:
+            accepted, n = self._accept_rows(logits, rows, drafts, key, draft_probs, verify_len)
+        elif self.rule == "rejection":
             accepted, n = self._rejection(logits, drafts, key, draft_probs, verify_len)
         elif self.greedy and logits.is_full:
             fn = strict_accept if self.fused else strict_accept_reference
@@ -117,11 +122,35 @@ class Acceptance:
                    self.force_accepted, k)
         return accepted, n
 
-    def _rejection(self, logits, drafts, key, draft_probs, verify_len):
+    def _accept_rows(self, logits: LogitsShard, rows: torch.Tensor, drafts: torch.Tensor,
+                     key: SamplingKey | None, draft_probs: torch.Tensor | None,
+                     verify_len: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`accept` from a packed verify's ``[T, S]`` logits: the target tokens (or, for
+        rejection, the target probabilities) of the ``T`` rows are scattered into the
+        ``[G, K+1]`` block, the rest zero (token 0, probability 0), which acceptance never reads
+        past ``verify_len``."""
+        g, k = drafts.shape
+        k1 = k + 1
+        if self.rule == "rejection":
+            probs = self.selector.probs(logits, self.collectives)
+            full = probs.new_zeros(g * k1, probs.shape[-1]).index_copy_(0, rows, probs)
+            return self._rejection(None, drafts, key, draft_probs, verify_len,
+                                   target_probs=full.view(g, k1, -1))
+        rkey = None
+        if key is not None and not self.greedy:
+            block = row_key(key, k1)
+            rkey = SamplingKey(seeds=block.seeds[rows], offsets=block.offsets[rows])
+        picked = self.selector.select(logits, rkey, TARGET_STREAM, self.collectives)
+        tokens = picked.new_zeros(g * k1).index_copy_(0, rows, picked).view(g, k1)
+        fn = strict_accept_tokens if self.fused else strict_accept_tokens_reference
+        return fn(tokens, drafts, verify_len)
+
+    def _rejection(self, logits, drafts, key, draft_probs, verify_len, target_probs=None):
         if draft_probs is None or key is None:
             raise ShapeError("rejection sampling needs draft_probs [G, K, V] and a sampling key")
         g, k = drafts.shape
-        target_probs = self.selector.probs(logits, self.collectives).view(g, k + 1, -1)
+        if target_probs is None:
+            target_probs = self.selector.probs(logits, self.collectives).view(g, k + 1, -1)
         # row 0 samples the position after the anchor: offsets are that position
         row0 = SamplingKey(seeds=key.seeds, offsets=key.offsets + 1)
         # the drafts come from this runtime's selector (ids in range): no value read-back

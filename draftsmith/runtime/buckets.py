@@ -57,10 +57,19 @@ def verify_widths(num_draft_tokens: int) -> tuple[int, ...]:
     return (*[q for q in VERIFY_WIDTHS if q < k1], k1)
 
 
+def verify_token_counts(rows: int, num_draft_tokens: int) -> tuple[int, ...]:
+    """Token counts ``T`` a packed verify of ``rows`` rows pads to: 1, 2, 3, 4, 6, 8, 12, ...
+    (at most 1.5x padding) below ``rows * (K + 1)``, then ``rows * (K + 1)`` itself."""
+    top = rows * (num_draft_tokens + 1)
+    ladder = sorted({w for p in range(12) for w in (1 << p, 3 << p >> 1) if 1 <= w < top})
+    return (*ladder, top)
+
+
 def bucket(value: int, buckets: tuple[int, ...]) -> int:
     """The smallest of ``buckets`` (ascending) that is at least ``value``."""
     return next(b for b in buckets if b >= value)
 
 
 __all__ = ["MIN_CONTEXT_BUCKET", "PREFILL_TOKENS", "PREFILL_WIDTHS", "VERIFY_WIDTHS", "bucket",
-           "prefill_width", "row_buckets", "verify_widths", "width_buckets"]
+           "prefill_width", "row_buckets", "verify_token_counts", "verify_widths",
+           "width_buckets"]

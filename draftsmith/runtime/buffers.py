@@ -62,8 +62,10 @@ class DecoderBuffers:
       ``block_ids [C, W]`` (the block's token ids, written by the drafting step);
       ``verify_tokens [C, K+1]`` (bonus and drafts) and ``verify_len [C]`` (admitted drafted
       positions), written by a scheduled round's drafting phase for its verify phase;
-    * ``verify_width: [1] int64``: the verify width ``Q`` the drafting phase chose, what the
-      host reads between a scheduled round's two phases;
+    * ``verify_count: [1] int64``: the token count ``T`` the drafting phase chose for the
+      packed verify, what the host reads between a scheduled round's two phases, and
+      ``verify_rows: [C * (K+1)] int64``: the block's token indices ``b * (K+1) + j``, the
+      admitted ones first (the packed verify computes the first ``T``);
     * ``draft_probs: [C+1, K, V] fp32`` (rejection sampling only), indexed by slot;
       ``dummy_slot_row = C``, fixed here.
     """
@@ -87,7 +89,8 @@ class DecoderBuffers:
     dummy_slot_row: int
     verify_tokens: torch.Tensor
     verify_len: torch.Tensor
-    verify_width: torch.Tensor
+    verify_count: torch.Tensor
+    verify_rows: torch.Tensor
 
     @property
     def num_slots(self) -> int:
@@ -132,7 +135,7 @@ class DecoderBuffers:
                       page_size, entry.width)
         needed = math.prod(pool_shape) * pool_dtype.itemsize + 8 * (
             num_slots * (pages_per_slot + 1) + c * (k + w + 3))
-        needed += c * (k + 1) * feature_width * feature_dtype.itemsize + 8 * c * (2 * k + 7)
+        needed += c * (k + 1) * feature_width * feature_dtype.itemsize + 8 * c * (3 * k + 8)
         if with_draft_probs:
             needed += 4 * num_slots * k * vocab_size
         _check_fits(needed, dev, slot_capacity=c, max_ctx=max_ctx, page_size=page_size)
@@ -161,7 +164,8 @@ class DecoderBuffers:
                 dummy_slot_row=c,
                 verify_tokens=zeros(c, k + 1),
                 verify_len=zeros(c),
-                verify_width=torch.full((1,), k + 1, dtype=_I64, device=dev),
+                verify_count=torch.full((1,), c * (k + 1), dtype=_I64, device=dev),
+                verify_rows=torch.arange(c * (k + 1), dtype=_I64, device=dev),
             )
         except torch.OutOfMemoryError:  # the estimate fitted, but the memory was taken
             raise PlanError(

@@ -12,7 +12,7 @@ round's accepted tokens, counts and target features for the next placement. With
 ``plan.cuda_graphs`` the round is captured per (rows, context width) bucket by
 :meth:`SpecDecoder.prepare` and replayed; the host then reads the device once per round (counts
 and tokens, one copy). A confidence-scheduled round is captured as its two phases, drafting per
-(rows, width) and verification per (rows, width, verify width ``Q``), and the host reads ``Q``
+(rows, width) and verification per (rows, width, token count ``T``), and the host reads ``T``
 between them: two reads per round. ``K = 0`` is plain decoding
 through the same round: the target's one-token step. Prefill stays eager. Hot path: must not
 import pluggy, the registry or bind.
@@ -45,6 +45,7 @@ from draftsmith.runtime.buckets import (
     PREFILL_WIDTHS,
     prefill_width,
     row_buckets,
+    verify_token_counts,
     verify_widths,
     width_buckets,
 )
@@ -189,7 +190,7 @@ class SpecDecoder(RoundComputation):
         """Captured rounds by ``(rows, context width)`` (a scheduled round: its drafting
         phase)."""
         self.verify_graphs: dict[tuple[int, int, int], CapturedCall] = {}
-        """A scheduled round's captured verify phase by ``(rows, context width, Q)``."""
+        """A scheduled round's captured verify phase by ``(rows, context width, T)``."""
         self._graph_pool = None
         self._graph_cache_version = -1
         self._length = 0
@@ -206,6 +207,11 @@ class SpecDecoder(RoundComputation):
                                  device=self.device)
         self._verify_widths = torch.tensor(verify_widths(plan.num_draft_tokens), dtype=_I64,
                                            device=self.device)
+        self._token_counts = {g: torch.tensor(verify_token_counts(g, plan.num_draft_tokens),
+                                              dtype=_I64, device=self.device)
+                              for g in self._rows}
+        self._block_index = torch.arange(plan.slot_capacity * (plan.num_draft_tokens + 1),
+                                         dtype=_I64, device=self.device)
         self._host_width = torch.zeros(1, dtype=_I64, pin_memory=self._pinned)
         self.admissions: dict[int, CapturedCall] = {}
         """Captured one-prompt admissions by prefill width."""
@@ -321,9 +327,9 @@ class SpecDecoder(RoundComputation):
                 continue
             self.graphs[(g, w)] = CapturedCall(lambda g=g, w=w: self.draft_phase_core(g, w),
                                                self._graph_pool)
-            for q in reversed(self._verify_widths.tolist()):
-                self.verify_graphs[(g, w, q)] = CapturedCall(
-                    lambda g=g, w=w, q=q: self.verify_phase_core(g, w, q), self._graph_pool)
+            for t in reversed(verify_token_counts(g, plan.num_draft_tokens)):
+                self.verify_graphs[(g, w, t)] = CapturedCall(
+                    lambda g=g, w=w, t=t: self.verify_phase_core(g, w, t), self._graph_pool)
         self.acceptance.forced_counter.copy_(counter)
         self.buffers.reset_slots()
 
@@ -565,8 +571,8 @@ class SpecDecoder(RoundComputation):
                 raise PlanError(f"no round was captured for {g} rows and context width {width}; "
                                 "call prepare() with the largest batch and length first")
             graph.replay()
-            if self._scheduled:  # the drafting phase chose the verify width: read it, verify
-                self._host_width.copy_(self.buffers.verify_width)
+            if self._scheduled:  # the drafting phase chose the token count: read it, verify
+                self._host_width.copy_(self.buffers.verify_count)
                 self.verify_graphs[(g, width, int(self._host_width[0]))].replay()
         else:
             self.round_core(g, width)

@@ -486,8 +486,8 @@ def make_plan(
                         f"runtime.cuda_graphs = {wanted!r} on {inputs.device}: a scheduled round "
                         "is captured as two phases, drafting and scheduling per (batch, context "
                         "width) bucket, verification, acceptance and commit per (batch, context "
-                        "width, verify width Q), and replayed with two host reads (Q, then the "
-                        "result); admissions as in the unscheduled round")
+                        "width, verify token count T), and replayed with two host reads (T, then "
+                        "the result); admissions as in the unscheduled round")
     else:
         graphs = decide("cuda_graphs", True,
                         f"runtime.cuda_graphs = {wanted!r} on {inputs.device}: the whole round "

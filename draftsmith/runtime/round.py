@@ -7,8 +7,10 @@ CUDA graph captures it)::
     -> target forward of [bonus, drafts] at each row's position -> accept -> commit
 
 A confidence-scheduled round (``plan.verify_schedule`` other than ``all``) runs in two phases:
-drafting ends with the scheduler choosing each row's admitted prefix and the round's verify
-width ``Q``, which the host reads; verification then runs at that width.
+drafting ends with the scheduler choosing each row's admitted prefix; the admitted tokens are
+packed first in a list of the block's tokens, and their count rounded up to a token bucket
+``T`` is what the host reads; verification then computes those ``T`` tokens only (a packed
+verify: its cost follows the admitted tokens, not ``rows * (K + 1)``).
 
 :class:`draftsmith.runtime.decoder.SpecDecoder` mixes it in and owns the request lifecycle
 around it (admission, the host reads, stop and budget rules). Hot path: must not import
@@ -52,6 +54,23 @@ def _top2(logits: torch.Tensor) -> torch.Tensor:
 
 
 
+def _unpack(values: torch.Tensor, rows: torch.Tensor | None, total: int) -> torch.Tensor:
+    """``values: [T, ...]`` of a packed verify's ``rows`` placed in ``[total, ...]`` zeros (as is
+    when ``rows`` is ``None``)."""
+    if rows is None:
+        return values
+    return values.new_zeros(total, *values.shape[1:]).index_copy_(0, rows, values)
+
+
+def _scatter_rows(dest: torch.Tensor, values: torch.Tensor, rows: torch.Tensor | None) -> None:
+    """Write ``values`` (``[G * Q, F]``, or with ``rows: [T]`` those rows' ``[T, F]``) into
+    ``dest: [G, Q, F]`` (contiguous when ``rows`` is given); rows not listed keep their values."""
+    if rows is None:
+        dest.copy_(values.view(dest.shape))
+    else:
+        dest.view(-1, dest.shape[-1]).index_copy_(0, rows, values.to(dest.dtype))
+
+
 class RoundComputation:
     """The round over rows ``0 .. g-1`` of the bind-time buffers (mixed into the decoder, which
     sets these attributes)."""
@@ -76,7 +95,12 @@ class RoundComputation:
     _sps: torch.Tensor
     """The plan's ``sps`` table ``[max_batch * (K + 1) + 1] float64`` (empty without one)."""
     _verify_widths: torch.Tensor
-    """The scheduled round's verify widths ``Q`` (ascending, ``int64``, ``K + 1`` last)."""
+    """The ``width`` schedule's verify widths ``Q`` (ascending, ``int64``, ``K + 1`` last)."""
+    _token_counts: dict[int, torch.Tensor]
+    """By rows ``g``: the packed verify's token counts ``T`` (ascending, ``int64``,
+    ``g * (K + 1)`` last; :func:`~draftsmith.runtime.buckets.verify_token_counts`)."""
+    _block_index: torch.Tensor
+    """``arange(slot_capacity * (K + 1))``: token indices of the largest block."""
 
     @property
     def _scheduled(self) -> bool:
@@ -106,25 +130,25 @@ class RoundComputation:
             view = self.buffers.view(g)
             if self._scheduled:
                 self._draft_scheduled(g, width, view)
-                self._verify_scheduled(g, width, view, int(self.buffers.verify_width[0]))
+                self._verify_scheduled(g, width, view, int(self.buffers.verify_count[0]))
             else:
                 self._round(g, width, view)
 
     def draft_phase_core(self, g: int, width: int) -> None:
         """A scheduled round's first phase over rows ``0 .. g-1``: place, draft, score the
-        drafts' confidence and schedule; writes ``verify_tokens``, ``verify_len`` and the verify
-        width ``Q`` (``buffers.verify_width``, the host reads it). No host reads: captured per
-        ``(rows, width)``."""
+        drafts' confidence and schedule; writes ``verify_tokens``, ``verify_len``,
+        ``verify_rows`` and the token count ``T`` (``buffers.verify_count``, the host reads
+        it). No host reads: captured per ``(rows, width)``."""
         with values_trusted():
             self._draft_scheduled(g, width, self.buffers.view(g))
 
-    def verify_phase_core(self, g: int, width: int, q: int) -> None:
-        """A scheduled round's second phase: the target verifies the first ``q`` columns of
-        ``verify_tokens`` (bonus and ``q - 1`` drafts; acceptance stops at each row's
-        ``verify_len``), then accept and commit as :meth:`round_core`. No host reads: captured
-        per ``(rows, width, q)``."""
+    def verify_phase_core(self, g: int, width: int, t: int) -> None:
+        """A scheduled round's second phase: the target computes the first ``t`` tokens of
+        ``verify_rows`` (every row's bonus and admitted drafts, then padding tokens whose
+        results go unread; acceptance stops at each row's ``verify_len``), then accept and
+        commit as :meth:`round_core`. No host reads: captured per ``(rows, width, t)``."""
         with values_trusted():
-            self._verify_scheduled(g, width, self.buffers.view(g), q)
+            self._verify_scheduled(g, width, self.buffers.view(g), t)
 
     def _round(self, g: int, width: int, view: BucketView) -> None:
         """Every row verifies its bonus and all ``K`` drafts (or, with ``K = 0``, its last
@@ -140,12 +164,17 @@ class RoundComputation:
         self._verify_commit(g, width, view, tokens, drafts, draft_probs, None)
 
     def _draft_scheduled(self, g: int, width: int, view: BucketView) -> None:
-        """Place and draft as :meth:`_round` does, then schedule (:meth:`schedule_rows`).
+        """Place and draft as :meth:`_round` does, then schedule (:meth:`schedule_rows`) and
+        pack.
 
-        ``Q``, written to ``buffers.verify_width``, is the smallest of
-        :func:`~draftsmith.runtime.buckets.verify_widths` holding the longest admitted prefix
-        plus its bonus. A row admitted fewer than ``Q - 1`` drafts verifies the rest too, but
-        acceptance stops at its admitted length and takes the bonus there.
+        ``verify_rows[:g * (K+1)]`` lists the block's tokens ``b * (K+1) + j``: first every live
+        row's bonus and admitted drafts (``j <= verify_len[b]``), in block order, then the
+        others. ``T``, written to ``buffers.verify_count``, is the smallest of the rows'
+        :func:`~draftsmith.runtime.buckets.verify_token_counts` holding the admitted tokens;
+        the tokens after them in the list that fill ``T`` are computed too, but no reader looks
+        at their results (acceptance stops at each row's admitted length and takes the bonus
+        there), and their keys and values land past each row's admitted prefix or in a free
+        slot, where the next round writes before it reads.
         """
         placement, key = self._place(g, width, view)
         drafts, probs, hidden = self.draft_block(placement, key)
@@ -154,44 +183,55 @@ class RoundComputation:
         view.verify_len.copy_(self.schedule_rows(view, placement.bonus, drafts, hidden))
         view.verify_tokens[:, 0] = placement.bonus
         view.verify_tokens[:, 1:] = drafts
-        top = view.verify_len.max().view(1) + 1
-        self.buffers.verify_width.copy_(self._verify_widths[
-            torch.searchsorted(self._verify_widths, top)])
+        live = view.batch_to_slot != self.buffers.dummy_slot
+        admitted = (live[:, None] & (self._columns <= view.verify_len[:, None])).view(-1)
+        ones = admitted.to(_I64)
+        count = ones.sum()
+        order = torch.where(admitted, torch.cumsum(ones, 0) - 1,
+                            count + torch.cumsum(1 - ones, 0) - 1)
+        index = self._block_index[: order.shape[0]]
+        self.buffers.verify_rows[: order.shape[0]].scatter_(0, order, index)
+        counts = self._token_counts[g]
+        self.buffers.verify_count.copy_(counts[torch.searchsorted(counts, count.view(1))])
 
-    def _verify_scheduled(self, g: int, width: int, view: BucketView, q: int) -> None:
-        tokens = view.verify_tokens[:, :q]
+    def _verify_scheduled(self, g: int, width: int, view: BucketView, t: int) -> None:
+        tokens = view.verify_tokens
         draft_probs = None
         if view.draft_probs is not None:
-            draft_probs = view.draft_probs[view.batch_to_slot][:, : q - 1]
+            draft_probs = view.draft_probs[view.batch_to_slot]
         self._verify_commit(g, width, view, tokens, tokens[:, 1:].contiguous(), draft_probs,
-                            view.verify_len)
+                            view.verify_len, self.buffers.verify_rows[:t])
 
     def _verify_commit(self, g: int, width: int, view: BucketView, tokens: torch.Tensor,
                        drafts: torch.Tensor, draft_probs: torch.Tensor | None,
-                       verify_len: torch.Tensor | None) -> None:
+                       verify_len: torch.Tensor | None,
+                       rows: torch.Tensor | None = None) -> None:
         """Target forward of ``tokens: [G, Q]`` (bonus and drafts ``[G, Q-1]``, ``q``
         ``[G, Q-1, V]`` for rejection) at each row's position, accept (up to ``verify_len``
-        drafts per row when given), commit and write the host's result row."""
+        drafts per row when given), commit and write the host's result row. ``rows: [T]``
+        (with ``Q = K + 1``): a packed verify of those tokens only (``b * Q + j``); the
+        results of the others are zero (token 0, no NaN) and never read."""
         plan, k = self.plan, self.plan.num_draft_tokens
         starts = view.target_len.clamp(max=self._length - (k + 1))
         q = tokens.shape[1]
-        out = self.target.forward_rows(tokens, starts, width)
+        out = (self.target.forward_rows(tokens, starts, width) if rows is None else
+               self.target.forward_rows(tokens, starts, width, compute_rows=rows))
         key = None if plan.greedy else SamplingKey(view.seeds, starts)
         accepted, n = self.acceptance.accept(out.logits, drafts, key, draft_probs=draft_probs,
-                                             verify_len=verify_len)
+                                             verify_len=verify_len, rows=rows)
         # columns past q keep an earlier round's values: every reader stops at n <= q
         view.accepted[:, :q].copy_(accepted)
         view.num_accepted.copy_(n)
         if plan.drafting:
-            view.features[:, :q].copy_(out.features.view(g, q, -1))
+            _scatter_rows(view.features[:, :q], out.features, rows)
         torch.add(starts, n, out=view.target_len)
         # a committed token chosen from logits holding NaN ends its request (checked by the host)
-        nan_rows = self._any_nan(out.logits.logits).view(g, q)
+        nan_rows = _unpack(self._any_nan(out.logits.logits), rows, g * q).view(g, q)
         view.result[:, 0] = n
         view.result[:, 1] = (nan_rows * (self._columns[:q] < n[:, None])).amax(-1)
         view.result[:, 2 : q + 2] = accepted
         if plan.record_margins:  # fp32 bit patterns, so the one read carries them
-            bits = _top2(out.logits.logits).view(torch.int32).to(_I64)
+            bits = _unpack(_top2(out.logits.logits).view(torch.int32).to(_I64), rows, g * q)
             view.result[:, k + 3 : k + 3 + 2 * q] = bits.view(g, 2 * q)
 
     def _place(self, g: int, width: int,

@@ -12,9 +12,8 @@ token plus its first ``lengths[r]`` drafts.
   survival's device (no host read-back), in float64.
 * :func:`schedule_top_budget` is the production form (DSpark paper, section 5.2): the ``budget``
   drafted positions of highest survival are admitted (ties as above), no break.
-* :func:`schedule_width` prices a round as it runs on a padded ``[R, Q]`` verify: one width
-  ``Q`` for the whole batch, the one of largest expected tokens per second; every row then
-  verifies ``Q - 1`` drafts (positions below the widest admitted one cost nothing extra).
+* :func:`schedule_width`: one width ``Q`` for the whole batch, the one of largest expected
+  tokens per second; every live row then verifies ``Q - 1`` drafts.
 
 ``sps`` is the profiled throughput table: a 1-D tensor indexed by verify-token count (``sps[B]`` =
 target steps per second at ``B`` tokens; entries ``0 .. R * (K + 1)`` must exist) or a callable
@@ -168,10 +167,10 @@ def schedule_width(survival: torch.Tensor, sps: SPSTable, widths: torch.Tensor,
     """One verify width for the batch: ``survival: [R, K]`` -> ``lengths: [R] int64``.
 
     ``widths: [W] int64`` the verify widths ``Q`` a round can take (ascending, each in
-    ``1 .. K + 1``). ``Q`` maximises ``theta(Q) = (n + sum_r sum_{j < Q} a[r, j]) * SPS(R * Q)``:
+    ``1 .. K + 1``). ``Q`` maximises ``theta(Q) = (n + sum_r sum_{j < Q} a[r, j]) * SPS(n * Q)``:
     ``n`` the live rows (``live: [R] bool``, default all; padding rows' survival is not counted),
-    ``R * Q`` the tokens the padded verify computes; ties go to the smaller ``Q``. Live rows get
-    ``Q - 1``, padding rows 0. Fixed shapes, no host read.
+    ``n * Q`` the tokens they verify; ties go to the smaller ``Q``. Live rows get ``Q - 1``,
+    padding rows 0. Fixed shapes, no host read.
     """
     _check_survival(survival)
     r, k = survival.shape
@@ -184,7 +183,7 @@ def schedule_width(survival: torch.Tensor, sps: SPSTable, widths: torch.Tensor,
     widths = widths.to(device)
     # expected accepted drafts when every row verifies j drafts, j = 0 .. K
     drafts = torch.cat((a.new_zeros(1), torch.cumsum(a.sum(0), 0)))
-    theta = (n + drafts[widths - 1]) * sps_values(sps, r * widths, r * (k + 1))
+    theta = (n + drafts[widths - 1]) * sps_values(sps, n * widths, r * (k + 1))
     # the first maximum (the smaller width on ties), indexed as a [1] tensor: a 0-d index
     # would be read back to the host
     best = widths[torch.argmax(theta).view(1)]

@@ -74,7 +74,7 @@ def decide_verify_schedule(schedule: str, verify_budget: int | None, costs: Veri
                "tokens per second rise")
     elif schedule == "width":
         how = ("width: one verify width Q per round, the one of most expected tokens per second "
-               "at the padded verify's rows * Q tokens; every live row verifies Q - 1 drafts")
+               "at live rows * Q verify tokens; every live row verifies Q - 1 drafts")
     else:
         budget = k // 2 if verify_budget is None else verify_budget
         if budget > k:
@@ -84,8 +84,9 @@ def decide_verify_schedule(schedule: str, verify_budget: int | None, costs: Veri
                "(runtime.verify_budget" + (")" if verify_budget is not None
                                            else " unset: K // 2)"))
     decide("verify_schedule", schedule,
-           f"{how}; each row verifies its admitted prefix, the round pads to the smallest verify "
-           "width Q in 1, 2, 3, 4, 6, 8, ... K + 1 holding the longest; acceptance is capped at "
+           f"{how}; each row verifies its admitted prefix, packed: the target computes only the "
+           "admitted tokens, padded to the smallest token count T in 1, 2, 3, 4, 6, 8, 12, ... "
+           "rows * (K + 1) holding them; acceptance is capped at "
            "each row's admitted length (lossless)")
     if schedule in ("prefix", "width") or costs is not None:
         if costs is None:

@@ -163,6 +163,6 @@ class ShardedTarget:
         self.base.warm_prefill(max_prompt)
 
     def forward_rows(self, tokens, starts, context_width, slots=None,
-                     logit_rows=None) -> TargetOutput:
+                     logit_rows=None, compute_rows=None) -> TargetOutput:
         return self._cut(self.base.forward_rows(tokens, starts, context_width, slots,
-                                                logit_rows))
+                                                logit_rows, compute_rows))

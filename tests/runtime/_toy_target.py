@@ -149,10 +149,12 @@ class ToyTarget:
 
     def forward_rows(self, tokens: torch.Tensor, starts: torch.Tensor, context_width: int,
                      slots: torch.Tensor | None = None,
-                     logit_rows: torch.Tensor | None = None) -> TargetOutput:
+                     logit_rows: torch.Tensor | None = None,
+                     compute_rows: torch.Tensor | None = None) -> TargetOutput:
         """Forward ``tokens: [G, Q]`` for slots ``0 .. G-1`` (or ``slots``) at positions
         ``starts[b] + j``, attending to columns ``0 .. context_width - 1``; logits of every row
-        or of ``logit_rows``; no host read (graph-capturable)."""
+        or of ``logit_rows``; with ``compute_rows`` the whole block runs and those rows are
+        returned; no host read (graph-capturable)."""
         g, q = tokens.shape
         if g > self.max_slots or not q <= context_width <= self.max_len:
             raise ShapeError(f"forward_rows of {g} rows over {context_width} columns does not "
@@ -162,6 +164,8 @@ class ToyTarget:
                                       context_width)
         if logit_rows is not None:
             logits = logits[logit_rows.to(self.device)]
+        if compute_rows is not None:
+            logits, feats = logits[compute_rows], feats[compute_rows]
         return TargetOutput(LogitsShard.full(logits), feats)
 
     # ---- forward ------------------------------------------------------------------------

@@ -120,9 +120,9 @@ def test_padding_rows_marked_by_live_schedule_like_the_live_rows_alone():
         assert all(got[i] == got_tb[i] == 0 for i in range(r + 3) if i not in live), trial
 
 
-def test_width_is_the_brute_force_best_padded_round():
-    """``schedule_width`` picks the width of most ``(live + expected drafts) * SPS(R * Q)`` by
-    brute force over the widths (smallest on ties); live rows get ``Q - 1``, padding rows 0."""
+def test_width_is_the_brute_force_best_round():
+    """``schedule_width`` picks the width of most ``(live + expected drafts) * SPS(live * Q)``
+    by brute force over the widths (smallest on ties); live rows get ``Q - 1``, padding rows 0."""
     rng = random.Random(5)
     chosen = set()
     for trial in range(300):
@@ -132,7 +132,8 @@ def test_width_is_the_brute_force_best_padded_round():
         widths = [q for q in (1, 2, 3, 4, 6, 8) if q < k + 1] + [k + 1]
         live = [rng.random() < 0.8 for _ in range(r)]
         theta = {q: (sum(live) + sum(float(survival[i, :q - 1].sum()) for i in range(r)
-                                     if live[i])) * float(table[r * q]) for q in widths}
+                                     if live[i])) * float(table[sum(live) * q])
+                 for q in widths}
         best = max(widths, key=lambda q: (theta[q], -q))
         got = schedule_width(survival, table, torch.tensor(widths), torch.tensor(live))
         assert got.tolist() == [best - 1 if x else 0 for x in live], trial

@@ -11,7 +11,7 @@ from _toy_target import assert_sampled_like_the_target, chi_square_world, syncs_
 
 from draftsmith.contract import ConfigError, ParallelMapping, PlanError, TargetInfo
 from draftsmith.runtime.bind import bind
-from draftsmith.runtime.buckets import bucket, verify_widths
+from draftsmith.runtime.buckets import bucket, verify_token_counts
 from draftsmith.runtime.config import SpecConfig
 from draftsmith.runtime.costs import CostProfile, sps_from_profile
 from draftsmith.runtime.plan import PlanInputs, make_plan
@@ -57,13 +57,15 @@ def drafter(nudged):
 
 class _Rounds:
     """Records, per scheduled round, the raw confidence, the live rows, and what acceptance was
-    handed: the admitted lengths and the verify width ``Q``."""
+    handed: the admitted lengths, the packed verify's token indices ``b * (K+1) + j`` and the
+    block's rows."""
 
     def __init__(self, dec, monkeypatch) -> None:
         self.raw: list[torch.Tensor] = []
         self.live: list[torch.Tensor] = []
         self.verify_len: list[torch.Tensor] = []
-        self.width: list[int] = []
+        self.rows: list[torch.Tensor] = []
+        self.g: list[int] = []
         confidence, accept = dec.drafter.confidence, dec.acceptance.accept
         bufs = dec.buffers
 
@@ -76,7 +78,8 @@ class _Rounds:
 
         def record_accept(logits, drafts, key, **kw):
             self.verify_len.append(kw["verify_len"].clone())
-            self.width.append(drafts.shape[1] + 1)
+            self.rows.append(kw["rows"].clone())
+            self.g.append(drafts.shape[0])
             return accept(logits, drafts, key, **kw)
 
         monkeypatch.setattr(dec.drafter, "confidence", record_confidence)
@@ -86,6 +89,16 @@ class _Rounds:
         """The live rows' calibrated prefix survival of round ``i``, computed here."""
         raw = self.raw[i][self.live[i]]
         return torch.cumprod(torch.sigmoid(raw / tau[: raw.shape[1]]), dim=1)
+
+    def check_packing(self, i: int) -> None:
+        """Round ``i`` computed every live row's bonus and admitted drafts, those first and in
+        block order, and as many tokens as the smallest token count holding them."""
+        g, lengths, live = self.g[i], self.verify_len[i], self.live[i]
+        want = [b * (K + 1) + j for b in live.tolist() for j in range(int(lengths[b]) + 1)]
+        rows = self.rows[i].tolist()
+        assert rows[: len(want)] == want, i
+        assert len(rows) == bucket(len(want), verify_token_counts(g, K)), i
+        assert len(set(rows)) == len(rows) and max(rows) < g * (K + 1), i
 
 
 @pytest.mark.parametrize("schedule", ["prefix", "top-budget", "width"])
@@ -99,10 +112,13 @@ def test_scheduled_greedy_equals_target_greedy(nudged, drafter, schedule, monkey
     results = dec.generate(PROMPTS, BUDGETS)
     for res, want in zip(results, oracle, strict=True):
         assert list(res.tokens) == want
-    # not vacuous: rows were cut short and some verified drafts, some rounds were narrower
+    # not vacuous: rows were cut short and some verified drafts, some rounds computed fewer
+    # tokens than the block holds
     lengths = torch.cat(rounds.verify_len)
     assert int(lengths.max()) > 0 and int(lengths.min()) == 0
-    assert min(rounds.width) < K + 1
+    assert any(len(r) < g * (K + 1) for r, g in zip(rounds.rows, rounds.g, strict=True))
+    for i in range(len(rounds.rows)):
+        rounds.check_packing(i)
     assert max(max(r.accepted_lengths) for r in results) > 1
 
 
@@ -115,14 +131,13 @@ def test_admitted_lengths_are_schedule_prefix_of_the_calibrated_survival(nudged,
     dec.generate(PROMPTS, BUDGETS)
     tau = drafter.sts_temperatures
     assert len(rounds.raw) == len(rounds.verify_len) > 5
-    widths = verify_widths(K)
     for i, got in enumerate(rounds.verify_len):
         want = schedule_prefix(rounds.survival(i, tau), torch.tensor(sps, dtype=torch.float64))
         assert torch.equal(got[rounds.live[i]], want), i
         padding = torch.ones_like(got, dtype=torch.bool)
         padding[rounds.live[i]] = False
         assert int(got[padding].abs().sum()) == 0  # padding rows verify nothing
-        assert rounds.width[i] == bucket(int(got.max()) + 1, widths)
+        rounds.check_packing(i)
 
 
 def test_top_budget_admits_the_budget_of_highest_survival(nudged, drafter, monkeypatch):
@@ -141,15 +156,18 @@ def test_top_budget_admits_the_budget_of_highest_survival(nudged, drafter, monke
 
 def test_unprofitable_drafts_verify_only_the_bonus(nudged, drafter, monkeypatch):
     """``sps[B] = 1 / B^2``: every extra verify token lowers the expected rate, so Algorithm 1
-    admits nothing; every round verifies the bonus alone (Q = 1) and decodes exactly."""
+    admits nothing; every round verifies the live rows' bonus tokens alone and decodes
+    exactly."""
     target, oracle = nudged
     sps = [1.0] + [1.0 / b**2 for b in range(1, MAX_BATCH * (K + 1) + 1)]
     dec = bind(target, drafter, _config("prefix"), sps=sps)
     rounds = _Rounds(dec, monkeypatch)
     results = dec.generate(PROMPTS, BUDGETS)
     assert [list(r.tokens) for r in results] == oracle
-    assert set(rounds.width) == {1}
     assert all(int(v.max()) == 0 for v in rounds.verify_len)
+    for i in range(len(rounds.rows)):
+        rounds.check_packing(i)
+    assert len(rounds.rows[0]) == len(PROMPTS)  # six live rows in a block of 8 * (K + 1)
     assert all(set(r.accepted_lengths) == {1} for r in results)
 
 
@@ -212,7 +230,7 @@ def test_schedule_config_and_plan_rules(nudged, drafter):
 
 def test_scheduled_rounds_are_captured_in_two_phases(drafter):
     """On CUDA a scheduled round is captured under 'auto' and 'on' alike, as two phases with
-    the verify width read between them (the plan says so)."""
+    the token count read between them (the plan says so)."""
     caps = drafter.capabilities
     toy = TargetInfo(vocab_size=64, hidden_size=32, num_layers=4)
     sts = tuple(drafter.sts_temperatures.tolist())
@@ -232,9 +250,9 @@ def test_scheduled_rounds_are_captured_in_two_phases(drafter):
 @pytest.mark.gpu
 @pytest.mark.parametrize("schedule", ["prefix", "top-budget", "width"])
 def test_graphed_scheduled_rounds_equal_eager_ones(nudged_toy_target, schedule):
-    """Captured in two phases (drafting per (rows, width), verification per (rows, width, Q)),
+    """Captured in two phases (drafting per (rows, width), verification per (rows, width, T)),
     a scheduled decoder emits what the eager one emits, round for round, and the target's own
-    greedy tokens; the replayed verify widths vary."""
+    greedy tokens; the replayed token counts vary."""
     target = nudged_toy_target(max_slots=12, max_len=128, mixing=0.3, device="cuda")
     drafter = bind(target, None, _config(cuda_graphs="off")).drafter
     drafter.set_sts(torch.linspace(0.6, 1.4, drafter.spec.block_size))
@@ -245,32 +263,31 @@ def test_graphed_scheduled_rounds_equal_eager_ones(nudged_toy_target, schedule):
     a = eager.generate(PROMPTS, BUDGETS)
     graphed.prepare_for(PROMPTS, BUDGETS)
     assert graphed.verify_graphs, "no verify phase was captured"
-    widths: list[int] = []
+    counts: list[int] = []
 
-    def recording(call, q):
+    def recording(call, t):
         real = call.replay
 
         def replay():
-            widths.append(q)
+            counts.append(t)
             real()
         return replay
 
-    for (_, _, q), call in graphed.verify_graphs.items():
-        call.replay = recording(call, q)
+    for (_, _, t), call in graphed.verify_graphs.items():
+        call.replay = recording(call, t)
     b = graphed.generate(PROMPTS, BUDGETS)
     assert [(r.tokens, r.accepted_lengths) for r in a] == [(r.tokens, r.accepted_lengths)
                                                            for r in b]
     want = [target.greedy_generate(p, n, slot=11) for p, n in zip(PROMPTS, BUDGETS, strict=True)]
     assert [list(r.tokens) for r in b] == want
-    # top-budget (2 positions per row) and width pad every round to Q = 3 on this target and
-    # table; Algorithm 1's widths vary
-    assert len(set(widths)) > (schedule == "prefix"), widths
+    # the live rows and their admitted drafts change from round to round
+    assert len(set(counts)) > 1, counts
 
 
 @pytest.mark.gpu
 def test_a_graphed_scheduled_round_synchronizes_with_the_host_twice(nudged_toy_target):
     """torch's sync debug mode reports every synchronizing call: a replayed scheduled round
-    makes two, the read of its verify width Q between the phases and the read of its counts and
+    makes two, the read of its token count T between the phases and the read of its counts and
     tokens at the end. The negative control adds a ``.item()`` and sees three."""
     target = nudged_toy_target(max_slots=12, max_len=128, mixing=0.3, device="cuda")
     drafter = bind(target, None, _config(cuda_graphs="off")).drafter

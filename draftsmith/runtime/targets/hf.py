@@ -345,16 +345,21 @@ class HFTarget:
     @torch.inference_mode()
     def forward_rows(self, tokens: torch.Tensor, starts: torch.Tensor, context_width: int,
                      slots: torch.Tensor | None = None,
-                     logit_rows: torch.Tensor | None = None) -> TargetOutput:
+                     logit_rows: torch.Tensor | None = None,
+                     compute_rows: torch.Tensor | None = None) -> TargetOutput:
         """Forward ``tokens: [G, Q] int64`` for slots ``0 .. G-1`` (or ``slots: [G] int64`` on
         the device); token ``j`` of row ``b`` sits at position ``starts[b] + j``
         (``starts: [G] int64`` on the device).
 
-        Writes all ``Q`` keys and values in place; attention reads columns
+        Writes the keys and values in place; attention reads columns
         ``0 .. context_width - 1`` (``context_width >= max(starts) + Q``, a static bound the
         caller knows). Features have ``G * Q`` rows, request-major; logits those rows or only
-        ``logit_rows`` (device indices). Reads nothing back to the host and allocates nothing
-        persistent: a CUDA graph can capture it.
+        ``logit_rows`` (device indices). ``compute_rows: [T]`` (indices ``b * Q + j``): only
+        those tokens, in that order. The fused layer loop then runs its projections, norms and
+        MLPs on ``T`` rows and writes only their keys and values (attention still runs over
+        the ``[G, Q]`` block, the other queries zero); transformers' modules compute the block
+        and select the rows. Reads nothing back to the host and allocates nothing persistent:
+        a CUDA graph can capture it.
         """
         g, q = tokens.shape
         kv = self._kv
@@ -364,12 +369,17 @@ class HFTarget:
                 f"at least {g} slots and {context_width} positions (reserve holds "
                 f"{self.cache_slots} x {self.cache_length})"
             )
+        if compute_rows is not None:
+            if logit_rows is not None:
+                raise ShapeError("forward_rows takes compute_rows or logit_rows, not both")
+            check_tensor("compute_rows", compute_rows, ("T",), torch.int64)
         positions = starts[:, None] + kv.columns[:q]
         if slots is None:
             hidden = self._forward(tokens, kv, None, kv.row_ids[:g, None], positions,
-                                   context_width)
+                                   context_width, compute_rows)
         else:
-            hidden = self._forward(tokens, kv, slots, slots[:, None], positions, context_width)
+            hidden = self._forward(tokens, kv, slots, slots[:, None], positions, context_width,
+                                   compute_rows)
         return self._output(hidden, logit_rows)
 
     @torch.inference_mode()
@@ -524,14 +534,27 @@ class HFTarget:
         return self._output(hidden, None)
 
     def _forward(self, ids: torch.Tensor, kv: StaticKV, rows: torch.Tensor | None,
-                 write_rows: torch.Tensor, positions: torch.Tensor, width: int) -> torch.Tensor:
-        """Decoder forward with an explicit mask: final-normed hidden ``[N, Q, H_t]``; fills the
-        capture buffers. Query ``(b, j)`` sees columns ``0 .. positions[b, j]`` of its row."""
+                 write_rows: torch.Tensor, positions: torch.Tensor, width: int,
+                 pick: torch.Tensor | None = None) -> torch.Tensor:
+        """Decoder forward with an explicit mask: final-normed hidden ``[N, Q, H_t]`` (or, with
+        ``pick: [T]``, those rows of the ``N * Q``: ``[T, 1, H_t]``); fills the capture buffers
+        with the same rows. Query ``(b, j)`` sees columns ``0 .. positions[b, j]`` of its row."""
         self._captured.clear()
         hidden_mask = kv.columns[:width] > positions[:, :, None]  # [N, Q, W] True = hidden
         if self._loop is not None:
             return self._loop.forward(ids, kv, rows, write_rows, positions, width, hidden_mask,
-                                      self._capture_ids, self._captured)
+                                      self._capture_ids, self._captured, pick)
+        hidden = self._modules_forward(ids, kv, rows, write_rows, positions, width, hidden_mask)
+        if pick is None:
+            return hidden
+        for i, part in self._captured.items():
+            self._captured[i] = part.reshape(-1, part.shape[-1]).index_select(0, pick)
+        return hidden.reshape(-1, 1, hidden.shape[-1]).index_select(0, pick)
+
+    def _modules_forward(self, ids: torch.Tensor, kv: StaticKV, rows: torch.Tensor | None,
+                         write_rows: torch.Tensor, positions: torch.Tensor, width: int,
+                         hidden_mask: torch.Tensor) -> torch.Tensor:
+        """:meth:`_forward` through transformers' own modules (the whole ``[N, Q]`` block)."""
         mask = hidden_mask.to(self.dtype) * torch.finfo(self.dtype).min
         cache = row_cache(kv, rows, write_rows, positions, width)
         out = self._decoder(

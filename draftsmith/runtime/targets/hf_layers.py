@@ -166,7 +166,8 @@ class LayerLoop:
     def forward(self, ids: torch.Tensor, kv: StaticKV, rows: torch.Tensor | None,
                 write_rows: torch.Tensor, positions: torch.Tensor, width: int,
                 hidden_mask: torch.Tensor, capture: Sequence[int],
-                captured: dict[int, torch.Tensor]) -> torch.Tensor:
+                captured: dict[int, torch.Tensor],
+                pick: torch.Tensor | None = None) -> torch.Tensor:
         """Final-normed hidden ``[N, Q, H_t]`` of ``ids: [N, Q]`` at ``positions: [N, Q]``.
 
         Keys and values are written at ``(write_rows[b], positions[b, j])`` of ``kv``; attention
@@ -174,38 +175,55 @@ class LayerLoop:
         ``rows``, hiding the columns where ``hidden_mask: [N, Q, W]`` is true. The residual
         stream after each layer in ``capture`` is stored in ``captured`` (``-1``: the
         embedding's output, which its forward hook records).
+
+        ``pick: [T]`` (indices ``b * Q + j``) computes those tokens only, ``[T, 1, H_t]``: every
+        op but attention runs on ``T`` rows and only their keys and values are written;
+        attention scatters their queries into the ``[N, Q]`` block (the others zero) and
+        gathers the outputs back.
         """
         n, q = ids.shape
         nq, nkv, hd = self.heads, self.kv_heads, self.head_dim
         group = nq // nkv
-        x = self.decoder.embed_tokens(ids)
+        if pick is None:
+            x = self.decoder.embed_tokens(ids)
+            write_rows = write_rows.expand(n, q)
+        else:
+            positions = positions.reshape(-1).index_select(0, pick).view(-1, 1)
+            write_rows = write_rows.expand(n, q).reshape(-1).index_select(0, pick).view(-1, 1)
+            x = self.decoder.embed_tokens(ids.reshape(-1).index_select(0, pick).view(-1, 1))
+        rows_out = x.shape[0] * x.shape[1]
         kernels = x.is_cuda and x.dtype in _KERNEL_DTYPES
         cos, sin = self.decoder.rotary_emb(x, positions)
-        cos, sin = cos.reshape(n * q, hd), sin.reshape(n * q, hd)
+        cos, sin = cos.reshape(rows_out, hd), sin.reshape(rows_out, hd)
         # the query heads of one key/value head attend as one batch of group * Q rows
         mask = (hidden_mask.to(x.dtype) * torch.finfo(x.dtype).min)[:, None]
         if group > 1:
             mask = mask.expand(n, group, q, width).reshape(n, 1, group * q, width)
-        h = x.reshape(n * q, -1)
+        h = x.reshape(rows_out, -1)
         normed = self._norm(h, self.layers[0].input_norm, kernels)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             qkv = linear(normed, layer.qkv_weight, layer.qkv_bias, self.row_stable)
-            heads = qkv.view(n * q, nq + 2 * nkv, hd)
+            heads = qkv.view(rows_out, nq + 2 * nkv, hd)
             self._rope(heads[:, : nq + nkv], layer, cos, sin, kernels)
             keys, values = kv.keys[i], kv.values[i]
-            keys[write_rows, :, positions] = heads[:, nq : nq + nkv].view(n, q, nkv, hd)
-            values[write_rows, :, positions] = heads[:, nq + nkv :].view(n, q, nkv, hd)
+            keys[write_rows, :, positions] = heads[:, nq : nq + nkv].view(*positions.shape, nkv, hd)
+            values[write_rows, :, positions] = heads[:, nq + nkv :].view(*positions.shape, nkv, hd)
             if rows is None:
                 k, v = keys[:n, :, :width], values[:n, :, :width]
             else:
                 k = keys[:, :, :width].index_select(0, rows)
                 v = values[:, :, :width].index_select(0, rows)
-            query = (heads[:, :nq].view(n, q, nkv, group, hd).permute(0, 2, 3, 1, 4)
+            query = heads[:, :nq]
+            if pick is not None:
+                query = query.new_zeros(n * q, nq, hd).index_copy_(0, pick, query)
+            query = (query.reshape(n, q, nkv, group, hd).permute(0, 2, 3, 1, 4)
                      .reshape(n, nkv, group * q, hd))
             out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask,
                                                  scale=layer.scaling)
             out = out.view(n, nkv, group, q, hd).permute(0, 3, 1, 2, 4).reshape(n * q, nq * hd)
+            if pick is not None:
+                out = out.index_select(0, pick)
             attn = linear(out, layer.o_proj.weight, layer.o_proj.bias, self.row_stable)
             h, normed = self._add_norm(attn, h, layer.post_norm, kernels)
             gate_up = linear(normed, layer.gate_up_weight, None, self.row_stable)
@@ -214,8 +232,8 @@ class LayerLoop:
             following = self.decoder.norm if i == last else self.layers[i + 1].input_norm
             h, normed = self._add_norm(mlp, h, following, kernels)
             if i in capture:
-                captured[i] = h.view(n, q, -1)
-        return normed.view(n, q, -1)
+                captured[i] = h.view(*positions.shape, -1)
+        return normed.view(*positions.shape, -1)
 
     @staticmethod
     def _norm(h: torch.Tensor, norm: torch.nn.Module, kernels: bool) -> torch.Tensor:

@@ -297,6 +297,61 @@ def test_forward_rows_at_ragged_positions_matches_a_fresh_forward(model: torch.n
         target.forward_rows(nxt, starts2, 128)  # wider than the cache holds
 
 
+def test_forward_rows_of_packed_tokens_equals_the_block(model: torch.nn.Module,
+                                                        monkeypatch) -> None:
+    """``compute_rows``: a packed verify of each row's first tokens (ragged: 4, 1 and 2 of a
+    [3, 5] block, then two tokens after them that no row's prefix reaches) gives those tokens'
+    logits and features as the whole block computes them, writes their keys and values as the
+    block does, and the next forward over the kept tokens sees the same cache. The fused loop's
+    projections (6 layers of 4) run on the 9 packed rows, not the block's 15."""
+    from draftsmith.runtime.targets import hf_layers
+
+    gemm_rows: list[int] = []
+    real = hf_layers.linear
+
+    def counted(x, *args):
+        gemm_rows.append(x.shape[0])
+        return real(x, *args)
+
+    monkeypatch.setattr(hf_layers, "linear", counted)
+    layers = [0, 3]
+    g = torch.Generator().manual_seed(11)
+    seqs = [torch.randint(0, 512, (n,), generator=g) for n in (9, 4, 13)]
+    starts = torch.tensor([s.numel() for s in seqs])
+    tokens = torch.randint(0, 512, (3, 5), generator=g)
+    kept = [0, 1, 2, 3, 5, 10, 11]  # b * 5 + j of the rows' admitted prefixes
+    pick = torch.tensor(kept + [4, 8])  # padding tokens past those prefixes
+    outs, caches = [], []
+    for rows in (None, pick):
+        target = _target(model, max_slots=4)
+        target.set_capture_layers(layers)
+        target.reserve(3, 64)
+        target.prefill([0, 1, 2], seqs)
+        gemm_rows.clear()
+        outs.append(target.forward_rows(tokens, starts, 32, compute_rows=rows))
+        assert model.served_by != "fused" or gemm_rows == [15 if rows is None else 9] * 24
+        caches.append(target)
+    block, packed = outs
+    assert packed.logits.logits.shape[0] == packed.features.shape[0] == pick.numel()
+    torch.testing.assert_close(packed.logits.logits[:7], block.logits.logits[kept], atol=ATOL,
+                               rtol=0)
+    torch.testing.assert_close(packed.features[:7], block.features[kept], atol=ATOL, rtol=0)
+    for layer in range(6):
+        for b, n in enumerate((4, 1, 2)):
+            cols = slice(int(starts[b]), int(starts[b]) + n)
+            for kv in ("keys", "values"):
+                torch.testing.assert_close(getattr(caches[1]._kv, kv)[layer][b, :, cols],
+                                           getattr(caches[0]._kv, kv)[layer][b, :, cols],
+                                           atol=ATOL, rtol=0)
+    nxt = torch.randint(0, 512, (3, 2), generator=g)
+    after = starts + torch.tensor([4, 1, 2])
+    a, b = (t.forward_rows(nxt, after, 32).logits.logits for t in caches)
+    torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
+    with pytest.raises(ShapeError, match="not both"):
+        caches[1].forward_rows(nxt, after, 32, logit_rows=torch.tensor([0]),
+                               compute_rows=torch.tensor([0]))
+
+
 def test_load_hf_target_never_unpickles(tmp_path) -> None:
     """A directory whose weights are only a pickle is refused by the loader itself (the API
     path), not only by the command's pre-check: unpickling can run code."""
