@@ -8,14 +8,19 @@ elementwise kernels, RoPE as ten, the three projections apart, SiLU and the prod
 3.9 ms at 32 rows on an H200 against 0.1 ms of weights to read. The loop here runs, per layer:
 the residual add fused with the next RMSNorm, one GEMM for ``[q | k | v]``, RoPE (with Qwen3's
 per-head norm) of queries and keys in place, the two cache writes, attention, ``o_proj``, the
-add and norm again, one GEMM for ``[gate | up]``, SiLU times up, ``down_proj``.
+add and norm again, one GEMM for ``[gate | up]``, SiLU times up, ``down_proj``. Attention of a
+decoding step or a verification (up to :data:`CACHE_ATTENTION_MAX_Q` tokens a row) is
+:func:`~draftsmith.kernels.cache_attention.cache_attention`: each token reads its own slot's
+columns up to its position, split over programs, instead of a masked attention over the whole
+context bucket.
 
-Every op but the GEMMs computes a row independently of the rows beside it, and the GEMMs do
-wherever ``target.gemm`` runs the row-stable kernel (up to 32 rows), so a verification of that
-size rounds as decoding its tokens one by one, exactly as through transformers' modules.
+Every op but the GEMMs computes a row independently of the rows beside it (the per-token
+attention by construction: a token's bits do not depend on the other tokens, the bucket's width
+or the split count), and the GEMMs do wherever ``target.gemm`` runs the row-stable kernel (up to
+32 rows), so a verification of that size rounds as decoding its tokens one by one.
 Against transformers' own forward the values agree to rounding: the norm kernel sums squares in
-another order, the packed GEMMs may tile differently, and the query heads of a key/value group
-attend as one batch of rows instead of copies of the keys.
+another order, the packed GEMMs may tile differently, and attention folds its softmax online
+over tiles of columns.
 
 The projections' weights are packed once (``[q | k | v]`` and ``[gate | up]`` concatenated)
 and the modules' own parameters become views of the packed tensors, so no weight is held twice.
@@ -34,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.contract import ConfigError
+from draftsmith.kernels.cache_attention import cache_attention, cache_attention_reference
 from draftsmith.kernels.rms_norm import (
     add_rms_norm,
     add_rms_norm_reference,
@@ -53,6 +59,12 @@ FUSED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 optional projection biases) plus a SiLU-gated MLP, with an RMSNorm before the head."""
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+CACHE_ATTENTION_MAX_Q = 64
+"""Tokens per row up to which attention runs
+:func:`~draftsmith.kernels.cache_attention.cache_attention` (its reference on the CPU): each
+token over its own slot's columns up to its position; wider forwards (prefill) run torch's
+attention over the masked block."""
 
 
 def config_blocker(config: Any, layers_split: bool = False) -> str | None:
@@ -177,9 +189,9 @@ class LayerLoop:
         embedding's output, which its forward hook records).
 
         ``pick: [T]`` (indices ``b * Q + j``) computes those tokens only, ``[T, 1, H_t]``: every
-        op but attention runs on ``T`` rows and only their keys and values are written;
-        attention scatters their queries into the ``[N, Q]`` block (the others zero) and
-        gathers the outputs back.
+        op runs on ``T`` rows and only their keys and values are written (torch's attention, for
+        ``Q`` above :data:`CACHE_ATTENTION_MAX_Q`, scatters their queries into the ``[N, Q]``
+        block, the others zero, and gathers the outputs back).
         """
         n, q = ids.shape
         nq, nkv, hd = self.heads, self.kv_heads, self.head_dim
@@ -195,10 +207,15 @@ class LayerLoop:
         kernels = x.is_cuda and x.dtype in _KERNEL_DTYPES
         cos, sin = self.decoder.rotary_emb(x, positions)
         cos, sin = cos.reshape(rows_out, hd), sin.reshape(rows_out, hd)
-        # the query heads of one key/value head attend as one batch of group * Q rows
-        mask = (hidden_mask.to(x.dtype) * torch.finfo(x.dtype).min)[:, None]
-        if group > 1:
-            mask = mask.expand(n, group, q, width).reshape(n, 1, group * q, width)
+        per_token = q <= CACHE_ATTENTION_MAX_Q
+        attend = cache_attention if kernels else cache_attention_reference
+        token_rows, token_pos = write_rows.reshape(-1), positions.reshape(-1)
+        mask = None
+        if not per_token:
+            # the query heads of one key/value head attend as one batch of group * Q rows
+            mask = (hidden_mask.to(x.dtype) * torch.finfo(x.dtype).min)[:, None]
+            if group > 1:
+                mask = mask.expand(n, group, q, width).reshape(n, 1, group * q, width)
         h = x.reshape(rows_out, -1)
         normed = self._norm(h, self.layers[0].input_norm, kernels)
         last = len(self.layers) - 1
@@ -209,21 +226,12 @@ class LayerLoop:
             keys, values = kv.keys[i], kv.values[i]
             keys[write_rows, :, positions] = heads[:, nq : nq + nkv].view(*positions.shape, nkv, hd)
             values[write_rows, :, positions] = heads[:, nq + nkv :].view(*positions.shape, nkv, hd)
-            if rows is None:
-                k, v = keys[:n, :, :width], values[:n, :, :width]
+            if per_token:
+                out = attend(heads[:, :nq], keys, values, token_rows, token_pos, width,
+                             layer.scaling).view(rows_out, nq * hd)
             else:
-                k = keys[:, :, :width].index_select(0, rows)
-                v = values[:, :, :width].index_select(0, rows)
-            query = heads[:, :nq]
-            if pick is not None:
-                query = query.new_zeros(n * q, nq, hd).index_copy_(0, pick, query)
-            query = (query.reshape(n, q, nkv, group, hd).permute(0, 2, 3, 1, 4)
-                     .reshape(n, nkv, group * q, hd))
-            out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask,
-                                                 scale=layer.scaling)
-            out = out.view(n, nkv, group, q, hd).permute(0, 3, 1, 2, 4).reshape(n * q, nq * hd)
-            if pick is not None:
-                out = out.index_select(0, pick)
+                out = self._block_attention(heads[:, :nq], keys, values, rows, mask, pick, n, q,
+                                            width, layer.scaling)
             attn = linear(out, layer.o_proj.weight, layer.o_proj.bias, self.row_stable)
             h, normed = self._add_norm(attn, h, layer.post_norm, kernels)
             gate_up = linear(normed, layer.gate_up_weight, None, self.row_stable)
@@ -234,6 +242,29 @@ class LayerLoop:
             if i in capture:
                 captured[i] = h.view(*positions.shape, -1)
         return normed.view(*positions.shape, -1)
+
+    def _block_attention(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                         rows: torch.Tensor | None, mask: torch.Tensor,
+                         pick: torch.Tensor | None, n: int, q: int, width: int,
+                         scale: float) -> torch.Tensor:
+        """torch's attention of the ``[N, Q]`` block over its rows' cache columns
+        ``0 .. width - 1`` under ``mask``: ``query: [R, n_q, hd]`` (``R = N * Q``, or with
+        ``pick`` the ``T`` picked tokens, scattered into the block, the rest zero) ->
+        ``[R, n_q * hd]``."""
+        nq, nkv, hd = self.heads, self.kv_heads, self.head_dim
+        group = nq // nkv
+        if rows is None:
+            k, v = keys[:n, :, :width], values[:n, :, :width]
+        else:
+            k = keys[:, :, :width].index_select(0, rows)
+            v = values[:, :, :width].index_select(0, rows)
+        if pick is not None:
+            query = query.new_zeros(n * q, nq, hd).index_copy_(0, pick, query)
+        query = (query.reshape(n, q, nkv, group, hd).permute(0, 2, 3, 1, 4)
+                 .reshape(n, nkv, group * q, hd))
+        out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scale)
+        out = out.view(n, nkv, group, q, hd).permute(0, 3, 1, 2, 4).reshape(n * q, nq * hd)
+        return out if pick is None else out.index_select(0, pick)
 
     @staticmethod
     def _norm(h: torch.Tensor, norm: torch.nn.Module, kernels: bool) -> torch.Tensor:

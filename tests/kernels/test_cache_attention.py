@@ -1,0 +1,87 @@
+"""cache_attention: the Triton kernel against its torch reference (interpreter on the CPU, fp32;
+bf16 too on a GPU) on odd shapes and split counts, strided queries, and the property the target's
+exactness rests on: a token's output does not change by a bit with the number of splits, the
+other tokens of the call, or their order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftsmith.contract import ShapeError
+from draftsmith.kernels.cache_attention import SPLIT, cache_attention, cache_attention_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _case(n, nq, nkv, hd, slots, length, dtype=torch.float32, seed=0, strided=False):
+    gen = torch.Generator().manual_seed(seed)
+    keys = torch.randn(slots, nkv, length, hd, generator=gen).to(DEVICE, dtype)
+    values = torch.randn(slots, nkv, length, hd, generator=gen).to(DEVICE, dtype)
+    if strided:  # the queries as a view of a fused [q | k | v] projection, as the target makes it
+        q = torch.randn(n, nq + 2 * nkv, hd, generator=gen).to(DEVICE, dtype)[:, :nq]
+    else:
+        q = torch.randn(n, nq, hd, generator=gen).to(DEVICE, dtype)
+    rows = torch.randint(0, slots, (n,), generator=gen).to(DEVICE)
+    return q, keys, values, rows
+
+
+@pytest.mark.parametrize("shape", [
+    # n, nq, nkv, hd, slots, length, columns, positions
+    (5, 6, 2, 40, 4, 600, 600, [0, 255, 256, 599, 300]),
+    (3, 9, 3, 64, 2, 130, 129, [0, 64, 128]),
+    (4, 4, 4, 16, 3, 64, 17, [16, 3, 0, 9]),
+    (2, 8, 1, 24, 1, 520, 520, [519, 511]),
+])
+def test_kernel_matches_the_reference(shape):
+    n, nq, nkv, hd, slots, length, columns, positions = shape
+    q, keys, values, rows = _case(n, nq, nkv, hd, slots, length, strided=n == 5)
+    pos = torch.tensor(positions, device=DEVICE)
+    scale = hd ** -0.5
+    want = cache_attention_reference(q, keys, values, rows, pos, columns, scale)
+    got = cache_attention(q, keys, values, rows, pos, columns, scale)
+    assert got.shape == (n, nq, hd) and got.dtype == want.dtype
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+
+
+def test_a_token_is_bit_identical_whatever_the_call():
+    """Splits past a token's position, its neighbours and their order change none of its bits."""
+    q, keys, values, rows = _case(6, 6, 2, 32, 3, 3 * SPLIT, seed=4)
+    pos = torch.tensor([5, SPLIT - 1, SPLIT, SPLIT + 7, 2 * SPLIT + 1, 0], device=DEVICE)
+    scale = 0.2
+    wide = cache_attention(q, keys, values, rows, pos, 3 * SPLIT, scale)
+    for n in range(6):
+        bound = int(pos[n]) + 1
+        alone = cache_attention(q[n : n + 1], keys, values, rows[n : n + 1], pos[n : n + 1],
+                                bound, scale)
+        assert torch.equal(alone[0], wide[n]), n
+    order = torch.tensor([3, 0, 5, 1, 4, 2], device=DEVICE)
+    shuffled = cache_attention(q[order], keys, values, rows[order], pos[order], 3 * SPLIT, scale)
+    assert torch.equal(shuffled, wide[order])
+
+
+def test_bad_shapes_are_refused():
+    q, keys, values, rows = _case(2, 6, 4, 16, 2, 32)
+    pos = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    with pytest.raises(ShapeError, match="do not group"):
+        cache_attention(q, keys, values, rows, pos, 32, 1.0)
+    q, keys, values, rows = _case(2, 4, 2, 16, 2, 32)
+    with pytest.raises(ShapeError, match="columns 33"):
+        cache_attention(q, keys, values, rows, pos, 33, 1.0)
+    with pytest.raises(ShapeError):
+        cache_attention(q, keys, values, rows[:1], pos, 32, 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_on_a_gpu(dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    q, keys, values, rows = _case(37, 9, 3, 64, 8, 1100, dtype=dtype, strided=True)
+    pos = torch.randint(0, 1100, (37,), device=DEVICE)
+    want = cache_attention_reference(q, keys, values, rows, pos, 1100, 0.125)
+    got = cache_attention(q, keys, values, rows, pos, 1100, 0.125)
+    tol = 2e-2 if dtype == torch.bfloat16 else 2e-5
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    alone = cache_attention(q[:1], keys, values, rows[:1], pos[:1], int(pos[0]) + 1, 0.125)
+    assert torch.equal(alone[0], got[0])
