@@ -334,7 +334,8 @@ def _scheduled(target, tokenizer, dtype_name: str, batch: int, args: argparse.Na
                            args.temperature > 0),
               note=_sampling_note(args, plan)
               + f"{rate / spec_report.spec_tokens_per_s:.2f}x spec (verify all); "
-                   f"cuda_graphs {plan.cuda_graphs}; sps: "
+                   f"cuda_graphs {plan.cuda_graphs}; scheduled rows: "
+                   f"{plan.decision('scheduled_rows').reason}; sps: "
                    + (plan.decision("sps").reason if plan.verify_schedule != "top-budget"
                       else "-"))
 

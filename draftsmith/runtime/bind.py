@@ -49,6 +49,7 @@ from draftsmith.runtime.costs import (
     choose_draft_tokens,
     profile_ks,
     profile_rounds,
+    schedule_buckets,
     sps_from_profile,
 )
 from draftsmith.runtime.decoder import SpecDecoder
@@ -392,7 +393,7 @@ def bind(
     """
     if config.num_draft_tokens != "auto":
         return _bind(target, drafter, config, mapping, registry, collectives, None, sps,
-                     profile)
+                     profile, acceptance)
     if (mapping if mapping is not None else config.parallel).tp_size > 1:
         # each rank would time its own rounds and could choose another K than its peers
         raise PlanError("num_draft_tokens = 'auto' measures costs on one process; under tensor "
@@ -417,7 +418,8 @@ def bind(
                                 k_max, buckets)
     auto = AutoDraftTokens(profile=profile, acceptance=acceptance, rows=rows,
                            choices=choose_draft_tokens(profile, acceptance, k_max))
-    return _bind(target, drafter, config, mapping, registry, collectives, auto, sps, profile)
+    return _bind(target, drafter, config, mapping, registry, collectives, auto, sps, profile,
+                 acceptance)
 
 
 def measure_costs(target: TargetModel, drafter: Drafter, config: SpecConfig,
@@ -451,6 +453,7 @@ def _bind(
     auto: AutoDraftTokens | None,
     sps: Sequence[float] | None = None,
     profile: CostProfile | None = None,
+    acceptance: AcceptanceEstimate | None = None,
 ) -> SpecDecoder:
     mapping = mapping if mapping is not None else config.parallel
     collectives = collectives if collectives is not None else SingleRank()
@@ -492,7 +495,7 @@ def _bind(
                 or profile is not None):
             # top-budget reads no sps: measured for the others, recorded when at hand
             costs = verify_costs(target, drafter, config, mapping, registry, collectives, k,
-                                 sps=sps, profile=profile)
+                                 sps=sps, profile=profile, acceptance=acceptance)
     plan = make_plan(_plan_inputs(config, mapping, where, selector, info.vocab_size, held,
                                   bool(getattr(target, "layers_split", False)), auto=auto,
                                   verify_costs=costs, sts=sts),
@@ -549,10 +552,14 @@ def verify_costs(target: TargetModel, drafter: Drafter, config: SpecConfig,
                  mapping: ParallelMapping | None, registry: Registry | None,
                  collectives: Collectives | None, k: int, *,
                  sps: Sequence[float] | None = None,
-                 profile: CostProfile | None = None) -> VerifyCosts:
+                 profile: CostProfile | None = None,
+                 acceptance: AcceptanceEstimate | None = None) -> VerifyCosts:
     """The verify scheduler's ``sps`` table for ``B = 0 .. max_batch * (K + 1)`` verify tokens:
     ``sps`` as given, else :func:`sps_from_profile` of ``profile``, else of rounds measured here
-    (:func:`measure_costs` for ``K`` up to ``k``, every row bucket of ``runtime.max_batch``)."""
+    (:func:`measure_costs` for ``K`` up to ``k``, every row bucket of ``runtime.max_batch``).
+    With a profile (given or measured), the rows buckets that run the schedule
+    (:func:`~draftsmith.runtime.costs.schedule_buckets`, with ``acceptance``, default the
+    checkpoint's prior); with ``sps`` alone, every bucket."""
     capacity = config.runtime.max_batch
     tokens = capacity * (k + 1)
     if sps is not None:
@@ -561,19 +568,25 @@ def verify_costs(target: TargetModel, drafter: Drafter, config: SpecConfig,
             raise ConfigError(f"the sps table given to bind has {len(values)} entries; it needs "
                               f"one per verify-token count 0 .. {tokens} (max_batch * (K + 1))")
         return VerifyCosts(sps=values[: tokens + 1], source="given to bind (sps=...)")
+    if acceptance is None:
+        acceptance = acceptance_prior(config.drafter.checkpoint, k)
     if profile is not None:
+        rows, why = schedule_buckets(profile, acceptance, k)
         return VerifyCosts(sps=sps_from_profile(profile, tokens),
                            source=f"from the cost profile passed to bind ({profile.method}, "
                                   f"context width {profile.context_width}), 1 / round seconds "
-                                  "interpolated over rows * (K + 1) verify tokens")
+                                  "interpolated over rows * (K + 1) verify tokens",
+                           scheduled_rows=rows, rows_reason=why)
     registry = registry if registry is not None else load_registry()
     measured = measure_costs(target, drafter, config, mapping, registry, collectives, k,
                              row_buckets(capacity))
+    rows, why = schedule_buckets(measured, acceptance, k)
     return VerifyCosts(sps=sps_from_profile(measured, tokens),
                        source=f"measured at bind on this target and device ({measured.method}, "
                               f"K in {measured.draft_tokens}, rows {measured.rows}, context "
                               f"width {measured.context_width}), 1 / round seconds "
-                              "interpolated over rows * (K + 1) verify tokens; drafting included")
+                              "interpolated over rows * (K + 1) verify tokens; drafting included",
+                       scheduled_rows=rows, rows_reason=why)
 
 
 __all__ = ["AUTO_K_MAX", "auto_k_max", "bind", "check_fit", "load_drafter", "measure_costs",

@@ -290,6 +290,11 @@ class VerifyCosts(_Checked):
     (bonus included), for ``B = 0 .. max_batch * (K + 1)``."""
     source: str
     """How the table was obtained (measured at bind, a given profile, or given to ``bind``)."""
+    scheduled_rows: tuple[int, ...] | None = None
+    """Rows buckets whose rounds run the schedule; the others verify every draft in one phase
+    (:func:`schedule_buckets`). ``None``: every bucket (no cost profile to decide by)."""
+    rows_reason: str = "every rows bucket runs the schedule: no cost profile to decide by"
+    """Why, with the figures."""
 
     def model_post_init(self, _context: object) -> None:
         if len(self.sps) < 2 or any(not s > 0 for s in self.sps):
@@ -333,6 +338,45 @@ def sps_from_profile(profile: CostProfile, max_tokens: int) -> tuple[float, ...]
             t = points[x0] + (points[x1] - points[x0]) * (b - x0) / (x1 - x0)
         out.append(1.0 / t)
     return tuple(out)
+
+
+SCHEDULE_MIN_GAIN = 1.02
+"""Expected gain a narrower verify must promise over verifying every draft before a rows bucket
+runs the schedule: a scheduled round reads the host twice (its token count, then its result)
+where a one-phase round reads once."""
+
+
+def schedule_buckets(profile: CostProfile, acceptance: AcceptanceEstimate,
+                     k: int) -> tuple[tuple[int, ...] | None, str]:
+    """``(rows buckets that run the schedule, reason)`` for ``K = k``.
+
+    A schedule can only pay where verifying fewer drafts makes a round cheaper enough: for each
+    profiled bucket ``G``, the best uniform width, ``j`` drafts a row (``1 <= j < k``, at
+    ``E[tokens | j] / t(G, j)``, the profile's round times and the acceptance estimate) is
+    compared with verifying all ``k`` (``E[tokens | k] / t(G, k)``); the bucket schedules when
+    the narrower width expects at least :data:`SCHEDULE_MIN_GAIN` times the rate. (A schedule
+    admits per row, so it can do better than any uniform width; the uniform one is the part
+    the profile can price.) ``None`` when the profile does not reach ``K = k``.
+    """
+    if profile.k_max < k or k < 2:
+        return None, (f"every rows bucket runs the schedule: the cost profile reaches K = "
+                      f"{profile.k_max}, not {k}" if profile.k_max < k else
+                      "every rows bucket runs the schedule (K = 1: nothing narrower to price)")
+    scheduled, parts = [], []
+    for g in profile.rows:
+        full = acceptance.expected_tokens(k) / profile.round_seconds(g, k)
+        best_j, best = max(((j, acceptance.expected_tokens(j) / profile.round_seconds(g, j))
+                            for j in range(1, k)), key=lambda x: (x[1], -x[0]))
+        gain = best / full
+        if gain >= SCHEDULE_MIN_GAIN:
+            scheduled.append(g)
+        parts.append(f"{g}: {gain:.2f}x at {best_j}")
+    kept = ", ".join(map(str, scheduled)) or "none"
+    return tuple(scheduled), (
+        f"rows buckets that run the schedule: {kept}; the others verify all {k} drafts in one "
+        f"phase (the best uniform narrower width against all {k}, expected tokens per second "
+        f"from the cost profile and the acceptance estimate, by rows: {'; '.join(parts)}; a "
+        f"bucket schedules from {SCHEDULE_MIN_GAIN:.2f}x)")
 
 
 def profile_ks(k_max: int) -> tuple[int, ...]:
@@ -395,6 +439,7 @@ __all__ = [
     "DEFAULT_ACCEPTANCE",
     "MIN_SPEEDUP",
     "PRIOR_KEY",
+    "SCHEDULE_MIN_GAIN",
     "AcceptanceEstimate",
     "AcceptanceTally",
     "CostProfile",

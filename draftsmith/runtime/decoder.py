@@ -321,7 +321,7 @@ class SpecDecoder(RoundComputation):
         for w in reversed(prefills):  # largest first: the rest reuse its memory
             self.admissions[w] = CapturedCall(lambda w=w: self.admit_core(w), self._graph_pool)
         for g, w in sorted(missing, reverse=True):
-            if not self._scheduled:
+            if not self._scheduled(g):
                 self.graphs[(g, w)] = CapturedCall(lambda g=g, w=w: self.round_core(g, w),
                                                    self._graph_pool)
                 continue
@@ -571,7 +571,7 @@ class SpecDecoder(RoundComputation):
                 raise PlanError(f"no round was captured for {g} rows and context width {width}; "
                                 "call prepare() with the largest batch and length first")
             graph.replay()
-            if self._scheduled:  # the drafting phase chose the token count: read it, verify
+            if self._scheduled(g):  # the drafting phase chose the token count: read it, verify
                 self._host_width.copy_(self.buffers.verify_count)
                 self.verify_graphs[(g, width, int(self._host_width[0]))].replay()
         else:

@@ -102,11 +102,15 @@ class RoundComputation:
     _block_index: torch.Tensor
     """``arange(slot_capacity * (K + 1))``: token indices of the largest block."""
 
-    @property
-    def _scheduled(self) -> bool:
-        """The round runs in two phases: it drafts, and ``plan.verify_schedule`` is not
-        ``all``."""
-        return self.plan.drafting and self.plan.verify_schedule != "all"
+    def _scheduled(self, g: int) -> bool:
+        """A round over ``g`` rows runs in two phases: it drafts, ``plan.verify_schedule`` is
+        not ``all``, and the plan's cost profile puts ``g`` among the rows buckets that run the
+        schedule (``verify_costs.scheduled_rows``); otherwise it verifies every draft."""
+        plan = self.plan
+        if not plan.drafting or plan.verify_schedule == "all":
+            return False
+        rows = plan.verify_costs.scheduled_rows if plan.verify_costs is not None else None
+        return rows is None or g in rows
 
     def _any_nan(self, logits: torch.Tensor) -> torch.Tensor:
         """``[rows] int64``: 1 where a row of this rank's logits ``[rows, S]`` holds NaN, summed
@@ -121,14 +125,14 @@ class RoundComputation:
         ``width``: context columns the target and the drafter attend to, at least every real
         row's position plus ``K + 1``. Padding rows (``batch_to_slot`` = dummy) compute at
         clamped positions of their own free slots and touch no live state. No host reads, no
-        persistent allocation: a CUDA graph captures it. Under ``plan.verify_schedule`` other
-        than ``all`` the round is its two phases with the verify width read back between them
-        (:meth:`draft_phase_core`, :meth:`verify_phase_core`); the decoder captures each phase
-        instead.
+        persistent allocation: a CUDA graph captures it. Where ``g`` rows run the schedule
+        (:meth:`_scheduled`) the round is its two phases with the token count read back between
+        them (:meth:`draft_phase_core`, :meth:`verify_phase_core`); the decoder captures each
+        phase instead.
         """
         with values_trusted():
             view = self.buffers.view(g)
-            if self._scheduled:
+            if self._scheduled(g):
                 self._draft_scheduled(g, width, view)
                 self._verify_scheduled(g, width, view, int(self.buffers.verify_count[0]))
             else:

@@ -98,6 +98,14 @@ def decide_verify_schedule(schedule: str, verify_budget: int | None, costs: Veri
                 {1, 2, 4, 8, 16, 32, 64, len(costs.sps) - 1}) if b < len(costs.sps))
             decide("sps", f"{len(costs.sps)} entries",
                    f"rounds per second by verify-token count ({shown}): {costs.source}")
+    if costs is None:
+        decide("scheduled_rows", "decided at bind",
+               "the rows buckets that run the schedule are decided from the cost profile when "
+               "the target is bound (this plan was made without it)")
+    else:
+        rows = costs.scheduled_rows
+        decide("scheduled_rows", "all" if rows is None else
+               ", ".join(map(str, rows)) or "none", costs.rows_reason)
     return schedule, budget
 
 

@@ -77,9 +77,10 @@ class _Rounds:
             return raw
 
         def record_accept(logits, drafts, key, **kw):
-            self.verify_len.append(kw["verify_len"].clone())
-            self.rows.append(kw["rows"].clone())
-            self.g.append(drafts.shape[0])
+            if kw.get("rows") is not None:  # a scheduled round's packed verify
+                self.verify_len.append(kw["verify_len"].clone())
+                self.rows.append(kw["rows"].clone())
+                self.g.append(drafts.shape[0])
             return accept(logits, drafts, key, **kw)
 
         monkeypatch.setattr(dec.drafter, "confidence", record_confidence)
@@ -376,3 +377,60 @@ def test_plan_only_shows_the_schedule_without_measuring():
     assert plan.decision("sps").value == "measured at bind"
     with pytest.raises(PlanError, match="needs a drafter with a confidence head"):
         plan_only(_config("prefix", family="dflash"), toy)
+
+
+def _steep_at(rows_steep: tuple[int, ...]) -> CostProfile:
+    """Round times over rows 1, 2, 4, 8 and K = 0 .. K: flat in K (verifying fewer drafts saves
+    nothing) except at ``rows_steep``, where each verified draft adds a quarter of a round."""
+    ks = tuple(range(K + 1))
+    seconds = tuple(tuple(1e-3 * (1 + (0.25 * k if g in rows_steep else 0.0)) for k in ks)
+                    for g in (1, 2, 4, 8))
+    return CostProfile(rows=(1, 2, 4, 8), draft_tokens=ks, seconds=seconds, context_width=128,
+                       method="test")
+
+
+def test_schedule_buckets_price_the_narrower_widths():
+    from draftsmith.runtime.costs import AcceptanceEstimate, schedule_buckets
+
+    acc = AcceptanceEstimate(conditional=(0.6,), source="test")
+    rows, why = schedule_buckets(_steep_at((4, 8)), acc, K)
+    assert rows == (4, 8)
+    assert "rows buckets that run the schedule: 4, 8" in why and "1: 0.97x at 4" in why
+    # flat everywhere: nothing schedules; a profile short of K decides nothing
+    assert schedule_buckets(_steep_at(()), acc, K)[0] == ()
+    short = CostProfile(rows=(1,), draft_tokens=(0, 1), seconds=((1e-3, 2e-3),),
+                        context_width=8, method="test")
+    assert schedule_buckets(short, acc, K) == (None, "every rows bucket runs the schedule: the "
+                                                      "cost profile reaches K = 1, not 5")
+
+
+def test_rows_buckets_where_a_schedule_cannot_pay_verify_every_draft(nudged, drafter,
+                                                                     monkeypatch):
+    """With a cost profile, the plan names the rows buckets that run the schedule; rounds of
+    the other buckets verify all K drafts in one phase (no confidence head, no packing), and the
+    output is the target's greedy output either way."""
+    from draftsmith.runtime.costs import AcceptanceEstimate
+
+    target, oracle = nudged
+    acc = AcceptanceEstimate(conditional=(0.6,), source="test")
+    dec = bind(target, drafter, _config("prefix"), profile=_steep_at((8,)), acceptance=acc)
+    assert dec.plan.verify_costs.scheduled_rows == (8,)
+    assert dec.plan.decision("scheduled_rows").value == "8"
+    seen: list[tuple[int, bool]] = []
+    real_round = dec.round_core
+
+    def round_core(g, width):
+        seen.append((g, dec._scheduled(g)))
+        real_round(g, width)
+
+    monkeypatch.setattr(dec, "round_core", round_core)
+    rounds = _Rounds(dec, monkeypatch)
+    results = dec.generate(PROMPTS, BUDGETS) + dec.generate(PROMPTS[:2], BUDGETS[:2])
+    assert [list(r.tokens) for r in results] == oracle + oracle[:2]
+    assert {g for g, on in seen if on} == {8} and {g for g, on in seen if not on} == {2}
+    assert len(rounds.rows) == sum(on for _, on in seen)  # only scheduled rounds pack
+    assert set(rounds.g) == {8}
+    # without a profile (an sps table alone) every bucket schedules, and the plan says why
+    every = bind(target, drafter, _config("prefix"), sps=_sps(0.02))
+    assert every.plan.verify_costs.scheduled_rows is None
+    assert every.plan.decision("scheduled_rows").value == "all"
