@@ -8,6 +8,7 @@ state, which is restored; then one round run eagerly under the torch profiler, i
 counted and the top ones listed; last, one eager prefill (an admission) for scale.
 
     python benchmarks/round.py --dtype bf16 --batch 1 --out $OUT
+    python benchmarks/round.py --dtype fp32 --batch 8 --temperature 0.7   # sampled rounds
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 from e2e import DATA, _decoder, _prompts
 
-from draftsmith.contract import DraftBlockInputs
+from draftsmith.contract import DraftBlockInputs, SamplingKey
 
 
 def main() -> int:
@@ -33,6 +34,8 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--limit", type=int, default=2, help="prompts per set")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sample at this temperature (rejection acceptance); 0: greedy")
     parser.add_argument("--breakdown", type=int, default=0, metavar="N",
                         help="first time a whole generation of N prompts per set, split into "
                              "admissions, steps by context width, and the rest")
@@ -52,7 +55,8 @@ def main() -> int:
     target, tokenizer = load_target(TargetConfig(
         model="smollm2-135m", dtype={"bf16": "bfloat16"}.get(args.dtype, "float32"),
         device="cuda"), max_slots=args.batch + 2)
-    dec = _decoder(target, tokenizer, args.dtype, args.batch, args.k)
+    dec = _decoder(target, tokenizer, args.dtype, args.batch, args.k,
+                   temperature=args.temperature)
     ids = [dec.encode(t) for _, t in _prompts(Path(args.data), args.limit)]
     dec.generate_ids(ids, 64, compare_plain=True)
     spec = dec.spec
@@ -60,7 +64,7 @@ def main() -> int:
         _breakdown(dec, [dec.encode(t) for _, t in _prompts(Path(args.data), args.breakdown)],
                    args.max_new_tokens, say)
     say(f"# round profile, {args.dtype}, batch {args.batch}, K = {spec.plan.num_draft_tokens}, "
-        f"torch {torch.__version__}")
+        f"temperature {args.temperature}, torch {torch.__version__}")
     rounds: list[tuple[object, object]] = []
     walls: list[float] = []
     state = {"n": 0, "parts": None, "prof": None}
@@ -211,8 +215,13 @@ def _time_parts(spec, g: int, width: int) -> list[tuple[str, float, int]]:
         entries = spec.drafter.project_context(view.features.reshape(g * (k + 1), -1),
                                                p.ctx_positions.reshape(-1))
         spec.pager.store(p, entries)
-        return spec.draft_core(p, None)
+        return spec.draft_core(p, draft_key)
 
+    # sampled rounds: the keys the round itself uses (drafts after the context, target rows
+    # after the anchor) and the drafts' distributions q
+    draft_key = None if spec.plan.greedy else SamplingKey(view.seeds, placement.new_ctx_len + 1)
+    target_key = None if spec.plan.greedy else SamplingKey(view.seeds, starts)
+    _, probs = spec.draft_core(placement, draft_key)
     ids = b.block_ids[:g]
     emb = spec.drafter.embed_block(ids, spec.target_embedding)
     inputs = DraftBlockInputs(token_ids=ids, positions=placement.query_positions, embeddings=emb)
@@ -231,12 +240,14 @@ def _time_parts(spec, g: int, width: int) -> list[tuple[str, float, int]]:
         ("drafting: place, project, store, draft", drafting),
         ("  context projection", lambda: spec.drafter.project_context(
             view.features.reshape(g * (k + 1), -1), placement.ctx_positions.reshape(-1))),
-        ("  draft_core", lambda: spec.draft_core(placement, None)),
+        ("  draft_core", lambda: spec.draft_core(placement, draft_key)),
         ("    block forward", lambda: spec.drafter.forward_block(inputs, placement, b.cache)),
         ("    head logits", lambda: spec.drafter.block_logits(dh, spec.head)),
         ("    chain and selection", lambda: spec.chain.run(
-            base, 0, placement.bonus, None, hidden=dh.view(g, k, -1))),
-        ("acceptance", lambda: spec.acceptance.accept(out.logits, drafts, None)),
+            base, 0, placement.bonus, draft_key, hidden=dh.view(g, k, -1),
+            probs_out=None if probs is None else torch.empty_like(probs))),
+        ("acceptance", lambda: spec.acceptance.accept(out.logits, drafts, target_key,
+                                                      draft_probs=probs)),
     ]
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
