@@ -1,4 +1,5 @@
-"""Spec-tail and Markov-chain kernels: eager vs fused, plain and in a CUDA graph, against a floor.
+"""Spec-tail, Markov-chain and target-attention kernels: eager vs fused, plain and in a CUDA graph,
+against a floor.
 
 For each op and shape it prints: eager time, eager in a CUDA graph, fused time, fused in a CUDA
 graph, the floor (bytes the op must move / measured device copy bandwidth), and the ratios
@@ -53,6 +54,7 @@ if "--smoke" in sys.argv:
 
 import torch  # noqa: E402
 
+from draftsmith.kernels import cache_attention as ca  # noqa: E402
 from draftsmith.kernels import context_store as cs  # noqa: E402
 from draftsmith.kernels import forced_accept as fa  # noqa: E402
 from draftsmith.kernels import markov_chain as mc  # noqa: E402
@@ -537,6 +539,56 @@ def bench_store(timer: Timer, bw: float, dev: str, smoke: bool) -> None:
                 nbytes, bw, eager_capturable=False)
 
 
+def _sdpa_block(q, keys, values, rows, positions, columns, scale, q_per_row):
+    """The best alternative a user has: torch's attention of each row's ``Q`` tokens over its
+    slot's first ``columns`` cache columns under a causal position mask (the fused target loop's
+    path before ``cache_attention``)."""
+    g = rows.shape[0] // q_per_row
+    nq, hd = q.shape[1], q.shape[2]
+    nkv = keys.shape[1]
+    group = nq // nkv
+    slots = rows.view(g, q_per_row)[:, 0]
+    k, v = keys[slots, :, :columns], values[slots, :, :columns]
+    pos = positions.view(g, q_per_row)
+    hidden = torch.arange(columns, device=q.device) > pos[:, :, None]
+    mask = (hidden.to(q.dtype) * torch.finfo(q.dtype).min)[:, None]
+    mask = mask.expand(g, group, q_per_row, columns).reshape(g, 1, group * q_per_row, columns)
+    query = (q.view(g, q_per_row, nkv, group, hd).permute(0, 2, 3, 1, 4)
+             .reshape(g, nkv, group * q_per_row, hd))
+    return torch.nn.functional.scaled_dot_product_attention(query, k, v, attn_mask=mask,
+                                                            scale=scale)
+
+
+def bench_cache_attention(timer: Timer, bw: float, dev: str, smoke: bool) -> None:
+    """The target's decoding attention (SmolLM2-135M heads: 9 query, 3 key/value, 64 wide):
+    fused vs its reference, and vs torch's masked attention over the row's block (the
+    alternative), at one token a row (plain decoding) and eight (a verification of K = 7).
+    The floor reads each row's keys and values up to its tokens once."""
+    nq, nkv, hd = (4, 2, 16) if smoke else (9, 3, 64)
+    cases = [(2, 1, 40, 64)] if smoke else [
+        (g, q, ctx, 1024) for g in (8, 32) for q in (1, 8) for ctx in (200, 700)]
+    dtypes = [torch.float32] if smoke else [torch.bfloat16, torch.float32]
+    gen = torch.Generator().manual_seed(5)
+    for dtype in dtypes:
+        for g, q_per_row, ctx, length in cases:
+            keys = torch.randn(g, nkv, length, hd, generator=gen).to(dev, dtype)
+            values = torch.randn(g, nkv, length, hd, generator=gen).to(dev, dtype)
+            q = torch.randn(g * q_per_row, nq, hd, generator=gen).to(dev, dtype)
+            rows = torch.arange(g, device=dev).repeat_interleave(q_per_row)
+            positions = (ctx + torch.arange(q_per_row, device=dev)).repeat(g)
+            columns = min(length, 1 << (ctx + q_per_row - 1).bit_length())
+            scale = hd ** -0.5
+            args = (q, keys, values, rows, positions, columns, scale)
+            nbytes = 2 * g * nkv * (ctx + q_per_row) * hd * dtype.itemsize
+            shape = f"G={g} Q={q_per_row} ctx={ctx} W={columns} {str(dtype)[6:]}"
+            measure(timer, "cache_attn", shape,
+                    partial(ca.cache_attention_reference, *args),
+                    partial(ca.cache_attention, *args), nbytes, bw)
+            measure(timer, "cache_attn/sdpa", shape,
+                    partial(_sdpa_block, *args, q_per_row),
+                    partial(ca.cache_attention, *args), nbytes, bw)
+
+
 def host_breakdown(dev: str) -> None:
     """Host microseconds per call (no synchronisation in the loop) of the spec-tail launchers
     against their eager chains: what an op costs when it is not replayed in a graph."""
@@ -569,6 +621,7 @@ def host_breakdown(dev: str) -> None:
 
 
 OPS = {
+    "attention": bench_cache_attention,
     "markov": bench_markov,
     "strict": bench_strict_accept,
     "paging": bench_paging,
