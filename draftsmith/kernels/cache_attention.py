@@ -21,9 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from draftsmith.contract import ShapeError, check_tensor
+from draftsmith.contract import ShapeError, check_tensor, value_checks_enabled
 from draftsmith.contract.checks import FLOAT_DTYPES
-from draftsmith.kernels.block_attention import _online_softmax
+from draftsmith.kernels._softmax import _online_softmax
 
 _I64 = torch.int64
 
@@ -137,8 +137,10 @@ def cache_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 
     ``q`` needs a contiguous last dim (its rows and heads may be strided, e.g. a view of a fused
     ``[q | k | v]`` projection); ``keys`` and ``values`` too. ``columns`` is a static bound on
-    every position plus one (it sets the number of splits, not the result). Reads nothing back
-    to the host: a CUDA graph can capture it.
+    every position plus one (it sets the number of splits, not the result). The slot ids and
+    positions are range-checked with a read back to the host, except inside
+    :func:`~draftsmith.contract.values_trusted` and during a CUDA-graph capture, where nothing
+    is read back.
     """
     s: dict[str, int] = {}
     check_tensor("q", q, ("N", "nq", "hd"), FLOAT_DTYPES, s, unit_stride=True)
@@ -156,6 +158,11 @@ def cache_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     out = torch.empty(n, nq, hd, dtype=q.dtype, device=q.device)
     if n == 0:
         return out
+    if value_checks_enabled(rows):
+        if bool(((rows < 0) | (rows >= s["S"])).any()):
+            raise ShapeError(f"rows hold slot ids outside 0 .. {s['S'] - 1}")
+        if bool(((positions < 0) | (positions >= columns)).any()):
+            raise ShapeError(f"positions must lie in 0 .. {columns - 1} (columns {columns})")
     splits = triton.cdiv(int(columns), SPLIT)
     block_d = max(16, triton.next_power_of_2(hd))
     if splits > 1:

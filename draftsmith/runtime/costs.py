@@ -356,7 +356,8 @@ def schedule_buckets(profile: CostProfile, acceptance: AcceptanceEstimate,
     compared with verifying all ``k`` (``E[tokens | k] / t(G, k)``); the bucket schedules when
     the narrower width expects at least :data:`SCHEDULE_MIN_GAIN` times the rate. (A schedule
     admits per row, so it can do better than any uniform width; the uniform one is the part
-    the profile can price.) ``None`` when the profile does not reach ``K = k``.
+    the profile can price.) ``None`` (every bucket) when the profile does not reach ``K = k``
+    or ``k < 2`` (nothing narrower to price).
     """
     if profile.k_max < k or k < 2:
         return None, (f"every rows bucket runs the schedule: the cost profile reaches K = "

@@ -212,7 +212,7 @@ class SpecDecoder(RoundComputation):
                               for g in self._rows}
         self._block_index = torch.arange(plan.slot_capacity * (plan.num_draft_tokens + 1),
                                          dtype=_I64, device=self.device)
-        self._host_width = torch.zeros(1, dtype=_I64, pin_memory=self._pinned)
+        self._host_count = torch.zeros(1, dtype=_I64, pin_memory=self._pinned)
         self.admissions: dict[int, CapturedCall] = {}
         """Captured one-prompt admissions by prefill width."""
         self._adm_args = torch.zeros(3, dtype=_I64, device=self.device)
@@ -572,8 +572,8 @@ class SpecDecoder(RoundComputation):
                                 "call prepare() with the largest batch and length first")
             graph.replay()
             if self._scheduled(g):  # the drafting phase chose the token count: read it, verify
-                self._host_width.copy_(self.buffers.verify_count)
-                self.verify_graphs[(g, width, int(self._host_width[0]))].replay()
+                self._host_count.copy_(self.buffers.verify_count)
+                self.verify_graphs[(g, width, int(self._host_count[0]))].replay()
         else:
             self.round_core(g, width)
         self.emit_round(active, g)

@@ -60,7 +60,7 @@ def test_a_token_is_bit_identical_whatever_the_call():
     assert torch.equal(shuffled, wide[order])
 
 
-def test_bad_shapes_are_refused():
+def test_bad_shapes_and_values_are_refused():
     q, keys, values, rows = _case(2, 6, 4, 16, 2, 32)
     pos = torch.zeros(2, dtype=torch.int64, device=DEVICE)
     with pytest.raises(ShapeError, match="do not group"):
@@ -70,6 +70,10 @@ def test_bad_shapes_are_refused():
         cache_attention(q, keys, values, rows, pos, 33, 1.0)
     with pytest.raises(ShapeError):
         cache_attention(q, keys, values, rows[:1], pos, 32, 1.0)
+    with pytest.raises(ShapeError, match="slot ids outside 0 .. 1"):
+        cache_attention(q, keys, values, torch.tensor([0, 2], device=DEVICE), pos, 32, 1.0)
+    with pytest.raises(ShapeError, match="positions must lie in 0 .. 15"):
+        cache_attention(q, keys, values, rows, torch.tensor([3, 16], device=DEVICE), 16, 1.0)
 
 
 @pytest.mark.gpu

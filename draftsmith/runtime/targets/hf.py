@@ -355,11 +355,10 @@ class HFTarget:
         ``0 .. context_width - 1`` (``context_width >= max(starts) + Q``, a static bound the
         caller knows). Features have ``G * Q`` rows, request-major; logits those rows or only
         ``logit_rows`` (device indices). ``compute_rows: [T]`` (indices ``b * Q + j``): only
-        those tokens, in that order. The fused layer loop then runs its projections, norms and
-        MLPs on ``T`` rows and writes only their keys and values (attention still runs over
-        the ``[G, Q]`` block, the other queries zero); transformers' modules compute the block
-        and select the rows. Reads nothing back to the host and allocates nothing persistent:
-        a CUDA graph can capture it.
+        those tokens, in that order. The fused layer loop then computes ``T`` rows and writes
+        only their keys and values; transformers' modules compute the block and select the
+        rows. Reads nothing back to the host and allocates nothing persistent: a CUDA graph can
+        capture it.
         """
         g, q = tokens.shape
         kv = self._kv
@@ -540,11 +539,10 @@ class HFTarget:
         ``pick: [T]``, those rows of the ``N * Q``: ``[T, 1, H_t]``); fills the capture buffers
         with the same rows. Query ``(b, j)`` sees columns ``0 .. positions[b, j]`` of its row."""
         self._captured.clear()
-        hidden_mask = kv.columns[:width] > positions[:, :, None]  # [N, Q, W] True = hidden
         if self._loop is not None:
-            return self._loop.forward(ids, kv, rows, write_rows, positions, width, hidden_mask,
+            return self._loop.forward(ids, kv, rows, write_rows, positions, width,
                                       self._capture_ids, self._captured, pick)
-        hidden = self._modules_forward(ids, kv, rows, write_rows, positions, width, hidden_mask)
+        hidden = self._modules_forward(ids, kv, rows, write_rows, positions, width)
         if pick is None:
             return hidden
         for i, part in self._captured.items():
@@ -552,9 +550,10 @@ class HFTarget:
         return hidden.reshape(-1, 1, hidden.shape[-1]).index_select(0, pick)
 
     def _modules_forward(self, ids: torch.Tensor, kv: StaticKV, rows: torch.Tensor | None,
-                         write_rows: torch.Tensor, positions: torch.Tensor, width: int,
-                         hidden_mask: torch.Tensor) -> torch.Tensor:
+                         write_rows: torch.Tensor, positions: torch.Tensor,
+                         width: int) -> torch.Tensor:
         """:meth:`_forward` through transformers' own modules (the whole ``[N, Q]`` block)."""
+        hidden_mask = kv.columns[:width] > positions[:, :, None]  # [N, Q, W] True = hidden
         mask = hidden_mask.to(self.dtype) * torch.finfo(self.dtype).min
         cache = row_cache(kv, rows, write_rows, positions, width)
         out = self._decoder(

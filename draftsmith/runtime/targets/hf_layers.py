@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from draftsmith.contract import ConfigError
+from draftsmith.contract import ConfigError, values_trusted
 from draftsmith.kernels.cache_attention import cache_attention, cache_attention_reference
 from draftsmith.kernels.rms_norm import (
     add_rms_norm,
@@ -177,14 +177,13 @@ class LayerLoop:
 
     def forward(self, ids: torch.Tensor, kv: StaticKV, rows: torch.Tensor | None,
                 write_rows: torch.Tensor, positions: torch.Tensor, width: int,
-                hidden_mask: torch.Tensor, capture: Sequence[int],
-                captured: dict[int, torch.Tensor],
+                capture: Sequence[int], captured: dict[int, torch.Tensor],
                 pick: torch.Tensor | None = None) -> torch.Tensor:
         """Final-normed hidden ``[N, Q, H_t]`` of ``ids: [N, Q]`` at ``positions: [N, Q]``.
 
         Keys and values are written at ``(write_rows[b], positions[b, j])`` of ``kv``; attention
         reads columns ``0 .. width - 1`` of slots ``0 .. N - 1`` (``rows is None``) or of
-        ``rows``, hiding the columns where ``hidden_mask: [N, Q, W]`` is true. The residual
+        ``rows``, each query up to its own position. The residual
         stream after each layer in ``capture`` is stored in ``captured`` (``-1``: the
         embedding's output, which its forward hook records).
 
@@ -196,6 +195,15 @@ class LayerLoop:
         n, q = ids.shape
         nq, nkv, hd = self.heads, self.kv_heads, self.head_dim
         group = nq // nkv
+        per_token = q <= CACHE_ATTENTION_MAX_Q
+        mask = None
+        if not per_token:
+            # the query heads of one key/value head attend as one batch of group * Q rows
+            dtype = self.decoder.embed_tokens.weight.dtype
+            hidden = kv.columns[:width] > positions[:, :, None]  # [N, Q, W] True = hidden
+            mask = (hidden.to(dtype) * torch.finfo(dtype).min)[:, None]
+            if group > 1:
+                mask = mask.expand(n, group, q, width).reshape(n, 1, group * q, width)
         if pick is None:
             x = self.decoder.embed_tokens(ids)
             write_rows = write_rows.expand(n, q)
@@ -207,15 +215,8 @@ class LayerLoop:
         kernels = x.is_cuda and x.dtype in _KERNEL_DTYPES
         cos, sin = self.decoder.rotary_emb(x, positions)
         cos, sin = cos.reshape(rows_out, hd), sin.reshape(rows_out, hd)
-        per_token = q <= CACHE_ATTENTION_MAX_Q
         attend = cache_attention if kernels else cache_attention_reference
         token_rows, token_pos = write_rows.reshape(-1), positions.reshape(-1)
-        mask = None
-        if not per_token:
-            # the query heads of one key/value head attend as one batch of group * Q rows
-            mask = (hidden_mask.to(x.dtype) * torch.finfo(x.dtype).min)[:, None]
-            if group > 1:
-                mask = mask.expand(n, group, q, width).reshape(n, 1, group * q, width)
         h = x.reshape(rows_out, -1)
         normed = self._norm(h, self.layers[0].input_norm, kernels)
         last = len(self.layers) - 1
@@ -227,8 +228,9 @@ class LayerLoop:
             keys[write_rows, :, positions] = heads[:, nq : nq + nkv].view(*positions.shape, nkv, hd)
             values[write_rows, :, positions] = heads[:, nq + nkv :].view(*positions.shape, nkv, hd)
             if per_token:
-                out = attend(heads[:, :nq], keys, values, token_rows, token_pos, width,
-                             layer.scaling).view(rows_out, nq * hd)
+                with values_trusted():  # slots and positions the target made itself
+                    out = attend(heads[:, :nq], keys, values, token_rows, token_pos, width,
+                                 layer.scaling).view(rows_out, nq * hd)
             else:
                 out = self._block_attention(heads[:, :nq], keys, values, rows, mask, pick, n, q,
                                             width, layer.scaling)

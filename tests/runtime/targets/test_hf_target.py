@@ -350,6 +350,8 @@ def test_forward_rows_of_packed_tokens_equals_the_block(model: torch.nn.Module,
     with pytest.raises(ShapeError, match="not both"):
         caches[1].forward_rows(nxt, after, 32, logit_rows=torch.tensor([0]),
                                compute_rows=torch.tensor([0]))
+    with pytest.raises(ShapeError, match="compute_rows"):
+        caches[1].forward_rows(nxt, after, 32, compute_rows=torch.tensor([0.0]))
 
 
 def test_load_hf_target_never_unpickles(tmp_path) -> None:
