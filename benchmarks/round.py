@@ -202,7 +202,8 @@ def _time_parts(spec, g: int, width: int) -> list[tuple[str, float, int]]:
                                  b.features, b.block_ids)]
     view, k = b.view(g), spec.plan.num_draft_tokens
     starts = view.target_len.clone()
-    tokens = view.accepted.clone()
+    # rejection sampling writes -1 after a row's bonus: any id in range times the same forward
+    tokens = view.accepted.clamp(min=0)
     placement = dataclasses.replace(
         spec.pager.place(view.batch_to_slot, view.accepted, view.num_accepted),
         context_width=width)
