@@ -15,7 +15,14 @@ import torch
 
 
 class CapturedCall:
-    """``fn`` warmed up on a side stream, then captured into ``pool``; :meth:`replay` runs it."""
+    """``fn`` warmed up on a side stream, captured into ``pool`` and replayed once;
+    :meth:`replay` runs it.
+
+    A graph's first launch uploads it to the device, which costs milliseconds for a round of
+    hundreds of kernels; the replay here pays that while capturing, not in the first decoding
+    step that uses the graph. ``fn`` therefore runs twice on the live buffers (warm-up and
+    replay): callers capture only while no request is active and reset the state afterwards.
+    """
 
     def __init__(self, fn: Callable[[], None], pool: object) -> None:
         stream = torch.cuda.Stream()
@@ -26,6 +33,7 @@ class CapturedCall:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             fn()
+        self.graph.replay()
 
     def replay(self) -> None:
         """Run the captured call."""
