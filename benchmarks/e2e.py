@@ -17,7 +17,10 @@ drafter, K = 7, greedy, chat template, stop at EOS:
   z-lab-layout DFlash checkpoint (random weights, so both accept next to nothing: the figure is
   the time per round), both with ``K = 7``.
 
-Every decoding is warmed up (graphs captured, kernels compiled) before it is timed. Beside each
+Every decoding is warmed up (graphs captured, kernels compiled) before it is timed; under
+``--k auto``, until the decoder the timed call takes (the ``K`` chosen for its rows) has run.
+The ``spec`` rows end with a trace of the timed call: the median and slowest round, the slowest
+admission and the garbage collector's passes, which tell a one-off stall from per-round cost. Beside each
 tokens/s figure: the accepted length (tau, bonus included) and exactness against draftsmith's
 plain decoding of the same prompts (token for token). Ratios are against the faster of
 ``plain`` and ``plain-cublas`` of the same dtype and batch in the same run. The slow baselines
@@ -36,6 +39,7 @@ baselines, greedy only, are skipped: ``--smoke --temperature 0.7 --top-p 0.95`` 
 from __future__ import annotations
 
 import argparse
+import gc
 import inspect
 import json
 import sys
@@ -297,6 +301,76 @@ def _exact(got: list[list[int]], want: list[list[int]], sampled: bool = False) -
     return f"{same}/{len(want)}"
 
 
+def _warm_up(dec, ids: list[list[int]], batch: int, compare_plain: bool) -> None:
+    """Untimed calls until the decoder the timed call takes has run once. Under ``--k auto`` a
+    warm-up's accepted lengths move the acceptance estimate, so the timed call may bind another
+    ``K`` (another decoder): it is warmed too (at most three calls)."""
+    ran: set[int] = set()
+    for _ in range(3):
+        dec.generate_ids(ids[: max(batch, 2)], 16, compare_plain=compare_plain)
+        ran.add(id(dec.spec))
+        if id(dec.spec_for(len(ids))) in ran:
+            return
+
+
+class _Trace:
+    """Wall time of the timed call's slowest round and admission and of the garbage
+    collector's passes during the speculative generation, to tell one-off stalls from the
+    steady per-round cost (wraps one decoder's bound methods for the ``with``)."""
+
+    def __init__(self, spec) -> None:
+        self.spec, self.steps, self.admits, self.gc = spec, [], [], []
+        self._gc_start, self.active = 0.0, False
+
+    def _timed(self, fn, into):
+        def run(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                into.append(time.perf_counter() - t0)
+        return run
+
+    def _generate(self, fn):
+        def run(*a, **kw):
+            self.active = True
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.active = False
+        return run
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if not self.active:
+            return
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.gc.append((info.get("generation", -1), time.perf_counter() - self._gc_start))
+
+    def __enter__(self):
+        self.spec.generate = self._generate(self.spec.generate)
+        self.spec.step = self._timed(self.spec.step, self.steps)
+        self.spec._admit_all = self._timed(self.spec._admit_all, self.admits)
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        del self.spec.generate, self.spec.step, self.spec._admit_all
+        gc.callbacks.remove(self._on_gc)
+
+    def summary(self) -> str:
+        def top(xs):
+            return f"{max(xs) * 1e3:.1f} ms" if xs else "-"
+        full = [t for g, t in self.gc if g == 2]
+        steps = sorted(self.steps)
+        median = steps[len(steps) // 2] * 1e3 if steps else 0.0
+        return (f"trace: {len(steps)} steps, median {median:.2f} ms, slowest {top(steps)}; "
+                f"slowest admission {top(self.admits)}; gc {len(self.gc)} passes "
+                f"{sum(t for _, t in self.gc) * 1e3:.0f} ms, of them {len(full)} full "
+                f"{sum(full) * 1e3:.0f} ms")
+
+
 def _sampling_note(args: argparse.Namespace, plan) -> str:
     """``T=0.7 top-p 0.95; ...``: the settings and the selection path the plan chose, or ``""``
     when greedy."""
@@ -320,9 +394,10 @@ def _scheduled(target, tokenizer, dtype_name: str, batch: int, args: argparse.Na
     dec = _decoder(target, tokenizer, dtype_name, batch, args.k,
                    verify_schedule=schedule, temperature=args.temperature,
                    top_p=args.top_p)
-    dec.generate_ids(ids[: max(batch, 2)], 16, compare_plain=False)  # warm-up, untimed
-    report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=False,
-                              seeds=_seeds(len(ids)))
+    _warm_up(dec, ids, batch, compare_plain=False)
+    with _Trace(dec.spec_for(len(ids))) as trace:
+        report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=False,
+                                  seeds=_seeds(len(ids)))
     rate = report.spec_tokens_per_s
     plan = dec.spec.plan
     table.add(dtype=dtype_name, batch=batch, **_sampling_fields(args),
@@ -337,7 +412,8 @@ def _scheduled(target, tokenizer, dtype_name: str, batch: int, args: argparse.Na
                    f"cuda_graphs {plan.cuda_graphs}; scheduled rows: "
                    f"{plan.decision('scheduled_rows').reason}; sps: "
                    + (plan.decision("sps").reason if plan.verify_schedule != "top-budget"
-                      else "-"))
+                      else "-")
+              + "; " + trace.summary())
 
 
 def run_dtype(dtype_name: str, args: argparse.Namespace, table: Table) -> None:
@@ -366,9 +442,10 @@ def run_dtype(dtype_name: str, args: argparse.Namespace, table: Table) -> None:
         slow_ids = [dec.encode(text) for _, text in slow]
         common = dict(dtype=dtype_name, batch=batch, **_sampling_fields(args))
         # warm-up (untimed): captures both decoders' rounds and compiles every kernel
-        dec.generate_ids(ids[: max(batch, 2)], 16, compare_plain=True)
-        report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=True,
-                                  seeds=_seeds(len(ids)))
+        _warm_up(dec, ids, batch, compare_plain=True)
+        with _Trace(dec.spec_for(len(ids))) as trace:
+            report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=True,
+                                      seeds=_seeds(len(ids)))
         plain_rate = report.plain_tokens_per_s
         plain_tokens = [list(r.plain_tokens) for r in report.results]
         sampling = _sampling_note(args, dec.spec.plan)
@@ -399,7 +476,8 @@ def run_dtype(dtype_name: str, args: argparse.Namespace, table: Table) -> None:
                   f"shipped dspark-gqa, K = {report.num_draft_tokens}"
                   + (f" (auto: {report.draft_tokens_reason})" if args.k == "auto" else "")
                   + "; per set tau " + ", ".join(
-                      f"{name} {_tau(report, prompts, name):.2f}" for name in SETS))
+                      f"{name} {_tau(report, prompts, name):.2f}" for name in SETS)
+                  + "; " + trace.summary())
         for schedule in args.verify_schedule:
             if schedule != "all":
                 _scheduled(target, tokenizer, dtype_name, batch, args, schedule, ids, report,
