@@ -15,7 +15,7 @@ import torch
 from draftsmith.contract import SamplingKey, check_tensor
 from draftsmith.kernels.argmax_pair import EXCHANGE_COLUMNS
 from draftsmith.kernels.gumbel_pair import gumbel_from_uniform, gumbel_pair, gumbel_pair_reference
-from draftsmith.kernels.philox import philox_uniform_reference
+from draftsmith.kernels.philox import philox_uniform, philox_uniform_reference
 from draftsmith.selection.vocab_parallel import local_top_k, order_t_sort
 
 
@@ -23,10 +23,13 @@ def keyed_gumbel(key: SamplingKey, ids: torch.Tensor, stream: int,
                  offsets: torch.Tensor | None = None) -> torch.Tensor:
     """Gumbel noise ``[rows, n] float32`` for global ``ids: [rows, n]`` (or ``[n]``).
 
-    ``offsets: [rows] int64`` overrides ``key.offsets`` (for example ``offset + a``).
+    ``offsets: [rows] int64`` overrides ``key.offsets`` (for example ``offset + a``). On a GPU
+    the uniforms come from the one-launch kernel (the reference's bits, without its ~200 small
+    kernels over ``[rows, n]``: top-p sampling draws over the whole vocabulary).
     """
     off = key.offsets if offsets is None else offsets
-    return gumbel_from_uniform(philox_uniform_reference(key.seeds, off, ids, stream))
+    draw = philox_uniform if ids.is_cuda else philox_uniform_reference
+    return gumbel_from_uniform(draw(key.seeds, off, ids, stream))
 
 
 def top_p_keep(sorted_scores: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -57,11 +57,12 @@ def test_ids_sharing_a_philox_call_sample_independently(row: torch.Tensor) -> No
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name,row,config", DISTRIBUTIONS[:2], ids=[d[0] for d in DISTRIBUTIONS[:2]])
+@pytest.mark.parametrize("name,row,config", DISTRIBUTIONS, ids=[d[0] for d in DISTRIBUTIONS])
 def test_kernel_sampled_distribution_chi_square_gpu(name: str, row: torch.Tensor,
                                                      config: SampleConfig) -> None:
-    """The ``gumbel_pair`` kernel (its own logarithms on CUDA) samples ``softmax(z / T)``:
-    200000 draws, one key each."""
+    """On CUDA, the ``gumbel_pair`` kernel (its own logarithms) samples ``softmax(z / T)`` and
+    the filtered rows (Philox-kernel noise over the kept candidates) their filtered
+    distribution: 200000 draws, one key each."""
     tokens = _many_draws(row[None].cuda(), config, trials=200_000).cpu()
     counts = torch.bincount(tokens, minlength=row.numel())
     probs = SampleSelector(config).probs(LogitsShard.full(row[None]), SingleRank())[0]
@@ -142,12 +143,15 @@ def test_sample_from_probs_distribution() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_selectors_match_cpu(dtype: torch.dtype) -> None:
-    """On CUDA the selectors run the Triton pair kernels; tokens equal the CPU references."""
+    """On CUDA the selectors run the Triton kernels (the pair kernels; the Philox kernel for the
+    keyed noise of top-k / top-p candidates); tokens equal the CPU references."""
     x = (torch.randn(32, 163840, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
     key = SamplingKey(torch.arange(32), torch.arange(32) * 3)
     cuda_key = SamplingKey(key.seeds.cuda(), key.offsets.cuda())
     for sel in (GreedySelector(), SampleSelector(SampleConfig(temperature=0.7)),
-                SampleSelector(SampleConfig(temperature=1.0, top_k=50))):
+                SampleSelector(SampleConfig(temperature=1.0, top_k=50)),
+                SampleSelector(SampleConfig(temperature=0.7, top_p=0.95)),
+                SampleSelector(SampleConfig(temperature=0.9, top_k=40, top_p=0.8))):
         cpu = sel.select(LogitsShard.full(x), key, 1, SingleRank())
         gpu = sel.select(LogitsShard.full(x.cuda()), cuda_key, 1, SingleRank())
         assert torch.equal(gpu.cpu(), cpu)
