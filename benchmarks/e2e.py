@@ -305,11 +305,12 @@ def _warm_up(dec, ids: list[list[int]], batch: int, compare_plain: bool) -> None
     """Untimed calls until the decoder the timed call takes has run once. Under ``--k auto`` a
     warm-up's accepted lengths move the acceptance estimate, so the timed call may bind another
     ``K`` (another decoder): it is warmed too (at most three calls)."""
-    ran: set[int] = set()
+    ran = []  # the decoders themselves: an id alone could be reused once one is freed
     for _ in range(3):
         dec.generate_ids(ids[: max(batch, 2)], 16, compare_plain=compare_plain)
-        ran.add(id(dec.spec))
-        if id(dec.spec_for(len(ids))) in ran:
+        ran.append(dec.spec)
+        timed = dec.spec_for(len(ids))
+        if any(d is timed for d in ran):
             return
 
 
