@@ -351,3 +351,42 @@ def test_admissions_run_one_prompt_per_forward_and_equal_the_batched_prefill(tar
     batched = dec.generate(PROMPTS, BUDGETS)
     assert [(r.tokens, r.accepted_lengths) for r in batched] == [
         (r.tokens, r.accepted_lengths) for r in results]
+
+
+def test_generate_pauses_the_automatic_collector_and_collects_the_young(target, greedy_oracle,
+                                                                         monkeypatch):
+    """No full garbage-collection pass inside the loop: the automatic collector is off while
+    ``generate`` runs, the young generations are collected every ``YOUNG_GC_EVERY`` steps,
+    and the collector is back on afterwards, also after an error."""
+    import gc
+
+    from draftsmith.runtime import decoder as decoder_module
+
+    dec = bind(target, None, _config("dflash", 3))
+    seen, passes = [], []
+    monkeypatch.setattr(decoder_module, "YOUNG_GC_EVERY", 2)
+    monkeypatch.setattr(decoder_module.gc, "collect", lambda generation=2: passes.append(generation))
+    results = dec.generate(PROMPTS[:2], BUDGETS[:2], progress=lambda _: seen.append(gc.isenabled()))
+    assert [list(r.tokens) for r in results] == greedy_oracle[:2]
+    assert seen and not any(seen)
+    assert gc.isenabled()
+    assert passes == [1] * (len(seen) // 2)
+
+    def fail(_):
+        raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError, match="stop"):
+        dec.generate(PROMPTS[:2], BUDGETS[:2], progress=fail)
+    assert gc.isenabled()
+
+
+def test_generate_leaves_a_disabled_collector_disabled(target):
+    import gc
+
+    dec = bind(target, None, _config("dflash", 3))
+    gc.disable()
+    try:
+        dec.generate(PROMPTS[:1], BUDGETS[:1])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
