@@ -523,8 +523,9 @@ def load_decoder(
     info = TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
                       num_layers=target.num_layers, dtype=target.dtype)
     source = config.drafter.checkpoint or f"random weights (seed {config.drafter.seed})"
-    say(f"loading drafter {config.drafter.family} from {source}")
-    if config.drafter.checkpoint is None:
+    say(f"loading drafter {config.drafter.family} from {source}"
+        + (" (K = 0: it never runs)" if config.num_draft_tokens == 0 else ""))
+    if config.drafter.checkpoint is None and config.num_draft_tokens != 0:
         say("  untrained: it will accept next to nothing; for the smollm2-135m target pass "
             "--checkpoint draftsmith/checkpoints/smollm2-135m-dspark-gqa (trained dspark-gqa)")
     if config.drafter.checkpoint is not None and not Path(config.drafter.checkpoint).is_dir():

@@ -217,6 +217,12 @@ def test_a_drafter_without_checkpoint_is_announced_as_untrained() -> None:
     text = "\n".join(lines)
     assert "random weights" in text and "untrained" in text
     assert "--checkpoint draftsmith/checkpoints/smollm2-135m-dspark-gqa" in text
+    # plain decoding (train-data --engine draftsmith) never runs the drafter: no warning
+    lines.clear()
+    plain = config.model_copy(update={"num_draft_tokens": 0})
+    load_decoder(plain, target=tiny_target(), tokenizer=make_byte_tokenizer(), log=lines.append)
+    text = "\n".join(lines)
+    assert "K = 0: it never runs" in text and "untrained" not in text
 
 
 def test_train_data_through_draftsmith_decoding_equals_transformers(capsys, tiny_dir,
