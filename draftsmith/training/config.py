@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class TrainConfig(BaseModel):
@@ -16,7 +16,13 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     family: Literal["dspark-gqa", "dflash"] = "dspark-gqa"
-    """Drafter family to train (``dflash`` is trained under the shift convention, no heads)."""
+    """Drafter family to train (``dflash``: no Markov or confidence head)."""
+    block_convention: Literal["shift", "bonus-silent"] = "shift"
+    """How a block's slots map to drafts. ``shift``: ``[anchor, mask x (K-1)]``, ``W = K`` slots,
+    slot ``j`` predicts draft ``j`` (DSpark and DeepSpec). ``bonus-silent`` (``dflash`` only):
+    ``[anchor, mask x K]``, ``W = K + 1`` slots, the anchor's slot predicts nothing (z-lab
+    DFlash: what ``draftsmith export --format zlab-dflash`` and the engines' DFlash readers
+    run)."""
     num_layers: int = Field(default=2, ge=1, strict=True)
     """Drafter decoder layers ``L``."""
     num_heads: int = Field(default=9, ge=1, strict=True)
@@ -28,7 +34,8 @@ class TrainConfig(BaseModel):
     intermediate_size: int = Field(default=1536, ge=1, strict=True)
     """SwiGLU width."""
     block_size: int = Field(default=7, ge=1, strict=True)
-    """Trained block width ``K``."""
+    """Drafts ``K`` a block is trained to predict (the block holds ``K`` slots, or ``K + 1``
+    under ``bonus-silent``)."""
     markov_rank: int = Field(default=64, ge=0, strict=True)
     """Markov head rank (``dspark-gqa`` only)."""
     target_layer_ids: tuple[int, ...] | None = None
@@ -64,6 +71,13 @@ class TrainConfig(BaseModel):
     init_from: Path | None = None
     """Checkpoint of the same family whose weights start a new run (fresh optimizer and
     schedule); ignored when the run resumes from its own ``last`` state."""
+
+    @model_validator(mode="after")
+    def _convention_of_the_family(self) -> TrainConfig:
+        if self.family == "dspark-gqa" and self.block_convention != "shift":
+            raise ValueError("block_convention: dspark-gqa drafters use the shift convention; "
+                             "train family dflash for a bonus-silent (z-lab) block")
+        return self
 
 
 __all__ = ["TrainConfig"]

@@ -1,8 +1,9 @@
 """The DeepSpec-style training objective for GQA drafters, on dense tensors.
 
 Blocks are teacher-forced: block ``n`` of a sequence holds ``[x_a, mask x (K-1)]`` at positions
-``a .. a+K-1`` (shift convention), attends to the context features of positions ``< a`` and to its
-own ``K`` slots, and slot ``j`` predicts ``x_{a+1+j}``. The Markov bias uses the ground-truth
+``a .. a+K-1`` (shift convention) or ``[x_a, mask x K]`` at ``a .. a+K`` (bonus-silent, z-lab
+DFlash), attends to the context features of positions ``< a`` and to its own ``W`` slots, and
+draft ``j`` (slot ``j``, or ``j + 1`` under bonus-silent) predicts ``x_{a+1+j}``. The Markov bias uses the ground-truth
 previous token; the loss is ``0.1 * CE + 0.9 * L1 + 1.0 * confidence BCE`` with position weights
 ``exp(-j / gamma)``. The same forward gives the greedy accepted length of each block, which is the
 validation metric (with teacher forcing, the chain equals the real greedy chain while it matches).
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from draftsmith.contract import BlockConvention
 from draftsmith.drafters.gqa import GQADrafter
 from draftsmith.drafters.nn import apply_rope_neox, rope_cos_sin
 
@@ -75,25 +77,29 @@ def drafter_hidden(
     model: GQADrafter, features: torch.Tensor, embed_table: torch.Tensor, blocks: BlockBatch,
     mask_token_id: int,
 ) -> torch.Tensor:
-    """Final-normed block hidden ``[B, N, K, H]`` with gradients (dense, all layers full attention).
+    """Final-normed hidden ``[B, N, K, H]`` of each block's ``K`` draft slots, with gradients
+    (dense, all layers full attention).
 
     ``features: [B, T, n_cap * H_t]`` captured target states; ``embed_table: [V, H]`` the target's
-    input embedding (frozen).
+    input embedding (frozen). The drafter's block convention sets the block width: ``W = K``
+    (shift) or ``K + 1`` (bonus-silent, whose anchor slot is computed but not returned).
     """
     s = model.spec
     bsz, n, k = blocks.labels.shape
+    lead = 1 if s.block_convention is BlockConvention.BONUS_SILENT else 0
+    w = k + lead
     width = features.shape[1]
     ctx = model.hidden_norm(model.fc(features.to(model.fc.weight.dtype)))   # [B, T, H]
     ctx_pos = torch.arange(width, device=features.device)
-    blk_pos = blocks.anchors[:, :, None] + torch.arange(k, device=features.device)  # [B, N, K]
-    ids = torch.full((bsz, n, k), mask_token_id, dtype=torch.long, device=features.device)
+    blk_pos = blocks.anchors[:, :, None] + torch.arange(w, device=features.device)  # [B, N, W]
+    ids = torch.full((bsz, n, w), mask_token_id, dtype=torch.long, device=features.device)
     ids[:, :, 0] = blocks.prev[:, :, 0]
     x = F.embedding(ids, embed_table).to(ctx.dtype) * s.input_embedding_scale
-    x = x.view(bsz, n * k, -1)
-    q_pos = blk_pos.view(bsz, n * k)
+    x = x.view(bsz, n * w, -1)
+    q_pos = blk_pos.view(bsz, n * w)
     # visibility: context keys strictly before the anchor; the whole own block
-    block_id = torch.arange(n, device=features.device).repeat_interleave(k)
-    sees_ctx = ctx_pos[None, None, :] < blocks.anchors.repeat_interleave(k, dim=1)[:, :, None]
+    block_id = torch.arange(n, device=features.device).repeat_interleave(w)
+    sees_ctx = ctx_pos[None, None, :] < blocks.anchors.repeat_interleave(w, dim=1)[:, :, None]
     sees_blk = (block_id[:, None] == block_id[None, :]).expand(bsz, -1, -1)
     attn_mask = torch.cat((sees_ctx, sees_blk), dim=-1)[:, None]     # [B, 1, NK, T + NK]
     cos_c, sin_c = rope_cos_sin(ctx_pos, model.inv_freq, ctx.dtype)
@@ -104,20 +110,20 @@ def drafter_hidden(
                                                                 s.head_dim)), cos_c, sin_c)
         vc = attn.v_proj(ctx).view(bsz, width, s.num_kv_heads, s.head_dim)
         a = layer.input_layernorm(x)
-        q = apply_rope_neox(attn.q_norm(attn.q_proj(a).view(bsz, n * k, s.num_heads, s.head_dim)),
+        q = apply_rope_neox(attn.q_norm(attn.q_proj(a).view(bsz, n * w, s.num_heads, s.head_dim)),
                             cos_q, sin_q)
-        kb = apply_rope_neox(attn.k_norm(attn.k_proj(a).view(bsz, n * k, s.num_kv_heads,
+        kb = apply_rope_neox(attn.k_norm(attn.k_proj(a).view(bsz, n * w, s.num_kv_heads,
                                                              s.head_dim)), cos_q, sin_q)
-        vb = attn.v_proj(a).view(bsz, n * k, s.num_kv_heads, s.head_dim)
+        vb = attn.v_proj(a).view(bsz, n * w, s.num_kv_heads, s.head_dim)
         keys = torch.cat((kc, kb), 1).transpose(1, 2)
         values = torch.cat((vc, vb), 1).transpose(1, 2)
         o = F.scaled_dot_product_attention(
             q.transpose(1, 2), keys, values, attn_mask=attn_mask, scale=s.head_dim ** -0.5,
             enable_gqa=s.num_heads != s.num_kv_heads,
         )
-        x = x + attn.o_proj(o.transpose(1, 2).reshape(bsz, n * k, -1))
+        x = x + attn.o_proj(o.transpose(1, 2).reshape(bsz, n * w, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return model.norm(x).view(bsz, n, k, -1)
+    return model.norm(x).view(bsz, n, w, -1)[:, :, lead:]
 
 
 @dataclass(frozen=True)

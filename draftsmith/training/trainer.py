@@ -107,14 +107,15 @@ def build_drafter(config: TrainConfig, target: TargetInfo, device: torch.device)
     opts: dict[str, Any] = dict(
         num_layers=config.num_layers, num_heads=config.num_heads,
         num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
-        intermediate_size=config.intermediate_size, block_size=config.block_size,
+        intermediate_size=config.intermediate_size,
+        block_size=config.block_size + (config.block_convention == "bonus-silent"),
         max_position_embeddings=8192, target_layer_ids=config.target_layer_ids,
     )
     if config.family == "dspark-gqa":
         opts.update(markov_rank=config.markov_rank, confidence_head=True,
                     confidence_head_with_markov=config.markov_rank > 0)
     else:
-        opts.update(shift_label=True)
+        opts.update(shift_label=config.block_convention == "shift")
     options = family.options_model.model_validate(opts)
     assert family.load is not None
     model = family.load(LoadRequest(options=options, target=target, device=device,
