@@ -14,8 +14,9 @@ drafter, K = 7, greedy, chat template, stop at EOS:
   update included) captured in one CUDA graph, replayed per token (written here; left-padded
   batches of ``B``);
 * ``zlab``: z-lab's ``dflash_generate`` (batch 1 only, eager) against draftsmith on the same
-  z-lab-layout DFlash checkpoint (random weights, so both accept next to nothing: the figure is
-  the time per round), both with ``K = 7``.
+  z-lab-layout DFlash checkpoint: ``--dflash-checkpoint DIR`` (a trained one, run with its own
+  block), else random weights with ``K = 7`` (both then accept next to nothing: the figure is the
+  time per round).
 
 Every decoding is warmed up (graphs captured, kernels compiled) before it is timed; under
 ``--k auto``, until the decoder the timed call takes (the ``K`` chosen for its rows) has run.
@@ -531,12 +532,18 @@ def run_zlab(target, tokenizer, model, dtype_name, ids, stops, args, table) -> N
     """Time per round: z-lab's eager loop against draftsmith on the same DFlash checkpoint."""
     import dflash.model as zlab
 
-    k = 7 if args.k == "auto" else args.k
-    block = k + 1
     with tempfile.TemporaryDirectory() as tmp:
-        drafter = _zlab_checkpoint(Path(tmp), model, block=block)
+        if args.dflash_checkpoint is not None:  # a trained z-lab layout drafter, its own block
+            where = str(args.dflash_checkpoint)
+            drafter = zlab.DFlashDraftModel.from_pretrained(where).to(
+                model.device, model.dtype).eval()
+            block, what = drafter.block_size, f"z-lab DFlash drafter {where}"
+        else:
+            block, where = (8 if args.k == "auto" else args.k + 1), tmp
+            drafter, what = _zlab_checkpoint(Path(tmp), model, block=block), "random z-lab DFlash drafter"
+        k = block - 1
         dec = _decoder(target, tokenizer, dtype_name, 1, k, family="dflash",
-                       checkpoint=tmp)
+                       checkpoint=where)
         dec.generate_ids(ids[:2], 16, compare_plain=False)  # warm-up
         report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=False)
         ours_rounds = len(report.accepted_lengths)
@@ -559,7 +566,7 @@ def run_zlab(target, tokenizer, model, dtype_name, ids, stops, args, table) -> N
     common = dict(dtype=dtype_name, batch=1, prompts=len(ids))
     table.add(**common, decoding="ds-dflash", tokens=sum(map(len, ours)),
               tokens_per_s=report.spec_tokens_per_s, tau=report.mean_accepted_length,
-              note=f"draftsmith, random z-lab DFlash drafter: {ours_ms:.2f} ms/round")
+              note=f"draftsmith, {what}, K = {k}: {ours_ms:.2f} ms/round")
     table.add(**common, decoding="zlab", tokens=sum(map(len, tokens)),
               tokens_per_s=sum(map(len, tokens)) / seconds,
               tau=sum(map(len, tokens)) / max(rounds, 1), exact=_exact(tokens, ours),
@@ -625,6 +632,9 @@ def main() -> int:
     parser.add_argument("--top-p", type=float, default=1.0,
                         help="nucleus mass when sampling (1: no filter; needs --temperature > 0)")
     parser.add_argument("--data", default=str(DATA))
+    parser.add_argument("--dflash-checkpoint", type=Path, default=None, metavar="DIR",
+                        help="a z-lab layout DFlash drafter for the zlab part (both loops run "
+                             "it with its own block); default: random weights")
     parser.add_argument("--plot", type=Path, help="plot an e2e.json and exit")
     parser.add_argument("--smoke", action="store_true", help="tiny run on the CPU")
     args = parser.parse_args()
