@@ -3,10 +3,11 @@
 Blocks are teacher-forced: block ``n`` of a sequence holds ``[x_a, mask x (K-1)]`` at positions
 ``a .. a+K-1`` (shift convention) or ``[x_a, mask x K]`` at ``a .. a+K`` (bonus-silent, z-lab
 DFlash), attends to the context features of positions ``< a`` and to its own ``W`` slots, and
-draft ``j`` (slot ``j``, or ``j + 1`` under bonus-silent) predicts ``x_{a+1+j}``. The Markov bias uses the ground-truth
-previous token; the loss is ``0.1 * CE + 0.9 * L1 + 1.0 * confidence BCE`` with position weights
-``exp(-j / gamma)``. The same forward gives the greedy accepted length of each block, which is the
-validation metric (with teacher forcing, the chain equals the real greedy chain while it matches).
+draft ``j`` (slot ``j``, or ``j + 1`` under bonus-silent) predicts ``x_{a+1+j}``. The Markov
+bias uses the ground-truth previous token; the loss is ``0.1 * CE + 0.9 * L1 + 1.0 *
+confidence BCE`` with position weights ``exp(-j / gamma)``. The same forward gives the greedy
+accepted length of each block, which is the validation metric (with teacher forcing, the chain
+equals the real greedy chain while it matches).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def drafter_hidden(
     block_id = torch.arange(n, device=features.device).repeat_interleave(w)
     sees_ctx = ctx_pos[None, None, :] < blocks.anchors.repeat_interleave(w, dim=1)[:, :, None]
     sees_blk = (block_id[:, None] == block_id[None, :]).expand(bsz, -1, -1)
-    attn_mask = torch.cat((sees_ctx, sees_blk), dim=-1)[:, None]     # [B, 1, NK, T + NK]
+    attn_mask = torch.cat((sees_ctx, sees_blk), dim=-1)[:, None]     # [B, 1, NW, T + NW]
     cos_c, sin_c = rope_cos_sin(ctx_pos, model.inv_freq, ctx.dtype)
     cos_q, sin_q = rope_cos_sin(q_pos, model.inv_freq, ctx.dtype)
     for layer in model.layers:

@@ -108,7 +108,7 @@ def build_drafter(config: TrainConfig, target: TargetInfo, device: torch.device)
         num_layers=config.num_layers, num_heads=config.num_heads,
         num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
         intermediate_size=config.intermediate_size,
-        block_size=config.block_size + (config.block_convention == "bonus-silent"),
+        block_size=config.block_size + (1 if config.block_convention == "bonus-silent" else 0),
         max_position_embeddings=8192, target_layer_ids=config.target_layer_ids,
     )
     if config.family == "dspark-gqa":

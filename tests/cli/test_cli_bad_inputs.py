@@ -171,6 +171,8 @@ CASES: list[tuple[list[str], str]] = [
     ([*TRAIN, "--out", "{box}/r", "--set", "lr=nan"], "lr: Input should be a finite number"),
     ([*TRAIN, "--out", "{box}/r", "--set", "nosuch=1"], "nosuch: Extra inputs are not permitted"),
     ([*TRAIN, "--out", "{box}/r", "--set", "max_len=8"], "max_len: Input should be greater"),
+    ([*TRAIN, "--out", "{box}/r", "--set", "block_convention=bonus-silent"],
+     "dspark-gqa drafters use the shift convention"),
     ([*TRAIN, "--out", "{box}/r", "--set", "lr"], "--set takes FIELD=VALUE"),
     ([*TRAIN, "--out", "{box}/file.txt"], "--out {box}/file.txt is a file"),
     ([*TRAIN, "--out", "{box}/r", "--export", "{box}/file.txt"], "--export {box}/file.txt is a"),

@@ -85,6 +85,18 @@ def test_a_trained_bonus_silent_run_exports_in_zlab_layout(tiny, tmp_path: Path)
     assert oracle.block_size == K + 1
 
 
+def test_a_shift_checkpoint_does_not_start_a_bonus_silent_run(tiny, tmp_path: Path) -> None:
+    from draftsmith.contract import ConfigError
+    from draftsmith.training.trainer import warm_start
+
+    model, _ = tiny
+    shift = CONFIG.model_copy(update={"block_convention": "shift"})
+    build_drafter(shift, _info(model), torch.device("cpu")).save(tmp_path / "shift")
+    fresh = build_drafter(CONFIG, _info(model), torch.device("cpu"))
+    with pytest.raises(ConfigError, match="block_convention"):
+        warm_start(fresh, tmp_path / "shift", "dflash", _info(model))
+
+
 def test_dspark_keeps_the_shift_convention() -> None:
     with pytest.raises(ValidationError, match="dspark-gqa drafters use the shift convention"):
         TrainConfig(family="dspark-gqa", block_convention="bonus-silent")
