@@ -9,6 +9,7 @@ counted and the top ones listed; last, one eager prefill (an admission) for scal
 
     python benchmarks/round.py --dtype bf16 --batch 1 --out $OUT
     python benchmarks/round.py --dtype fp32 --batch 8 --temperature 0.7   # sampled rounds
+    python benchmarks/round.py --batch 8 --k 1 --temperature 0.7 --top-p 0.95   # nucleus rounds
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sample at this temperature (rejection acceptance); 0: greedy")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus filter when sampling")
     parser.add_argument("--breakdown", type=int, default=0, metavar="N",
                         help="first time a whole generation of N prompts per set, split into "
                              "admissions, steps by context width, and the rest")
@@ -56,7 +58,7 @@ def main() -> int:
         model="smollm2-135m", dtype={"bf16": "bfloat16"}.get(args.dtype, "float32"),
         device="cuda"), max_slots=args.batch + 2)
     dec = _decoder(target, tokenizer, args.dtype, args.batch, args.k,
-                   temperature=args.temperature)
+                   temperature=args.temperature, top_p=args.top_p)
     ids = [dec.encode(t) for _, t in _prompts(Path(args.data), args.limit)]
     dec.generate_ids(ids, 64, compare_plain=True)
     spec = dec.spec
@@ -64,7 +66,7 @@ def main() -> int:
         _breakdown(dec, [dec.encode(t) for _, t in _prompts(Path(args.data), args.breakdown)],
                    args.max_new_tokens, say)
     say(f"# round profile, {args.dtype}, batch {args.batch}, K = {spec.plan.num_draft_tokens}, "
-        f"temperature {args.temperature}, torch {torch.__version__}")
+        f"temperature {args.temperature}, top-p {args.top_p}, torch {torch.__version__}")
     rounds: list[tuple[object, object]] = []
     walls: list[float] = []
     state = {"n": 0, "parts": None, "prof": None}

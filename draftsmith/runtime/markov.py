@@ -99,6 +99,17 @@ class DraftChain:
             return None
         return SamplingKey(seeds=key.seeds, offsets=key.offsets + j)
 
+    def _select_with_probs(self, shard: LogitsShard,
+                           key: SamplingKey | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft tokens ``[rows] int64`` and ``q`` ``[rows, V] fp32`` they were drawn from;
+        one filtering pass when the strategy offers ``select_with_probs`` (the built-in ones
+        do), else its ``select`` and ``probs``."""
+        both = getattr(self.selector, "select_with_probs", None)
+        if both is not None:
+            return both(shard, key, DRAFT_STREAM, self.collectives)
+        return (self.selector.select(shard, key, DRAFT_STREAM, self.collectives),
+                self.selector.probs(shard, self.collectives))
+
     def _check_inputs(
         self, base: torch.Tensor, vocab_start: int, anchor: torch.Tensor,
         hidden: torch.Tensor | None, probs_out: torch.Tensor | None,
@@ -150,28 +161,31 @@ class DraftChain:
                     seeds=key.seeds.repeat_interleave(k),
                     offsets=(key.offsets[:, None] + j).reshape(-1),
                 )
-            drafts = self.selector.select(flat, rows_key, DRAFT_STREAM, self.collectives).view(g, k)
-            if probs_out is not None:
-                probs_out.copy_(self.selector.probs(flat, self.collectives).view(g, k, -1))
-            return drafts, base
+            if probs_out is None:
+                drafts = self.selector.select(flat, rows_key, DRAFT_STREAM, self.collectives)
+            else:
+                drafts, probs = self._select_with_probs(flat, rows_key)
+                probs_out.copy_(probs.view(g, k, -1))
+            return drafts.view(g, k), base
         corrected = torch.empty(g, k, s, dtype=torch.float32, device=base.device)
         prev, state, tokens = anchor, None, []
         for j in range(k):
             z = corrected[:, j]
+            shard = LogitsShard(z, vocab_start, self.vocab_size)
             if self.mode == "fused" and self.collectives.world_size == 1:
                 _, token = markov_step(base[:, j], prev, self.weights.w1, self.weights.w2,
                                        vocab_start, z, reverse=j % 2 == 1)
+                if probs_out is not None:
+                    probs_out[:, j] = self.selector.probs(shard, self.collectives)
             else:
                 h = hidden[:, j] if hidden is not None else None
                 bias, state = markov_bias(self.weights, prev, h, state)
                 torch.add(base[:, j].float(), bias.float(), out=z)
-                token = self.selector.select(
-                    LogitsShard(z, vocab_start, self.vocab_size), self._key(key, j),
-                    DRAFT_STREAM, self.collectives,
-                )
-            if probs_out is not None:
-                probs_out[:, j] = self.selector.probs(
-                    LogitsShard(z, vocab_start, self.vocab_size), self.collectives)
+                if probs_out is None:
+                    token = self.selector.select(shard, self._key(key, j), DRAFT_STREAM,
+                                                 self.collectives)
+                else:
+                    token, probs_out[:, j] = self._select_with_probs(shard, self._key(key, j))
             tokens.append(token)
             prev = token
         return torch.stack(tokens, dim=1), corrected

@@ -16,7 +16,7 @@ from draftsmith.contract import SamplingKey, check_tensor
 from draftsmith.kernels.argmax_pair import EXCHANGE_COLUMNS
 from draftsmith.kernels.gumbel_pair import gumbel_from_uniform, gumbel_pair, gumbel_pair_reference
 from draftsmith.kernels.philox import philox_uniform, philox_uniform_reference
-from draftsmith.selection.vocab_parallel import local_top_k, order_t_sort
+from draftsmith.selection.vocab_parallel import local_top_k, order_t_sort_columns
 
 
 def keyed_gumbel(key: SamplingKey, ids: torch.Tensor, stream: int,
@@ -49,8 +49,7 @@ def filtered_candidates(
     if 0 < top_k < scores.shape[1]:
         cand, ids = local_top_k(scores, vocab_start, top_k)
     else:
-        cols = torch.arange(scores.shape[1], device=scores.device) + vocab_start
-        cand, ids = order_t_sort(scores, cols.expand_as(scores))
+        cand, ids = order_t_sort_columns(scores, vocab_start)
     return apply_top_p(cand, top_p), ids
 
 

@@ -89,6 +89,14 @@ class _Selector:
     def _kernel(self, logits: torch.Tensor) -> bool:
         return logits.is_cuda if self.use_kernels is None else self.use_kernels
 
+    def select_with_probs(self, logits: LogitsShard, key: SamplingKey | None, stream: int,
+                          collectives: Collectives) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(select(...) [rows] int64, probs(...) [rows, V] fp32)`` of the same logits: what a
+        drafter chain needs for rejection sampling. Strategies that can share work between the
+        two (one vocabulary sort under top-k / top-p) do; the results are those of the two
+        calls."""
+        return self.select(logits, key, stream, collectives), self.probs(logits, collectives)
+
 
 class GreedySelector(_Selector):
     """Order-T argmax (``torch.argmax``); vocab-parallel through one pair exchange."""
@@ -159,6 +167,26 @@ class SampleSelector(_Selector):
         scores = gather_logits(logits, collectives) / cfg.temperature
         cand, ids = filtered_candidates(scores, cfg.top_k, cfg.top_p)
         return sample_candidates(cand, ids, key, stream)
+
+    def select_with_probs(self, logits: LogitsShard, key: SamplingKey | None, stream: int,
+                          collectives: Collectives) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`select` and :meth:`probs` with one filtering sort where ``select`` gathers
+        and sorts the vocabulary anyway (top-k or top-p on one rank or the gather route)."""
+        cfg = self.config
+        collectives = local_group(logits, collectives)
+        route = self.route(collectives.world_size, logits.vocab_size)
+        filtered = (0 < cfg.top_k < logits.vocab_size) or cfg.top_p < 1.0
+        if (self._capabilities.greedy or key is None or not filtered
+                or route.kind in ("gumbel_pairs", "topk_candidates")):
+            return super().select_with_probs(logits, key, stream, collectives)
+        if key.seeds.shape[0] != logits.logits.shape[0]:
+            raise ShapeError(f"SamplingKey has {key.seeds.shape[0]} rows, logits "
+                             f"{logits.logits.shape[0]}")
+        scores = gather_logits(logits, collectives) / cfg.temperature
+        cand, ids = filtered_candidates(scores, cfg.top_k, cfg.top_p)
+        tokens = sample_candidates(cand, ids, key, stream)
+        probs = torch.zeros_like(scores).scatter_(1, ids, torch.softmax(cand, dim=-1))
+        return tokens, probs
 
     def probs(self, logits: LogitsShard, collectives: Collectives) -> torch.Tensor:
         """The filtered, temperature-scaled distribution ``[rows, V] float32`` (gathers)."""

@@ -191,13 +191,23 @@ def order_t_sort(scores: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor,
     return scores.gather(1, order), ids.gather(1, order)
 
 
+def order_t_sort_columns(scores: torch.Tensor,
+                         vocab_start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`order_t_sort` of ``scores: [rows, n]`` whose ids are ``vocab_start + column``.
+
+    The columns already run in id order, so one stable sort gives order T (the id pre-sort of
+    :func:`order_t_sort` would be the identity). Returns ``(scores, ids [rows, n] int64)``.
+    """
+    order = torch.sort(scores, dim=1, descending=True, stable=True).indices
+    return scores.gather(1, order), order + vocab_start
+
+
 def local_top_k(scores: torch.Tensor, vocab_start: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` best of ``scores: [rows, n]`` in order T, with global ids ``vocab_start + col``.
 
     Returns ``(scores [rows, min(k, n)], ids [rows, min(k, n)] int64)``, sorted in order T.
     """
-    cols = torch.arange(scores.shape[1], device=scores.device) + vocab_start
-    s, ids = order_t_sort(scores, cols.expand_as(scores))
+    s, ids = order_t_sort_columns(scores, vocab_start)
     return s[:, :k], ids[:, :k]
 
 
@@ -228,6 +238,7 @@ __all__ = [
     "gather_logits",
     "local_top_k",
     "order_t_sort",
+    "order_t_sort_columns",
     "sharded_argmax",
     "sharded_gumbel_sample",
     "sharded_top_k_candidates",

@@ -14,7 +14,11 @@ from draftsmith.selection.eligibility import (
     selection_route,
     vocab_parallel_eligibility,
 )
-from draftsmith.selection.vocab_parallel import check_shard_layout
+from draftsmith.selection.vocab_parallel import (
+    check_shard_layout,
+    order_t_sort,
+    order_t_sort_columns,
+)
 
 V = 151936
 
@@ -117,3 +121,21 @@ def test_workspace_views_share_storage() -> None:
     view = ws.rows(3)
     assert view is not None and view.data_ptr() == ws.staging.data_ptr()
     assert view.shape == (3, 128) and ws.rows(9) is None
+
+
+@pytest.mark.parametrize("rows,n,start", [(1, 1, 0), (3, 257, 0), (5, 1031, 4096)])
+def test_column_sort_equals_order_t_sort(rows: int, n: int, start: int) -> None:
+    """One stable sort of columns in id order gives order T: ties keep the lower id first, NaN
+    comes first, -inf last; compared bit for bit with the id-sorting reference."""
+    g = torch.Generator().manual_seed(rows * n)
+    scores = torch.randint(-4, 5, (rows, n), generator=g).float() / 2  # many exact ties
+    scores[0, n // 2] = float("nan")
+    scores[-1, 0] = float("-inf")
+    perm = torch.randperm(n, generator=g)  # the reference sees the columns shuffled
+    ids = (torch.arange(n) + start)[perm].expand(rows, n)
+    want_s, want_ids = order_t_sort(scores[:, perm], ids)
+    got_s, got_ids = order_t_sort_columns(scores, start)
+    assert torch.equal(got_ids, want_ids)
+    assert torch.equal(got_s.nan_to_num(7.0), want_s.nan_to_num(7.0))
+    if n > 1:
+        assert torch.equal(got_ids[0, :1], torch.tensor([start + n // 2]))  # NaN first

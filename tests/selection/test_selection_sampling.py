@@ -155,3 +155,26 @@ def test_cuda_selectors_match_cpu(dtype: torch.dtype) -> None:
         cpu = sel.select(LogitsShard.full(x), key, 1, SingleRank())
         gpu = sel.select(LogitsShard.full(x.cuda()), cuda_key, 1, SingleRank())
         assert torch.equal(gpu.cpu(), cpu)
+
+
+@pytest.mark.parametrize("config", [
+    SampleConfig(temperature=0.7, top_p=0.95), SampleConfig(temperature=0.7, top_k=40),
+    SampleConfig(temperature=1.3, top_k=300, top_p=0.8), SampleConfig(temperature=0.7),
+    SampleConfig(temperature=0.0),
+])
+def test_select_with_probs_equals_select_and_probs(config: SampleConfig) -> None:
+    """The drafter chain's one-sort path gives the tokens and the distribution of the two
+    separate calls, bit for bit (bf16-like ties included)."""
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(7, 1001, generator=g) * 3).to(torch.bfloat16).float()
+    shard = LogitsShard.full(logits)
+    key = SamplingKey(seeds=torch.arange(7) * 11 + 3, offsets=torch.arange(7) + 40)
+    selector = SampleSelector(config)
+    tokens, probs = selector.select_with_probs(shard, key, 1, SingleRank())
+    assert torch.equal(tokens, selector.select(shard, key, 1, SingleRank()))
+    assert torch.equal(probs, selector.probs(shard, SingleRank()))
+    if config.temperature > 0:
+        with pytest.raises(DraftsmithError, match="rows"):
+            selector.select_with_probs(shard, SamplingKey(seeds=key.seeds[:3],
+                                                          offsets=key.offsets[:3]), 1,
+                                       SingleRank())
