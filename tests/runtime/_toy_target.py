@@ -17,6 +17,7 @@ import torch
 
 from draftsmith.contract import LogitsShard, OutputHead, ShapeError, TargetOutput
 from draftsmith.drafters.nn import apply_rope_neox, rms_norm, rope_cos_sin, rope_inv_freq
+from draftsmith.selection.sampling import filtered_probs
 
 
 class ToyTarget:
@@ -295,11 +296,12 @@ class ToyTarget:
         return tokens
 
     def next_token_probs(self, prefix: Sequence[int], temperature: float = 1.0,
-                         slot: int = 0) -> torch.Tensor:
-        """``softmax(logits / T)`` of the token after ``prefix``: ``[V] fp32``."""
+                         slot: int = 0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+        """The distribution of the token after ``prefix``, ``softmax(logits / T)`` filtered by
+        ``top_k`` / ``top_p`` as the selectors filter: ``[V] fp32``."""
         out = self.prefill([slot], [torch.tensor(list(prefix))])
         self.release([slot])
-        return torch.softmax(out.logits.logits[-1].float() / temperature, dim=-1)
+        return filtered_probs(out.logits.logits[-1:].float(), temperature, top_k, top_p)[0]
 
 
 def chi_square_world(**runtime) -> tuple[ToyTarget, dict]:
@@ -316,16 +318,19 @@ def chi_square_world(**runtime) -> tuple[ToyTarget, dict]:
     }
 
 
-def assert_sampled_like_the_target(target, prompt: list[int], results) -> None:
+def assert_sampled_like_the_target(target, prompt: list[int], results, **sampling) -> None:
     """Chi-square checks that tokens 2 and 3 of ``results`` (sampled continuations of
     ``prompt`` over an 8-token vocabulary) follow the target's own marginals there, computed
-    exactly from ``target.next_token_probs``; a negative control compares token 3 with token 2's
-    marginal and must fail."""
+    exactly from ``target.next_token_probs`` (``sampling``: its ``temperature``, ``top_k``,
+    ``top_p``); a negative control compares token 3 with token 2's marginal and must fail."""
     from scipy.stats import chisquare
 
-    p1 = target.next_token_probs(prompt)
-    p2 = torch.stack([target.next_token_probs(prompt + [a]) for a in range(8)])  # [x1, x2]
-    p3 = torch.stack([torch.stack([target.next_token_probs(prompt + [a, b]) for b in range(8)])
+    def probs(prefix: list[int]) -> torch.Tensor:
+        return target.next_token_probs(prefix, **sampling)
+
+    p1 = probs(prompt)
+    p2 = torch.stack([probs(prompt + [a]) for a in range(8)])  # [x1, x2]
+    p3 = torch.stack([torch.stack([probs(prompt + [a, b]) for b in range(8)])
                       for a in range(8)])  # [x1, x2, x3]
     marg2 = (p1[:, None] * p2).sum(0)
     marg3 = (p1[:, None, None] * p2[:, :, None] * p3).sum((0, 1))
@@ -333,7 +338,10 @@ def assert_sampled_like_the_target(target, prompt: list[int], results) -> None:
     def pvalue(pos: int, marg: torch.Tensor) -> float:
         counts = torch.bincount(torch.tensor([r.tokens[pos] for r in results]), minlength=8)
         expected = marg.double() / marg.double().sum() * counts.sum()
-        return float(chisquare(counts.double().numpy(), expected.numpy()).pvalue)
+        seen = expected > 0  # a filtered-out token must never appear
+        if counts[~seen].sum() > 0:
+            return 0.0
+        return float(chisquare(counts[seen].double().numpy(), expected[seen].numpy()).pvalue)
 
     assert pvalue(1, marg2) > 1e-3
     assert pvalue(2, marg3) > 1e-3

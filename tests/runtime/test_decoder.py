@@ -188,6 +188,22 @@ def test_rejection_sampling_is_lossless_chi_square():
     assert_sampled_like_the_target(small, prompt, results)
 
 
+@pytest.mark.parametrize("sampling", [{"temperature": 0.7, "top_p": 0.95},
+                                      {"temperature": 0.7, "top_k": 5, "top_p": 0.9}])
+def test_filtered_rejection_sampling_is_lossless_chi_square(sampling):
+    """With top-p (and top-k) the emitted tokens follow the target's filtered distribution: the
+    drafter's ``q`` and the target's ``p`` are both filtered, and a token the filter removes
+    never appears."""
+    small, cfg = chi_square_world()
+    cfg["selection"] = {"kind": "sample", **sampling}
+    dec = bind(small, None, SpecConfig.from_dict(cfg))
+    prompt, n = [1, 2, 3], 2000
+    results = dec.generate([prompt] * n, 3, seeds=list(range(n)))
+    rounds = [r.accepted_lengths[0] for r in results]
+    assert min(rounds) == 1 and max(rounds) >= 2
+    assert_sampled_like_the_target(small, prompt, results, **sampling)
+
+
 def test_forced_acceptance_through_the_decoder(target):
     dec = bind(target, None, _config("dspark-gqa", 4, force_accepted=2.5))
     assert dec.plan.acceptance == "forced"
