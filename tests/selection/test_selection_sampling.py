@@ -144,7 +144,8 @@ def test_sample_from_probs_distribution() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda_selectors_match_cpu(dtype: torch.dtype) -> None:
     """On CUDA the selectors run the Triton kernels (the pair kernels; the Philox kernel for the
-    keyed noise of top-k / top-p candidates); tokens equal the CPU references."""
+    keyed noise of top-k / top-p candidates); tokens equal the CPU references, and the one-sort
+    select_with_probs equals select and probs there."""
     x = (torch.randn(32, 163840, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
     key = SamplingKey(torch.arange(32), torch.arange(32) * 3)
     cuda_key = SamplingKey(key.seeds.cuda(), key.offsets.cuda())
@@ -155,6 +156,10 @@ def test_cuda_selectors_match_cpu(dtype: torch.dtype) -> None:
         cpu = sel.select(LogitsShard.full(x), key, 1, SingleRank())
         gpu = sel.select(LogitsShard.full(x.cuda()), cuda_key, 1, SingleRank())
         assert torch.equal(gpu.cpu(), cpu)
+        tokens, probs = sel.select_with_probs(LogitsShard.full(x.cuda()), cuda_key, 1,
+                                              SingleRank())
+        assert torch.equal(tokens, gpu)
+        assert torch.equal(probs, sel.probs(LogitsShard.full(x.cuda()), SingleRank()))
 
 
 @pytest.mark.parametrize("config", [
