@@ -47,17 +47,20 @@ def add_train_data_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--source", default="recipe", choices=["recipe", "self", "mix"],
                    help="recipe: the templated recipe (default); self: user requests the target "
                         "samples itself; mix: both, see --self-fraction")
-    g.add_argument("--self-fraction", type=float, default=0.5, metavar="F",
+    g.add_argument("--self-fraction", type=float, default=None, metavar="F",
                    help="share of self-generated prompts under --source mix (default 0.5)")
     g.add_argument("--exclude", nargs="+", type=Path, default=None, metavar="FILE.jsonl",
                    help="evaluation sets self-generated prompts must not approach (default: "
                         f"the *.jsonl files of ${DATA_DIR_ENV})")
-    g.add_argument("--sample-seed", type=int, default=0,
-                   help="seed of the self-generated prompts; part I samples with seed + I")
-    g.add_argument("--sample-temperature", type=float, default=1.0)
-    g.add_argument("--sample-top-p", type=float, default=0.95)
-    g.add_argument("--sample-steer", type=float, default=0.5, metavar="F",
-                   help="share of self-generated rows started from a fixed opener")
+    g.add_argument("--sample-seed", type=int, default=None,
+                   help="seed of the self-generated prompts; part I samples with seed + I "
+                        "(default 0)")
+    g.add_argument("--sample-temperature", type=float, default=None,
+                   help="temperature of the self-generated prompts (default 1.0)")
+    g.add_argument("--sample-top-p", type=float, default=None,
+                   help="top-p of the self-generated prompts (default 0.95)")
+    g.add_argument("--sample-steer", type=float, default=None, metavar="F",
+                   help="share of self-generated rows started from a fixed opener (default 0.5)")
 
 
 def target_config(args: argparse.Namespace) -> TargetConfig:
@@ -89,6 +92,27 @@ def _parse_part(text: str) -> tuple[int, int]:
 def _count_of_part(total: int, index: int, parts: int) -> int:
     """How many of items ``0 .. total - 1`` part ``index`` takes (``index, index + parts, ...``)."""
     return len(range(index, total, parts))
+
+
+SELF_PROMPT_FLAGS = {"self_fraction": 0.5, "sample_seed": 0, "sample_temperature": 1.0,
+                     "sample_top_p": 0.95, "sample_steer": 0.5}
+"""The flags that shape self-generated prompts, with their defaults."""
+
+
+def resolve_source_flags(args: argparse.Namespace) -> None:
+    """Refuse a self-prompt flag the chosen ``--source`` would ignore, then fill the defaults
+    of the rest in ``args``: ``--self-fraction`` needs ``--source mix``, the ``--sample-*``
+    flags need ``self`` or ``mix``."""
+    unused = [name for name in SELF_PROMPT_FLAGS if getattr(args, name) is not None
+              and (args.source == "recipe" or (name == "self_fraction" and args.source == "self"))]
+    if unused:
+        flags = ", ".join("--" + name.replace("_", "-") for name in unused)
+        needs = "--source mix" if unused == ["self_fraction"] else "--source self or mix"
+        raise ConfigError(f"{flags} would be ignored: this run's --source is {args.source}, and "
+                          f"they need {needs}; add that or drop them")
+    for name, default in SELF_PROMPT_FLAGS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
 
 
 def plan_sources(source: str, count: int, self_fraction: float) -> tuple[int, int]:
@@ -126,6 +150,7 @@ def train_data_command(args: argparse.Namespace) -> int:
     from draftsmith.training.selfprompts import EvalExclusion
 
     index, parts = _parse_part(args.part)
+    resolve_source_flags(args)
     n_recipe, n_self = plan_sources(args.source, args.count, args.self_fraction)
     sampling = _check_train_data_flags(args)
     excluded = (list(args.exclude) if args.exclude is not None else default_exclusions()
