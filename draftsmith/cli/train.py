@@ -107,7 +107,7 @@ def resolve_source_flags(args: argparse.Namespace) -> None:
               and (args.source == "recipe" or (name == "self_fraction" and args.source == "self"))]
     if unused:
         flags = ", ".join("--" + name.replace("_", "-") for name in unused)
-        needs = "--source mix" if unused == ["self_fraction"] else "--source self or mix"
+        needs = "--source mix" if "self_fraction" in unused else "--source self or mix"
         raise ConfigError(f"{flags} would be ignored: this run's --source is {args.source}, and "
                           f"they need {needs}; add that or drop them")
     for name, default in SELF_PROMPT_FLAGS.items():

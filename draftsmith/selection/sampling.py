@@ -108,8 +108,15 @@ def filtered_probs(
     if (top_k <= 0 or top_k >= scores.shape[1]) and top_p >= 1.0:
         return torch.softmax(scores, dim=-1)
     cand, ids = filtered_candidates(scores, top_k, top_p)
-    out = torch.zeros_like(scores)
-    return out.scatter_(1, ids, torch.softmax(cand, dim=-1))
+    return candidate_probs(cand, ids, scores.shape)
+
+
+def candidate_probs(cand_scores: torch.Tensor, cand_ids: torch.Tensor,
+                    shape: torch.Size) -> torch.Tensor:
+    """``softmax(cand_scores)`` scattered to ``cand_ids``: ``[rows, V] float32`` of ``shape``,
+    zero for ids that are not candidates (or that a filter set to ``-inf``)."""
+    out = torch.zeros(shape, dtype=torch.float32, device=cand_scores.device)
+    return out.scatter_(1, cand_ids, torch.softmax(cand_scores, dim=-1))
 
 
 def one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -120,6 +127,7 @@ def one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
 
 __all__ = [
     "apply_top_p",
+    "candidate_probs",
     "filtered_candidates",
     "filtered_probs",
     "keyed_gumbel",

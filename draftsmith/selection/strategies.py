@@ -8,6 +8,8 @@ same path (see :mod:`draftsmith.selection.eligibility`). Imports ``draftsmith.co
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
 from draftsmith.contract import (
@@ -22,6 +24,7 @@ from draftsmith.selection.configs import GreedyConfig, SampleConfig, capabilitie
 from draftsmith.selection.eligibility import SelectionRoute, selection_route
 from draftsmith.selection.sampling import (
     apply_top_p,
+    candidate_probs,
     filtered_candidates,
     filtered_probs,
     one_hot_argmax,
@@ -153,13 +156,13 @@ class SampleSelector(_Selector):
             raise ShapeError(f"SamplingKey has {key.seeds.shape[0]} rows, logits {rows}")
         collectives = local_group(logits, collectives)
         route = self.route(collectives.world_size, logits.vocab_size)
-        filtered = (0 < cfg.top_k < logits.vocab_size) or cfg.top_p < 1.0
-        if route.kind == "gumbel_pairs" or (route.kind == "local" and not filtered):
+        draw = self._draw(route, logits)
+        if draw == "pairs":
             temps = torch.full((rows,), cfg.temperature, dtype=torch.float32,
                                device=logits.logits.device)
             return sharded_gumbel_sample(logits, temps, key, stream, collectives,
                                          self.workspace, self.use_kernels)
-        if route.kind == "topk_candidates":
+        if draw == "topk_merge":
             scores = logits.logits.to(torch.float32) / cfg.temperature
             cand, ids = sharded_top_k_candidates(scores, logits.vocab_start, cfg.top_k,
                                                  collectives)
@@ -168,25 +171,33 @@ class SampleSelector(_Selector):
         cand, ids = filtered_candidates(scores, cfg.top_k, cfg.top_p)
         return sample_candidates(cand, ids, key, stream)
 
+    def _draw(self, route: SelectionRoute,
+              logits: LogitsShard) -> Literal["pairs", "topk_merge", "sort"]:
+        """How :meth:`select` draws on ``route``: ``"pairs"`` (keyed Gumbel pairs, no filter
+        or a TP split that needs none), ``"topk_merge"`` (each rank's top-k, merged) or
+        ``"sort"`` (whole rows gathered and sorted for top-k / top-p, the filtering that
+        :meth:`probs` repeats and :meth:`select_with_probs` shares)."""
+        cfg = self.config
+        filtered = (0 < cfg.top_k < logits.vocab_size) or cfg.top_p < 1.0
+        if route.kind == "gumbel_pairs" or (route.kind == "local" and not filtered):
+            return "pairs"
+        return "topk_merge" if route.kind == "topk_candidates" else "sort"
+
     def select_with_probs(self, logits: LogitsShard, key: SamplingKey | None, stream: int,
                           collectives: Collectives) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`select` and :meth:`probs` with one filtering sort where ``select`` gathers
-        and sorts the vocabulary anyway (top-k or top-p on one rank or the gather route)."""
+        and sorts the vocabulary anyway."""
         cfg = self.config
-        collectives = local_group(logits, collectives)
-        route = self.route(collectives.world_size, logits.vocab_size)
-        filtered = (0 < cfg.top_k < logits.vocab_size) or cfg.top_p < 1.0
-        if (self._capabilities.greedy or key is None or not filtered
-                or route.kind in ("gumbel_pairs", "topk_candidates")):
+        local = local_group(logits, collectives)
+        route = self.route(local.world_size, logits.vocab_size)
+        if self._capabilities.greedy or key is None or self._draw(route, logits) != "sort":
             return super().select_with_probs(logits, key, stream, collectives)
         if key.seeds.shape[0] != logits.logits.shape[0]:
             raise ShapeError(f"SamplingKey has {key.seeds.shape[0]} rows, logits "
                              f"{logits.logits.shape[0]}")
-        scores = gather_logits(logits, collectives) / cfg.temperature
+        scores = gather_logits(logits, local) / cfg.temperature
         cand, ids = filtered_candidates(scores, cfg.top_k, cfg.top_p)
-        tokens = sample_candidates(cand, ids, key, stream)
-        probs = torch.zeros_like(scores).scatter_(1, ids, torch.softmax(cand, dim=-1))
-        return tokens, probs
+        return sample_candidates(cand, ids, key, stream), candidate_probs(cand, ids, scores.shape)
 
     def probs(self, logits: LogitsShard, collectives: Collectives) -> torch.Tensor:
         """The filtered, temperature-scaled distribution ``[rows, V] float32`` (gathers)."""

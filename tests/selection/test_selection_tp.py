@@ -60,7 +60,9 @@ def _select(col, full, config, seeds, offsets, stream, with_probs):
     key = SamplingKey(seeds, offsets)
     token = sel.select(shard, key, stream, col)
     route = sel.route(col.world_size, full.shape[1]).kind
-    return token, (sel.probs(shard, col) if with_probs else None), route
+    if not with_probs:
+        return token, None, route, None
+    return token, sel.probs(shard, col), route, sel.select_with_probs(shard, key, stream, col)
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["tp2", "tp4"])
@@ -108,8 +110,8 @@ def test_greedy_selector_tokens_and_probs(pool: RankPool) -> None:
     full = tp_adversarial_logits(ROWS, V, seed=5, dtype=torch.float32)
     seeds, offsets = _key(ROWS)
     want = torch.argmax(full, dim=1)
-    for token, probs, route in pool.run(_select_worker, full, GreedyConfig(), seeds, offsets,
-                                         0, True):
+    for token, probs, route, _ in pool.run(_select_worker, full, GreedyConfig(), seeds, offsets,
+                                            0, True):
         assert route == "pair_argmax"
         assert torch.equal(token, want)
         assert torch.equal(probs, torch.nn.functional.one_hot(want, V).float())
@@ -135,13 +137,15 @@ def _random_full(rows: int, seed: int) -> torch.Tensor:
 def test_sampled_token_independent_of_tp(pool: RankPool, config: SampleConfig, route: str) -> None:
     full = _random_full(ROWS, seed=21)
     seeds, offsets = _key(ROWS, seed=3)
-    want, want_probs, local = _select(SingleRank(), full, config, seeds, offsets, 1, True)
+    want, want_probs, local, _ = _select(SingleRank(), full, config, seeds, offsets, 1, True)
     assert local == "local"
-    for token, probs, got_route in pool.run(_select_worker, full, config, seeds, offsets, 1,
-                                            True):
+    for token, probs, got_route, both in pool.run(_select_worker, full, config, seeds, offsets, 1,
+                                                  True):
         assert got_route == route
         assert torch.equal(token, want)
         torch.testing.assert_close(probs, want_probs, rtol=0, atol=0)
+        # the drafter chain's one-call form gives the same pair on every rank
+        assert torch.equal(both[0], want) and torch.equal(both[1], want_probs)
 
 
 @pytest.mark.parametrize("config,route", CONFIGS[:4], ids=[r for _, r in CONFIGS[:4]])
@@ -149,7 +153,7 @@ def test_sampled_token_tp8_emulated(config: SampleConfig, route: str) -> None:
     full = _random_full(ROWS, seed=22)
     seeds, offsets = _key(ROWS, seed=4)
     want = _select(SingleRank(), full, config, seeds, offsets, 0, False)[0]
-    for token, _, got_route in run_threaded(8, _select, full, config, seeds, offsets, 0, False):
+    for token, _, got_route, _ in run_threaded(8, _select, full, config, seeds, offsets, 0, False):
         assert got_route == route
         assert torch.equal(token, want)
 
@@ -157,7 +161,7 @@ def test_sampled_token_tp8_emulated(config: SampleConfig, route: str) -> None:
 def test_greedy_tp8_emulated() -> None:
     full = tp_adversarial_logits(ROWS, V, seed=8, dtype=torch.bfloat16)
     want = torch.argmax(full, dim=1)
-    for token, _, _ in run_threaded(8, _select, full, GreedyConfig(), *_key(ROWS), 0, False):
+    for token, _, _, _ in run_threaded(8, _select, full, GreedyConfig(), *_key(ROWS), 0, False):
         assert torch.equal(token, want)
 
 
