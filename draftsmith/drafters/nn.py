@@ -60,11 +60,18 @@ def on_gpu(t: torch.Tensor) -> bool:
     return t.is_cuda
 
 
+def records_grad(*tensors: torch.Tensor) -> bool:
+    """Whether autograd would record an op on ``tensors``: the fused kernels have no backward,
+    so such an op (training) takes the torch path."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x: [..., D]`` normalised over the last dim and scaled by ``weight``, ``[D]`` or any shape
     that broadcasts against ``x`` (MLA's per-layer stack ``[n, D]``): the fused kernel on a GPU
-    for a ``[D]`` weight, the reference otherwise."""
-    if (on_gpu(x) and weight.dim() == 1 and x.dtype in FUSED_DTYPES
+    for a ``[D]`` weight where autograd records nothing (the kernel has no backward), the
+    reference otherwise."""
+    if (on_gpu(x) and not records_grad(x, weight) and weight.dim() == 1 and x.dtype in FUSED_DTYPES
             and weight.dtype in FUSED_DTYPES):
         return fused_rms_norm(x, weight, eps)
     return rms_norm_reference(x, weight, eps)
@@ -167,8 +174,9 @@ def norm_rope(norm: RMSNorm, x: torch.Tensor, cos: torch.Tensor,
               sin: torch.Tensor) -> torch.Tensor:
     """``apply_rope_neox(norm(x), cos, sin)`` for ``x: [..., n, d]``, ``cos, sin: [..., d]``
     (Qwen3's per-head q/k norm then RoPE): one fused launch on a GPU."""
-    if on_gpu(x) and x.dtype in FUSED_DTYPES and cos.dtype == torch.promote_types(
-            x.dtype, norm.weight.dtype) and norm.weight.dtype in FUSED_DTYPES:
+    if on_gpu(x) and not records_grad(x, norm.weight, cos, sin) and x.dtype in FUSED_DTYPES \
+            and cos.dtype == torch.promote_types(x.dtype, norm.weight.dtype) \
+            and norm.weight.dtype in FUSED_DTYPES:
         heads, width = x.shape[-2:]
         out = head_norm_rope(x.reshape(-1, heads, width), norm.weight, norm.eps,
                              cos.reshape(-1, width), sin.reshape(-1, width))
@@ -183,7 +191,7 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: tor
     P_sz, hd]``) and itself: ``q: [G, W, n_h, hd]``, ``k, v: [G, W, n_kv, hd]`` ->
     ``[G, W, n_h, hd]``; one fused launch on a GPU (see ``kernels.block_attention``)."""
     fn = (fused_block_attention if on_gpu(q) and q.dtype in FUSED_DTYPES
-          else block_attention_reference)
+          and not records_grad(q, k, v, pool) else block_attention_reference)
     return fn(q, k, v, pool, placement.block_tables, placement.num_ctx, query_pos, columns,
               causal, window, q.shape[-1] ** -0.5)
 

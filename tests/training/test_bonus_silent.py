@@ -101,3 +101,28 @@ def test_dspark_keeps_the_shift_convention() -> None:
     with pytest.raises(ValidationError, match="dspark-gqa drafters use the shift convention"):
         TrainConfig(family="dspark-gqa", block_convention="bonus-silent")
     assert TrainConfig(family="dflash").block_convention == "shift"
+
+
+def test_the_loss_has_the_same_gradients_where_the_fused_kernels_run(tiny, monkeypatch) -> None:
+    """On a GPU the drafter's norms dispatch to Triton kernels, which have no backward: under
+    autograd the loss must take the torch path there (forced here on the CPU, where the
+    interpreter runs the kernels), with every parameter's gradient equal to the CPU path's."""
+    from draftsmith.drafters import nn as drafter_nn
+
+    model, _ = tiny
+    drafter = build_drafter(CONFIG, _info(model), torch.device("cpu"))
+    gen = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, 256, (2, 24), generator=gen)
+    blocks = sample_blocks(tokens, torch.tensor([24, 17]), torch.tensor([3, 5]), K, 3, gen)
+    features, _ = TargetRunner(model, drafter.spec.target_layer_ids)(tokens)
+    table = model.get_input_embeddings().weight.detach()
+    grads = []
+    for fused in (False, True):
+        monkeypatch.setattr(drafter_nn, "on_gpu", lambda t, fused=fused: fused)
+        drafter.zero_grad(set_to_none=True)
+        drafter_hidden(drafter, features, table, blocks, drafter.spec.mask_token_id).square().sum(
+        ).backward()
+        grads.append({name: p.grad for name, p in drafter.named_parameters()})
+    assert all(g is not None for g in grads[1].values())
+    for name, want in grads[0].items():
+        torch.testing.assert_close(grads[1][name], want, msg=name)
