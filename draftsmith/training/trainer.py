@@ -224,7 +224,7 @@ def train(
     write_text_atomic(out_dir / CONFIG_FILE, config.model_dump_json(indent=2) + "\n")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     drafter.train()
-    start = time.perf_counter()
+    start, first_step = time.perf_counter(), state["step"]
     while state["step"] < config.steps:
         step = state["step"]
         out_of_time = time_limit_s is not None and time.perf_counter() - start > time_limit_s
@@ -243,7 +243,7 @@ def train(
         opt.step()
         state["step"] = step + 1
         if state["step"] % 25 == 0 or state["step"] == 1:
-            rate = state["step"] / max(time.perf_counter() - start, 1e-9)
+            rate = (state["step"] - first_step) / max(time.perf_counter() - start, 1e-9)
             log(f"step {state['step']}/{config.steps} loss {float(loss.total.detach()):.4f} "
                 f"ce {float(loss.ce):.3f} l1 {float(loss.l1):.3f} conf {float(loss.conf):.3f} "
                 f"train-accept {float(loss.accept_len):.2f} ({rate:.1f} step/s)")
