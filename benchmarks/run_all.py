@@ -3,7 +3,7 @@
 On a CUDA machine each benchmark runs at full size and writes its raw output to
 ``benchmarks/results/``; without one, each runs its ``--smoke`` configuration (tiny shapes under
 the Triton interpreter), which checks that the scripts work, not speed. The two-GPU benchmark
-(``tp_selection.py --world-size 2``) needs two GPUs and is run separately.
+(``tp_selection.py --world-size 2``, ``tp_e2e.py``) need two GPUs and are run separately.
 """
 
 from __future__ import annotations

@@ -22,6 +22,10 @@ class GreedyConfig(BaseModel):
 
     kind: Literal["greedy"] = "greedy"
     """Strategy name."""
+    vocab_parallel: bool = True
+    """Under tensor parallelism, select on the vocabulary shards where the plan allows it;
+    ``false`` all-gathers the logits on every rank first (the path vocab-parallel selection is
+    measured against; the plan records it as a gather)."""
 
 
 class SampleConfig(BaseModel):
@@ -31,6 +35,10 @@ class SampleConfig(BaseModel):
 
     kind: Literal["sample"] = "sample"
     """Strategy name."""
+    vocab_parallel: bool = True
+    """Under tensor parallelism, select on the vocabulary shards where the plan allows it;
+    ``false`` all-gathers the logits on every rank first (the path vocab-parallel selection is
+    measured against; the plan records it as a gather)."""
     temperature: float = Field(default=1.0, ge=0.0)
     """``T == 0`` (greedy) or finite ``T >= 1e-5``; logits are divided by it before the softmax."""
     top_k: int = Field(default=0, ge=0)
@@ -81,11 +89,14 @@ def _temperature_error(value: float, problem: str) -> PydanticCustomError:
 
 def capabilities_of(config: GreedyConfig | SampleConfig) -> SelectorCapabilities:
     """What the built-in strategy bound to ``config`` declares: both select on vocabulary
-    shards through one pair exchange; sampling at ``T = 0`` is greedy."""
+    shards through one pair exchange unless ``vocab_parallel`` is off; sampling at ``T = 0`` is
+    greedy."""
     if isinstance(config, GreedyConfig):
-        return SelectorCapabilities(kind=config.kind, greedy=True, vocab_parallel=True)
+        return SelectorCapabilities(kind=config.kind, greedy=True,
+                                    vocab_parallel=config.vocab_parallel)
     if config.temperature == 0.0:  # filters cannot change an argmax
-        return SelectorCapabilities(kind=config.kind, greedy=True, vocab_parallel=True,
+        return SelectorCapabilities(kind=config.kind, greedy=True,
+                                    vocab_parallel=config.vocab_parallel,
                                     default_seed=config.seed)
     filters = []
     if config.top_k > 0:
@@ -94,7 +105,8 @@ def capabilities_of(config: GreedyConfig | SampleConfig) -> SelectorCapabilities
         filters.append(f"top-p = {config.top_p}")
     return SelectorCapabilities(
         kind=config.kind, greedy=False, temperature=config.temperature,
-        acceptance=config.acceptance, filters=tuple(filters), vocab_parallel=True,
+        acceptance=config.acceptance, filters=tuple(filters),
+        vocab_parallel=config.vocab_parallel,
         default_seed=config.seed)
 
 

@@ -125,6 +125,8 @@ def _strategy_blockers(strategy: SelectorCapabilities | None) -> tuple[list[str]
     if strategy is None or (strategy.greedy and strategy.vocab_parallel):
         return [], []
     if not strategy.vocab_parallel:
+        if strategy.kind in ("greedy", "sample"):  # the built-ins have one: their config's off
+            return ["selection.vocab_parallel is false"], []
         return [f"strategy {strategy.kind!r} does not declare a vocab-parallel path"], []
     return [], [f"{f} is enabled" for f in strategy.filters]
 

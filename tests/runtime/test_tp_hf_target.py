@@ -143,6 +143,21 @@ def test_tp2_sampled_rejection_gathers_and_equals_one_process(pool):
         assert got["target_widths"] == {256}
 
 
+def test_tp2_greedy_with_vocab_parallel_off_gathers_and_equals_one_process(pool):
+    """``selection.vocab_parallel = false``: the head stays sharded, every selection all-gathers
+    the logits first (the baseline the pair exchange is measured against), the plan says so,
+    and the tokens are those of one process."""
+    selection = {"kind": "greedy", "vocab_parallel": False}
+    want = _single("dspark-gqa", {"kind": "greedy"}, 512)
+    for rank, got in enumerate(pool.run(_tiny_rank, "dspark-gqa", selection, 512)):
+        assert not got["vocab_parallel"] and got["head"] == "sharded"
+        assert got["gathers"] == ("token selection: gather logits: "
+                                  "selection.vocab_parallel is false",)
+        assert got["shard"] == (256 * rank, 256) and got["target_widths"] == {256}
+        assert got["tokens"] == [r.tokens for r in want.results]
+        assert got["plain"] == [r.plain_tokens for r in want.results]
+
+
 def test_an_uneven_vocabulary_keeps_the_head_whole_and_records_why(pool):
     want = _single("dflash", {"kind": "greedy"}, 511)
     for got in pool.run(_tiny_rank, "dflash", {"kind": "greedy"}, 511):
