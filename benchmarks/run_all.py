@@ -2,7 +2,7 @@
 
 On a CUDA machine each benchmark runs at full size and writes its raw output to
 ``benchmarks/results/``; without one, each runs its ``--smoke`` configuration (tiny shapes under
-the Triton interpreter), which checks that the scripts work, not speed. The two-GPU benchmark
+the Triton interpreter), which checks that the scripts work, not speed. The two-GPU benchmarks
 (``tp_selection.py --world-size 2``, ``tp_e2e.py``) need two GPUs and are run separately.
 """
 
