@@ -13,10 +13,11 @@ drafter, K = 7, greedy, chat template, stop at EOS:
 * ``recipe``: transformers with a ``StaticCache`` and the one-token step (argmax and position
   update included) captured in one CUDA graph, replayed per token (written here; left-padded
   batches of ``B``);
-* ``zlab``: z-lab's ``dflash_generate`` (batch 1 only, eager) against draftsmith on the same
-  z-lab-layout DFlash checkpoint: ``--dflash-checkpoint DIR`` (a trained one, run with its own
-  block), else random weights with ``K = 7`` (both then accept next to nothing: the figure is the
-  time per round).
+* ``zlab``: z-lab's ``dflash_generate`` (batch 1 only, eager, the first ``--zlab-limit``
+  prompts of each set) against draftsmith on the same z-lab-layout DFlash checkpoint, both
+  against draftsmith's plain decoding of those prompts (``plain@zlab``):
+  ``--dflash-checkpoint DIR`` (a trained one, run with its own block), else random weights with
+  ``K = 7`` (both then accept next to nothing: the figure is the time per round).
 
 Every decoding is warmed up (graphs captured, kernels compiled) before it is timed; under
 ``--k auto``, until the decoder the timed call takes (the ``K`` chosen for its rows) has run.
@@ -484,6 +485,10 @@ def run_dtype(dtype_name: str, args: argparse.Namespace, table: Table) -> None:
             if schedule != "all":
                 _scheduled(target, tokenizer, dtype_name, batch, args, schedule, ids, report,
                            best, plain_tokens, table)
+        if "zlab" in args.parts and batch == 1 and not sampled:  # z-lab's loop: batch 1, greedy
+            zlab_ids = [dec.encode(text) for i, (_, text) in enumerate(prompts)
+                        if i % args.limit < args.zlab_limit]
+            run_zlab(target, tokenizer, model, dtype_name, zlab_ids, stops, args, table)
         if not args.slow_limit or sampled:  # the slow baselines decode greedily only
             continue
         # the slow baselines, on the first --slow-limit prompts of each set
@@ -517,9 +522,6 @@ def run_dtype(dtype_name: str, args: argparse.Namespace, table: Table) -> None:
                       tokens=sum(map(len, got)), tokens_per_s=sum(map(len, got)) / seconds,
                       vs_plain=(sum(map(len, got)) / seconds) / slow_rate,
                       exact=_exact(got, ref_tokens), note="transformers generate; vs plain@slow")
-        if "zlab" in args.parts and batch == 1:  # one prompt per set: z-lab's loop is slow
-            run_zlab(target, tokenizer, model, dtype_name, slow_ids[:: args.slow_limit], stops,
-                     args, table)
 
 
 def _tau(report, prompts, name: str) -> float:
@@ -544,8 +546,9 @@ def run_zlab(target, tokenizer, model, dtype_name, ids, stops, args, table) -> N
         k = block - 1
         dec = _decoder(target, tokenizer, dtype_name, 1, k, family="dflash",
                        checkpoint=where)
-        dec.generate_ids(ids[:2], 16, compare_plain=False)  # warm-up
-        report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=False)
+        dec.generate_ids(ids[:2], 16, compare_plain=True)  # warm-up, plain decoding too
+        report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=True)
+        plain_rate = report.plain_tokens_per_s  # graph-captured plain, the same prompts
         ours_rounds = len(report.accepted_lengths)
         zlab.dflash_generate(drafter, model, torch.tensor([ids[0]], device=model.device), 8,
                              stop_token_ids=sorted(stops), temperature=0.0, block_size=block)
@@ -563,12 +566,19 @@ def run_zlab(target, tokenizer, model, dtype_name, ids, stops, args, table) -> N
     ours = [list(r.tokens) for r in report.results]
     ours_ms = report.spec_seconds / max(ours_rounds, 1) * 1e3
     zlab_ms = seconds / max(rounds, 1) * 1e3
+    plain = [list(r.plain_tokens) for r in report.results]
     common = dict(dtype=dtype_name, batch=1, prompts=len(ids))
+    table.add(**common, decoding="plain@zlab", tokens=sum(map(len, plain)),
+              tokens_per_s=plain_rate, vs_plain=1.0,
+              note="draftsmith plain decoding on the z-lab comparison's prompts")
     table.add(**common, decoding="ds-dflash", tokens=sum(map(len, ours)),
-              tokens_per_s=report.spec_tokens_per_s, tau=report.mean_accepted_length,
-              note=f"draftsmith, {what}, K = {k}: {ours_ms:.2f} ms/round")
+              tokens_per_s=report.spec_tokens_per_s, vs_plain=report.spec_tokens_per_s / plain_rate,
+              tau=report.mean_accepted_length, exact=_exact(ours, plain),
+              note=f"draftsmith, {what}, K = {k}: {ours_ms:.2f} ms/round; exact = same tokens "
+                   "as plain")
+    zlab_rate = sum(map(len, tokens)) / seconds
     table.add(**common, decoding="zlab", tokens=sum(map(len, tokens)),
-              tokens_per_s=sum(map(len, tokens)) / seconds,
+              tokens_per_s=zlab_rate, vs_plain=zlab_rate / plain_rate,
               tau=sum(map(len, tokens)) / max(rounds, 1), exact=_exact(tokens, ours),
               note=f"dflash_generate: {zlab_ms:.2f} ms/round, {zlab_ms / ours_ms:.2f}x "
                    "draftsmith's; exact = same tokens as draftsmith on that checkpoint")
@@ -635,6 +645,8 @@ def main() -> int:
     parser.add_argument("--dflash-checkpoint", type=Path, default=None, metavar="DIR",
                         help="a z-lab layout DFlash drafter for the zlab part (both loops run "
                              "it with its own block); default: random weights")
+    parser.add_argument("--zlab-limit", type=int, default=1,
+                        help="prompts per set for the zlab part (batch 1, greedy)")
     parser.add_argument("--plot", type=Path, help="plot an e2e.json and exit")
     parser.add_argument("--smoke", action="store_true", help="tiny run on the CPU")
     args = parser.parse_args()
