@@ -1,7 +1,8 @@
 """Training a ``dflash`` drafter in z-lab's bonus-silent block (``W = K + 1``): the teacher-forced
 hidden states the loss reads are what z-lab's own ``DFlashDraftModel`` computes for that block
 after ``draftsmith export --format zlab-dflash``; a trained run exports in that layout; the
-convention is refused for ``dspark-gqa``."""
+convention is refused for ``dspark-gqa``. Also: the training step's gradients where the GPU's
+fused kernels would run (both families)."""
 
 from __future__ import annotations
 
@@ -103,25 +104,31 @@ def test_dspark_keeps_the_shift_convention() -> None:
     assert TrainConfig(family="dflash").block_convention == "shift"
 
 
-def test_the_loss_has_the_same_gradients_where_the_fused_kernels_run(tiny, monkeypatch) -> None:
+@pytest.mark.parametrize("family", ["dflash", "dspark-gqa"])
+def test_the_loss_has_the_same_gradients_where_the_fused_kernels_run(tiny, monkeypatch,
+                                                                      family) -> None:
     """On a GPU the drafter's norms dispatch to Triton kernels, which have no backward: under
-    autograd the loss must take the torch path there (forced here on the CPU, where the
+    autograd the training step must take the torch path there (forced here on the CPU, where the
     interpreter runs the kernels), with every parameter's gradient equal to the CPU path's."""
+    from contextlib import nullcontext
+
     from draftsmith.drafters import nn as drafter_nn
+    from draftsmith.training.trainer import _step_loss
 
     model, _ = tiny
-    drafter = build_drafter(CONFIG, _info(model), torch.device("cpu"))
+    config = (CONFIG if family == "dflash" else
+              CONFIG.model_copy(update={"family": family, "block_convention": "shift"}))
+    drafter = build_drafter(config, _info(model), torch.device("cpu"))
     gen = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, 256, (2, 24), generator=gen)
     blocks = sample_blocks(tokens, torch.tensor([24, 17]), torch.tensor([3, 5]), K, 3, gen)
-    features, _ = TargetRunner(model, drafter.spec.target_layer_ids)(tokens)
-    table = model.get_input_embeddings().weight.detach()
+    runner = TargetRunner(model, drafter.spec.target_layer_ids)
     grads = []
     for fused in (False, True):
         monkeypatch.setattr(drafter_nn, "on_gpu", lambda t, fused=fused: fused)
         drafter.zero_grad(set_to_none=True)
-        drafter_hidden(drafter, features, table, blocks, drafter.spec.mask_token_id).square().sum(
-        ).backward()
+        _step_loss(drafter, runner, tokens, blocks, torch.device("cpu"), nullcontext()
+                   ).total.backward()
         grads.append({name: p.grad for name, p in drafter.named_parameters()})
     assert all(g is not None for g in grads[1].values())
     for name, want in grads[0].items():
