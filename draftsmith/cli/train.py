@@ -334,6 +334,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="let --export replace a previous export in that directory")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--eager-target", action="store_true",
+                        help="run the frozen target eagerly on a GPU instead of replaying its "
+                             "forward from one CUDA graph per batch shape")
     parser.add_argument("--init-from", type=Path, default=None, metavar="DIR",
                         help="start a new run from this checkpoint's weights (same family and "
                              "shapes; fresh optimizer and schedule); ignored when resuming")
@@ -406,7 +409,7 @@ def train_command(args: argparse.Namespace) -> int:
     check_target_dir(args.target)
     target, _tokenizer = load_target(target_spec, log=_log)
     result = train(config, target.model, data, args.out, resume=not args.no_resume, log=_log,
-                   time_limit_s=args.time_limit)
+                   time_limit_s=args.time_limit, target_graphs=not args.eager_target)
     if args.export is not None:
         best = args.out / "best" if (args.out / "best").is_dir() else args.out / "last"
         result["calibration"] = calibrate_checkpoint(best, target.model, data, config,

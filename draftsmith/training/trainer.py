@@ -61,9 +61,16 @@ def _cosine(step: int, config: TrainConfig) -> float:
 
 
 class TargetRunner:
-    """The frozen target: captured features and its own next-token logits for a batch."""
+    """The frozen target: captured features and its own next-token logits for a batch.
 
-    def __init__(self, model: torch.nn.Module, layer_ids: tuple[int, ...]) -> None:
+    With ``graphs`` (a CUDA target), each batch shape's forward is captured once in a CUDA graph
+    and replayed: the eager forward launches some 80 ops per target layer from Python, which
+    bounds a training step on a slow host. The graphs share one memory pool; each replay's
+    outputs are copied out at once, so a later replay of another shape cannot overwrite them.
+    """
+
+    def __init__(self, model: torch.nn.Module, layer_ids: tuple[int, ...],
+                 graphs: bool = False) -> None:
         self.model = model.eval()
         self.decoder = model.get_decoder()
         self.layer_ids = layer_ids
@@ -72,6 +79,10 @@ class TargetRunner:
         # SDPA takes a ready boolean mask as it is; other attention kernels get none (see below)
         self._sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
         self._causal: dict[tuple[int, torch.device], torch.Tensor] = {}
+        self.graphs = graphs
+        self._captured: dict[tuple[int, int], tuple[Any, torch.Tensor, torch.Tensor,
+                                                    torch.Tensor]] = {}
+        self._pool: Any = None
 
     def _causal_mask(self, width: int, device: torch.device) -> torch.Tensor:
         """``[1, 1, T, T] bool``, true where the key position is not after the query's."""
@@ -84,15 +95,44 @@ class TargetRunner:
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``tokens: [B, T]``, each row right-padded after its length -> features
-        ``[B, T, n_cap * H_t]``, final hidden ``[B, T, H_t]`` (padding positions hold garbage).
+        ``[B, T, n_cap * H_t]``, final hidden ``[B, T, H_t]`` (padding positions hold garbage)."""
+        if not (self.graphs and tokens.is_cuda):
+            return self._forward(tokens)
+        entry = self._captured.get(tuple(tokens.shape))
+        if entry is None:
+            entry = self._capture(tokens)
+        graph, static_tokens, feats, final = entry
+        static_tokens.copy_(tokens)
+        graph.replay()
+        return feats.clone(), final.clone()
 
-        Under causal attention a real token never sees the padding after it, so no padding mask
-        is needed. The mask given is the plain causal one, ready-made: transformers builds its own
-        from a 2D mask only after checking on the host whether it is all ones, and without any
-        mask it checks the positions for packed sequences on the host; either read waits for the
-        device, so the host could not queue the next step's work ahead of it. The decoder stack
-        runs without the head, whose ``[B, T, V]`` logits nothing here reads.
-        """
+    def _capture(self, tokens: torch.Tensor) -> tuple[Any, torch.Tensor, torch.Tensor,
+                                                      torch.Tensor]:
+        """Capture the forward of ``tokens``' shape (after one eager warm-up run on a side
+        stream, which also builds the shape's causal mask outside the capture)."""
+        static_tokens = tokens.clone()
+        side = torch.cuda.Stream(device=tokens.device)
+        side.wait_stream(torch.cuda.current_stream(tokens.device))
+        with torch.cuda.stream(side):
+            self._forward(static_tokens)
+        torch.cuda.current_stream(tokens.device).wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            feats, final = self._forward(static_tokens)
+        entry = (graph, static_tokens, feats, final)
+        self._captured[(int(tokens.shape[0]), int(tokens.shape[1]))] = entry
+        return entry
+
+    def _forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The eager forward. Under causal attention a real token never sees the padding after
+        it, so no padding mask is needed. The mask given is the plain causal one, ready-made:
+        transformers builds its own from a 2D mask only after checking on the host whether it is
+        all ones, and without any mask it checks the positions for packed sequences on the host;
+        either read waits for the device, so the host could not queue the next step's work ahead
+        of it (and a CUDA graph could not capture it). The decoder stack runs without the head,
+        whose ``[B, T, V]`` logits nothing here reads."""
         mask = self._causal_mask(tokens.shape[1], tokens.device) if self._sdpa else None
         out = self.decoder(input_ids=tokens, attention_mask=mask, output_hidden_states=True,
                            use_cache=False)
@@ -186,12 +226,15 @@ def train(
     resume: bool = True,
     log: Callable[[str], None] = print,
     time_limit_s: float | None = None,
+    target_graphs: bool = True,
 ) -> dict[str, Any]:
     """Train (or resume) and return the final metrics. Checkpoints go to ``out_dir/last`` and the
     best validation accepted length to ``out_dir/best``.
 
     ``time_limit_s`` stops early (validating and saving first) once that much wall time has
     passed; the run then resumes from ``out_dir/last`` with the same schedule.
+    ``target_graphs``: on a GPU, replay the frozen target's forward from one CUDA graph per batch
+    shape (:class:`TargetRunner`); false runs it eagerly.
     """
     device = next(target_model.parameters()).device
     cfg = target_model.config
@@ -199,7 +242,8 @@ def train(
                       num_layers=cfg.num_hidden_layers, dtype=torch.float32)
     drafter = build_drafter(config, info, device)
     spec = drafter.spec
-    runner = TargetRunner(target_model, spec.target_layer_ids)
+    runner = TargetRunner(target_model, spec.target_layer_ids,
+                          graphs=target_graphs and device.type == "cuda")
     val, train_set = split_dataset(read_dataset(data_dir, info.vocab_size), config)
     _check_trainable(val, train_set, config)
     params = [p for p in drafter.parameters()]
