@@ -46,3 +46,13 @@ def encode_all(tokenizer, prompts: list[str]) -> list[list[int]]:
     probe = Decoder.__new__(Decoder)
     probe.tokenizer = tokenizer
     return [Decoder.encode(probe, p) for p in prompts]
+
+
+def assert_same_rounds(ours: list[int], zlabs: list[int], max_new: int, what: str) -> None:
+    """draftsmith's accepted length per round equals z-lab's, given a z-lab run with one block
+    more of budget than ``max_new``. z-lab shrinks its last blocks to the token budget (its drafter
+    then sees fewer mask slots, so those drafts differ); draftsmith drafts the whole block and
+    commits up to the budget, so its last round is z-lab's cut to what the budget leaves (the
+    first token comes from the prefill)."""
+    assert ours[:-1] == zlabs[:len(ours) - 1], what
+    assert ours[-1] == min(zlabs[len(ours) - 1], max_new - 1 - sum(ours[:-1])), what
