@@ -40,11 +40,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from _timing import copy_bandwidth, machine_tag
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from e2e import DATA, _exact, _prompts, _warm_up  # noqa: E402  (the single-GPU helpers)
+from _timing import copy_bandwidth, machine_tag, results_file
+from e2e import DATA, _exact, _prompts, _warm_up  # the single-GPU benchmark's helpers
 
 
 def _config(dtype: str, batch: int, k: int, device: str, vocab_parallel: bool = True,
@@ -101,16 +98,18 @@ def _rank_main(args: argparse.Namespace) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
     dtype = {"bf16": "bfloat16", "fp32": "float32"}[args.dtype]
     lines: list[str] = []
+    dev = f"cuda:{rank}" if device == "cuda" else "cpu"
+    # a new, time-stamped file per run: nothing already in --out is overwritten
+    out_file = (results_file(args.out, "tp_e2e", dev) if args.out is not None and rank == 0
+                else None)
 
     def say(line: str) -> None:
         if rank == 0:
             print(line, flush=True)
             lines.append(line)
-            if args.out is not None:  # as it goes: a timeout still leaves the rows so far
-                args.out.mkdir(parents=True, exist_ok=True)
-                (args.out / "tp_e2e.txt").write_text("\n".join(lines) + "\n")
+            if out_file is not None:  # as it goes: a timeout still leaves the rows so far
+                out_file.write_text("\n".join(lines) + "\n")
 
-    dev = f"cuda:{rank}" if device == "cuda" else "cpu"
     say(f"# tp_e2e on {machine_tag(dev)} x{world}, torch {torch.__version__}, "
         f"{time.strftime('%Y-%m-%dT%H%MZ', time.gmtime())}, {args.dtype}, K = {args.k}, "
         f"{args.max_new_tokens} new tokens, greedy")
@@ -186,13 +185,14 @@ def _rank_main(args: argparse.Namespace) -> None:
     for row in rows:
         if row["note"]:
             say(f"- {row['decoding']} B={row['batch']}: {row['note']}")
-    if args.out is not None:
-        (args.out / "tp_e2e.json").write_text(json.dumps(rows, indent=2) + "\n")
+    if out_file is not None:
+        out_file.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None, help="directory for tp_e2e.txt/.json")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="directory for the raw output (tp_e2e_<machine>_<time>.txt/.json)")
     parser.add_argument("--nproc", type=int, default=2, help="ranks (GPUs under NCCL)")
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])

@@ -147,13 +147,7 @@ class SampleSelector(_Selector):
         if self._capabilities.greedy:
             return self._argmax(logits, collectives)
         rows = logits.logits.shape[0]
-        if key is None:
-            raise ShapeError(
-                "SampleSelector.select needs a SamplingKey (seeds and offsets per row) when "
-                "temperature > 0; build one from the request seeds and positions"
-            )
-        if key.seeds.shape[0] != rows:
-            raise ShapeError(f"SamplingKey has {key.seeds.shape[0]} rows, logits {rows}")
+        key = _check_key(key, rows)
         collectives = local_group(logits, collectives)
         route = self.route(collectives.world_size, logits.vocab_size)
         draw = self._draw(route, logits)
@@ -167,9 +161,16 @@ class SampleSelector(_Selector):
             cand, ids = sharded_top_k_candidates(scores, logits.vocab_start, cfg.top_k,
                                                  collectives)
             return sample_candidates(apply_top_p(cand, cfg.top_p), ids, key, stream)
-        scores = gather_logits(logits, collectives) / cfg.temperature
-        cand, ids = filtered_candidates(scores, cfg.top_k, cfg.top_p)
+        cand, ids = self._sorted_candidates(logits, collectives)
         return sample_candidates(cand, ids, key, stream)
+
+    def _sorted_candidates(self, logits: LogitsShard,
+                           collectives: Collectives) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``"sort"`` draw's candidates: whole rows gathered, scaled by ``1 / T`` and
+        filtered (:func:`~draftsmith.selection.sampling.filtered_candidates`)."""
+        cfg = self.config
+        scores = gather_logits(logits, collectives) / cfg.temperature
+        return filtered_candidates(scores, cfg.top_k, cfg.top_p)
 
     def _draw(self, route: SelectionRoute,
               logits: LogitsShard) -> Literal["pairs", "topk_merge", "sort"]:
@@ -187,17 +188,15 @@ class SampleSelector(_Selector):
                           collectives: Collectives) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`select` and :meth:`probs` with one filtering sort where ``select`` gathers
         and sorts the vocabulary anyway."""
-        cfg = self.config
         local = local_group(logits, collectives)
         route = self.route(local.world_size, logits.vocab_size)
-        if self._capabilities.greedy or key is None or self._draw(route, logits) != "sort":
+        if self._capabilities.greedy or self._draw(route, logits) != "sort":
             return super().select_with_probs(logits, key, stream, collectives)
-        if key.seeds.shape[0] != logits.logits.shape[0]:
-            raise ShapeError(f"SamplingKey has {key.seeds.shape[0]} rows, logits "
-                             f"{logits.logits.shape[0]}")
-        scores = gather_logits(logits, local) / cfg.temperature
-        cand, ids = filtered_candidates(scores, cfg.top_k, cfg.top_p)
-        return sample_candidates(cand, ids, key, stream), candidate_probs(cand, ids, scores.shape)
+        rows = logits.logits.shape[0]
+        key = _check_key(key, rows)
+        cand, ids = self._sorted_candidates(logits, local)
+        return (sample_candidates(cand, ids, key, stream),
+                candidate_probs(cand, ids, (rows, logits.vocab_size)))
 
     def probs(self, logits: LogitsShard, collectives: Collectives) -> torch.Tensor:
         """The filtered, temperature-scaled distribution ``[rows, V] float32`` (gathers)."""
@@ -206,6 +205,18 @@ class SampleSelector(_Selector):
         if self._capabilities.greedy:
             return one_hot_argmax(full)
         return filtered_probs(full, cfg.temperature, cfg.top_k, cfg.top_p)
+
+
+def _check_key(key: SamplingKey | None, rows: int) -> SamplingKey:
+    """``key``, which sampling at ``T > 0`` needs, with one seed and offset per row."""
+    if key is None:
+        raise ShapeError(
+            "SampleSelector.select needs a SamplingKey (seeds and offsets per row) when "
+            "temperature > 0; build one from the request seeds and positions"
+        )
+    if key.seeds.shape[0] != rows:
+        raise ShapeError(f"SamplingKey has {key.seeds.shape[0]} rows, logits {rows}")
+    return key
 
 
 __all__ = ["GreedySelector", "SampleSelector", "local_group"]

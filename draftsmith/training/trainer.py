@@ -98,7 +98,7 @@ class TargetRunner:
         ``[B, T, n_cap * H_t]``, final hidden ``[B, T, H_t]`` (padding positions hold garbage)."""
         if not (self.graphs and tokens.is_cuda):
             return self._forward(tokens)
-        entry = self._captured.get(tuple(tokens.shape))
+        entry = self._captured.get((tokens.shape[0], tokens.shape[1]))
         if entry is None:
             entry = self._capture(tokens)
         graph, static_tokens, feats, final = entry
@@ -122,7 +122,7 @@ class TargetRunner:
         with torch.cuda.graph(graph, pool=self._pool):
             feats, final = self._forward(static_tokens)
         entry = (graph, static_tokens, feats, final)
-        self._captured[(int(tokens.shape[0]), int(tokens.shape[1]))] = entry
+        self._captured[(tokens.shape[0], tokens.shape[1])] = entry
         return entry
 
     def _forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftsmith.contract import LogitsShard, PlanError, SelectorCapabilities, SingleRank
+from draftsmith.contract import (
+    ConfigError,
+    LogitsShard,
+    PlanError,
+    SelectorCapabilities,
+    SingleRank,
+)
 from draftsmith.selection import ExchangeWorkspace, decode_pairs
 from draftsmith.selection.configs import GreedyConfig, SampleConfig, capabilities_of
 from draftsmith.selection.eligibility import (
@@ -139,3 +145,17 @@ def test_column_sort_equals_order_t_sort(rows: int, n: int, start: int) -> None:
     assert torch.equal(got_s.nan_to_num(7.0), want_s.nan_to_num(7.0))
     if n > 1:
         assert torch.equal(got_ids[0, :1], torch.tensor([start + n // 2]))  # NaN first
+
+
+@pytest.mark.parametrize("kind", ["greedy", "sample"])
+def test_vocab_parallel_off_routes_through_the_gather_and_says_why(kind: str) -> None:
+    from draftsmith.runtime.config import SpecConfig  # the config layer wraps the selection's
+
+    config = (GreedyConfig(vocab_parallel=False) if kind == "greedy"
+              else SampleConfig(temperature=0.7, vocab_parallel=False))
+    route = selection_route(config, 2, V)
+    assert route == SelectionRoute("gather", "gather logits: selection.vocab_parallel is false")
+    assert selection_route(config, 1, V).kind == "local"
+    with pytest.raises(ConfigError, match="selection.vocab_parallel: Input should be a valid "
+                                          "boolean"):
+        SpecConfig.from_dict({"selection": {"kind": kind, "vocab_parallel": "maybe"}})
