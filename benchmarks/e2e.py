@@ -95,29 +95,34 @@ def _selection(temperature: float, top_p: float) -> dict:
 
 def _spec_config(dtype_name: str, batch: int, k: int | str, family: str = "dspark-gqa",
                  checkpoint: str | None = None, verify_schedule: str = "all",
-                 temperature: float = 0.0, top_p: float = 1.0):
+                 temperature: float = 0.0, top_p: float = 1.0, drafter_dtype: str | None = None):
     from draftsmith.cli.common import SHIPPED_DRAFTER
     from draftsmith.runtime.config import SpecConfig
 
     return SpecConfig.from_dict({
-        "drafter": {"family": family, "checkpoint": checkpoint or str(SHIPPED_DRAFTER)},
+        "drafter": {"family": family, "checkpoint": checkpoint or str(SHIPPED_DRAFTER),
+                    "dtype": drafter_dtype},
         "num_draft_tokens": k,
         "selection": _selection(temperature, top_p),
-        "target": {"model": "smollm2-135m", "dtype": {"bf16": "bfloat16"}.get(dtype_name,
-                                                                           "float32"),
+        "target": {"model": "smollm2-135m", "dtype": _dtype_field(dtype_name),
                    "device": "cuda" if torch.cuda.is_available() else "cpu"},
         "runtime": {"max_batch": batch, "max_context": 2048, "verify_schedule": verify_schedule},
     })
 
 
+def _dtype_field(dtype_name: str) -> str:
+    """The config's spelling (``bfloat16``, ``float32``) of ``--dtypes``' ``bf16`` / ``fp32``."""
+    return {"bf16": "bfloat16"}.get(dtype_name, "float32")
+
+
 def _decoder(target, tokenizer, dtype_name: str, batch: int, k: int | str, family: str = "dspark-gqa",
              checkpoint: str | None = None, verify_schedule: str = "all",
-             temperature: float = 0.0, top_p: float = 1.0):
+             temperature: float = 0.0, top_p: float = 1.0, drafter_dtype: str | None = None):
     """A decoder whose speculative path and plain (``K = 0``) baseline share one selection."""
     from draftsmith.runtime.api import load_decoder
 
     config = _spec_config(dtype_name, batch, k, family, checkpoint, verify_schedule,
-                          temperature, top_p)
+                          temperature, top_p, drafter_dtype)
     return load_decoder(config, target=target, tokenizer=tokenizer)
 
 
@@ -546,8 +551,9 @@ def run_zlab(target, tokenizer, model, dtype_name, ids, stops, args, table) -> N
             block, where = (8 if args.k == "auto" else args.k + 1), tmp
             drafter, what = _zlab_checkpoint(Path(tmp), model, block=block), "random z-lab DFlash drafter"
         k = block - 1
+        # both loops run the drafter in the target's dtype (z-lab's is cast to it above)
         dec = _decoder(target, tokenizer, dtype_name, 1, k, family="dflash",
-                       checkpoint=where)
+                       checkpoint=where, drafter_dtype=_dtype_field(dtype_name))
         dec.generate_ids(ids[:2], 16, compare_plain=True)  # warm-up, plain decoding too
         report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=True)
         plain_rate = report.plain_tokens_per_s  # graph-captured plain, the same prompts

@@ -256,6 +256,7 @@ def _load_request(config: SpecConfig, target: TargetInfo, collectives: Collectiv
     return LoadRequest(
         options=config.drafter.options, checkpoint=config.drafter.checkpoint, target=target,
         collectives=collectives, device=torch.device(device), seed=config.drafter.seed,
+        dtype=None if config.drafter.dtype is None else TARGET_DTYPES[config.drafter.dtype],
     )
 
 

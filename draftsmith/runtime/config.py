@@ -70,6 +70,9 @@ class DrafterConfig(_Strict):
     """Family-specific options, validated by the family's own options model."""
     seed: int = Field(default=0, ge=0, strict=True)
     """Seed for random initialisation when no checkpoint is given."""
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    """Dtype to build the drafter in. ``None``: the checkpoint's ``torch_dtype`` (a bf16
+    checkpoint runs in bf16 beside an fp32 target), or the target's dtype for random weights."""
 
     @field_validator("checkpoint", mode="before")
     @classmethod
@@ -134,7 +137,7 @@ EMBEDDED_TARGET_NAMES = frozenset({"smollm2-135m", "smollm2-135m-instruct", "smo
 
 
 TARGET_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-"""``target.dtype`` names and the torch dtypes they stand for."""
+"""``target.dtype`` and ``drafter.dtype`` names and the torch dtypes they stand for."""
 
 
 class TargetConfig(_Strict):

@@ -219,3 +219,28 @@ def test_plan_only_names_the_gemm_the_target_will_run(dtype, device, gemm, want)
     assert info.gemm == want
     with pytest.raises(ConfigError, match="row-stable.*GPU"):
         target_info_from_config(TargetConfig(device="cpu", gemm="row-stable"))
+
+
+def test_drafter_dtype_overrides_the_checkpoints_and_a_bad_one_is_refused(tmp_path):
+    from draftsmith.contract import LoadRequest, SingleRank
+    from draftsmith.drafters.builtin.dflash import DFlashOptions
+    from draftsmith.drafters.gqa import load_gqa_drafter
+    from draftsmith.runtime.bind import load_drafter
+
+    target = TargetInfo(vocab_size=64, hidden_size=32, num_layers=4)
+    options = DFlashOptions(num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                            intermediate_size=48, block_size=4, target_layer_ids=(1, 2))
+    stored = load_gqa_drafter(LoadRequest(options=options, target=target, dtype=torch.bfloat16),
+                              "dflash")
+    stored.save(tmp_path / "ckpt")
+
+    def built(dtype):
+        config = SpecConfig.from_dict({"drafter": {
+            "family": "dflash", "checkpoint": str(tmp_path / "ckpt"), "dtype": dtype}})
+        drafter = load_drafter(config, target, load_registry(), SingleRank())
+        return {p.dtype for p in drafter.parameters()}, drafter.capabilities.dtype
+
+    assert built(None) == ({torch.bfloat16}, "bfloat16")  # as stored
+    assert built("float32") == ({torch.float32}, "float32")
+    with pytest.raises(ConfigError, match="drafter.dtype"):
+        SpecConfig.from_dict({"drafter": {"family": "dflash", "dtype": "fp32"}})
