@@ -30,10 +30,14 @@ DATA_DIR_ENV = "DRAFTSMITH_DATA_DIR"
 """A directory of ``*.jsonl`` evaluation prompt sets: what ``draftsmith eval`` reads when
 ``--data`` is not given, and what ``draftsmith train-data`` keeps self-generated prompts away
 from when ``--exclude`` is not given."""
-SHIPPED_DRAFTER = Path(__file__).resolve().parents[1] / "checkpoints" / "smollm2-135m-dspark-gqa"
+_CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
+SHIPPED_DRAFTER = _CHECKPOINTS / "smollm2-135m-dspark-gqa"
 """The drafter that ships with draftsmith for the embedded default target."""
 SHIPPED_TARGET, SHIPPED_FAMILY = "smollm2-135m", "dspark-gqa"
 """The target and family ``SHIPPED_DRAFTER`` is made for."""
+SHIPPED_DRAFTERS = {SHIPPED_FAMILY: SHIPPED_DRAFTER, "dflash": _CHECKPOINTS / "smollm2-135m-dflash"}
+"""The shipped drafter of each family for ``SHIPPED_TARGET`` (the ``dflash`` one is in z-lab's
+layout)."""
 DEFAULT_TARGET = TargetConfig.model_fields["model"].default
 DEFAULT_FAMILY = DrafterConfig.model_fields["family"].default
 
@@ -82,7 +86,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     pick = g.add_mutually_exclusive_group()
     pick.add_argument("--checkpoint", metavar="DIR",
                       help="drafter checkpoint directory (default for the smollm2-135m target "
-                           "and the dspark-gqa family: the shipped drafter)")
+                           "with the dspark-gqa or dflash family: that family's shipped "
+                           "drafter)")
     pick.add_argument("--random-drafter", action="store_true",
                       help="build the drafter with random weights from its options (tests, "
                            "benchmarks) instead of loading a checkpoint")
@@ -118,23 +123,23 @@ def build_config(args: argparse.Namespace) -> SpecConfig:
     data = apply_overrides(base, overrides)
     if getattr(args, "random_drafter", False):  # also over a checkpoint named in --config
         data = apply_overrides(data, {"drafter.checkpoint": None})
-    elif _wants_shipped_drafter(data):
-        data = apply_overrides(data, {"drafter.checkpoint": str(SHIPPED_DRAFTER)})
+    elif (shipped := _shipped_drafter(data)) is not None:
+        data = apply_overrides(data, {"drafter.checkpoint": str(shipped)})
     selection = _selection(dict(data.get("selection") or {"kind": "greedy"}), args)
     if selection is not None:
         data["selection"] = selection
     return SpecConfig.from_dict(data)
 
 
-def _wants_shipped_drafter(data: dict[str, Any]) -> bool:
-    """The shipped drafter is the default for the embedded target with the ``dspark-gqa`` family
-    when no checkpoint and no drafter options are given (options describe random weights)."""
+def _shipped_drafter(data: dict[str, Any]) -> Path | None:
+    """The shipped checkpoint of the configured family, the default for the embedded target when
+    no checkpoint and no drafter options are given (options describe random weights)."""
     drafter = data.get("drafter") or {}
     target = data.get("target") or {}
-    return (drafter.get("checkpoint") is None and not drafter.get("options")
-            and drafter.get("family", DEFAULT_FAMILY) == SHIPPED_FAMILY
-            and target.get("model", DEFAULT_TARGET) == SHIPPED_TARGET
-            and (SHIPPED_DRAFTER / "config.json").is_file())
+    shipped = SHIPPED_DRAFTERS.get(drafter.get("family", DEFAULT_FAMILY))
+    wanted = (drafter.get("checkpoint") is None and not drafter.get("options")
+              and target.get("model", DEFAULT_TARGET) == SHIPPED_TARGET)
+    return shipped if wanted and shipped is not None and (shipped / "config.json").is_file() else None
 
 
 def _selection(current: dict[str, Any], args: argparse.Namespace) -> dict[str, Any] | None:
@@ -193,6 +198,7 @@ def load(config: SpecConfig, collectives: Collectives | None = None) -> Decoder:
 __all__ = [
     "DATA_DIR_ENV",
     "SHIPPED_DRAFTER",
+    "SHIPPED_DRAFTERS",
     "add_model_arguments",
     "build_config",
     "check_before_loading",

@@ -301,11 +301,12 @@ def test_train_reads_several_data_directories_and_exports(capsys, tiny_dir, tmp_
 
 
 def test_the_shipped_drafter_is_the_default_for_the_embedded_target(tmp_path) -> None:
-    """``generate`` / ``eval`` on smollm2-135m with dspark-gqa load the shipped checkpoint unless
-    told otherwise; any other target, family, explicit options or ``--random-drafter`` do not."""
+    """``generate`` / ``eval`` on smollm2-135m with dspark-gqa or dflash load that family's shipped
+    checkpoint unless told otherwise; any other target, family, explicit options or
+    ``--random-drafter`` do not."""
     import argparse
 
-    from draftsmith.cli.common import SHIPPED_DRAFTER, build_config
+    from draftsmith.cli.common import SHIPPED_DRAFTER, SHIPPED_DRAFTERS, build_config
     from draftsmith.cli.generate import add_generate_arguments
 
     parser = argparse.ArgumentParser()
@@ -318,7 +319,8 @@ def test_the_shipped_drafter_is_the_default_for_the_embedded_target(tmp_path) ->
     assert checkpoint() == SHIPPED_DRAFTER
     assert checkpoint("--drafter", "dspark-gqa", "--target", "smollm2-135m") == SHIPPED_DRAFTER
     assert checkpoint("--random-drafter") is None
-    assert checkpoint("--drafter", "dflash") is None
+    assert checkpoint("--drafter", "dflash") == SHIPPED_DRAFTERS["dflash"]
+    assert checkpoint("--drafter", "dspark-mla") is None  # no shipped drafter of that family
     assert checkpoint("--target", str(tmp_path)) is None
     assert checkpoint("--checkpoint", str(tmp_path)) == tmp_path
     options = tmp_path / "random.toml"
