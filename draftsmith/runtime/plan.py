@@ -538,6 +538,11 @@ def make_plan(
            target.layer_path_reason or "the target's own forward runs its layers")
     decide("capture_layers", tuple(str(x) for x in caps.target_layer_ids),
            f"the drafter reads {caps.num_captured_layers} target layer(s)")
+    target_dtype = str(target.dtype).removeprefix("torch.")
+    decide("drafter_dtype", caps.dtype,
+           "drafter.dtype, else the checkpoint's torch_dtype (random weights: the target's); "
+           + ("the same as the target's" if caps.dtype == target_dtype
+              else f"the target runs {target_dtype}"))
 
     return DraftPlan(
         family=caps.family,

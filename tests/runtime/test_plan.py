@@ -181,6 +181,11 @@ def test_geometry_decisions():
     assert plan.slot_capacity == 4 and plan.dummy_slot == 4
     assert "slot 4 is the dummy" in plan.decision("slot_capacity").reason
     assert plan.decision("capture_layers").value == ("0", "2")
+    assert plan.decision("drafter_dtype").value == "float32"
+    assert "the same as the target's" in plan.decision("drafter_dtype").reason
+    bf16 = make_plan(_inputs(), _caps().model_copy(update={"dtype": "bfloat16"}), TOY)
+    assert bf16.decision("drafter_dtype").value == "bfloat16"
+    assert "the target runs float32" in bf16.decision("drafter_dtype").reason
 
 
 def test_every_decision_has_a_reason(plan):
