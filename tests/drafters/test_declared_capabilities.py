@@ -44,13 +44,20 @@ def test_declared_capabilities_are_the_loaded_drafters(family, options, dtype, t
     assert family.capabilities(from_checkpoint) == family.load(from_checkpoint).capabilities
 
 
-def test_the_shipped_checkpoint_declares_what_it_loads():
-    shipped = Path(dspark_gqa.__file__).parents[2] / "checkpoints" / "smollm2-135m-dspark-gqa"
-    request = LoadRequest(options=dspark_gqa.DSparkGQAOptions(), checkpoint=shipped,
+@pytest.mark.parametrize(("module", "name"), [(dspark_gqa, "smollm2-135m-dspark-gqa"),
+                                            (dflash, "smollm2-135m-dflash")],
+                         ids=["dspark-gqa", "dflash-zlab-layout"])
+def test_each_shipped_checkpoint_declares_what_it_loads(module, name):
+    shipped = Path(module.__file__).parents[2] / "checkpoints" / name
+    request = LoadRequest(options=module.FAMILY.options_model(), checkpoint=shipped,
                           target=TargetInfo(vocab_size=49152, hidden_size=576, num_layers=30))
-    caps = dspark_gqa.FAMILY.capabilities(request)
-    assert caps == dspark_gqa.FAMILY.load(request).capabilities
-    assert caps.family == "dspark-gqa" and caps.markov_head.value != "none"
+    caps = module.FAMILY.capabilities(request)
+    assert caps == module.FAMILY.load(request).capabilities
+    assert caps.family == module.FAMILY.name and caps.dtype == "bfloat16"
+    if module is dspark_gqa:
+        assert caps.markov_head.value != "none"
+    else:  # z-lab's block of 8 (7 drafts after the silent anchor), target layers 1, 14, 27
+        assert caps.target_layer_ids == (1, 14, 27) and caps.block_width(7) == 8
 
 
 @pytest.mark.parametrize(("family", "options"), [CASES[0], CASES[2], CASES[5]],
