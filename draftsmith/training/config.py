@@ -71,12 +71,24 @@ class TrainConfig(BaseModel):
     init_from: Path | None = None
     """Checkpoint of the same family whose weights start a new run (fresh optimizer and
     schedule); ignored when the run resumes from its own ``last`` state."""
+    start_step: int = Field(default=0, ge=0, strict=True)
+    """With ``init_from``: the step the new run starts at. Its learning-rate schedule, batches and
+    anchors continue from there as a run of this config would have them, so a run whose saved
+    state was lost can be finished from a checkpoint of that step. The optimizer's moments start
+    afresh, so the learning rate ramps linearly into the schedule over the first ``warmup``
+    steps. 0 starts at the beginning."""
 
     @model_validator(mode="after")
     def _convention_of_the_family(self) -> TrainConfig:
         if self.family == "dspark-gqa" and self.block_convention != "shift":
             raise ValueError("block_convention: dspark-gqa drafters use the shift convention; "
                              "train family dflash for a bonus-silent (z-lab) block")
+        if self.start_step and self.init_from is None:
+            raise ValueError("start_step: continues from a checkpoint; set init_from to the "
+                             "checkpoint of that step")
+        if self.start_step >= self.steps:
+            raise ValueError(f"start_step: {self.start_step} leaves nothing of a run of "
+                             f"{self.steps} steps; set it below steps")
         return self
 
 

@@ -60,6 +60,15 @@ def _cosine(step: int, config: TrainConfig) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
+def _lr_scale(step: int, config: TrainConfig) -> float:
+    """The schedule's factor at ``step``. A run started at ``start_step`` has fresh optimizer
+    moments, so it ramps linearly into the schedule over its first ``warmup`` steps."""
+    ramp = 1.0
+    if config.start_step:
+        ramp = min(1.0, (step - config.start_step + 1) / max(config.warmup, 1))
+    return _cosine(step, config) * ramp
+
+
 class TargetRunner:
     """The frozen target: captured features and its own next-token logits for a batch.
 
@@ -263,7 +272,12 @@ def train(
             log(f"ignoring init_from {config.init_from}: the run resumes from its own state")
     elif config.init_from is not None:
         warm_start(drafter, config.init_from, config.family, info)
-        log(f"initialised the drafter from {config.init_from} (fresh optimizer and schedule)")
+        state["step"] = config.start_step
+        if config.start_step:
+            log(f"initialised the drafter from {config.init_from} (fresh optimizer; schedule, "
+                f"batches and anchors from step {config.start_step})")
+        else:
+            log(f"initialised the drafter from {config.init_from} (fresh optimizer and schedule)")
     out_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out_dir / CONFIG_FILE, config.model_dump_json(indent=2) + "\n")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
@@ -273,7 +287,7 @@ def train(
         step = state["step"]
         out_of_time = time_limit_s is not None and time.perf_counter() - start > time_limit_s
         for group in opt.param_groups:
-            group["lr"] = config.lr * _cosine(step, config)
+            group["lr"] = config.lr * _lr_scale(step, config)
         tokens, lengths, prompt_lens = batch_at(train_set, step, config.batch_size,
                                                 config.max_len, config.seed, pad_id=0,
                                                 pad_multiple=config.pad_multiple)

@@ -275,6 +275,68 @@ def test_init_from_starts_a_new_run_and_is_ignored_on_resume(tiny, dataset: Path
     assert saved["init_from"] == str(tmp_path / "source" / "last")
 
 
+def test_start_step_finishes_a_run_whose_state_was_lost(tiny, dataset: Path, tmp_path: Path,
+                                                       monkeypatch) -> None:
+    """``start_step`` continues the schedule, the batches and the anchors at that step; the
+    optimizer alone starts afresh."""
+    from pydantic import ValidationError
+
+    import draftsmith.training.trainer as trainer
+
+    model, _ = tiny
+    train(WARM, model, dataset, tmp_path / "source", log=lambda m: None)
+    whole = WARM.model_copy(update={"steps": 5, "warmup": 2})
+    seen: list[tuple[int, float]] = []
+    real_batch_at, real_blocks = trainer.batch_at, trainer.sample_blocks
+
+    def batch_at(seqs, step, *args, **kwargs):
+        if args[2] == whole.seed:  # a training batch (held-out passes use seed 0)
+            lr = opt_lr[0].param_groups[0]["lr"] if opt_lr else None
+            seen.append((step, lr))
+        return real_batch_at(seqs, step, *args, **kwargs)
+
+    opt_lr: list = []
+    real_adamw = torch.optim.AdamW
+
+    def adamw(*args, **kwargs):
+        opt_lr.append(real_adamw(*args, **kwargs))
+        return opt_lr[-1]
+
+    anchors: list[torch.Tensor] = []
+
+    def sample_blocks(*args, **kwargs):
+        blocks = real_blocks(*args, **kwargs)
+        if args[4]:  # a training batch (held-out passes take every position: 0)
+            anchors.append(blocks.anchors)
+        return blocks
+
+    monkeypatch.setattr(trainer, "batch_at", batch_at)
+    monkeypatch.setattr(trainer, "sample_blocks", sample_blocks)
+    monkeypatch.setattr(trainer.torch.optim, "AdamW", adamw)
+    train(whole, model, dataset, tmp_path / "whole", log=lambda m: None)
+    uninterrupted, uninterrupted_anchors = list(seen), list(anchors)
+    seen.clear()
+    anchors.clear()
+    opt_lr.clear()
+    logs: list[str] = []
+    finished = train(whole.model_copy(update={"init_from": tmp_path / "source" / "last",
+                                              "start_step": 3}),
+                     model, dataset, tmp_path / "finish", log=logs.append)
+    assert finished["step"] == 5 and [h["step"] for h in finished["history"]] == [4, 5]
+    assert any("from step 3" in m for m in logs)
+    assert [s for s, _ in seen] == [3, 4] == [s for s, _ in uninterrupted[3:]]
+    # the schedule of the whole run, ramped in over `warmup` (2) steps for the fresh moments
+    assert [lr for _, lr in uninterrupted[3:]] == [whole.lr * trainer._cosine(s, whole)
+                                                   for s in (3, 4)]
+    assert [lr for _, lr in seen] == [whole.lr * trainer._cosine(3, whole) / 2,
+                                      whole.lr * trainer._cosine(4, whole)]
+    assert len(anchors) == 2 and all(map(torch.equal, anchors, uninterrupted_anchors[3:]))
+    with pytest.raises(ValidationError, match="start_step: continues from a checkpoint"):
+        TrainConfig.model_validate({**whole.model_dump(), "start_step": 2})
+    with pytest.raises(ValidationError, match="leaves nothing"):
+        TrainConfig.model_validate({**whole.model_dump(), "init_from": "x", "start_step": 5})
+
+
 def test_init_from_a_mismatched_checkpoint_names_the_tensor(tiny, dataset: Path,
                                                             tmp_path: Path) -> None:
     from draftsmith.contract import ConfigError
