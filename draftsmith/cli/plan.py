@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from draftsmith.cli.common import build_config
 from draftsmith.contract import ConfigError, DraftsmithError
 from draftsmith.runtime.bind import plan_only, target_info_from_config
 from draftsmith.runtime.config import SpecConfig
@@ -30,14 +31,17 @@ def plan_command(config_path: str | Path, *, json_output: bool = False,
     exit status.
 
     Reads the drafter's declared capabilities through the registry and the target's sizes from
-    the config, without loading any weights. Under TP (``parallel.tp_size`` or ``tp_size`` > 1)
-    the plan shows the head layout and each selection route (target tokens, drafts, acceptance
-    probabilities) with its reason. With ``measure`` the target and drafter are loaded and
-    bound on this host (one process), so ``num_draft_tokens = "auto"`` shows the ``K`` chosen
-    per batch-size bucket from round times measured here, with the figures.
+    the config, without loading any weights. The config is read as ``generate`` reads it: a
+    drafter without checkpoint or options for the embedded target is the shipped one. Under TP
+    (``parallel.tp_size`` or ``tp_size`` > 1) the plan shows the head layout and each selection
+    route (target tokens, drafts, acceptance probabilities) with its reason. With ``measure``
+    the target and drafter are loaded and bound on this host (one process), so
+    ``num_draft_tokens = "auto"`` shows the ``K`` chosen per batch-size bucket from round times
+    measured here, with the figures.
     """
     try:
-        config = SpecConfig.load(config_path)
+        # the config `generate` and `eval` would run: the shipped drafter is the default there
+        config = build_config(argparse.Namespace(config=config_path))
         if tp_size is not None or tp_rank is not None:
             data = json.loads(config.model_dump_json())
             data["parallel"].update({k: v for k, v in (("tp_size", tp_size),

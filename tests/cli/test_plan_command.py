@@ -51,3 +51,21 @@ def test_plan_under_tp_shows_the_head_and_each_selection_route(tmp_path, capsys)
     assert "acceptance_probs = none" in out and "gather_fallbacks = -" in out
     assert main(["plan", "--config", str(cfg), "--tp-size", "3"]) == 2  # the Markov head
     assert "does not split into 3 even shards" in capsys.readouterr().err
+
+
+def test_plan_shows_the_shipped_drafter_that_generate_runs(tmp_path, capsys):
+    """A config naming only the family plans the shipped checkpoint, as ``generate`` loads it,
+    not a random drafter of the family's default shape."""
+    import json
+
+    from draftsmith.cli.common import SHIPPED_DRAFTERS
+
+    for family, dtype in (("dflash", "bfloat16"), ("dspark-gqa", "bfloat16")):
+        cfg = tmp_path / f"{family}.toml"
+        cfg.write_text(f'[drafter]\nfamily = "{family}"\n[target]\nmodel = "smollm2-135m"\n'
+                       'dtype = "float32"\ndevice = "cpu"\n')
+        assert plan_command(cfg, json_output=True) == 0
+        decisions = {d["name"]: d["value"] for d in json.loads(capsys.readouterr().out)["decisions"]}
+        shipped = json.loads((SHIPPED_DRAFTERS[family] / "config.json").read_text())
+        assert decisions["drafter_dtype"] == dtype == shipped["torch_dtype"]
+        assert decisions["capture_layers"] == ["1", "14", "27"]
