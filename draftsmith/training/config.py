@@ -84,8 +84,8 @@ class TrainConfig(BaseModel):
             raise ValueError("block_convention: dspark-gqa drafters use the shift convention; "
                              "train family dflash for a bonus-silent (z-lab) block")
         if self.start_step and self.init_from is None:
-            raise ValueError("start_step: continues from a checkpoint; set init_from to the "
-                             "checkpoint of that step")
+            raise ValueError("start_step: continues from a checkpoint; give it with "
+                             "--init-from (init_from), the checkpoint of that step")
         if self.start_step >= self.steps:
             raise ValueError(f"start_step: {self.start_step} leaves nothing of a run of "
                              f"{self.steps} steps; set it below steps")

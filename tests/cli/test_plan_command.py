@@ -60,12 +60,13 @@ def test_plan_shows_the_shipped_drafter_that_generate_runs(tmp_path, capsys):
 
     from draftsmith.cli.common import SHIPPED_DRAFTERS
 
-    for family, dtype in (("dflash", "bfloat16"), ("dspark-gqa", "bfloat16")):
+    for family in ("dflash", "dspark-gqa"):
         cfg = tmp_path / f"{family}.toml"
         cfg.write_text(f'[drafter]\nfamily = "{family}"\n[target]\nmodel = "smollm2-135m"\n'
                        'dtype = "float32"\ndevice = "cpu"\n')
         assert plan_command(cfg, json_output=True) == 0
         decisions = {d["name"]: d["value"] for d in json.loads(capsys.readouterr().out)["decisions"]}
         shipped = json.loads((SHIPPED_DRAFTERS[family] / "config.json").read_text())
-        assert decisions["drafter_dtype"] == dtype == shipped["torch_dtype"]
+        # the random drafter would run in the target's float32
+        assert decisions["drafter_dtype"] == shipped["torch_dtype"] == "bfloat16"
         assert decisions["capture_layers"] == ["1", "14", "27"]
