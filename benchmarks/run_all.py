@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ("selection.py", "kernels.py", "linear.py", "train_target.py")
+SCRIPTS = ("selection.py", "tail_kernels.py", "linear.py", "train_target.py")
 
 
 def main() -> int:

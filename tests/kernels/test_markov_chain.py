@@ -313,7 +313,7 @@ SWEEP_TILINGS = (
     (16, 256, 32, 4, 3), (32, 128, 64, 8, 3), (128, 128, 32, 8, 3),
 )
 """``(BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages)``: the defaults and alternatives that
-``benchmarks/kernels.py --sweep`` times."""
+``benchmarks/tail_kernels.py --sweep`` times."""
 
 
 @pytest.mark.gpu

@@ -5,20 +5,20 @@ For each op and shape it prints: eager time, eager in a CUDA graph, fused time, 
 graph, the floor (bytes the op must move / measured device copy bandwidth), and the ratios
 ``eager_graph / fused_graph`` (speed-up) and ``fused_graph / floor`` (distance to the floor).
 
-    python benchmarks/kernels.py                 # the full GPU table (one process, one GPU)
-    python benchmarks/kernels.py --ops markov --sweep   # also sweep Markov tile configurations
-    python benchmarks/kernels.py --ops markov --sweep --ranks 256 --batches 4,128   # targets only
-    python benchmarks/kernels.py --sweep --ranks 256 --batches 4,128 --out benchmarks/results
-    python benchmarks/kernels.py --smoke         # tiny shapes on the CPU (TRITON_INTERPRET=1)
-    python benchmarks/kernels.py --smoke --sweep # the sweep code path on the CPU
+    python benchmarks/tail_kernels.py                 # the full GPU table (one process, one GPU)
+    python benchmarks/tail_kernels.py --ops markov --sweep   # also sweep Markov tile configurations
+    python benchmarks/tail_kernels.py --ops markov --sweep --ranks 256 --batches 4,128   # targets only
+    python benchmarks/tail_kernels.py --sweep --ranks 256 --batches 4,128 --out benchmarks/results
+    python benchmarks/tail_kernels.py --smoke         # tiny shapes on the CPU (TRITON_INTERPRET=1)
+    python benchmarks/tail_kernels.py --smoke --sweep # the sweep code path on the CPU
 
 ``--sweep`` times every ``STRICT_SWEEP`` entry (``(BLOCK_V, programs, num_warps)``; bit-identity
 to the reference checked first, a mismatch is never ranked) at each strict_accept shape, and every
 ``MARKOV_SWEEP`` entry (``(BLOCK_G, BLOCK_S, BLOCK_R, num_warps, num_stages)``) that fits each
 Markov batch, by patching the op's launch-size helper; the end of the run prints the best per
 op/shape next to the default (carry a better pick into the helper by hand).
-    python benchmarks/kernels.py --out benchmarks/results   # also write the raw output there
-    python benchmarks/kernels.py --ops markov --order  # also time the w2 walk order
+    python benchmarks/tail_kernels.py --out benchmarks/results   # also write the raw output there
+    python benchmarks/tail_kernels.py --ops markov --order  # also time the w2 walk order
 
 The Markov chain is timed as the runtime runs it: ``K`` fused ``markov_step`` calls (two launches
 each), odd positions walking ``w2`` backwards.
