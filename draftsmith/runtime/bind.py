@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from draftsmith.contract import (
     TargetModel,
     TokenSelector,
 )
+from draftsmith.kernels import interpreted
 from draftsmith.runtime.acceptance import Acceptance
 from draftsmith.runtime.buckets import MIN_CONTEXT_BUCKET, bucket, row_buckets
 from draftsmith.runtime.buffers import DecoderBuffers
@@ -171,9 +171,8 @@ def _plan_device(name: str) -> str:
 
 
 def _fused_kernels_available(device: str) -> bool:
-    """Triton launches on CUDA devices, and anywhere under its interpreter (``TRITON_INTERPRET=1``,
-    set before draftsmith's kernels are imported)."""
-    return device.startswith("cuda") or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """Triton launches on CUDA devices, and anywhere under its interpreter."""
+    return device.startswith("cuda") or interpreted()
 
 
 def _selection_route(selector: TokenSelector, tp_size: int,
