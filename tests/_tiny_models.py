@@ -23,15 +23,17 @@ def make_tiny_causal_lm(
     num_heads: int = 4,
     num_kv_heads: int = 2,
     intermediate_size: int = 128,
-    architecture: Literal["llama", "qwen2", "qwen3"] = "llama",
+    architecture: Literal["llama", "qwen2", "qwen3", "mistral"] = "llama",
     tie_word_embeddings: bool = False,
+    rope_parameters: dict[str, Any] | None = None,
     initializer_range: float = 0.1,
     max_position_embeddings: int = 2048,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
 ) -> torch.nn.Module:
-    """A randomly initialised ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM``
-    (eval mode, CPU)."""
+    """A randomly initialised ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` /
+    ``MistralForCausalLM`` (eval mode, CPU); ``rope_parameters`` (transformers 5's RoPE table,
+    e.g. ``{"rope_type": "llama3", ...}``) replaces the default RoPE."""
     transformers = require_transformers()
     common: dict[str, Any] = dict(
         vocab_size=vocab_size,
@@ -48,6 +50,8 @@ def make_tiny_causal_lm(
         eos_token_id=2,
         pad_token_id=0,
     )
+    if rope_parameters is not None:
+        common["rope_parameters"] = rope_parameters
     if architecture == "llama":
         config = transformers.LlamaConfig(**common)
         cls = transformers.LlamaForCausalLM
@@ -59,9 +63,12 @@ def make_tiny_causal_lm(
     elif architecture == "qwen2":  # biases on q, k and v
         config = transformers.Qwen2Config(**common, use_sliding_window=False)
         cls = transformers.Qwen2ForCausalLM
+    elif architecture == "mistral":
+        config = transformers.MistralConfig(**common, sliding_window=None)
+        cls = transformers.MistralForCausalLM
     else:
-        raise ValueError(f"unknown tiny architecture {architecture!r}; use 'llama', 'qwen2' or "
-                         "'qwen3'")
+        raise ValueError(f"unknown tiny architecture {architecture!r}; use 'llama', 'qwen2', "
+                         "'qwen3' or 'mistral'")
     config._attn_implementation = "sdpa"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

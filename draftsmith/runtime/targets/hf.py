@@ -39,6 +39,7 @@ from draftsmith.contract import (
     TargetOutput,
     check_tensor,
 )
+from draftsmith.kernels import interpreted
 from draftsmith.runtime.buckets import PREFILL_TOKENS, PREFILL_WIDTHS, prefill_width
 from draftsmith.runtime.buffers import available_bytes
 from draftsmith.runtime.targets.hf_cache import StaticKV, row_cache
@@ -107,7 +108,9 @@ class HFTarget:
         self._layer_path, self.layer_path_reason = choose_layer_path(
             requested_layers, fused_blocker(model, self.layers_split), self.device)
         if self._layer_path == "fused":
-            self._loop = LayerLoop(model, row_stable=self._gemm == "row-stable")
+            self._loop = LayerLoop(model, row_stable=self._gemm == "row-stable",
+                                   interpret=self.device.type != "cuda" and interpreted())
+            self.layer_path_reason += f"; {self._loop.products_reason}"
 
     @property
     def layer_path(self) -> str:
@@ -374,12 +377,12 @@ class HFTarget:
             check_tensor("compute_rows", compute_rows, ("T",), torch.int64)
         positions = starts[:, None] + kv.columns[:q]
         if slots is None:
-            hidden = self._forward(tokens, kv, None, kv.row_ids[:g, None], positions,
-                                   context_width, compute_rows)
+            hidden, normed = self._forward(tokens, kv, None, kv.row_ids[:g, None], positions,
+                                           context_width, compute_rows)
         else:
-            hidden = self._forward(tokens, kv, slots, slots[:, None], positions, context_width,
-                                   compute_rows)
-        return self._output(hidden, logit_rows)
+            hidden, normed = self._forward(tokens, kv, slots, slots[:, None], positions,
+                                           context_width, compute_rows)
+        return self._output(hidden, logit_rows, normed)
 
     @torch.inference_mode()
     def prefill(self, slots: Sequence[int], prompts: Sequence[torch.Tensor]) -> TargetOutput:
@@ -528,26 +531,29 @@ class HFTarget:
         rows = torch.tensor(slots, dtype=torch.int64, device=self.device)
         positions = (torch.tensor(starts, dtype=torch.int64, device=self.device)[:, None]
                      + self._kv.columns[:q])
-        hidden = self._forward(tokens.to(self.device), self._kv, rows, rows[:, None], positions,
-                               max(starts) + q)
-        return self._output(hidden, None)
+        hidden, normed = self._forward(tokens.to(self.device), self._kv, rows, rows[:, None],
+                                       positions, max(starts) + q)
+        return self._output(hidden, None, normed)
 
     def _forward(self, ids: torch.Tensor, kv: StaticKV, rows: torch.Tensor | None,
                  write_rows: torch.Tensor, positions: torch.Tensor, width: int,
-                 pick: torch.Tensor | None = None) -> torch.Tensor:
-        """Decoder forward with an explicit mask: final-normed hidden ``[N, Q, H_t]`` (or, with
-        ``pick: [T]``, those rows of the ``N * Q``: ``[T, 1, H_t]``); fills the capture buffers
-        with the same rows. Query ``(b, j)`` sees columns ``0 .. positions[b, j]`` of its row."""
+                 pick: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
+        """Decoder forward with an explicit mask: ``(hidden, normed)``, the hidden ``[N, Q,
+        H_t]`` (or, with ``pick: [T]``, those rows of the ``N * Q``: ``[T, 1, H_t]``), final-normed
+        unless the layer loop left the norm to the head (``normed`` false); fills the capture
+        buffers with the same rows. Query ``(b, j)`` sees columns ``0 .. positions[b, j]`` of
+        its row."""
         self._captured.clear()
         if self._loop is not None:
             return self._loop.forward(ids, kv, rows, write_rows, positions, width,
-                                      self._capture_ids, self._captured, pick)
+                                      self._capture_ids, self._captured, pick,
+                                      defer_norm=True)
         hidden = self._modules_forward(ids, kv, rows, write_rows, positions, width)
         if pick is None:
-            return hidden
+            return hidden, True
         for i, part in self._captured.items():
             self._captured[i] = part.reshape(-1, part.shape[-1]).index_select(0, pick)
-        return hidden.reshape(-1, 1, hidden.shape[-1]).index_select(0, pick)
+        return hidden.reshape(-1, 1, hidden.shape[-1]).index_select(0, pick), True
 
     def _modules_forward(self, ids: torch.Tensor, kv: StaticKV, rows: torch.Tensor | None,
                          write_rows: torch.Tensor, positions: torch.Tensor,
@@ -579,12 +585,18 @@ class HFTarget:
             self._cache_kwarg_name = name
         return name
 
-    def _output(self, hidden: torch.Tensor, logit_rows: torch.Tensor | None) -> TargetOutput:
-        """Logits of every row of ``hidden`` or of ``logit_rows``; features of every row."""
+    def _output(self, hidden: torch.Tensor, logit_rows: torch.Tensor | None,
+                normed: bool) -> TargetOutput:
+        """Logits of every row of ``hidden`` or of ``logit_rows`` (the final norm applied first
+        unless ``normed``); features of every row."""
         h = hidden.reshape(-1, self.hidden_size)
         if logit_rows is not None:
             h = h.index_select(0, logit_rows)
-        logits = self._head(h).float()
+        if normed:
+            logits = self._head(h).float()
+        else:
+            assert self._loop is not None  # only the layer loop defers the norm
+            logits = self._loop.logits(h, self._head)
         return TargetOutput(logits=self._shard(logits), features=self._take_features())
 
     def _shard(self, logits: torch.Tensor) -> LogitsShard:

@@ -1,6 +1,6 @@
 """The Hugging Face target's decoder stack run by draftsmith's own loop over the model's weights
-(``target.layers = fused``): eleven launches a layer where transformers' modules take about
-forty.
+(``target.layers = fused``): eight to eleven launches a layer where transformers' modules take
+about forty.
 
 Inside a captured round a small target is bound by launches, not by bandwidth: SmolLM2-135M's
 30 layers issue about 1160 kernels a decoding step through transformers' modules (RMSNorm as six
@@ -13,6 +13,18 @@ decoding step or a verification (up to :data:`CACHE_ATTENTION_MAX_Q` tokens a ro
 :func:`~draftsmith.kernels.cache_attention.cache_attention`: each token reads its own slot's
 columns up to its position, split over programs, instead of a masked attention over the whole
 context bucket.
+
+A forward of up to :data:`FUSED_PRODUCT_ROWS` tokens in bf16 or fp16 (a decoding step of a
+small batch, the verification of one or two rows) takes the few-row path: eight launches a
+layer, the norm, the packed ``[q | k | v]`` product, RoPE with both cache writes in one launch
+(:func:`~draftsmith.kernels.rope_store.rope_store`, the angles from the positions, no rotary
+table), attention, ``o_proj`` carrying the residual add, the norm, ``[gate | up]`` carrying
+SiLU times up, ``down_proj`` carrying the add
+(:func:`~draftsmith.kernels.decode_linear.decode_linear`); the final norm and the LM head then
+write fp32 logits without a cast of their own. Each product reads its weight at 1.0-1.1x its
+floor on an H200 from 28 MB up (``benchmarks/scale.py --gemms``), and a row's result never
+depends on the rows beside it, so in bf16 too a verification rounds as decoding its tokens one
+by one.
 
 Every op but the GEMMs computes a row independently of the rows beside it (the per-token
 attention by construction: a token's bits do not depend on the other tokens, the bucket's width
@@ -40,6 +52,7 @@ import torch.nn.functional as F
 
 from draftsmith.contract import ConfigError, values_trusted
 from draftsmith.kernels.cache_attention import cache_attention, cache_attention_reference
+from draftsmith.kernels.decode_linear import decode_linear, decode_linear_reference
 from draftsmith.kernels.rms_norm import (
     add_rms_norm,
     add_rms_norm_reference,
@@ -50,6 +63,7 @@ from draftsmith.kernels.rms_norm import (
     rotate_half_rope,
     rotate_half_rope_reference,
 )
+from draftsmith.kernels.rope_store import rope_store, rope_store_reference
 from draftsmith.kernels.swiglu import silu_mul, silu_mul_reference
 from draftsmith.runtime.targets.hf_cache import StaticKV
 from draftsmith.runtime.targets.hf_gemm import linear
@@ -59,6 +73,23 @@ FUSED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 optional projection biases) plus a SiLU-gated MLP, with an RMSNorm before the head."""
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+FUSED_PRODUCT_ROWS = 16
+"""Tokens per forward up to which a layer runs as eight launches (two norms, the four products
+of :func:`~draftsmith.kernels.decode_linear.decode_linear` carrying the residual adds and the
+gate, :func:`~draftsmith.kernels.rope_store.rope_store`, attention): one tile of rows, where it
+reads a 1-8B layer's weights at 1.0-1.1x their floor on an H200; at 32 rows it takes two tiles
+and falls behind cuBLAS (``benchmarks/scale.py --gemms``). Wider forwards (prefill, wide
+verification, large batches) keep torch's GEMM between separate norm and gate launches."""
+
+FUSED_PRODUCT_DTYPES = (torch.bfloat16, torch.float16)
+"""Dtypes whose few-row products run :func:`~draftsmith.kernels.decode_linear.decode_linear` on
+a GPU; fp32 keeps the row-stable GEMM of ``target.gemm`` between separate launches."""
+
+STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
+"""RoPE variants whose frequencies are fixed at load (``inv_freq`` times the position, cos and
+sin times ``attention_scaling``), so one kernel computes the angles; the others (``dynamic``,
+``longrope``) change them with the sequence length and keep transformers' rotary module."""
 
 CACHE_ATTENTION_MAX_Q = 64
 """Tokens per row up to which attention runs
@@ -162,9 +193,11 @@ class LayerLoop:
     :param model: the causal LM (its decoder's layers, rotary embedding and final norm are read;
         its projection parameters become views of packed tensors).
     :param row_stable: whether GEMMs of up to 32 rows run the row-stable kernel on a GPU.
+    :param interpret: run the kernels on CPU tensors too (under Triton's interpreter, fp32, every
+        dtype taking the few-row path): how the tests check the GPU path on a CPU.
     """
 
-    def __init__(self, model: torch.nn.Module, row_stable: bool) -> None:
+    def __init__(self, model: torch.nn.Module, row_stable: bool, interpret: bool = False) -> None:
         config = model.config
         self.decoder = model.get_decoder()
         self.heads = int(config.num_attention_heads)
@@ -172,14 +205,43 @@ class LayerLoop:
         self.head_dim = int(getattr(config, "head_dim", None)
                             or config.hidden_size // self.heads)
         self.row_stable = row_stable
+        self.interpret = interpret
         self.layers = [_Layer(layer, self.heads, self.kv_heads, self.head_dim)
                        for layer in self.decoder.layers]
+        rotary = self.decoder.rotary_emb
+        rope_type = str(getattr(rotary, "rope_type", "default"))
+        self.inv_freq: torch.Tensor | None = None
+        """fp32 ``[hd / 2]`` for a static RoPE (:data:`STATIC_ROPE_TYPES`), else ``None``."""
+        if rope_type in STATIC_ROPE_TYPES and getattr(rotary, "inv_freq", None) is not None:
+            self.inv_freq = rotary.inv_freq.detach().float().contiguous()
+        self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self.product_dtypes = (*FUSED_PRODUCT_DTYPES, torch.float32) if interpret \
+            else FUSED_PRODUCT_DTYPES
+        self.products_reason = (
+            f"few-row path (up to {FUSED_PRODUCT_ROWS} tokens, "
+            f"{', '.join(str(d).removeprefix('torch.') for d in self.product_dtypes)}): eight "
+            "launches a layer, the residual adds and the gate inside the products"
+            if self.inv_freq is not None else
+            f"no few-row path: RoPE type {rope_type!r} changes its frequencies with the length")
+        """Which layer path decoding steps take, and why (for the plan)."""
+
+    def _kernels(self, x: torch.Tensor) -> bool:
+        """Whether ops on ``x`` run Triton kernels (else their eager references)."""
+        return (x.is_cuda or self.interpret) and x.dtype in _KERNEL_DTYPES
+
+    def few_rows(self, x: torch.Tensor, rows: int) -> bool:
+        """Whether a forward of ``rows`` tokens like ``x`` takes the few-row path."""
+        return (self._kernels(x) and rows <= FUSED_PRODUCT_ROWS and self.inv_freq is not None
+                and x.dtype in self.product_dtypes)
 
     def forward(self, ids: torch.Tensor, kv: StaticKV, rows: torch.Tensor | None,
                 write_rows: torch.Tensor, positions: torch.Tensor, width: int,
                 capture: Sequence[int], captured: dict[int, torch.Tensor],
-                pick: torch.Tensor | None = None) -> torch.Tensor:
-        """Final-normed hidden ``[N, Q, H_t]`` of ``ids: [N, Q]`` at ``positions: [N, Q]``.
+                pick: torch.Tensor | None = None,
+                defer_norm: bool = False) -> tuple[torch.Tensor, bool]:
+        """``(hidden, normed)``: the hidden ``[N, Q, H_t]`` of ``ids: [N, Q]`` at ``positions:
+        [N, Q]``, final-normed (``normed``) unless ``defer_norm`` and the few-row path ran:
+        then the final norm is left to :meth:`logits`, which carries it into the head.
 
         Keys and values are written at ``(write_rows[b], positions[b, j])`` of ``kv``; attention
         reads columns ``0 .. width - 1`` of slots ``0 .. N - 1`` (``rows is None``) or of
@@ -212,11 +274,17 @@ class LayerLoop:
             write_rows = write_rows.expand(n, q).reshape(-1).index_select(0, pick).view(-1, 1)
             x = self.decoder.embed_tokens(ids.reshape(-1).index_select(0, pick).view(-1, 1))
         rows_out = x.shape[0] * x.shape[1]
-        kernels = x.is_cuda and x.dtype in _KERNEL_DTYPES
+        token_rows, token_pos = write_rows.reshape(-1), positions.reshape(-1)
+        if per_token and self.few_rows(x, rows_out):
+            h = self._few_rows(x.reshape(rows_out, -1), kv, token_rows, token_pos, width,
+                               capture, captured, positions.shape)
+            if not defer_norm:
+                h = self._norm(h, self.decoder.norm, self._kernels(h))
+            return h.view(*positions.shape, -1), not defer_norm
+        kernels = self._kernels(x)
         cos, sin = self.decoder.rotary_emb(x, positions)
         cos, sin = cos.reshape(rows_out, hd), sin.reshape(rows_out, hd)
         attend = cache_attention if kernels else cache_attention_reference
-        token_rows, token_pos = write_rows.reshape(-1), positions.reshape(-1)
         h = x.reshape(rows_out, -1)
         normed = self._norm(h, self.layers[0].input_norm, kernels)
         last = len(self.layers) - 1
@@ -243,7 +311,47 @@ class LayerLoop:
             h, normed = self._add_norm(mlp, h, following, kernels)
             if i in capture:
                 captured[i] = h.view(*positions.shape, -1)
-        return normed.view(*positions.shape, -1)
+        return normed.view(*positions.shape, -1), True
+
+    def _few_rows(self, h: torch.Tensor, kv: StaticKV, token_rows: torch.Tensor,
+                  token_pos: torch.Tensor, width: int, capture: Sequence[int],
+                  captured: dict[int, torch.Tensor], shape: torch.Size) -> torch.Tensor:
+        """The decoder over ``h: [R, H_t]`` (the embedded tokens; token ``r`` at slot
+        ``token_rows[r]``, position ``token_pos[r]``), eight launches a layer; returns the
+        residual stream after the last layer ``[R, H_t]`` (before the final norm)."""
+        nq, nkv, hd = self.heads, self.kv_heads, self.head_dim
+        rows = h.shape[0]
+        kernels = self._kernels(h)
+        product = decode_linear if kernels else decode_linear_reference
+        store = rope_store if kernels else rope_store_reference
+        attend = cache_attention if kernels else cache_attention_reference
+        assert self.inv_freq is not None  # few_rows() holds
+        for i, layer in enumerate(self.layers):
+            qkv = product(self._norm(h, layer.input_norm, kernels), layer.qkv_weight,
+                          layer.qkv_bias)
+            heads = qkv.view(rows, nq + 2 * nkv, hd)
+            store(heads, token_pos, self.inv_freq, kv.keys[i], kv.values[i], token_rows, nq,
+                  self.rope_scale, layer.qk_norm, layer.qk_eps)
+            with values_trusted():  # slots and positions the target made itself
+                out = attend(heads[:, :nq], kv.keys[i], kv.values[i], token_rows, token_pos,
+                             width, layer.scaling)
+            h = product(out.view(rows, nq * hd), layer.o_proj.weight, layer.o_proj.bias,
+                        residual=h)
+            act = product(self._norm(h, layer.post_norm, kernels), layer.gate_up_weight,
+                          gated=True)
+            h = product(act, layer.down_proj.weight, layer.down_proj.bias, residual=h)
+            if i in capture:
+                captured[i] = h.view(*shape, -1)
+        return h
+
+    def logits(self, h: torch.Tensor, head: torch.nn.Linear) -> torch.Tensor:
+        """fp32 logits ``[R, S]`` of the un-normed ``h: [R, H_t]`` (:meth:`forward` with
+        ``defer_norm``): the final norm, then the head's product writing fp32 (no cast of its
+        own)."""
+        kernels = self._kernels(h)
+        product = decode_linear if kernels else decode_linear_reference
+        return product(self._norm(h, self.decoder.norm, kernels), head.weight, head.bias,
+                       out_dtype=torch.float32)
 
     def _block_attention(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                          rows: torch.Tensor | None, mask: torch.Tensor,

@@ -307,13 +307,16 @@ def test_forward_rows_of_packed_tokens_equals_the_block(model: torch.nn.Module,
     from draftsmith.runtime.targets import hf_layers
 
     gemm_rows: list[int] = []
-    real = hf_layers.linear
 
-    def counted(x, *args):
-        gemm_rows.append(x.shape[0])
-        return real(x, *args)
+    def counting(real):
+        def counted(x, *args, **kwargs):
+            gemm_rows.append(x.shape[0])
+            return real(x, *args, **kwargs)
+        return counted
 
-    monkeypatch.setattr(hf_layers, "linear", counted)
+    # the torch path's GEMM and the few-row path's products (which the interpreter runs here)
+    for name in ("linear", "decode_linear"):
+        monkeypatch.setattr(hf_layers, name, counting(getattr(hf_layers, name)))
     layers = [0, 3]
     g = torch.Generator().manual_seed(11)
     seqs = [torch.randint(0, 512, (n,), generator=g) for n in (9, 4, 13)]
@@ -329,7 +332,9 @@ def test_forward_rows_of_packed_tokens_equals_the_block(model: torch.nn.Module,
         target.prefill([0, 1, 2], seqs)
         gemm_rows.clear()
         outs.append(target.forward_rows(tokens, starts, 32, compute_rows=rows))
-        assert model.served_by != "fused" or gemm_rows == [15 if rows is None else 9] * 24
+        # 6 layers of 4 products, and the head's when the few-row path carries it
+        assert model.served_by != "fused" or (
+            set(gemm_rows) == {15 if rows is None else 9} and len(gemm_rows) in (24, 25))
         caches.append(target)
     block, packed = outs
     assert packed.logits.logits.shape[0] == packed.features.shape[0] == pick.numel()

@@ -1,0 +1,101 @@
+"""The layer loop's few-row path (``target.layers = fused``: the products carrying the norms, the
+residual adds and the gate; RoPE and the cache writes in one launch) against transformers' own
+modules, per family the loop accepts: Llama (untied, tied, ``llama3`` and ``yarn`` RoPE), Qwen2
+(q/k/v biases), Qwen3 (per-head q/k norm) and Mistral. On the CPU the kernels run under Triton's
+interpreter (fp32); on a GPU in bf16 and fp32.
+
+Each case checks logits and captured features of a prefill and of a verified block against the
+modules, and that the block's features and logits are bit for bit those of its tokens decoded one
+at a time (a row's products, the head's with the final norm included, do not depend on the rows
+beside it). A RoPE whose frequencies change with the length
+keeps the torch path, and the target's reason (which the plan records) says so."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from draftsmith.runtime.targets.hf import HFTarget
+from tests._tiny_models import make_tiny_causal_lm
+
+_LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+           "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+         "original_max_position_embeddings": 64}
+
+CASES: dict[str, dict[str, Any]] = {
+    "llama": {"architecture": "llama"},
+    "llama-tied": {"architecture": "llama", "tie_word_embeddings": True},
+    "llama-llama3-rope": {"architecture": "llama", "rope_parameters": _LLAMA3},
+    "llama-yarn-rope": {"architecture": "llama", "rope_parameters": _YARN},
+    "qwen2-qkv-bias": {"architecture": "qwen2"},
+    "qwen3-qk-norm": {"architecture": "qwen3", "tie_word_embeddings": True},
+    "mistral": {"architecture": "mistral"},
+}
+
+
+def _pair(case: dict[str, Any], device: str, dtype: torch.dtype) -> tuple[HFTarget, HFTarget]:
+    """The same random model twice: through the layer loop and through transformers' modules."""
+    def make() -> torch.nn.Module:
+        return make_tiny_causal_lm(num_layers=2, seed=7, dtype=dtype, **case).to(device)
+
+    fused, modules = HFTarget(make(), layers="fused"), HFTarget(make(), layers="transformers")
+    for target in (fused, modules):
+        target.set_capture_layers([-1, 0])
+        target.reserve(2, 64)
+    return fused, modules
+
+
+def _check(case: dict[str, Any], device: str, dtype: torch.dtype) -> None:
+    fused, modules = _pair(case, device, dtype)
+    assert "few-row path" in fused.layer_path_reason, fused.layer_path_reason
+    calls = []
+    real = fused._loop._few_rows
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(args[0].shape[0])
+        return real(*args, **kwargs)
+
+    fused._loop._few_rows = spy
+    g = torch.Generator().manual_seed(3)
+    prompt, block = (torch.randint(0, 512, (n,), generator=g).to(device) for n in (13, 6))
+    tol = (dict(atol=2e-4, rtol=2e-4) if dtype == torch.float32
+           else dict(atol=0.15, rtol=0.05))
+    for call in (lambda t: t.prefill([0], [prompt]), lambda t: t.verify([0], block[None])):
+        got, want = call(fused), call(modules)
+        torch.testing.assert_close(got.logits.logits, want.logits.logits, **tol)
+        torch.testing.assert_close(got.features.float(), want.features.float(), **tol)
+    assert calls, "the few-row path did not run"
+    fused.commit([0], [13])  # verify advanced the slot: back to the prompt
+    verified = fused.verify([0], block[None])  # positions 13 .. 18
+    fused.commit([0], [13])
+    steps = [fused.verify([0], block[None, i : i + 1]) for i in range(block.numel())]
+    assert torch.equal(verified.features, torch.cat([s.features for s in steps]))
+    assert torch.equal(verified.logits.logits, torch.cat([s.logits.logits for s in steps]))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_few_row_path_matches_transformers_on_the_cpu(name: str) -> None:
+    _check(CASES[name], "cpu", torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_few_row_path_matches_transformers_on_a_gpu(name: str, dtype: torch.dtype) -> None:
+    if dtype == torch.float32:
+        pytest.skip("fp32 keeps the row-stable GEMM between separate launches on a GPU")
+    _check(CASES[name], "cuda", dtype)
+
+
+def test_a_length_dependent_rope_keeps_the_torch_path_and_says_so() -> None:
+    dynamic = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    fused, modules = _pair({"architecture": "llama", "rope_parameters": dynamic}, "cpu",
+                           torch.float32)
+    assert "no few-row path: RoPE type 'dynamic'" in fused.layer_path_reason
+    prompt = torch.arange(3, 20)
+    torch.testing.assert_close(fused.prefill([0], [prompt]).logits.logits,
+                               modules.prefill([0], [prompt]).logits.logits,
+                               atol=2e-4, rtol=2e-4)
