@@ -1,0 +1,462 @@
+"""Plain and speculative decoding on random-weight targets of real model shapes, 135M to 8B, on
+one GPU, against the weight-read floor and transformers with a StaticCache and a CUDA graph.
+
+No real weights of these sizes reach the GPU machine, so each shape is a transformers model
+built from its own config class (the published shape of that model) with random weights, SmolLM2's
+vocabulary size (49152) and bf16; acceptance is forced (``runtime.force_accepted``), so the
+speculative figures are the cost of a round at a known accepted length, not a claim about a
+drafter. For each shape, in one run:
+
+* ``floor``: the bytes of every weight, read once, at the copy bandwidth measured in the run
+  (read + write counted, so this is half a device copy of the weights);
+* ``plain``: draftsmith's plain decoding (``K = 0``), its step captured in a CUDA graph: the
+  median GPU time of a step during a generation of ``--prompts`` random prompts of
+  ``--prompt-len`` tokens and ``--new-tokens`` new tokens at batch ``--batch``;
+* ``spec <family>``: speculative decoding with a random drafter of that family's default shape
+  for the target, ``K = 7``, accepted length forced to ``--accepted`` (drafts + bonus): the
+  median round and tokens/s of the same generation, and the round's cost against a plain step;
+* ``recipe``: transformers' own forward with a ``StaticCache``, the one-token step captured in
+  one CUDA graph (``benchmarks/e2e.py``'s ``StaticGraphRecipe``);
+* ``--gemms``: each of a layer's products alone (cuBLAS against draftsmith's few-row product
+  with its norm, add or gate) at 1, 8 and 32 rows against the weights' read floor;
+* ``--profile``: the kernels of one eager plain step, by name.
+
+    python benchmarks/scale.py --out $OUT                         # every shape
+    python benchmarks/scale.py --shapes llama-1b --gemms --profile
+    python benchmarks/scale.py --smoke                            # a tiny shape on the CPU
+
+Writes ``scale.json`` (``rows``: shape, params_b, weight_gb, floor_ms, plain_ms,
+plain_vs_floor, spec_round_ms and spec_round_vs_plain per family, spec_tok_s, recipe_ms, ...) and
+``scale.txt`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from _timing import copy_bandwidth, graph_time_us, machine_tag
+
+VOCAB = 49152
+"""SmolLM2's vocabulary, for every shape (the tokenizer the project has)."""
+
+
+def _rope(theta: float, **scaling: Any) -> dict[str, Any]:
+    return {"rope_type": scaling.pop("rope_type", "default"), "rope_theta": theta, **scaling}
+
+
+_LLAMA3_1B = _rope(500000.0, rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                   high_freq_factor=4.0, original_max_position_embeddings=8192)
+_LLAMA3_8B = _rope(500000.0, rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                   high_freq_factor=4.0, original_max_position_embeddings=8192)
+
+SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "smollm2-135m": ("llama", dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                   num_attention_heads=9, num_key_value_heads=3,
+                                   tie_word_embeddings=True, rope_parameters=_rope(100000.0))),
+    "llama-1b": ("llama", dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                               num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                               tie_word_embeddings=True, rope_parameters=_LLAMA3_1B)),
+    "qwen2-1.5b": ("qwen2", dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                 num_attention_heads=12, num_key_value_heads=2,
+                                 tie_word_embeddings=True, rope_parameters=_rope(1e6),
+                                 use_sliding_window=False)),
+    "qwen3-1.7b": ("qwen3", dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                                 num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                                 tie_word_embeddings=True, rope_parameters=_rope(1e6),
+                                 use_sliding_window=False)),
+    "llama-8b": ("llama", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                               num_attention_heads=32, num_key_value_heads=8,
+                               tie_word_embeddings=False, rope_parameters=_LLAMA3_8B)),
+    "qwen3-8b": ("qwen3", dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                               num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                               tie_word_embeddings=False, rope_parameters=_rope(1e6),
+                               use_sliding_window=False)),
+    "mistral-7b": ("mistral", dict(hidden_size=4096, intermediate_size=14336,
+                                   num_hidden_layers=32, num_attention_heads=32,
+                                   num_key_value_heads=8, tie_word_embeddings=False,
+                                   rope_parameters=_rope(1e6), sliding_window=None)),
+    "tiny": ("llama", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2,
+                           tie_word_embeddings=False, rope_parameters=_rope(10000.0))),
+}
+"""Published shapes (hidden, MLP, layers, heads, head width, tied head, RoPE): SmolLM2-135M,
+Llama-3.2-1B, Qwen2-1.5B, Qwen3-1.7B, Llama-3.1-8B, Qwen3-8B, Mistral-7B-v0.3; ``tiny`` for
+``--smoke``."""
+
+FAMILIES = ("dspark-gqa", "dspark-mla", "dflash")
+
+
+def build(shape: str, dtype: torch.dtype, device: str, vocab: int = VOCAB) -> torch.nn.Module:
+    """A random-weight causal LM of ``shape`` (its transformers config class), on ``device``."""
+    import transformers
+
+    arch, kwargs = SHAPES[shape]
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }[arch]
+    config = config_cls(vocab_size=vocab, max_position_embeddings=8192, bos_token_id=None,
+                        eos_token_id=None, pad_token_id=None, **kwargs)
+    config._attn_implementation = "sdpa"
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            torch.manual_seed(0)
+            model = model_cls(config)
+    finally:
+        torch.set_default_dtype(default)
+    return model.eval()
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of every parameter, a tied head counted once."""
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+def _tokenizer() -> Any:
+    """What the decoder reads of a tokenizer: no end-of-sequence id (decoding runs to the
+    budget) and a ``decode`` for its report."""
+    return SimpleNamespace(eos_token_id=None, chat_template=None,
+                           decode=lambda ids, skip_special_tokens=True: "")
+
+
+def _config(family: str, k: int, accepted: int, batch: int, device: str) -> Any:
+    from draftsmith.runtime.config import SpecConfig
+
+    return SpecConfig.from_dict({
+        "drafter": {"family": family},
+        "num_draft_tokens": k,
+        "selection": {"kind": "greedy"},
+        "target": {"model": "random", "dtype": "bfloat16", "device": device},
+        "runtime": {"max_batch": batch, "max_context": 1024,
+                    "force_accepted": float(accepted - 1) if k else 0.0},
+    })
+
+
+def _step_times(sd: Any, run: Any, at_step: Any = None) -> tuple[Any, list[float], list[float]]:
+    """``run()``'s result, the GPU milliseconds of each decoding step ``sd`` took during it
+    (events around the replay and its one read) and each step's wall milliseconds.
+    ``at_step(active)`` runs once, before the twelfth step (on live state)."""
+    cuda = torch.cuda.is_available()
+    events: list[tuple[Any, Any]] = []
+    walls: list[float] = []
+    real = sd.step
+
+    def step(active: Any) -> None:
+        if at_step is not None and len(walls) == 11:
+            at_step(active)
+        w0 = time.perf_counter()
+        timed(active)
+        walls.append((time.perf_counter() - w0) * 1e3)
+
+    def timed(active: Any) -> None:
+        if not cuda:
+            t0 = time.perf_counter()
+            real(active)
+            events.append((t0, time.perf_counter()))
+            return
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record()
+        real(active)
+        end.record()
+        events.append((start, end))
+
+    sd.step = step
+    try:
+        out = run()
+    finally:
+        sd.step = real
+    if not cuda:
+        return out, [(e - s) * 1e3 for s, e in events], walls
+    torch.cuda.synchronize()
+    return out, [s.elapsed_time(e) for s, e in events], walls
+
+
+def decode(model: torch.nn.Module, args: argparse.Namespace, say: Any) -> dict[str, Any]:
+    """Plain and speculative generations per drafter family on ``model``; step figures."""
+    from draftsmith.runtime.api import load_decoder
+    from draftsmith.runtime.targets.hf import HFTarget
+
+    target = HFTarget(model, max_slots=args.batch + 2)
+    say(f"  target path: {target.layer_path}: {target.layer_path_reason}")
+    g = torch.Generator().manual_seed(1)
+    ids = [torch.randint(0, VOCAB, (args.prompt_len,), generator=g).tolist()
+           for _ in range(args.prompts)]
+    row: dict[str, Any] = {}
+    for family in args.families:
+        dec = load_decoder(_config(family, args.k, args.accepted, args.batch, args.device),
+                           target=target, tokenizer=_tokenizer())
+        for sd in (dec.spec, dec.plain):  # one cache size for both: no graph goes stale
+            sd.prepare_for(ids, args.new_tokens)
+        dec.generate_ids(ids[:1], 16, compare_plain=True)  # warm: kernels compiled
+        if "plain_ms" not in row:
+            report, steps, walls = _step_times(dec.plain, lambda d=dec: d.plain.generate(
+                ids, args.new_tokens, [], None))
+            tokens = sum(len(r.tokens) for r in report)
+            row["plain_ms"] = statistics.median(steps)
+            row["plain_wall_ms"] = statistics.median(walls)
+            row["plain_steps"] = len(steps)
+            say(f"  plain: {len(steps)} steps, median {row['plain_ms']:.3f} ms GPU, "
+                f"{row['plain_wall_ms']:.3f} ms wall, {tokens} tokens")
+        parts: list[Any] = []
+        t0 = time.perf_counter()
+        results, rounds, walls = _step_times(
+            dec.spec, lambda d=dec: d.spec.generate(ids, args.new_tokens, [], None),
+            (lambda active, d=dec, parts=parts: parts.extend(_round_parts(d.spec, active)))
+            if args.device == "cuda" else None)
+        seconds = time.perf_counter() - t0
+        tokens = sum(len(r.tokens) for r in results)
+        lengths = [n for r in results for n in r.accepted_lengths]
+        tau = sum(lengths) / max(len(lengths), 1)
+        round_ms = statistics.median(rounds)
+        row[f"spec_round_ms_{family}"] = round_ms
+        row[f"spec_round_vs_plain_{family}"] = round_ms / row["plain_ms"]
+        row[f"spec_tok_s_{family}"] = tokens / seconds
+        row[f"tau_{family}"] = tau
+        say(f"  spec {family}: {len(rounds)} rounds, median {round_ms:.3f} ms GPU, "
+            f"{statistics.median(walls):.3f} ms wall ({round_ms / row['plain_ms']:.2f}x a plain "
+            f"step), tau {tau:.2f}, {tokens / seconds:.0f} tok/s (wall, prefill included)")
+        if parts:
+            row["parts_" + family] = {name: ms for name, ms, _ in parts}
+            say("    " + "; ".join(f"{name.strip()} {ms:.3f} ms ({n} kernels)"
+                                   for name, ms, n in parts))
+    row["spec_round_vs_plain"] = row[f"spec_round_vs_plain_{args.families[0]}"]
+    row["spec_tok_s"] = row[f"spec_tok_s_{args.families[0]}"]
+    return row
+
+
+def _round_parts(spec: Any, active: Any) -> list[tuple[str, float, int]]:
+    """The round's parts, each captured and replayed alone on the live state (restored after):
+    ``benchmarks/round.py``'s split, its first ten rows."""
+    from round import _time_parts
+
+    return _time_parts(spec, *spec.bucket(active))[:10]
+
+
+def recipe(model: torch.nn.Module, args: argparse.Namespace) -> float:
+    """Milliseconds per token of transformers' forward, StaticCache, one CUDA graph a step."""
+    from e2e import StaticGraphRecipe
+
+    g = torch.Generator().manual_seed(2)
+    ids = [torch.randint(0, VOCAB, (args.prompt_len,), generator=g).tolist()
+           for _ in range(args.batch)]
+    rec = StaticGraphRecipe(model, args.batch, args.prompt_len + args.new_tokens + 8, 0)
+    rec.capture(ids[0])
+    rec.generate(ids, 8, set())
+    _, seconds = rec.generate(ids, args.new_tokens, set())
+    return seconds / args.new_tokens * 1e3
+
+
+def gemms(model: torch.nn.Module, bw: float, sweep: bool, say: Any) -> list[dict[str, Any]]:
+    """Each product of one layer (and the head) alone: cuBLAS against the few-row product with
+    what it carries, at 1, 8 and 32 rows, against reading its weight once; with ``sweep``,
+    every launch size of the few-row product at 1 and 8 rows, the best first."""
+    import itertools
+
+    import draftsmith.kernels.decode_linear as kernel
+    from draftsmith.kernels.decode_linear import Blocks, decode_linear, decode_linear_blocks
+    from draftsmith.runtime.targets.hf_layers import LayerLoop
+
+    loop = LayerLoop(model, row_stable=False)
+    layer = loop.layers[0]
+    head = model.get_output_embeddings().weight
+    cases = [
+        ("qkv", layer.qkv_weight, {}),
+        ("o+add", layer.o_proj.weight, dict(residual=True)),
+        ("gate_up+silu", layer.gate_up_weight, dict(gated=True)),
+        ("down+add", layer.down_proj.weight, dict(residual=True)),
+        ("head (fp32 out)", head, dict(out_dtype=torch.float32)),
+    ]
+    rows_out = []
+    for name, w, kw in cases:
+        floor = w.numel() * w.element_size() / bw * 1e6
+        n = w.shape[0] // 2 if kw.get("gated") else w.shape[0]
+
+        def args(m: int, kw: dict = kw, n: int = n, w: torch.Tensor = w) -> tuple:
+            x = torch.randn(m, w.shape[1], dtype=w.dtype, device=w.device)
+            extra = dict(kw)
+            if extra.pop("residual", False):
+                extra["residual"] = torch.randn(m, n, dtype=w.dtype, device=w.device)
+            return x, extra
+
+        for m in (1, 8, 16, 32, 64):
+            x, extra = args(m)
+            cublas = graph_time_us(lambda x=x, w=w: torch.nn.functional.linear(x, w), w.device)
+            fused = graph_time_us(lambda x=x, w=w, e=extra: decode_linear(x, w, **e), w.device)
+            rows_out.append(dict(product=name, rows=m, floor_us=floor, cublas_us=cublas,
+                                 fused_us=fused))
+            say(f"  {name:<20} rows {m:>3}: floor {floor:8.1f} us, cuBLAS (product only) "
+                f"{_us(cublas)} ({_ratio(cublas, floor)}), few-row {_us(fused)} "
+                f"({_ratio(fused, floor)}) "
+                f"{decode_linear_blocks(n, w.shape[1], w.dtype, bool(kw.get('gated')))}")
+        if not sweep:
+            continue
+        found = []
+        for bn, bk, warps, stages in itertools.product((16, 32, 64), (128, 256, 512), (4, 8),
+                                                       (2, 4)):
+            if warps == 8 and bn != 64:
+                continue
+            blocks = Blocks(bn, bk, warps, stages)
+            times = []
+            kernel.decode_linear_blocks = lambda *a, b=blocks: b
+            for m in (1, 8):
+                x, extra = args(m)
+                try:
+                    times.append(graph_time_us(
+                        lambda x=x, w=w, e=extra: decode_linear(x, w, **e), w.device))
+                except Exception:  # noqa: BLE001 - a size the compiler refuses
+                    times.append(None)
+            kernel.decode_linear_blocks = decode_linear_blocks
+            if None not in times:
+                found.append((times, blocks))
+        found.sort(key=lambda t: t[0][0] + t[0][1])
+        for times, blocks in found[:4]:
+            say(f"    sweep {name}: 1 row {times[0]:7.1f} us ({times[0] / floor:.2f}x), 8 rows "
+                f"{times[1]:7.1f} us ({times[1] / floor:.2f}x): {blocks}")
+        rows_out.append(dict(product=name, sweep=[dict(us=t, blocks=str(b)) for t, b in found]))
+    return rows_out
+
+
+def _us(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:8.1f} us"
+
+
+def _ratio(v: float | None, floor: float) -> str:
+    return "n/a" if v is None else f"{v / floor:.2f}x"
+
+
+def profile(model: torch.nn.Module, batch: int, say: Any) -> None:
+    """Kernels of one eager step (``batch`` rows of one token at position 200 over 256
+    columns, then the head), few-row path and torch path."""
+    from draftsmith.runtime.targets.hf import HFTarget
+
+    target = HFTarget(model, max_slots=batch + 2)
+    target.reserve(batch + 2, 512)
+    tokens = torch.zeros(batch, 1, dtype=torch.int64, device="cuda")
+    starts = torch.full((batch,), 200, dtype=torch.int64, device="cuda")
+    dtypes = target._loop.product_dtypes
+    for label, few in (("few-row path", dtypes), ("torch path", ())):
+        target._loop.product_dtypes = few
+        for _ in range(3):
+            target.forward_rows(tokens, starts, 256)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            target.forward_rows(tokens, starts, 256)
+            torch.cuda.synchronize()
+        events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+        replay = graph_time_us(lambda: target.forward_rows(tokens, starts, 256), "cuda")
+        say(f"  {label}, {batch} rows: {sum(e.count for e in events)} kernels, "
+            f"{sum(e.self_device_time_total for e in events) / 1e3:.3f} ms kernel time, "
+            f"{replay / 1e3:.3f} ms a graph replay")
+        for e in sorted(events, key=lambda e: -e.self_device_time_total)[:12]:
+            say(f"    {e.self_device_time_total / 1e3:8.3f} ms {e.count:5d}x  {e.key[:80]}")
+    target._loop.product_dtypes = dtypes
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=[s for s in SHAPES if s != "tiny"],
+                        choices=list(SHAPES))
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    parser.add_argument("--k", type=int, default=7)
+    parser.add_argument("--accepted", type=int, default=4,
+                        help="forced accepted length (drafts + bonus) of every round")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--prompts", type=int, default=3)
+    parser.add_argument("--prompt-len", type=int, default=100)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--gemms", action="store_true", help="time each product alone")
+    parser.add_argument("--profile", nargs="*", type=int, metavar="ROWS",
+                        help="kernels of one eager step at these row counts (default 1)")
+    parser.add_argument("--no-recipe", action="store_true")
+    parser.add_argument("--sweep", action="store_true",
+                        help="with --gemms: time every launch size of the few-row product")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--smoke", action="store_true", help="the tiny shape on the CPU")
+    args = parser.parse_args()
+    args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.smoke:
+        args.shapes, args.prompts, args.new_tokens, args.prompt_len = ["tiny"], 1, 8, 12
+        args.no_recipe = True
+    lines: list[str] = []
+    rows: list[dict[str, Any]] = []
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=Path(__file__).parent).stdout.strip()
+    stamp = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+        lines.append(text)
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "scale.txt").write_text("\n".join(lines) + "\n")
+            (args.out / "scale.json").write_text(json.dumps(
+                {"machine": machine_tag(args.device), "date": stamp, "commit": commit,
+                 "command": " ".join(sys.argv), "rows": rows}, indent=1))
+
+    say(f"# scale on {machine_tag(args.device)}, {stamp}, commit {commit}, torch "
+        f"{torch.__version__}; {' '.join(sys.argv)}")
+    bw = copy_bandwidth(args.device)
+    say(f"# copy bandwidth {bw / 1e12:.2f} TB/s (read + write)")
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    for shape in args.shapes:
+        t0 = time.perf_counter()
+        model = build(shape, dtype, args.device)
+        size = weight_bytes(model)
+        floor_ms = size / bw * 1e3
+        row: dict[str, Any] = {"shape": shape, "params_b": size / model.dtype.itemsize / 1e9,
+                               "weight_gb": size / 1e9, "floor_ms": floor_ms}
+        rows.append(row)
+        say(f"## {shape}: {row['params_b']:.2f} B parameters, {size / 1e9:.2f} GB, floor "
+            f"{floor_ms:.3f} ms (built in {time.perf_counter() - t0:.1f} s)")
+        if args.gemms and args.device == "cuda":
+            row["gemms"] = gemms(model, bw, args.sweep, say)
+        if args.profile is not None and args.device == "cuda":
+            for batch in args.profile or [1]:
+                profile(model, batch, say)
+        row.update(decode(model, args, say))
+        row["plain_vs_floor"] = row["plain_ms"] / floor_ms
+        if not args.no_recipe and args.device == "cuda":
+            try:
+                row["recipe_ms"] = recipe(model, args)
+            except Exception as exc:  # noqa: BLE001 - the baseline's failure is reported
+                torch.cuda.synchronize()
+                say(f"  recipe failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+        say(f"  => plain {row['plain_ms']:.3f} ms = {row['plain_vs_floor']:.2f}x floor; "
+            + ", ".join(f"{f} round {row[f'spec_round_vs_plain_{f}']:.2f}x plain"
+                        for f in args.families)
+            + (f"; recipe {row['recipe_ms']:.3f} ms" if "recipe_ms" in row else ""))
+        del model
+        torch.cuda.empty_cache() if args.device == "cuda" else None
+    say("| shape | params (B) | floor ms | plain ms | plain / floor | "
+        + " | ".join(f"{f} round / plain" for f in args.families)
+        + " | spec tok/s | recipe ms |")
+    say("| --- " * (6 + len(args.families)) + "|")
+    for r in rows:
+        say(f"| {r['shape']} | {r['params_b']:.2f} | {r['floor_ms']:.3f} | {r['plain_ms']:.3f} | "
+            f"{r['plain_vs_floor']:.2f}x | "
+            + " | ".join(f"{r[f'spec_round_vs_plain_{f}']:.2f}x" for f in args.families)
+            + f" | {r['spec_tok_s']:.0f} | "
+            + (f"{r['recipe_ms']:.3f} |" if "recipe_ms" in r else "- |"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
