@@ -342,9 +342,9 @@ def _weight_files(directory: Path) -> list[Path]:
                               f"{exc.strerror or exc}; make it readable") from None
 
 
-def load_tensors(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint's ``*.safetensors`` files (CPU), never a pickle."""
-    directory = Path(directory)
+def _weight_files_or_refuse(directory: Path) -> list[Path]:
+    """The checkpoint's ``*.safetensors`` files; :class:`CheckpointError` when it has none,
+    naming the pickles it holds instead (draftsmith never unpickles)."""
     files = _weight_files(directory)
     if not files:
         pickles = sorted(p.name for p in directory.glob("*.bin")) + sorted(
@@ -352,13 +352,27 @@ def load_tensors(directory: Path) -> dict[str, torch.Tensor]:
         )
         hint = f" (found {pickles}; convert them to safetensors)" if pickles else ""
         raise CheckpointError(f"{directory} holds no *.safetensors weights{hint}")
+    return files
+
+
+def _unreadable_shard(path: Path, exc: Exception) -> str:
+    """The message for a shard safetensors cannot parse (truncated, a header claiming more bytes
+    than the file holds, not safetensors at all), naming where a symbolic link leads."""
+    name = f"{path} (a link to {os.path.realpath(path)})" if path.is_symlink() else str(path)
+    return (f"cannot read {name}: {exc}; the file is damaged or not a safetensors file: "
+            "copy or export the checkpoint again")
+
+
+def load_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint's ``*.safetensors`` files (CPU), never a pickle."""
+    directory = Path(directory)
     tensors: dict[str, torch.Tensor] = {}
-    for path in files:
+    for path in _weight_files_or_refuse(directory):
         check_readable(path, "checkpoint shard")
         try:
             part = load_file(str(path), device="cpu")
         except Exception as exc:  # safetensors raises its own error types
-            raise CheckpointError(f"cannot read {path}: {exc}") from None
+            raise CheckpointError(_unreadable_shard(path, exc)) from None
         clash = tensors.keys() & part.keys()
         if clash:
             raise CheckpointError(f"tensor {sorted(clash)[0]!r} appears in two files of {directory}")
@@ -378,26 +392,34 @@ _SAFETENSORS_DTYPES = {
 """torch dtypes of the safetensors header's dtype names."""
 
 
-def tensor_dtypes(directory: Path) -> dict[str, torch.dtype]:
-    """Name -> dtype of every tensor of the checkpoint's ``*.safetensors`` files, read from the
-    file headers only (no tensor data): what can be known about the weights without reading
-    them."""
+def tensor_headers(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint's ``*.safetensors`` files as a tensor on the ``meta``
+    device: its name, shape and dtype read from the file headers only, no tensor data. What can
+    be known about the weights without reading them, checked as :func:`load_tensors` checks the
+    files: no safetensors at all, a shard that does not parse (truncated, a header or a tensor
+    claiming more bytes than the file holds), a dtype draftsmith cannot read, and one tensor in
+    two files are each a :class:`CheckpointError`. A :class:`TensorSource` over the result
+    checks names, shapes and dtypes as over the loaded tensors."""
     from safetensors import safe_open
 
     directory = Path(directory)
-    found: dict[str, torch.dtype] = {}
-    for path in _weight_files(directory):
+    found: dict[str, torch.Tensor] = {}
+    for path in _weight_files_or_refuse(directory):
         check_readable(path, "checkpoint shard")
         try:
             with safe_open(str(path), framework="pt") as handle:
-                names = {name: handle.get_slice(name).get_dtype() for name in handle.keys()}
+                names = {name: handle.get_slice(name) for name in handle.keys()}
+                headers = {name: (part.get_dtype(), part.get_shape())
+                           for name, part in names.items()}
         except Exception as exc:  # safetensors raises its own error types
-            raise CheckpointError(f"cannot read {path}: {exc}") from None
-        for name, kind in names.items():
+            raise CheckpointError(_unreadable_shard(path, exc)) from None
+        for name, (kind, shape) in headers.items():
             if kind not in _SAFETENSORS_DTYPES:
                 raise CheckpointError(f"{path}: tensor {name!r} is stored as {kind}, which "
                                       "draftsmith cannot read")
-            found[name] = _SAFETENSORS_DTYPES[kind]
+            if name in found:
+                raise CheckpointError(f"tensor {name!r} appears in two files of {directory}")
+            found[name] = torch.empty(shape, dtype=_SAFETENSORS_DTYPES[kind], device="meta")
     return found
 
 
@@ -435,7 +457,8 @@ class TensorSource:
     """Checked access to a checkpoint's tensors under canonical names and their aliases.
 
     ``take`` returns a tensor of exactly the expected shape or raises :class:`CheckpointError`
-    naming the tensor, the shape found and the shape expected.
+    naming the tensor, the shape found and the shape expected. Over :func:`tensor_headers`
+    (``meta`` tensors) every check but the one of the values runs before any weight is read.
     """
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], origin: str) -> None:
@@ -478,7 +501,7 @@ class TensorSource:
                 f"point ({', '.join(WEIGHT_DTYPES)} or float64): re-export the checkpoint with "
                 "float weights"
             )
-        if not bool(torch.isfinite(tensor).all()):
+        if not tensor.is_meta and not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())
             raise CheckpointError(
                 f"{self.origin}: tensor {found!r} holds {bad} NaN or infinite values; the "
@@ -574,7 +597,7 @@ __all__ = [
     "read_config",
     "require",
     "shape_str",
-    "tensor_dtypes",
+    "tensor_headers",
     "truthy",
     "validate_target_layer_ids",
 ]

@@ -109,6 +109,13 @@ def _hf_config(config: TargetConfig) -> dict:
     return data
 
 
+def target_position_limit(config: TargetConfig) -> int | None:
+    """The configured target's ``max_position_embeddings`` as its config states it (``None``
+    where it states none, or for a known name): the longest sequence it takes."""
+    limit = _hf_config(config).get("max_position_embeddings")
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
+
+
 def _target_sizes(data: dict, model: str) -> TargetInfo:
     path = Path(model) / "config.json"
     try:
@@ -286,6 +293,19 @@ def load_drafter(
     return family.load(request)
 
 
+def declared_capabilities(config: SpecConfig, target_info: TargetInfo,
+                          registry: Registry) -> DrafterCapabilities:
+    """What the configured family declares for the drafter ``config`` describes (from its
+    options, or its checkpoint's config and tensor headers), on one rank: no weight is built
+    or read. :class:`PlanError` for a family that declares nothing."""
+    family = _built_family(config, registry)
+    capabilities = _declared(family, _load_request(config, target_info, SingleRank()))
+    if capabilities is None:  # load_registry refuses this; a hand-made Registry may not
+        raise PlanError(f"drafter family {family.name!r} declares no capabilities(request), "
+                        "so its plan cannot be made without building it")
+    return capabilities
+
+
 def plan_only(
     config: SpecConfig, target_info: TargetInfo, *, registry: Registry | None = None,
     capabilities: DrafterCapabilities | None = None,
@@ -297,11 +317,7 @@ def plan_only(
     selector = _build_selector(config, registry)
     _precheck(config, mapping, selector)
     if capabilities is None:
-        family = _built_family(config, registry)
-        capabilities = _declared(family, _load_request(config, target_info, SingleRank()))
-        if capabilities is None:  # load_registry refuses this; a hand-made Registry may not
-            raise PlanError(f"drafter family {family.name!r} declares no capabilities(request), "
-                            "so its plan cannot be made without building it")
+        capabilities = declared_capabilities(config, target_info, registry)
     check_fit(capabilities, target_info, _origin(config))
     device = _plan_device(config.target.device)
     return make_plan(_plan_inputs(config, mapping, device, selector, target_info.vocab_size,
@@ -590,5 +606,6 @@ def verify_costs(target: TargetModel, drafter: Drafter, config: SpecConfig,
                        scheduled_rows=rows, rows_reason=why)
 
 
-__all__ = ["AUTO_K_MAX", "auto_k_max", "bind", "check_fit", "load_drafter", "measure_costs",
-           "plan_only", "target_info_from_config", "verify_costs"]
+__all__ = ["AUTO_K_MAX", "auto_k_max", "bind", "check_fit", "declared_capabilities",
+           "load_drafter", "measure_costs", "plan_only", "target_info_from_config",
+           "target_position_limit", "verify_costs"]

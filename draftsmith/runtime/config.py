@@ -104,20 +104,29 @@ class DrafterConfig(_Strict):
         return _validate_part(family.options_model, raw)
 
 
+RUN_DEVICE_TYPES = ("cpu", "cuda")
+"""Device types draftsmith runs a target and a drafter on (``target.device``)."""
+
+
 def parse_device(name: str) -> torch.device | None:
     """The device a ``target.device`` string names (``None`` for ``auto``), checked for syntax
     only: a config written for a GPU host validates on a CPU host.
 
-    :raises ConfigError: when ``name`` is not a device string torch understands.
+    :raises ConfigError: when ``name`` is not a device string torch understands, or names a
+        device type draftsmith does not run on (``xla``, ``mps``, ``meta``...).
     """
     if name == "auto":
         return None
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except (RuntimeError, TypeError):
         raise ConfigError(
             f"target.device {name!r} is not a device; use auto, cpu or cuda[:N]"
         ) from None
+    if device.type not in RUN_DEVICE_TYPES:
+        raise ConfigError(f"target.device {name!r}: draftsmith runs on CPU and CUDA devices "
+                          "only; use auto, cpu or cuda[:N]")
+    return device
 
 
 def resolve_device(name: str) -> torch.device:
@@ -320,7 +329,10 @@ def _validate_part(model: type[BaseModel], raw: dict[str, Any], prefix: str = ""
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"{_SUBFIELD}{prefix}{loc}: {first['msg']}") from None
+        message = first["msg"].removeprefix("Value error, ")
+        if not prefix + loc:  # a rule over several keys: reported at the part itself
+            raise ValueError(message) from None
+        raise ValueError(f"{_SUBFIELD}{prefix}{loc}: {message}") from None
 
 
 _SUBFIELD = "\x1f"

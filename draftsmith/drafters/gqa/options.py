@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from draftsmith.contract import (
     ConfigError,
@@ -65,23 +65,29 @@ class GQAArchitectureOptions(BaseModel):
     init_std: float = Field(default=0.02, gt=0)
     """Standard deviation of the random weights (norm weights are ``1 + init_std * noise``)."""
 
+    @model_validator(mode="after")
+    def _buildable(self) -> GQAArchitectureOptions:
+        # what no target can change: refused when the config validates, not when it builds
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads {self.num_heads} must be a multiple of num_kv_heads "
+                f"{self.num_kv_heads} (each key/value head serves a group of query heads)")
+        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
+            raise ValueError(
+                f"layer_types has {len(self.layer_types)} entries for num_layers "
+                f"{self.num_layers}; give one per layer")
+        if (self.layer_types is not None and "sliding_attention" in self.layer_types
+                and self.sliding_window is None):
+            raise ValueError("layer_types has sliding layers; set sliding_window")
+        return self
+
     def draft_fields(self) -> dict[str, Any]:
         """Family-specific keys for the drafter config section (overridden by families)."""
         return {}
 
     def to_config(self, target: TargetInfo, family: str) -> dict[str, Any]:
         """A checkpoint config describing these options for ``target``."""
-        if self.num_heads % self.num_kv_heads:
-            raise ConfigError(
-                f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}"
-            )
-        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
-            raise ConfigError(
-                f"layer_types has {len(self.layer_types)} entries for num_layers {self.num_layers}"
-            )
         layer_types = list(self.layer_types or ["full_attention"] * self.num_layers)
-        if "sliding_attention" in layer_types and self.sliding_window is None:
-            raise ConfigError("layer_types has sliding layers; set sliding_window")
         ids = (list(self.target_layer_ids) if self.target_layer_ids is not None
                else build_target_layer_ids(target.num_layers, self.num_layers))
         mask = self.mask_token_id if self.mask_token_id is not None else target.vocab_size - 1
