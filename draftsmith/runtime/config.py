@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from draftsmith.contract import ConfigError, ParallelMapping
+from draftsmith.drafters.checkpoint import require_regular_file, unique_keys
 from draftsmith.runtime.registry import Registry, load_registry
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
@@ -351,10 +352,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     directory of the file, so a config names its checkpoint the same way from any working
     directory (command-line flags stay relative to the working directory)."""
     path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"config file {str(path)!r} is a directory; give a TOML or JSON file")
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+    require_regular_file(path, "config file", "a TOML or JSON file")
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -368,10 +366,10 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         ) from None
     try:
         if path.suffix == ".json":
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=unique_keys)
         else:
             data = tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError, TOMLDecodeError, or a JSON key named twice
         raise ConfigError(f"{path}: cannot parse: {exc}") from None
     except RecursionError:
         data = None  # refused just below, with the limit
