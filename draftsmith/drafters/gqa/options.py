@@ -67,18 +67,11 @@ class GQAArchitectureOptions(BaseModel):
 
     @model_validator(mode="after")
     def _buildable(self) -> GQAArchitectureOptions:
-        # what no target can change: refused when the config validates, not when it builds
+        # no target or checkpoint changes this: refused when the config validates
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads {self.num_heads} must be a multiple of num_kv_heads "
                 f"{self.num_kv_heads} (each key/value head serves a group of query heads)")
-        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
-            raise ValueError(
-                f"layer_types has {len(self.layer_types)} entries for num_layers "
-                f"{self.num_layers}; give one per layer")
-        if (self.layer_types is not None and "sliding_attention" in self.layer_types
-                and self.sliding_window is None):
-            raise ValueError("layer_types has sliding layers; set sliding_window")
         return self
 
     def draft_fields(self) -> dict[str, Any]:
@@ -87,7 +80,13 @@ class GQAArchitectureOptions(BaseModel):
 
     def to_config(self, target: TargetInfo, family: str) -> dict[str, Any]:
         """A checkpoint config describing these options for ``target``."""
+        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
+            raise ConfigError(
+                f"layer_types has {len(self.layer_types)} entries for num_layers {self.num_layers}"
+            )
         layer_types = list(self.layer_types or ["full_attention"] * self.num_layers)
+        if "sliding_attention" in layer_types and self.sliding_window is None:
+            raise ConfigError("layer_types has sliding layers; set sliding_window")
         ids = (list(self.target_layer_ids) if self.target_layer_ids is not None
                else build_target_layer_ids(target.num_layers, self.num_layers))
         mask = self.mask_token_id if self.mask_token_id is not None else target.vocab_size - 1
