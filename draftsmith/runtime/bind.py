@@ -311,7 +311,8 @@ def plan_only(
     capabilities: DrafterCapabilities | None = None,
 ) -> DraftPlan:
     """The plan ``bind`` would make, without a target (for ``draftsmith plan``): the drafter's
-    capabilities are those its family declares, so no weight is built or read."""
+    capabilities are those its family declares, so no weight is built or read; a checkpoint's
+    files are checked on their tensor headers (``DrafterFamily.check_checkpoint``)."""
     mapping = config.parallel
     registry = registry if registry is not None else load_registry()
     selector = _build_selector(config, registry)
@@ -319,6 +320,11 @@ def plan_only(
     if capabilities is None:
         capabilities = declared_capabilities(config, target_info, registry)
     check_fit(capabilities, target_info, _origin(config))
+    family = registry.family(config.drafter.family)
+    if config.drafter.checkpoint is not None and family.check_checkpoint is not None:
+        # the files, once the drafter they declare is known to fit: a checkpoint made for
+        # another target is named as such, not by the first tensor whose width follows it
+        family.check_checkpoint(_load_request(config, target_info, SingleRank()))
     device = _plan_device(config.target.device)
     return make_plan(_plan_inputs(config, mapping, device, selector, target_info.vocab_size,
                                   auto_k=auto_k_max(capabilities), drafter_built=False),

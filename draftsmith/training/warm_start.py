@@ -49,9 +49,12 @@ def check_init_from(checkpoint: Path, family: str, target: TargetInfo) -> None:
                           "(config.json and *.safetensors), e.g. a run's best/")
     registered = load_registry().family(family)
     assert registered.capabilities is not None
+    request = _request(registered, checkpoint, target)
     try:
         check_checkpoint_dir(checkpoint)
-        registered.capabilities(_request(registered, checkpoint, target))
+        registered.capabilities(request)
+        if registered.check_checkpoint is not None:
+            registered.check_checkpoint(request)
     except DraftsmithError as exc:
         raise ConfigError(f"{origin}: not a {family} checkpoint for this target: {exc}") from None
 
