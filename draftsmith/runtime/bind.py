@@ -35,6 +35,7 @@ from draftsmith.runtime.acceptance import Acceptance
 from draftsmith.runtime.buckets import MIN_CONTEXT_BUCKET, bucket, row_buckets
 from draftsmith.runtime.buffers import DecoderBuffers
 from draftsmith.runtime.config import (
+    EMBEDDED_TARGET_NAMES,
     TARGET_DTYPES,
     SpecConfig,
     TargetConfig,
@@ -73,6 +74,14 @@ _KNOWN_CONFIGS = {
 """What ``target.layers`` reads of the named targets' configs."""
 
 
+def _known_name(model: str) -> str | None:
+    """The key of :data:`_KNOWN_TARGETS` that ``model`` names (every spelling of the embedded
+    target is ``smollm2-135m``), or ``None`` for a directory."""
+    if model in EMBEDDED_TARGET_NAMES:
+        return "smollm2-135m"
+    return model if model in _KNOWN_TARGETS else None
+
+
 def target_info_from_config(config: TargetConfig, tp_size: int = 1) -> TargetInfo:
     """Sizes of the configured target (a known name or a Hugging Face directory's config.json),
     the GEMM its linear layers will run on its configured dtype and device, and what will run
@@ -82,7 +91,8 @@ def target_info_from_config(config: TargetConfig, tp_size: int = 1) -> TargetInf
     dtype = TARGET_DTYPES[config.dtype]
     blocker = config_blocker(hf_config, config.split_layers and tp_size > 1)
     path, reason = choose_layer_path(config.layers, blocker, device)
-    info = _KNOWN_TARGETS.get(config.model) or _target_sizes(hf_config, config.model)
+    known = _known_name(config.model)
+    info = _KNOWN_TARGETS[known] if known is not None else _target_sizes(hf_config, config.model)
     return dataclasses.replace(info, dtype=dtype, gemm=gemm_choice(config.gemm, dtype, device),
                                layer_path=path, layer_path_reason=reason)
 
@@ -90,13 +100,14 @@ def target_info_from_config(config: TargetConfig, tp_size: int = 1) -> TargetInf
 def _hf_config(config: TargetConfig) -> dict:
     """The configured target's Hugging Face config as a dict (its ``text_config`` when it has
     one); a known name's stands in for the file."""
-    if config.model in _KNOWN_TARGETS:
-        return dict(_KNOWN_CONFIGS[config.model])
+    known = _known_name(config.model)
+    if known is not None:
+        return dict(_KNOWN_CONFIGS[known])
     path = Path(config.model) / "config.json"
-    if not path.is_file():
+    if not path.is_file():  # the words load_target uses
         raise ConfigError(
-            f"target.model {config.model!r} is neither a known name "
-            f"({', '.join(sorted(_KNOWN_TARGETS))}) nor a directory with a config.json"
+            f"target.model {config.model!r} is neither 'smollm2-135m' nor an existing directory "
+            "with a config.json; pass a local Hugging Face model directory"
         )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
