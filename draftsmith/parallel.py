@@ -254,6 +254,18 @@ def active_collectives() -> ProcessGroupCollectives | None:
     return None
 
 
+def launched_ranks() -> tuple[int, int]:
+    """``(processes, this one's rank)`` as ``torchrun`` set them (``WORLD_SIZE``, ``RANK``);
+    ``(1, 0)`` for a process started without it.
+
+    :raises ConfigError: when either is not an integer.
+    """
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    except ValueError as exc:
+        raise ConfigError(f"WORLD_SIZE / RANK must be integers (set by torchrun): {exc}") from None
+
+
 def init_from_environment(device: str = "auto") -> ProcessGroupCollectives | None:
     """Start the default process group from ``torchrun``'s environment (``WORLD_SIZE`` > 1,
     ``RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) unless it is started already; ``None`` when this
@@ -264,11 +276,7 @@ def init_from_environment(device: str = "auto") -> ProcessGroupCollectives | Non
     """
     if dist.is_initialized():
         return active_collectives()
-    try:
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        rank = int(os.environ.get("RANK", "0"))
-    except ValueError as exc:
-        raise ConfigError(f"WORLD_SIZE / RANK must be integers (set by torchrun): {exc}") from None
+    world, rank = launched_ranks()
     if world <= 1:
         return None
     cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
@@ -290,5 +298,5 @@ def torchrun_group(device: str = "auto") -> Iterator[ProcessGroupCollectives | N
 
 
 __all__ = ["NCCL_ENV", "ProcessGroupCollectives", "RankPool", "active_collectives",
-           "init_from_environment", "init_rank", "rank_device", "torchrun_group",
+           "init_from_environment", "init_rank", "launched_ranks", "rank_device", "torchrun_group",
            "world_collectives"]

@@ -1,6 +1,7 @@
 """What ``draftsmith generate`` and ``draftsmith eval`` share: the model and selection flags,
 the :class:`SpecConfig` they build, prompt files, the checks made before any model loads, the
-shipped drafter and the directory of evaluation prompt sets.
+shipped drafter and the directory of evaluation prompt sets. What is checked before any model
+loads is :func:`draftsmith.runtime.preflight.check_before_loading`.
 
 Errors a user can fix are raised as :class:`DraftsmithError` (the CLI prints one line).
 """
@@ -14,14 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.contract import Collectives, ConfigError
-from draftsmith.drafters.checkpoint import check_checkpoint_dir
 from draftsmith.runtime.api import Decoder, load_decoder
 from draftsmith.runtime.config import (
     DrafterConfig,
     SpecConfig,
     TargetConfig,
     apply_overrides,
-    check_target_dir,
     read_config_file,
 )
 from draftsmith.runtime.inputs import check_prompt_texts
@@ -180,13 +179,6 @@ def read_prompts(path: str, limit: int | None) -> list[str]:
     return check_prompt_texts(prompts, what=f"{path}: prompt")
 
 
-def check_before_loading(config: SpecConfig) -> None:
-    """What the config names on disk, checked before the target or the drafter loads."""
-    check_target_dir(config.target.model)
-    if config.drafter.checkpoint is not None:
-        check_checkpoint_dir(config.drafter.checkpoint)
-
-
 def load(config: SpecConfig, collectives: Collectives | None = None) -> Decoder:
     """The decoder of ``config``, logging each loading stage to stderr (on rank 0 only under
     tensor parallelism; ``collectives``: the ``torchrun`` group or ``None``)."""
@@ -201,7 +193,6 @@ __all__ = [
     "SHIPPED_DRAFTERS",
     "add_model_arguments",
     "build_config",
-    "check_before_loading",
     "check_max_new_tokens_flag",
     "data_dir",
     "load",

@@ -13,7 +13,6 @@ from draftsmith.cli.common import (
     DATA_DIR_ENV,
     add_model_arguments,
     build_config,
-    check_before_loading,
     check_max_new_tokens_flag,
     data_dir,
     load,
@@ -22,7 +21,8 @@ from draftsmith.cli.common import (
 )
 from draftsmith.contract import ConfigError
 from draftsmith.drafters.checkpoint import check_output_dir
-from draftsmith.parallel import torchrun_group
+from draftsmith.parallel import launched_ranks, torchrun_group
+from draftsmith.runtime.preflight import check_before_loading
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,11 +51,11 @@ def eval_command(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {args.limit}")
     check_max_new_tokens_flag(args.max_new_tokens)
-    for path in files:  # fail on a bad file before any model is loaded
-        read_prompts(path, args.limit)
+    prompts = [p for path in files for p in read_prompts(path, args.limit)]
     check_output_dir(Path(args.out), "--out")
     config = build_config(args)
-    check_before_loading(config)
+    check_before_loading(config, ranks=launched_ranks(), max_new_tokens=args.max_new_tokens,
+                         prompts=prompts)
     with torchrun_group(config.target.device) as group:
         # under torchrun every rank decodes (each selection is collective); rank 0 reports
         if group is not None and group.rank != 0:

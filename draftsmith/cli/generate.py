@@ -15,15 +15,15 @@ from typing import Any, TextIO
 from draftsmith.cli.common import (
     add_model_arguments,
     build_config,
-    check_before_loading,
     check_max_new_tokens_flag,
     load,
     read_prompts,
 )
 from draftsmith.contract import ConfigError
-from draftsmith.parallel import torchrun_group
+from draftsmith.parallel import launched_ranks, torchrun_group
 from draftsmith.runtime.api import Decoder, GenerateReport
 from draftsmith.runtime.inputs import check_prompt_texts
+from draftsmith.runtime.preflight import check_before_loading
 
 
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +57,8 @@ def generate_command(args: argparse.Namespace) -> int:
             raise ConfigError("--prompt is empty; give it some text")
         prompts = check_prompt_texts([prompt], what="--prompt")
     config = build_config(args)
-    check_before_loading(config)
+    check_before_loading(config, ranks=launched_ranks(), max_new_tokens=args.max_new_tokens,
+                         prompts=prompts, chat=not args.raw)
     with torchrun_group(config.target.device) as group:
         # under torchrun every rank decodes (each selection is collective); rank 0 prints
         speaker = group is None or group.rank == 0

@@ -10,14 +10,17 @@ from pathlib import Path
 
 from draftsmith.cli.common import build_config
 from draftsmith.contract import ConfigError, DraftsmithError
-from draftsmith.runtime.bind import plan_only, target_info_from_config
 from draftsmith.runtime.config import SpecConfig
 from draftsmith.runtime.plan import format_plan
+from draftsmith.runtime.preflight import check_before_loading
 
 
 def config_validate_command(args: argparse.Namespace) -> int:
-    """Run ``draftsmith config validate FILE [--show]``."""
+    """Run ``draftsmith config validate FILE [--show]``: the file parses and validates, and
+    everything ``generate`` would check before loading a model passes (the config read as
+    ``generate`` reads it)."""
     config = SpecConfig.load(args.file)
+    check_before_loading(build_config(argparse.Namespace(config=args.file)))
     print(f"{args.file}: valid")
     if args.show:
         print(config.model_dump_json(indent=2))
@@ -53,10 +56,10 @@ def plan_command(config_path: str | Path, *, json_output: bool = False,
                                   "parallelism (--tp-size 1)")
             from draftsmith.runtime.api import load_decoder
 
+            check_before_loading(config, ranks=(1, 0))
             plan = load_decoder(config).spec.plan
         else:
-            plan = plan_only(config, target_info_from_config(config.target,
-                                                                config.parallel.tp_size))
+            plan = check_before_loading(config)
     except DraftsmithError as exc:
         print(f"draftsmith plan: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import sys
 from pathlib import Path
@@ -387,10 +388,21 @@ def _check_export_outside_run(export: Path, out: Path) -> None:
                           f"({out}); export to a directory of its own, e.g. {out / 'export'}")
 
 
+def _check_out_is_not_data(out: Path, data: list[Path]) -> None:
+    """The run directory must not be one of the datasets it reads: its checkpoints and config
+    would land among the shards."""
+    for directory in data:
+        if out.resolve() == directory.resolve():
+            raise ConfigError(f"--out {out} is the dataset directory --data {directory}; give the "
+                              "run a directory of its own, e.g. runs/NAME")
+
+
 def train_command(args: argparse.Namespace) -> int:
     """Train a drafter and print the final metrics as JSON."""
     from draftsmith.runtime.targets.smollm2 import load_target
     from draftsmith.training.data import read_dataset
+    from draftsmith.training.preflight import check_before_training
+    from draftsmith.training.run_state import STATE_FILE, state_directory
     from draftsmith.training.trainer import (
         calibrate_checkpoint,
         check_export_destination,
@@ -400,13 +412,20 @@ def train_command(args: argparse.Namespace) -> int:
 
     config = _train_config(args)
     target_spec = target_config(args)
+    if args.time_limit is not None and not (math.isfinite(args.time_limit)
+                                            and args.time_limit > 0):
+        raise ConfigError(f"--time-limit must be a positive number of seconds, got "
+                          f"{args.time_limit}")
     check_output_dir(args.out, "--out")
+    _check_out_is_not_data(args.out, args.data)
     if args.export is not None:
         _check_export_outside_run(args.export, args.out)
         check_export_destination(args.export, args.overwrite)
     data = list(args.data)  # read_dataset takes one directory or several
     read_dataset(data)  # a missing or corrupt dataset fails before the target loads
     check_target_dir(args.target)
+    resuming = not args.no_resume and (state_directory(args.out / "last") / STATE_FILE).is_file()
+    check_before_training(config, target_spec, resuming=resuming)
     target, _tokenizer = load_target(target_spec, log=_log)
     result = train(config, target.model, data, args.out, resume=not args.no_resume, log=_log,
                    time_limit_s=args.time_limit, target_graphs=not args.eager_target)

@@ -121,6 +121,9 @@ class DrafterCapabilities(BaseModel):
     """Largest position the drafter's RoPE table covers."""
     dtype: WeightDtype = "float32"
     """Weight dtype: the torch name ``float32``, ``bfloat16`` or ``float16`` (not ``bf16``)."""
+    num_parameters: int | None = Field(default=None, ge=0)
+    """Numbers the drafter's weights hold on this rank (``None``: not declared). With ``dtype``
+    they let the runtime estimate the memory a configuration needs before any weight loads."""
 
     @field_validator("dtype", mode="before")
     @classmethod

@@ -101,6 +101,12 @@ class DrafterFamily:
     """The capabilities of the drafter ``load`` builds for the same request, found without
     building or reading any weights (from the options, or the checkpoint's config and tensor
     headers): ``draftsmith plan`` plans from them. Required when ``load`` is set."""
+    check_checkpoint: Callable[[LoadRequest], None] | None = None
+    """Check ``request.checkpoint``'s files against its config as ``load`` would, on their
+    tensor headers alone (no weight read): a tensor missing, left over, in two files, of another
+    shape or dtype, a shard that does not parse. The plan calls it once the declared
+    capabilities fit the target (so a checkpoint made for another target is named as such),
+    before any model loads. ``None``: the files are checked only when the checkpoint loads."""
     distribution: str = "draftsmith"
     """Distribution that registered the family (filled in by the registry)."""
 

@@ -15,6 +15,10 @@ import contextlib
 import json
 import math
 import os
+import shutil
+import socket
+import stat
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, get_args
@@ -81,6 +85,71 @@ def save_tensors(tensors: Mapping[str, torch.Tensor], path: Path,
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+STAGING_MARKER = ".draftsmith-staging.json"
+"""Written first into every directory an export is built in (``.NAME.export-*`` beside its
+destination) and removed just before the directory is renamed into place: it names the
+process building it, so a later export can tell a directory a killed export left (and remove
+it) from one another export is still writing, and from anything draftsmith did not make."""
+
+
+def _process_start(pid: int) -> str | None:
+    """When process ``pid`` started (field 22 of ``/proc/PID/stat``), ``None`` when there is no
+    such process; ``""`` where ``/proc`` cannot tell (not Linux)."""
+    if not Path("/proc/self/stat").exists():
+        return ""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[19]  # fields after the command name; 22nd overall
+
+
+def make_staging_dir(destination: Path) -> Path:
+    """A new hidden directory beside ``destination`` to build an export in, marked with
+    :data:`STAGING_MARKER`; stale ones an earlier export left there are removed first
+    (:func:`remove_stale_staging`). Its mode is the umask's."""
+    destination = Path(destination)
+    remove_stale_staging(destination)
+    staging = destination.parent / f".{destination.name}.export-{uuid.uuid4().hex[:12]}"
+    staging.mkdir()
+    honour_umask(staging, directory=True)
+    owner = {"staging": staging.name, "host": socket.gethostname(), "pid": os.getpid(),
+             "started": _process_start(os.getpid())}
+    write_text_atomic(staging / STAGING_MARKER, json.dumps(owner) + "\n")
+    return staging
+
+
+def unmark_staging(staging: Path) -> None:
+    """Drop the marker of a finished staging directory just before it is renamed into place,
+    so the export holds only what it wrote."""
+    (Path(staging) / STAGING_MARKER).unlink(missing_ok=True)
+
+
+def remove_stale_staging(destination: Path) -> list[Path]:
+    """Remove the staging directories of exports to ``destination`` whose process is gone (an
+    export killed by SIGTERM or SIGKILL leaves one). A directory is removed only when it is
+    provably draftsmith's: it holds :data:`STAGING_MARKER` naming it, written on this host by a
+    process that no longer runs (its id is free, or now belongs to a process started at
+    another time). Returns the directories removed."""
+    destination = Path(destination)
+    removed = []
+    for staging in sorted(destination.parent.glob(f".{destination.name}.export-*")):
+        try:
+            owner = json.loads((staging / STAGING_MARKER).read_text(encoding="utf-8"))
+            mine = (owner["staging"] == staging.name and owner["host"] == socket.gethostname()
+                    and isinstance(owner["pid"], int))
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+            continue  # no readable marker: not provably draftsmith's
+        if staging.is_symlink() or not mine:
+            continue
+        started = _process_start(owner["pid"])
+        alive = started is not None and (started == "" or started == owner.get("started"))
+        if not alive:
+            shutil.rmtree(staging, ignore_errors=True)
+            removed.append(staging)
+    return removed
 
 
 def check_output_dir(path: Path, flag: str) -> None:
@@ -293,6 +362,43 @@ def check_readable(path: Path, what: str, error: type[Exception] = CheckpointErr
                     "file") from None
 
 
+def require_regular_file(path: Path, what: str, expected: str,
+                         error: type[Exception] = ConfigError) -> None:
+    """Refuse a ``path`` that is not a regular file, saying what it is instead: missing, a
+    directory, a FIFO (reading one waits for a writer), a device such as ``/dev/null``, a
+    socket. A symbolic link counts as what it points to.
+
+    :param what: how the message names the file (``config file``).
+    :param expected: what to give instead (``a TOML or JSON file``).
+    :raises error: ``<what> '<path>' is a FIFO (named pipe), not a regular file; give ...``.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise error(f"{what} {str(path)!r} does not exist") from None
+    except OSError as exc:
+        raise error(f"cannot read {what} {str(path)!r}: {exc.strerror or exc}; give "
+                    f"{expected}") from None
+    if stat.S_ISREG(mode):
+        return
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"))
+    kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+    raise error(f"{what} {str(path)!r} is {kind}, not a regular file; give {expected}")
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` for :func:`json.loads`: an object that names one key twice raises
+    ``ValueError`` (TOML refuses it too) instead of keeping the last value silently."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ValueError(f"key {key!r} appears twice in one object; keep one")
+        found[key] = value
+    return found
+
+
 def read_config(directory: Path) -> dict[str, Any]:
     """The parsed ``config.json`` of a checkpoint directory."""
     path = Path(directory) / CONFIG_FILE
@@ -301,10 +407,10 @@ def read_config(directory: Path) -> dict[str, Any]:
             check_readable(path, "checkpoint config")
         raise CheckpointError(f"{directory} has no {CONFIG_FILE}; pass a checkpoint directory")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=unique_keys)
     except UnicodeDecodeError as exc:
         raise CheckpointError(f"{path} is not UTF-8 text ({exc}); write it as UTF-8 JSON") from None
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, or a key named twice
         raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
     except RecursionError:
         raise CheckpointError(f"{path} nests objects or lists too deeply to be a checkpoint "
@@ -342,9 +448,9 @@ def _weight_files(directory: Path) -> list[Path]:
                               f"{exc.strerror or exc}; make it readable") from None
 
 
-def load_tensors(directory: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint's ``*.safetensors`` files (CPU), never a pickle."""
-    directory = Path(directory)
+def _weight_files_or_refuse(directory: Path) -> list[Path]:
+    """The checkpoint's ``*.safetensors`` files; :class:`CheckpointError` when it has none,
+    naming the pickles it holds instead (draftsmith never unpickles)."""
     files = _weight_files(directory)
     if not files:
         pickles = sorted(p.name for p in directory.glob("*.bin")) + sorted(
@@ -352,13 +458,27 @@ def load_tensors(directory: Path) -> dict[str, torch.Tensor]:
         )
         hint = f" (found {pickles}; convert them to safetensors)" if pickles else ""
         raise CheckpointError(f"{directory} holds no *.safetensors weights{hint}")
+    return files
+
+
+def _unreadable_shard(path: Path, exc: Exception) -> str:
+    """The message for a shard safetensors cannot parse (truncated, a header claiming more bytes
+    than the file holds, not safetensors at all), naming where a symbolic link leads."""
+    name = f"{path} (a link to {os.path.realpath(path)})" if path.is_symlink() else str(path)
+    return (f"cannot read {name}: {exc}; the file is damaged or not a safetensors file: "
+            "copy or export the checkpoint again")
+
+
+def load_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint's ``*.safetensors`` files (CPU), never a pickle."""
+    directory = Path(directory)
     tensors: dict[str, torch.Tensor] = {}
-    for path in files:
+    for path in _weight_files_or_refuse(directory):
         check_readable(path, "checkpoint shard")
         try:
             part = load_file(str(path), device="cpu")
         except Exception as exc:  # safetensors raises its own error types
-            raise CheckpointError(f"cannot read {path}: {exc}") from None
+            raise CheckpointError(_unreadable_shard(path, exc)) from None
         clash = tensors.keys() & part.keys()
         if clash:
             raise CheckpointError(f"tensor {sorted(clash)[0]!r} appears in two files of {directory}")
@@ -378,26 +498,34 @@ _SAFETENSORS_DTYPES = {
 """torch dtypes of the safetensors header's dtype names."""
 
 
-def tensor_dtypes(directory: Path) -> dict[str, torch.dtype]:
-    """Name -> dtype of every tensor of the checkpoint's ``*.safetensors`` files, read from the
-    file headers only (no tensor data): what can be known about the weights without reading
-    them."""
+def tensor_headers(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint's ``*.safetensors`` files as a tensor on the ``meta``
+    device: its name, shape and dtype read from the file headers only, no tensor data. What can
+    be known about the weights without reading them, checked as :func:`load_tensors` checks the
+    files: no safetensors at all, a shard that does not parse (truncated, a header or a tensor
+    claiming more bytes than the file holds), a dtype draftsmith cannot read, and one tensor in
+    two files are each a :class:`CheckpointError`. A :class:`TensorSource` over the result
+    checks names, shapes and dtypes as over the loaded tensors."""
     from safetensors import safe_open
 
     directory = Path(directory)
-    found: dict[str, torch.dtype] = {}
-    for path in _weight_files(directory):
+    found: dict[str, torch.Tensor] = {}
+    for path in _weight_files_or_refuse(directory):
         check_readable(path, "checkpoint shard")
         try:
             with safe_open(str(path), framework="pt") as handle:
-                names = {name: handle.get_slice(name).get_dtype() for name in handle.keys()}
+                names = {name: handle.get_slice(name) for name in handle.keys()}
+                headers = {name: (part.get_dtype(), part.get_shape())
+                           for name, part in names.items()}
         except Exception as exc:  # safetensors raises its own error types
-            raise CheckpointError(f"cannot read {path}: {exc}") from None
-        for name, kind in names.items():
+            raise CheckpointError(_unreadable_shard(path, exc)) from None
+        for name, (kind, shape) in headers.items():
             if kind not in _SAFETENSORS_DTYPES:
                 raise CheckpointError(f"{path}: tensor {name!r} is stored as {kind}, which "
                                       "draftsmith cannot read")
-            found[name] = _SAFETENSORS_DTYPES[kind]
+            if name in found:
+                raise CheckpointError(f"tensor {name!r} appears in two files of {directory}")
+            found[name] = torch.empty(shape, dtype=_SAFETENSORS_DTYPES[kind], device="meta")
     return found
 
 
@@ -435,7 +563,8 @@ class TensorSource:
     """Checked access to a checkpoint's tensors under canonical names and their aliases.
 
     ``take`` returns a tensor of exactly the expected shape or raises :class:`CheckpointError`
-    naming the tensor, the shape found and the shape expected.
+    naming the tensor, the shape found and the shape expected. Over :func:`tensor_headers`
+    (``meta`` tensors) every check but the one of the values runs before any weight is read.
     """
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], origin: str) -> None:
@@ -478,7 +607,7 @@ class TensorSource:
                 f"point ({', '.join(WEIGHT_DTYPES)} or float64): re-export the checkpoint with "
                 "float weights"
             )
-        if not bool(torch.isfinite(tensor).all()):
+        if not tensor.is_meta and not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())
             raise CheckpointError(
                 f"{self.origin}: tensor {found!r} holds {bad} NaN or infinite values; the "
@@ -554,6 +683,9 @@ __all__ = [
     "check_readable",
     "current_umask",
     "honour_umask",
+    "make_staging_dir",
+    "remove_stale_staging",
+    "unmark_staging",
     "save_tensors",
     "write_text_atomic",
     "CONFIG_FILE",
@@ -573,8 +705,10 @@ __all__ = [
     "load_tensors",
     "read_config",
     "require",
+    "require_regular_file",
     "shape_str",
-    "tensor_dtypes",
+    "tensor_headers",
     "truthy",
+    "unique_keys",
     "validate_target_layer_ids",
 ]

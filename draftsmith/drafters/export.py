@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -39,7 +38,14 @@ import torch
 from safetensors.torch import save_file
 
 from draftsmith.contract import BlockConvention, CheckpointError, ConfigError, LoadRequest
-from draftsmith.drafters.checkpoint import CONFIG_FILE, WEIGHTS_FILE, config_errors, read_config
+from draftsmith.drafters.checkpoint import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    config_errors,
+    make_staging_dir,
+    read_config,
+    unmark_staging,
+)
 from draftsmith.drafters.gqa import (
     DFLASH_ARCH,
     SPECULATORS_KINDS,
@@ -432,11 +438,11 @@ def export_checkpoint(source: Path, destination: Path, layout: str) -> ExportRes
     drafter = _load(source, family)
     built = _BUILDERS[layout](drafter, str(source))
     destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = destination.parent / f".{destination.name}.export-{uuid.uuid4().hex[:12]}"
-    staging.mkdir()
+    staging = make_staging_dir(destination)
     try:
         _write(staging, built)
         _verify(staging, family, drafter, built)
+        unmark_staging(staging)
         _publish(staging, destination)
     finally:
         if staging.exists():

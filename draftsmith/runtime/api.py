@@ -318,19 +318,8 @@ class Decoder:
         return f"draftsmith plain decoding (K = 0, same target path, {how})"
 
     def encode(self, prompt: str, chat: bool = True) -> list[int]:
-        """Token ids of ``prompt``: the chat template (first turn, generation prompt,
-        ``enable_thinking=False`` where the template knows it) when the tokenizer has one."""
-        if chat and getattr(self.tokenizer, "chat_template", None):
-            ids = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}],
-                add_generation_prompt=True,
-                tokenize=True,
-                enable_thinking=False,
-            )
-            if hasattr(ids, "keys"):
-                ids = ids["input_ids"]
-            return [int(i) for i in ids]
-        return [int(i) for i in self.tokenizer.encode(prompt)]
+        """Token ids of ``prompt`` (:func:`encode_text` with this decoder's tokenizer)."""
+        return encode_text(self.tokenizer, prompt, chat)
 
     def decode(self, tokens: Sequence[int]) -> str:
         """Text of ``tokens`` with special tokens skipped."""
@@ -423,6 +412,23 @@ class Decoder:
             draft_tokens_auto=spec.plan.draft_tokens_mode == "auto",
             speculation_off=off,
         )
+
+
+def encode_text(tokenizer: Any, prompt: str, chat: bool = True) -> list[int]:
+    """Token ids of ``prompt``: the chat template (first turn, generation prompt,
+    ``enable_thinking=False`` where the template knows it) when ``chat`` and the tokenizer has
+    one, else the plain encoding."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}],
+            add_generation_prompt=True,
+            tokenize=True,
+            enable_thinking=False,
+        )
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    return [int(i) for i in tokenizer.encode(prompt)]
 
 
 class RankDisagreementError(DraftsmithError):
@@ -578,6 +584,7 @@ __all__ = [
     "RankDisagreementError",
     "TextResult",
     "check_ranks_agree",
+    "encode_text",
     "load_decoder",
     "tokens_digest",
 ]

@@ -35,6 +35,7 @@ from draftsmith.runtime.acceptance import Acceptance
 from draftsmith.runtime.buckets import MIN_CONTEXT_BUCKET, bucket, row_buckets
 from draftsmith.runtime.buffers import DecoderBuffers
 from draftsmith.runtime.config import (
+    EMBEDDED_TARGET_NAMES,
     TARGET_DTYPES,
     SpecConfig,
     TargetConfig,
@@ -73,6 +74,14 @@ _KNOWN_CONFIGS = {
 """What ``target.layers`` reads of the named targets' configs."""
 
 
+def _known_name(model: str) -> str | None:
+    """The key of :data:`_KNOWN_TARGETS` that ``model`` names (every spelling of the embedded
+    target is ``smollm2-135m``), or ``None`` for a directory."""
+    if model in EMBEDDED_TARGET_NAMES:
+        return "smollm2-135m"
+    return model if model in _KNOWN_TARGETS else None
+
+
 def target_info_from_config(config: TargetConfig, tp_size: int = 1) -> TargetInfo:
     """Sizes of the configured target (a known name or a Hugging Face directory's config.json),
     the GEMM its linear layers will run on its configured dtype and device, and what will run
@@ -82,7 +91,8 @@ def target_info_from_config(config: TargetConfig, tp_size: int = 1) -> TargetInf
     dtype = TARGET_DTYPES[config.dtype]
     blocker = config_blocker(hf_config, config.split_layers and tp_size > 1)
     path, reason = choose_layer_path(config.layers, blocker, device)
-    info = _KNOWN_TARGETS.get(config.model) or _target_sizes(hf_config, config.model)
+    known = _known_name(config.model)
+    info = _KNOWN_TARGETS[known] if known is not None else _target_sizes(hf_config, config.model)
     return dataclasses.replace(info, dtype=dtype, gemm=gemm_choice(config.gemm, dtype, device),
                                layer_path=path, layer_path_reason=reason)
 
@@ -90,13 +100,14 @@ def target_info_from_config(config: TargetConfig, tp_size: int = 1) -> TargetInf
 def _hf_config(config: TargetConfig) -> dict:
     """The configured target's Hugging Face config as a dict (its ``text_config`` when it has
     one); a known name's stands in for the file."""
-    if config.model in _KNOWN_TARGETS:
-        return dict(_KNOWN_CONFIGS[config.model])
+    known = _known_name(config.model)
+    if known is not None:
+        return dict(_KNOWN_CONFIGS[known])
     path = Path(config.model) / "config.json"
-    if not path.is_file():
+    if not path.is_file():  # the words load_target uses
         raise ConfigError(
-            f"target.model {config.model!r} is neither a known name "
-            f"({', '.join(sorted(_KNOWN_TARGETS))}) nor a directory with a config.json"
+            f"target.model {config.model!r} is neither 'smollm2-135m' nor an existing directory "
+            "with a config.json; pass a local Hugging Face model directory"
         )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -107,6 +118,13 @@ def _hf_config(config: TargetConfig) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a JSON object (a Hugging Face config)")
     return data
+
+
+def target_position_limit(config: TargetConfig) -> int | None:
+    """The configured target's ``max_position_embeddings`` as its config states it (``None``
+    where it states none, or for a known name): the longest sequence it takes."""
+    limit = _hf_config(config).get("max_position_embeddings")
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) else None
 
 
 def _target_sizes(data: dict, model: str) -> TargetInfo:
@@ -285,23 +303,38 @@ def load_drafter(
     return family.load(request)
 
 
+def declared_capabilities(config: SpecConfig, target_info: TargetInfo,
+                          registry: Registry) -> DrafterCapabilities:
+    """What the configured family declares for the drafter ``config`` describes (from its
+    options, or its checkpoint's config and tensor headers), on one rank: no weight is built
+    or read. :class:`PlanError` for a family that declares nothing."""
+    family = _built_family(config, registry)
+    capabilities = _declared(family, _load_request(config, target_info, SingleRank()))
+    if capabilities is None:  # load_registry refuses this; a hand-made Registry may not
+        raise PlanError(f"drafter family {family.name!r} declares no capabilities(request), "
+                        "so its plan cannot be made without building it")
+    return capabilities
+
+
 def plan_only(
     config: SpecConfig, target_info: TargetInfo, *, registry: Registry | None = None,
     capabilities: DrafterCapabilities | None = None,
 ) -> DraftPlan:
     """The plan ``bind`` would make, without a target (for ``draftsmith plan``): the drafter's
-    capabilities are those its family declares, so no weight is built or read."""
+    capabilities are those its family declares, so no weight is built or read; a checkpoint's
+    files are checked on their tensor headers (``DrafterFamily.check_checkpoint``)."""
     mapping = config.parallel
     registry = registry if registry is not None else load_registry()
     selector = _build_selector(config, registry)
     _precheck(config, mapping, selector)
     if capabilities is None:
-        family = _built_family(config, registry)
-        capabilities = _declared(family, _load_request(config, target_info, SingleRank()))
-        if capabilities is None:  # load_registry refuses this; a hand-made Registry may not
-            raise PlanError(f"drafter family {family.name!r} declares no capabilities(request), "
-                            "so its plan cannot be made without building it")
+        capabilities = declared_capabilities(config, target_info, registry)
     check_fit(capabilities, target_info, _origin(config))
+    family = registry.family(config.drafter.family)
+    if config.drafter.checkpoint is not None and family.check_checkpoint is not None:
+        # the files, once the drafter they declare is known to fit: a checkpoint made for
+        # another target is named as such, not by the first tensor whose width follows it
+        family.check_checkpoint(_load_request(config, target_info, SingleRank()))
     device = _plan_device(config.target.device)
     return make_plan(_plan_inputs(config, mapping, device, selector, target_info.vocab_size,
                                   auto_k=auto_k_max(capabilities), drafter_built=False),
@@ -589,5 +622,6 @@ def verify_costs(target: TargetModel, drafter: Drafter, config: SpecConfig,
                        scheduled_rows=rows, rows_reason=why)
 
 
-__all__ = ["AUTO_K_MAX", "auto_k_max", "bind", "check_fit", "load_drafter", "measure_costs",
-           "plan_only", "target_info_from_config", "verify_costs"]
+__all__ = ["AUTO_K_MAX", "auto_k_max", "bind", "check_fit", "declared_capabilities",
+           "load_drafter", "measure_costs", "plan_only", "target_info_from_config",
+           "target_position_limit", "verify_costs"]

@@ -131,14 +131,13 @@ class DecoderBuffers:
         c, k, w = slot_capacity, num_draft_tokens, max(block_width, 1)
         pages_per_slot = -(-(max_ctx + w) // page_size)
         num_slots = c + 1
-        pool_shape = (entry.num_layers, num_slots * pages_per_slot, entry.planes, entry.heads,
-                      page_size, entry.width)
-        needed = math.prod(pool_shape) * pool_dtype.itemsize + 8 * (
-            num_slots * (pages_per_slot + 1) + c * (k + w + 3))
-        needed += c * (k + 1) * feature_width * feature_dtype.itemsize + 8 * c * (3 * k + 8)
-        if with_draft_probs:
-            needed += 4 * num_slots * k * vocab_size
-        _check_fits(needed, dev, slot_capacity=c, max_ctx=max_ctx, page_size=page_size)
+        pool_shape = _pool_shape(entry, num_slots * pages_per_slot, page_size)
+        needed = buffer_bytes(
+            slot_capacity=c, num_draft_tokens=k, block_width=block_width, vocab_size=vocab_size,
+            max_ctx=max_ctx, page_size=page_size, entry=entry, pool_dtype=pool_dtype,
+            with_draft_probs=with_draft_probs, feature_width=feature_width,
+            feature_dtype=feature_dtype)
+        check_buffers_fit(needed, dev, slot_capacity=c, max_ctx=max_ctx, page_size=page_size)
         zeros = lambda *shape: torch.zeros(shape, dtype=_I64, device=dev)  # noqa: E731
         try:
             return cls(
@@ -250,17 +249,42 @@ def available_bytes(device: torch.device) -> int | None:
     return None
 
 
-def _check_fits(needed: int, device: torch.device, *, slot_capacity: int, max_ctx: int,
-                page_size: int) -> None:
-    """Raise :class:`PlanError` before allocating buffers that cannot fit on ``device``, so a
-    typo in ``runtime.max_batch`` reads as a config problem instead of an allocator crash."""
+def _pool_shape(entry: ContextEntrySpec, pages: int, page_size: int) -> tuple[int, ...]:
+    return (entry.num_layers, pages, entry.planes, entry.heads, page_size, entry.width)
+
+
+def buffer_bytes(*, slot_capacity: int, num_draft_tokens: int, block_width: int,
+                 vocab_size: int, max_ctx: int, page_size: int, entry: ContextEntrySpec,
+                 pool_dtype: torch.dtype, with_draft_probs: bool, feature_width: int = 0,
+                 feature_dtype: torch.dtype = torch.float32) -> int:
+    """Bytes :meth:`DecoderBuffers.allocate` takes for these arguments (the paged pool and the
+    per-slot state), computed without allocating: what is checked against the device's memory
+    at bind, and before any model loads."""
+    c, k, w = slot_capacity, num_draft_tokens, max(block_width, 1)
+    pages_per_slot = -(-(max_ctx + w) // page_size)
+    num_slots = c + 1
+    pool = math.prod(_pool_shape(entry, num_slots * pages_per_slot, page_size))
+    needed = pool * pool_dtype.itemsize + 8 * (num_slots * (pages_per_slot + 1) + c * (k + w + 3))
+    needed += c * (k + 1) * feature_width * feature_dtype.itemsize + 8 * c * (3 * k + 8)
+    if with_draft_probs:
+        needed += 4 * num_slots * k * vocab_size
+    return needed
+
+
+def check_buffers_fit(needed: int, device: torch.device, *, slot_capacity: int, max_ctx: int,
+                      page_size: int, besides: tuple[int, str] | None = None) -> None:
+    """Raise :class:`PlanError` before allocating ``needed`` bytes of buffers that cannot fit on
+    ``device``, so a typo in ``runtime.max_batch`` reads as a config problem instead of an
+    allocator crash. ``besides``: bytes that must fit beside them, and what they are."""
     available = available_bytes(device)
-    if available is None or needed <= available:
+    other, what = besides if besides is not None else (0, "")
+    if available is None or needed + other <= available:
         return
     gib = 2**30
     where = "free on" if device.type == "cuda" else "of RAM on"
+    beside = f" beside {other / gib:.1f} GiB of {what}" if other else ""
     raise PlanError(
-        f"the decoder buffers need about {needed / gib:.1f} GiB for runtime.max_batch "
+        f"the decoder buffers need about {needed / gib:.1f} GiB{beside} for runtime.max_batch "
         f"{slot_capacity} with a context of {max_ctx} tokens (runtime.max_context) in pages of "
         f"{page_size}, but only "
         f"{available / gib:.1f} GiB are {where} {device}; lower runtime.max_batch or "
@@ -268,4 +292,5 @@ def _check_fits(needed: int, device: torch.device, *, slot_capacity: int, max_ct
     )
 
 
-__all__ = ["BucketView", "DecoderBuffers", "available_bytes"]
+__all__ = ["BucketView", "DecoderBuffers", "available_bytes", "buffer_bytes",
+           "check_buffers_fit"]

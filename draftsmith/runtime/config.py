@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from draftsmith.contract import ConfigError, ParallelMapping
+from draftsmith.drafters.checkpoint import require_regular_file, unique_keys
 from draftsmith.runtime.registry import Registry, load_registry
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
@@ -104,20 +105,29 @@ class DrafterConfig(_Strict):
         return _validate_part(family.options_model, raw)
 
 
+RUN_DEVICE_TYPES = ("cpu", "cuda")
+"""Device types draftsmith runs a target and a drafter on (``target.device``)."""
+
+
 def parse_device(name: str) -> torch.device | None:
     """The device a ``target.device`` string names (``None`` for ``auto``), checked for syntax
     only: a config written for a GPU host validates on a CPU host.
 
-    :raises ConfigError: when ``name`` is not a device string torch understands.
+    :raises ConfigError: when ``name`` is not a device string torch understands, or names a
+        device type draftsmith does not run on (``xla``, ``mps``, ``meta``...).
     """
     if name == "auto":
         return None
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except (RuntimeError, TypeError):
         raise ConfigError(
             f"target.device {name!r} is not a device; use auto, cpu or cuda[:N]"
         ) from None
+    if device.type not in RUN_DEVICE_TYPES:
+        raise ConfigError(f"target.device {name!r}: draftsmith runs on CPU and CUDA devices "
+                          "only; use auto, cpu or cuda[:N]")
+    return device
 
 
 def resolve_device(name: str) -> torch.device:
@@ -320,7 +330,10 @@ def _validate_part(model: type[BaseModel], raw: dict[str, Any], prefix: str = ""
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"{_SUBFIELD}{prefix}{loc}: {first['msg']}") from None
+        message = first["msg"].removeprefix("Value error, ")
+        if not prefix + loc:  # a rule over several keys: reported at the part itself
+            raise ValueError(message) from None
+        raise ValueError(f"{_SUBFIELD}{prefix}{loc}: {message}") from None
 
 
 _SUBFIELD = "\x1f"
@@ -339,10 +352,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     directory of the file, so a config names its checkpoint the same way from any working
     directory (command-line flags stay relative to the working directory)."""
     path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"config file {str(path)!r} is a directory; give a TOML or JSON file")
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+    require_regular_file(path, "config file", "a TOML or JSON file")
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -356,10 +366,10 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         ) from None
     try:
         if path.suffix == ".json":
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=unique_keys)
         else:
             data = tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError, TOMLDecodeError, or a JSON key named twice
         raise ConfigError(f"{path}: cannot parse: {exc}") from None
     except RecursionError:
         data = None  # refused just below, with the limit

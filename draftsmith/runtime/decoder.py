@@ -53,6 +53,7 @@ from draftsmith.runtime.buckets import (
 from draftsmith.runtime.buckets import bucket as _bucket
 from draftsmith.runtime.buffers import DecoderBuffers
 from draftsmith.runtime.graphs import CapturedCall
+from draftsmith.runtime.inputs import check_positions
 from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager, SlotManager
 from draftsmith.runtime.plan import DraftPlan
@@ -410,20 +411,8 @@ class SpecDecoder(RoundComputation):
             prompt = _token_ids(f"prompt {i}", prompt, vocab)
             if budgets[i] < 1:
                 raise ConfigError(f"max_new_tokens of prompt {i} must be >= 1")
-            need = len(prompt) + budgets[i] + self.plan.num_draft_tokens + 1
-            if target_limit is not None and need > target_limit:
-                raise ConfigError(
-                    f"prompt {i} ({len(prompt)} tokens) plus {budgets[i]} new tokens and a verify "
-                    f"block of {self.plan.num_draft_tokens + 1} needs {need} positions, more than "
-                    f"the target's max_position_embeddings {target_limit}; lower max_new_tokens "
-                    "or shorten it"
-                )
-            if need > self.plan.max_ctx:
-                raise ConfigError(
-                    f"prompt {i} ({len(prompt)} tokens) plus {budgets[i]} new tokens and a verify "
-                    f"block of {self.plan.num_draft_tokens + 1} needs {need} positions, more than "
-                    f"max_ctx {self.plan.max_ctx}; raise runtime.max_context or shorten it"
-                )
+            check_positions(f"prompt {i} ({len(prompt)} tokens)", len(prompt), budgets[i],
+                            self.plan.num_draft_tokens, self.plan.max_ctx, target_limit)
             out.append(_Request(i, prompt, budgets[i], stops[i], seed_list[i]))
         return out
 

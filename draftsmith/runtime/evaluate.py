@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from draftsmith.contract import ConfigError
-from draftsmith.drafters.checkpoint import write_text_atomic
+from draftsmith.drafters.checkpoint import require_regular_file, write_text_atomic
 from draftsmith.runtime.api import Decoder
 
 
@@ -41,10 +41,7 @@ def read_prompt_file(path: str | Path, limit: int | None = None) -> list[str]:
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {limit}")
     path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"prompt file {str(path)!r} is a directory; give a JSON-lines file")
-    if not path.is_file():
-        raise ConfigError(f"prompt file {str(path)!r} does not exist")
+    require_regular_file(path, "prompt file", "a JSON-lines file")
     prompts: list[str] = []
     try:
         with path.open(encoding="utf-8") as handle:

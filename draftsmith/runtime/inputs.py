@@ -28,6 +28,23 @@ def check_max_new_tokens(value: Any, prompts: int) -> None:
                               f"got {value!r}")
 
 
+def check_positions(what: str, prompt_tokens: int, max_new_tokens: int, num_draft_tokens: int,
+                    max_ctx: int, target_limit: int | None) -> None:
+    """A request fits its context: ``prompt_tokens`` plus ``max_new_tokens`` plus one verify
+    block (``K + 1``) past them is at most the target's ``target_limit`` positions (``None``:
+    unbounded) and the plan's ``max_ctx``. ``what`` names the request in the message (``prompt
+    3 (40 tokens)``). Checked by the decoder before admission, and before any model loads."""
+    need = prompt_tokens + max_new_tokens + num_draft_tokens + 1
+    head = (f"{what} plus {max_new_tokens} new tokens and a verify block of "
+            f"{num_draft_tokens + 1} needs {need} positions, more than")
+    if target_limit is not None and need > target_limit:
+        raise ConfigError(f"{head} the target's max_position_embeddings {target_limit}; lower "
+                          "max_new_tokens or shorten the prompt")
+    if need > max_ctx:
+        raise ConfigError(f"{head} max_ctx {max_ctx}; raise runtime.max_context, lower "
+                          "max_new_tokens or shorten the prompt")
+
+
 def check_prompt_texts(prompts: Any, what: str = "prompt") -> list[str]:
     """``prompts`` as a list of strings that encode as UTF-8.
 
@@ -97,4 +114,5 @@ def _token_id(value: Any, row: int, col: int, vocab_size: int) -> int:
     return token
 
 
-__all__ = ["check_max_new_tokens", "check_prompt_ids", "check_prompt_texts"]
+__all__ = ["check_max_new_tokens", "check_positions", "check_prompt_ids",
+           "check_prompt_texts"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -14,8 +13,9 @@ import torch
 from draftsmith.contract import ConfigError
 from draftsmith.drafters.checkpoint import (
     check_output_dir,
-    honour_umask,
+    make_staging_dir,
     save_tensors,
+    unmark_staging,
     write_text_atomic,
 )
 from draftsmith.training.data import pause_point
@@ -81,10 +81,8 @@ def export_checkpoint(
     check_export_destination(destination, overwrite)
     weights = read_tensors(source / "model.safetensors", source.parent)
     destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{destination.name}.export-",
-                                    dir=destination.parent))
+    staging = make_staging_dir(destination)
     try:
-        honour_umask(staging, directory=True)
         files = _write_export(weights, staging, dtype, max_file_bytes)
         config = json.loads((source / "config.json").read_text(encoding="utf-8"))
         config["torch_dtype"] = str(dtype).removeprefix("torch.")
@@ -94,6 +92,7 @@ def export_checkpoint(
             {"source": str(source), "dtype": config["torch_dtype"],
              "files": [*files, "config.json"]}, indent=2) + "\n")
         pause_point("export-staged")
+        unmark_staging(staging)
         _install_dir(staging, destination)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already when the export succeeded

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import BaseModel, ValidationError
 
-from draftsmith.contract import ConfigError, LoadRequest, TargetInfo
+from draftsmith.contract import ConfigError, DrafterFamily, LoadRequest, TargetInfo
 from draftsmith.drafters.calibration import fit_sts, sts_ece
 from draftsmith.drafters.checkpoint import write_text_atomic
 from draftsmith.drafters.gqa import GQADrafter
@@ -152,6 +153,21 @@ class TargetRunner:
 
 def build_drafter(config: TrainConfig, target: TargetInfo, device: torch.device) -> GQADrafter:
     """A randomly initialised drafter of ``config.family`` for ``target`` (fp32 master weights)."""
+    family, options = drafter_options(config)
+    assert family.load is not None
+    model = family.load(LoadRequest(options=options, target=target, device=device,
+                                    dtype=torch.float32, seed=config.seed))
+    if not isinstance(model, GQADrafter):
+        raise ConfigError(f"training supports GQA drafters; {config.family} built {type(model)}")
+    return model
+
+
+def drafter_options(config: TrainConfig) -> tuple[DrafterFamily, BaseModel]:
+    """``config.family`` and the options of the drafter a run of ``config`` trains.
+
+    :raises ConfigError: naming the ``--set`` field whose value the family's options refuse
+        (``head_dim = 3``: rotate-half RoPE needs an even width).
+    """
     family = load_registry().family(config.family)
     opts: dict[str, Any] = dict(
         num_layers=config.num_layers, num_heads=config.num_heads,
@@ -165,13 +181,13 @@ def build_drafter(config: TrainConfig, target: TargetInfo, device: torch.device)
                     confidence_head_with_markov=config.markov_rank > 0)
     else:
         opts.update(shift_label=config.block_convention == "shift")
-    options = family.options_model.model_validate(opts)
-    assert family.load is not None
-    model = family.load(LoadRequest(options=options, target=target, device=device,
-                                    dtype=torch.float32, seed=config.seed))
-    if not isinstance(model, GQADrafter):
-        raise ConfigError(f"training supports GQA drafters; {config.family} built {type(model)}")
-    return model
+    try:
+        return family, family.options_model.model_validate(opts)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"--set {field}: {message}" if field else f"--set: {message}") from None
 
 
 def split_dataset(sequences: list[TrainingSequence], config: TrainConfig

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.contract import ConfigError, DraftsmithError, LoadRequest, TargetInfo
+from draftsmith.contract import (
+    ConfigError,
+    DrafterFamily,
+    DraftsmithError,
+    LoadRequest,
+    TargetInfo,
+)
+from draftsmith.drafters.checkpoint import check_checkpoint_dir
 from draftsmith.drafters.gqa import GQADrafter
 from draftsmith.runtime.registry import load_registry
 
@@ -21,6 +28,35 @@ def _leading_slice(ours: torch.Tensor, theirs: torch.Tensor, extra: int) -> bool
     """``theirs`` fits as the leading columns of ``ours``, which is ``extra`` columns wider."""
     return (extra > 0 and ours.dim() == theirs.dim() == 2 and ours.shape[0] == theirs.shape[0]
             and ours.shape[1] == theirs.shape[1] + extra)
+
+
+def _request(family: DrafterFamily, checkpoint: Path, target: TargetInfo) -> LoadRequest:
+    """How a warm start asks ``family`` for ``checkpoint``'s drafter (fp32, on the CPU)."""
+    return LoadRequest(options=family.options_model(), checkpoint=Path(checkpoint),
+                       target=target, device=torch.device("cpu"), dtype=torch.float32)
+
+
+def check_init_from(checkpoint: Path, family: str, target: TargetInfo) -> None:
+    """What :func:`warm_start` would find wrong with ``checkpoint`` without reading a weight: it
+    is a checkpoint directory, and ``family`` declares a drafter for ``target`` from its config
+    and tensor headers. Run before the target loads.
+
+    :raises ConfigError: naming ``--init-from`` and what is wrong.
+    """
+    origin = f"--init-from {checkpoint}"
+    if not Path(checkpoint).is_dir():
+        raise ConfigError(f"{origin} is not a directory; give a {family} checkpoint directory "
+                          "(config.json and *.safetensors), e.g. a run's best/")
+    registered = load_registry().family(family)
+    assert registered.capabilities is not None
+    request = _request(registered, checkpoint, target)
+    try:
+        check_checkpoint_dir(checkpoint)
+        registered.capabilities(request)
+        if registered.check_checkpoint is not None:
+            registered.check_checkpoint(request)
+    except DraftsmithError as exc:
+        raise ConfigError(f"{origin}: not a {family} checkpoint for this target: {exc}") from None
 
 
 def warm_start(drafter: GQADrafter, checkpoint: Path, family: str, target: TargetInfo) -> None:
@@ -43,9 +79,7 @@ def warm_start(drafter: GQADrafter, checkpoint: Path, family: str, target: Targe
     assert registered.load is not None
     origin = f"--init-from {checkpoint}"
     try:
-        source = registered.load(LoadRequest(
-            options=registered.options_model(), checkpoint=Path(checkpoint), target=target,
-            device=torch.device("cpu"), dtype=torch.float32))
+        source = registered.load(_request(registered, checkpoint, target))
     except DraftsmithError as exc:
         raise ConfigError(f"{origin}: not a {family} checkpoint for this target: {exc}") from None
     if not isinstance(source, GQADrafter):
@@ -106,4 +140,4 @@ def warm_start(drafter: GQADrafter, checkpoint: Path, family: str, target: Targe
                 tensor.zero_()
 
 
-__all__ = ["warm_start"]
+__all__ = ["check_init_from", "warm_start"]

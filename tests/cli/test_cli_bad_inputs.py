@@ -1,36 +1,151 @@
 """Every subcommand over a table of bad inputs: exit status 2, exactly one line on stderr that names
-what to change, no traceback, and no model loaded (the loader is replaced by one that fails the
-test), so a bad input never costs the user a model load or a whole run."""
+what to change, no traceback, and no model loaded: every loader of a target or a drafter (and of
+a drafter's tensors) is replaced by one that counts the call and fails the test, so a bad input
+never costs the user a model load or a whole run. The device's memory is fixed at 16 GiB, so
+that what is refused for its size is refused on any host."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import struct
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from _tiny_models import make_byte_tokenizer
+from safetensors.torch import load_file, save_file
 
 from draftsmith.cli import main
 
 DEEP = "[" * 100_000 + "]" * 100_000
 """Nesting that overflows Python's recursion limit in any recursive parser."""
 
+MEMORY = 16 * 2**30
+"""What the device has, as far as the memory estimates made before loading know."""
+
+LOADERS = (
+    ("draftsmith.runtime.targets.smollm2", "load_target"),
+    ("draftsmith.runtime.targets.smollm2", "ensure_smollm2"),
+    ("draftsmith.runtime.targets.smollm2", "load_hf_target"),
+    ("draftsmith.runtime.targets.hf", "load_hf_target"),
+    ("draftsmith.runtime.targets.hf", "load_hf_model"),
+    ("draftsmith.runtime.bind", "load_drafter"),
+    ("draftsmith.runtime.api", "load_drafter"),
+    ("draftsmith.drafters.builtin.dspark_gqa", "load_gqa_drafter"),
+    ("draftsmith.drafters.builtin.dflash", "load_gqa_drafter"),
+    ("draftsmith.drafters.builtin.dspark_mla", "random_mla_tensors"),
+    ("draftsmith.drafters.export", "load_gqa_drafter"),
+    ("draftsmith.drafters.gqa.load", "load_tensors"),
+    ("draftsmith.drafters.mla.load", "load_tensors"),
+)
+"""Every function that loads a target, builds a drafter or reads a drafter's tensors, where its
+callers look it up."""
+
 
 class ModelLoaded(BaseException):
-    """Raised by the stand-in loader: a bad input must be refused before any model loads."""
+    """Raised by the stand-in loaders: a bad input must be refused before any model loads."""
 
 
 @pytest.fixture(autouse=True)
-def no_model_loads(monkeypatch: pytest.MonkeyPatch) -> None:
-    from draftsmith.runtime.targets import smollm2
+def loads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Calls of each loader of :data:`LOADERS` (each fails); the test asserts there were none.
+    Also fixes the device memory at :data:`MEMORY` and runs outside ``torchrun``."""
+    calls: Counter[str] = Counter()
+    for module_name, name in LOADERS:
+        module = importlib.import_module(module_name)
+        assert callable(getattr(module, name)), f"{module_name}.{name} is not a loader"
 
-    def refuse(*_args, **_kwargs):
-        raise ModelLoaded("a model was loaded for a bad input")
+        def refuse(*_args, _name=f"{module_name}.{name}", **_kwargs):
+            calls[_name] += 1
+            raise ModelLoaded(f"{_name} was called for a bad input")
 
-    monkeypatch.setattr(smollm2, "load_target", refuse)
-    monkeypatch.setattr(smollm2, "ensure_smollm2", refuse)
+        monkeypatch.setattr(module, name, refuse)
+    for module_name in ("draftsmith.runtime.preflight", "draftsmith.training.preflight"):
+        monkeypatch.setattr(importlib.import_module(module_name), "available_bytes",
+                            lambda _device: MEMORY)
+    for variable in ("WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(variable, raising=False)
+    return calls
+
+
+TINY_TARGET = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512,
+               "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6,
+               "num_attention_heads": 4, "num_key_value_heads": 2,
+               "max_position_embeddings": 2048, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+               "torch_dtype": "float32"}
+"""The config of ``{box}/fake_target``: what a target's sizes are read from before it loads."""
+
+
+def _bad_checkpoints(box: Path) -> None:
+    """``{box}/ckpt``, a dspark-gqa drafter for the fake target (block 7), and damaged copies
+    of it whose damage shows in their config and tensor headers."""
+    from draftsmith.contract import LoadRequest, TargetInfo
+    from draftsmith.drafters.builtin.dspark_gqa import DSparkGQAOptions
+    from draftsmith.drafters.gqa.load import load_gqa_drafter  # the original, not a stand-in
+
+    options = DSparkGQAOptions(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                               intermediate_size=64, block_size=7, markov_rank=8)
+    drafter = load_gqa_drafter(LoadRequest(options=options, target=TargetInfo(512, 64, 6)),
+                               "dspark-gqa")
+    drafter.save(box / "ckpt")
+    tensors = load_file(str(box / "ckpt" / "model.safetensors"))
+    good = json.loads((box / "ckpt" / "config.json").read_text())
+
+    def checkpoint(name: str, weights: dict | None = None, config: dict | None = None) -> Path:
+        directory = box / name
+        directory.mkdir()
+        (directory / "config.json").write_text(json.dumps(config or good))
+        if weights is not None:
+            save_file(weights, str(directory / "model.safetensors"))
+        return directory
+
+    checkpoint("ckpt_shape", {**tensors, "fc.weight": torch.zeros(3, 3)})
+    checkpoint("ckpt_dtype", {**tensors, "fc.weight": tensors["fc.weight"].to(torch.int32)})
+    checkpoint("ckpt_missing", {k: v for k, v in tensors.items() if k != "norm.weight"})
+    checkpoint("ckpt_extra", {**tensors, "extra.weight": torch.zeros(2)})
+    names = sorted(tensors)
+    dup = checkpoint("ckpt_dup")
+    save_file({k: tensors[k] for k in names[:3]}, str(dup / "a.safetensors"))
+    save_file({k: tensors[k] for k in names[2:]}, str(dup / "b.safetensors"))
+    data = (box / "ckpt" / "model.safetensors").read_bytes()
+    (checkpoint("ckpt_truncated") / "model.safetensors").write_bytes(data[: len(data) // 2])
+    # the first 8 bytes give the header's length: 2^62 of them
+    (checkpoint("ckpt_huge_header") / "model.safetensors").write_bytes(
+        struct.pack("<Q", 2**62) + data[8:])
+    length = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + length])
+    header["fc.weight"].update(shape=[2**31, 2**29], data_offsets=[0, 2**62])
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    (checkpoint("ckpt_huge_tensor") / "model.safetensors").write_bytes(
+        struct.pack("<Q", len(raw)) + raw + data[8 + length:])
+    torch.save(tensors, checkpoint("ckpt_pickle") / "pytorch_model.bin")
+    os.symlink(box / "file.txt", checkpoint("ckpt_link_out") / "model.safetensors")
+    checkpoint("ckpt_layer_types", tensors, {**good, "layer_types": ["full_attention"] * 3})
+    (checkpoint("ckpt_dup_key") / "config.json").write_text(
+        json.dumps(good)[:-1] + ', "num_hidden_layers": 3}')
+    save_file(tensors, str(box / "ckpt_dup_key" / "model.safetensors"))
+
+
+def _bad_configs(box: Path) -> None:
+    """Config files whose fault needs no model to show."""
+    target = f'[target]\nmodel = "{box}/fake_target"\n'
+    files = {
+        "heads.toml": '[drafter.options]\nnum_heads = 9\nnum_kv_heads = 4\n',
+        "head_dim.toml": '[drafter.options]\nhead_dim = 3\n',
+        "wide.toml": '[drafter.options]\nintermediate_size = 1000000000000\n',
+        "xla.toml": '[target]\ndevice = "xla"\n',
+        "tp2.toml": '[parallel]\ntp_size = 2\n',
+        "ckpt_shape.toml": f'{target}[drafter]\ncheckpoint = "ckpt_shape"\n',
+        "ckpt_pickle.toml": f'{target}[drafter]\ncheckpoint = "ckpt_pickle"\n',
+        "ckpt_k9.toml": f'num_draft_tokens = 9\n{target}[drafter]\ncheckpoint = "ckpt"\n',
+    }
+    for name, text in files.items():
+        (box / name).write_text(text)
+    (box / "dup.json").write_text('{"num_draft_tokens": 3, "num_draft_tokens": 5}')
 
 
 def _shard(directory: Path, tokens: list[int], offsets: list[int], prompt_lens: list[int]) -> None:
@@ -62,13 +177,20 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (box / "surrogate.jsonl").write_text('{"turns": ["hello \\udcff"]}\n')
     (box / "empty.jsonl").write_text("\n\n")
     (box / "good.jsonl").write_text('{"turns": ["What is 2 + 3?"]}\n')
-    # targets: a fake Hugging Face directory passes the up-front checks; the others fail them
-    for name, files in {"fake_target": ("config.json", "model.safetensors"),
+    # targets: a fake Hugging Face directory (a tiny Llama's config and a byte tokenizer, no
+    # weights) passes the up-front checks; the others fail them
+    for name, files in {"fake_target": ("model.safetensors",),
                         "pickle_target": ("config.json", "pytorch_model.bin"),
                         "no_config_target": ("model.safetensors",)}.items():
         (box / name).mkdir()
         for file in files:
             (box / name / file).write_text("{}")
+    (box / "fake_target" / "config.json").write_text(json.dumps(TINY_TARGET))
+    make_byte_tokenizer(TINY_TARGET["vocab_size"]).save_pretrained(str(box / "fake_target"))
+    _bad_checkpoints(box)
+    _bad_configs(box)
+    (box / "mega.jsonl").write_text(json.dumps({"turns": ["a" * 1_000_000]}) + "\n")
+    os.mkfifo(box / "fifo")
     # drafter checkpoints
     (box / "ckpt_loop").mkdir()
     os.symlink("config.json", box / "ckpt_loop" / "config.json")
@@ -199,6 +321,86 @@ CASES: list[tuple[list[str], str]] = [
     (["train", "--data", "{box}/data_negative", "--out", "{box}/r"], "negative token id -3"),
     (["train", "--data", "{box}/data_good", "--out", "{box}/r", "--target",
       "{box}/pickle_target"], "holds only pickled weights"),
+    # refused before the target loads (they were refused only after it): the checkpoint's
+    # tensor headers against its config
+    ([*GEN_CKPT, "--checkpoint", "{box}/ckpt_shape"],
+     "tensor 'fc.weight' has shape (3, 3), expected (64, 128)"),
+    ([*GEN_CKPT, "--checkpoint", "{box}/ckpt_dtype"], "tensor 'fc.weight' is stored as int32"),
+    ([*GEN_CKPT, "--checkpoint", "{box}/ckpt_missing"],
+     "tensor 'norm.weight' with shape (64) is missing"),
+    ([*GEN_CKPT, "--checkpoint", "{box}/ckpt_extra"],
+     "1 tensors are not used by the dspark-gqa drafter that config.json describes, e.g. "
+     "['extra.weight']"),
+    ([*GEN_CKPT, "--checkpoint", "{box}/ckpt_dup"], "appears in two files of {box}/ckpt_dup"),
+    ([*GEN_CKPT, "--checkpoint", "{box}/ckpt_truncated"],
+     "the file is damaged or not a safetensors file"),
+    ([*GEN_CKPT, "--checkpoint", "{box}/ckpt_huge_header"], "header too large"),
+    ([*GEN_CKPT, "--checkpoint", "{box}/ckpt_huge_tensor"],
+     "the file is damaged or not a safetensors file"),
+    ([*GEN_CKPT, "--checkpoint", "{box}/ckpt_pickle"],
+     "holds no *.safetensors weights (found ['pytorch_model.bin']"),
+    ([*GEN_CKPT, "--checkpoint", "{box}/ckpt_link_out"],
+     "{box}/ckpt_link_out/model.safetensors (a link to {box}/file.txt)"),
+    ([*GEN_CKPT, "--checkpoint", "{box}/ckpt_layer_types"],
+     "layer_types has 3 entries for 2 drafter layers"),
+    (["eval", "--data", "{box}/good.jsonl", "--target", "{box}/fake_target", "--checkpoint",
+      "{box}/ckpt_shape", "--out", "{box}/eval-out"], "tensor 'fc.weight' has shape (3, 3)"),
+    (["config", "validate", "{box}/ckpt_shape.toml"], "tensor 'fc.weight' has shape (3, 3)"),
+    (["plan", "--config", "{box}/ckpt_pickle.toml"], "holds no *.safetensors weights"),
+    # drafter options that cannot build
+    (["config", "validate", "{box}/heads.toml"],
+     "drafter.options: num_heads 9 must be a multiple of num_kv_heads 4"),
+    ([*GEN, "--config", "{box}/heads.toml"], "num_heads 9 must be a multiple of num_kv_heads 4"),
+    (["config", "validate", "{box}/head_dim.toml"],
+     "drafter.options.head_dim: Input should be a multiple of 2"),
+    ([*TRAIN, "--out", "{box}/r", "--set", "head_dim=3"],
+     "--set head_dim: Input should be a multiple of 2"),
+    ([*TRAIN, "--out", "{box}/r", "--set", "num_kv_heads=2"],
+     "num_heads 9 must be a multiple of num_kv_heads 2"),
+    # memory, estimated from the config
+    ([*GEN, "--max-batch", "100000"], "the decoder buffers need about"),
+    ([*TRAIN, "--out", "{box}/r", "--set", "block_size=1000"],
+     "a training step needs at least"),
+    (["config", "validate", "{box}/wide.toml"],
+     "lower the drafter's size options (drafter.options.intermediate_size = 1000000000000)"),
+    ([*GEN, "--config", "{box}/wide.toml"], "the drafter's weights need about"),
+    # the device, the context, the drafter's block, the processes
+    (["config", "validate", "{box}/xla.toml"], "runs on CPU and CUDA devices only"),
+    (["generate", "--target", "{box}/fake_target", "--random-drafter", "--config",
+      "{box}/xla.toml"], "runs on CPU and CUDA devices only"),
+    ([*GEN, "--prompt", "a" * 1_000_000],
+     "prompt 0 (1000019 tokens) plus 128 new tokens and a verify block of 8 needs 1000155 "
+     "positions, more than the target's max_position_embeddings 2048"),
+    ([*GEN, "--prompts", "{box}/mega.jsonl"], "prompt 0 (1000019 tokens)"),
+    ([*GEN, "--max-new-tokens", str(10**12)],
+     "plus 1000000000000 new tokens and a verify block of 8 needs 1000000000009 positions, "
+     "more than the target's max_position_embeddings 2048"),
+    ([*EVAL[:-1], "{box}/good.jsonl", "--max-new-tokens", str(10**12)],
+     "more than the target's max_position_embeddings 2048"),
+    ([*GEN_CKPT, "--checkpoint", "{box}/ckpt", "--num-draft-tokens", "9"],
+     "exceeds the drafter's trained_block_size 7; lower num_draft_tokens to at most 7"),
+    (["plan", "--config", "{box}/ckpt_k9.toml"], "exceeds the drafter's trained_block_size 7"),
+    ([*TRAIN, "--out", "{box}/r", "--init-from", "/nonexistent"],
+     "--init-from /nonexistent is not a directory"),
+    ([*TRAIN, "--out", "{box}/r", "--init-from", "{box}/ckpt_missing"],
+     "--init-from {box}/ckpt_missing: not a dspark-gqa checkpoint for this target"),
+    ([*GEN, "--config", "{box}/tp2.toml"],
+     "parallel.tp_size = 2 runs one process per rank, but this is a single process; start the "
+     "command with torchrun"),
+    # unclear or loose
+    (["config", "validate", "{box}/dup.json"], "key 'num_draft_tokens' appears twice"),
+    ([*GEN_CKPT, "--checkpoint", "{box}/ckpt_dup_key"], "key 'num_hidden_layers' appears twice"),
+    (["config", "validate", "{box}/fifo"], "'{box}/fifo' is a FIFO (named pipe), not a regular"),
+    (["config", "validate", "/dev/null"], "'/dev/null' is a character device, not a regular"),
+    ([*GEN, "--prompts", "{box}/fifo"], "prompt file '{box}/fifo' is a FIFO (named pipe)"),
+    ([*GEN, "--prompts", "/dev/null"], "prompt file '/dev/null' is a character device"),
+    (["eval", "--data", "/dev/null"], "prompt file '/dev/null' is a character device"),
+    ([*TRAIN, "--out", "{box}/r", "--time-limit", "-5"],
+     "--time-limit must be a positive number of seconds, got -5.0"),
+    ([*TRAIN, "--out", "{box}/r", "--time-limit", "nan"],
+     "--time-limit must be a positive number of seconds, got nan"),
+    ([*TRAIN, "--out", "{box}/data_good"],
+     "--out {box}/data_good is the dataset directory --data {box}/data_good"),
 ]
 
 
@@ -209,8 +411,10 @@ def _fill(args: list[str], box: Path) -> list[str]:
 @pytest.mark.parametrize(("argv", "expected"), CASES,
                          ids=[f"{c[0][0]}-{i}" for i, c in enumerate(CASES)])
 def test_a_bad_input_is_one_line_and_exit_2(box: Path, argv: list[str], expected: str,
+                                            loads: Counter[str],
                                             capsys: pytest.CaptureFixture[str]) -> None:
     code = main(_fill(argv, box))
+    assert not loads, f"loaded for a bad input: {dict(loads)}"
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert code == 2, err

@@ -427,3 +427,35 @@ def test_cli_export_writes(tmp_path):
     assert "wrote a deepspec-dspark checkpoint (dspark-gqa," in proc.stdout
     assert "note: embed_tokens.weight and lm_head.weight are not written" in proc.stdout
     assert _config(tmp_path / "out")["architectures"] == ["Qwen3DSparkModel"]
+
+
+def test_the_next_export_removes_what_a_killed_export_left_and_only_that(tmp_path):
+    """A staging directory is removed only when it is provably a dead export's: its marker names
+    it, this host, and a process that is gone (here: exited without cleaning up, as SIGKILL
+    leaves it) or whose id now belongs to a process started at another time. One still being
+    written, one of another host and one without draftsmith's marker stay."""
+    from draftsmith.drafters.checkpoint import STAGING_MARKER, make_staging_dir
+
+    _saved(tmp_path, "dflash")
+    out = tmp_path / "out"
+    code = ("import os, sys; from pathlib import Path; "
+            "from draftsmith.drafters.checkpoint import make_staging_dir; "
+            "print(make_staging_dir(Path(sys.argv[1]))); sys.stdout.flush(); os._exit(9)")
+    child = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    killed = Path(child.stdout.strip())
+    assert child.returncode == 9 and killed.is_dir(), child.stderr
+    live = make_staging_dir(out)  # this process: still writing
+    reused, elsewhere, foreign = (tmp_path / f".out.export-{n}" for n in ("r", "e", "f"))
+    for directory in (reused, elsewhere, foreign):
+        directory.mkdir()
+    marker = json.loads((live / STAGING_MARKER).read_text())
+    (reused / STAGING_MARKER).write_text(json.dumps({**marker, "staging": reused.name,
+                                                     "started": "0"}))
+    (elsewhere / STAGING_MARKER).write_text(json.dumps({**marker, "staging": elsewhere.name,
+                                                        "host": "another-host"}))
+    (foreign / "notes.txt").write_text("the user's\n")
+    export_checkpoint(tmp_path / "src", out, "zlab-dflash")
+    assert not killed.exists() and not reused.exists()
+    assert live.is_dir() and elsewhere.is_dir() and (foreign / "notes.txt").is_file()
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]

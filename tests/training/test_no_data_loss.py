@@ -320,3 +320,5 @@ def test_sigkill_during_an_export_keeps_the_previous_export(tiny_dir: Path, data
     assert _files(export) == before
     assert main(argv) == 0  # the export then completes, replacing only its own files
     assert json.loads((export / EXPORT_MANIFEST).read_text())["source"] == str(out / "best")
+    # and removes the staging directory the killed export left beside it
+    assert not list(tmp_path.glob(".export.export-*"))

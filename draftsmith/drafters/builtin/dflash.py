@@ -22,7 +22,7 @@ from draftsmith.contract import (
     TargetInfo,
 )
 from draftsmith.drafters.gqa import GQAArchitectureOptions, GQADrafter, load_gqa_drafter
-from draftsmith.drafters.gqa.capabilities import gqa_capabilities
+from draftsmith.drafters.gqa.capabilities import check_gqa_checkpoint, gqa_capabilities
 
 NAME = "dflash"
 
@@ -57,12 +57,18 @@ def load(request: LoadRequest) -> GQADrafter:
     return load_gqa_drafter(request, NAME)
 
 
+def check_checkpoint(request: LoadRequest) -> None:
+    """Check a ``dflash`` checkpoint's tensor headers as :func:`load` checks its tensors."""
+    check_gqa_checkpoint(request, NAME)
+
+
 FAMILY = DrafterFamily(
     name=NAME,
     summary="z-lab DFlash block drafter (bonus-silent block, KV injection from target layers)",
     load=load,
     options_model=DFlashOptions,
     capabilities=capabilities,
+    check_checkpoint=check_checkpoint,
 )
 
 

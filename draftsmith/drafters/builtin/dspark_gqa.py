@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Field, model_validator
 from draftsmith import hookimpl
 from draftsmith.contract import DrafterCapabilities, DrafterFamily, LoadRequest, Registrar
 from draftsmith.drafters.gqa import GQAArchitectureOptions, GQADrafter, load_gqa_drafter
-from draftsmith.drafters.gqa.capabilities import gqa_capabilities
+from draftsmith.drafters.gqa.capabilities import check_gqa_checkpoint, gqa_capabilities
 
 NAME = "dspark-gqa"
 
@@ -75,12 +75,18 @@ def load(request: LoadRequest) -> GQADrafter:
     return load_gqa_drafter(request, NAME)
 
 
+def check_checkpoint(request: LoadRequest) -> None:
+    """Check a ``dspark-gqa`` checkpoint's tensor headers as :func:`load` checks its tensors."""
+    check_gqa_checkpoint(request, NAME)
+
+
 FAMILY = DrafterFamily(
     name=NAME,
     summary="DSpark with GQA attention: shift convention, Markov head, confidence head",
     load=load,
     options_model=DSparkGQAOptions,
     capabilities=capabilities,
+    check_checkpoint=check_checkpoint,
 )
 
 

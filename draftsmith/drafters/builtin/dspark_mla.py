@@ -37,6 +37,7 @@ from draftsmith.drafters.mla import (
     default_tp_fusions,
     mla_config_from_json,
     random_mla_tensors,
+    read_mla_checkpoint,
 )
 
 
@@ -109,14 +110,16 @@ def load_dspark_mla(request: LoadRequest) -> DSparkMLADrafter:
 
 def dspark_mla_capabilities(request: LoadRequest) -> DrafterCapabilities:
     """The capabilities :func:`load_dspark_mla` declares for ``request``, from the options or
-    the checkpoint's ``config.json``: the drafter is built with its weights left as meta
-    placeholders, which it is until weights are assigned."""
+    the checkpoint's ``config.json`` (options set beside it must agree with it): the drafter is
+    built with its weights left as meta placeholders, which it is until weights are assigned."""
     options = _options(request)
     if request.checkpoint is not None:
         directory = Path(request.checkpoint)
         raw = read_config(directory)
         origin = str(directory / CONFIG_FILE)
         cfg = mla_config_from_json(raw, request.target, origin)
+        actual = {name: getattr(cfg, name) for name in MLAArchitecture.model_fields}
+        check_options_agree(options, actual, str(directory), skip={"tp_fusions"})
         dtype = request.dtype or config_dtype(raw, origin) or torch.float32
     else:
         cfg = _random_config(request, options)
@@ -126,12 +129,19 @@ def dspark_mla_capabilities(request: LoadRequest) -> DrafterCapabilities:
     return caps.model_copy(update={"dtype": str(dtype).removeprefix("torch.")})
 
 
+def check_dspark_mla_checkpoint(request: LoadRequest) -> None:
+    """Check ``request.checkpoint``'s tensor headers as loading checks its tensors."""
+    read_mla_checkpoint(Path(request.checkpoint), request.target,  # type: ignore[arg-type]
+                        headers_only=True)
+
+
 FAMILY = DrafterFamily(
     name=FAMILY_NAME,
     summary="DSpark with MLA attention: single-latent paged context, TP fusions",
     load=load_dspark_mla,
     options_model=DSparkMLAOptions,
     capabilities=dspark_mla_capabilities,
+    check_checkpoint=check_dspark_mla_checkpoint,
 )
 
 

@@ -133,26 +133,43 @@ def load_gqa_drafter(request: LoadRequest, family: str) -> GQADrafter:
         return _finish(model, request.device, request.dtype or target.dtype)
 
     directory = Path(request.checkpoint)
-    origin = str(directory)
     config = read_config(directory)
-    tensors = load_tensors(directory)
-    source = TensorSource(tensors, origin)
-    own_embedding = source.has("embed_tokens.weight")
-    spec = spec_from_config(config, family, own_embedding=own_embedding, target=target,
-                            origin=str(directory / CONFIG_FILE))
-    check_options_agree(request.options, _checkpoint_view(spec), origin)
-    _check_markov_tensors(source, spec)
+    source = TensorSource(load_tensors(directory), str(directory))
+    spec = checkpoint_spec(request, family, config, source)
     model = GQADrafter(spec, family, tp_rank, tp_size)
+    state = checked_state(source, spec, model, family)
+    dtype = request.dtype or checkpoint_dtype(config, state["fc.weight"], source.origin)
+    model.load_state_dict(state)
+    return _finish(model, request.device, dtype)
+
+
+def checkpoint_spec(request: LoadRequest, family: str, config: Mapping[str, Any],
+                    source: TensorSource) -> GQADrafterSpec:
+    """The architecture ``config`` (the checkpoint's ``config.json``) declares, checked against
+    the options set explicitly in ``request``."""
+    directory = Path(source.origin)
+    spec = spec_from_config(config, family, own_embedding=source.has("embed_tokens.weight"),
+                            target=request.target, origin=str(directory / CONFIG_FILE))
+    check_options_agree(request.options, _checkpoint_view(spec), source.origin)
+    return spec
+
+
+def checked_state(source: TensorSource, spec: GQADrafterSpec, model: GQADrafter,
+                  family: str) -> dict[str, torch.Tensor]:
+    """The state dict of ``model`` taken from ``source``: every tensor present with its shape and
+    a float dtype, no Markov tensor where ``spec`` has no head, nothing left over. Over the
+    checkpoint's tensor headers (``meta`` tensors) this checks the files before any weight is
+    read; over the loaded tensors it also checks their values."""
+    _check_markov_tensors(source, spec)
     state = {}
     for name, shape in _expected_shapes(spec, model).items():
         state[name] = source.take(_ALIASES.get(name, (name,)), shape)
     if source.has(*_IGNORED):
-        logger.info("%s: ignoring %s (the target's output head is used)", origin, _IGNORED)
+        logger.info("%s: ignoring %s (the target's output head is used)", source.origin,
+                    _IGNORED)
     source.ignore(*_IGNORED)
     _check_leftovers(source, spec, family)
-    dtype = request.dtype or checkpoint_dtype(config, state["fc.weight"], origin)
-    model.load_state_dict(state)
-    return _finish(model, request.device, dtype)
+    return state
 
 
 def _check_leftovers(source: TensorSource, spec: GQADrafterSpec, family: str) -> None:

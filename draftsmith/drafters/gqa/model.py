@@ -167,6 +167,7 @@ class GQADrafter(nn.Module):
             shares_target_lm_head=True,
             max_position_embeddings=s.max_position_embeddings,
             dtype=str(self.dtype).removeprefix("torch."),
+            num_parameters=sum(p.numel() for p in self.parameters()),
         )
 
     @property

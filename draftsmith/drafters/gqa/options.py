@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from draftsmith.contract import (
     ConfigError,
@@ -65,16 +65,21 @@ class GQAArchitectureOptions(BaseModel):
     init_std: float = Field(default=0.02, gt=0)
     """Standard deviation of the random weights (norm weights are ``1 + init_std * noise``)."""
 
+    @model_validator(mode="after")
+    def _buildable(self) -> GQAArchitectureOptions:
+        # no target or checkpoint changes this: refused when the config validates
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads {self.num_heads} must be a multiple of num_kv_heads "
+                f"{self.num_kv_heads} (each key/value head serves a group of query heads)")
+        return self
+
     def draft_fields(self) -> dict[str, Any]:
         """Family-specific keys for the drafter config section (overridden by families)."""
         return {}
 
     def to_config(self, target: TargetInfo, family: str) -> dict[str, Any]:
         """A checkpoint config describing these options for ``target``."""
-        if self.num_heads % self.num_kv_heads:
-            raise ConfigError(
-                f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}"
-            )
         if self.layer_types is not None and len(self.layer_types) != self.num_layers:
             raise ConfigError(
                 f"layer_types has {len(self.layer_types)} entries for num_layers {self.num_layers}"

@@ -21,6 +21,7 @@ from draftsmith.drafters.checkpoint import (
     config_dtype,
     load_tensors,
     read_config,
+    tensor_headers,
 )
 from draftsmith.drafters.mla.config import MLAConfig, mla_config_from_json, mla_tensor_shapes
 
@@ -64,7 +65,7 @@ def random_mla_tensors(cfg: MLAConfig, seed: int = 0) -> dict[str, torch.Tensor]
 
 
 def read_mla_checkpoint(
-    directory: Path, target: TargetInfo | None = None
+    directory: Path, target: TargetInfo | None = None, *, headers_only: bool = False,
 ) -> tuple[MLAConfig, dict[str, torch.Tensor], torch.dtype]:
     """Read and check a checkpoint: ``(config, full tensors under canonical names, dtype)``.
 
@@ -74,14 +75,16 @@ def read_mla_checkpoint(
     wrong shape; also when Markov or confidence tensors are present but the config disables
     those heads, or when tensors are left unused. ``target`` fills in what the config leaves out
     (``num_target_layers``, ``target_hidden_size``); whether the checkpoint fits it is bind's
-    check (``check_fit``).
+    check (``check_fit``). ``headers_only``: the same checks on the files' tensor headers, no
+    weight read (the tensors returned are on the ``meta`` device).
     """
     directory = Path(directory)
     raw = read_config(directory)
     origin = str(directory / CONFIG_FILE)
     cfg = mla_config_from_json(raw, target, origin)
     dtype = config_dtype(raw, origin) or torch.float32
-    tensors = {k.removeprefix("model."): t for k, t in load_tensors(directory).items()}
+    stored = tensor_headers(directory) if headers_only else load_tensors(directory)
+    tensors = {k.removeprefix("model."): t for k, t in stored.items()}
     source = TensorSource(tensors, str(directory))
     if source.has(*_IGNORED):
         logger.info("%s: ignoring %s (the target's output head is used)", directory, _IGNORED)

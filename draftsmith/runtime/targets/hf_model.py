@@ -95,11 +95,17 @@ def load_hf_model(directory: str, dtype: torch.dtype, device: torch.device | str
     except (OSError, ValueError, KeyError) as exc:
         raise ConfigError(f"cannot load a causal LM from {path}: {exc}") from None
     model.to(device)
+    return model, load_tokenizer(path)
+
+
+def load_tokenizer(directory: str | Path) -> Any:
+    """The tokenizer of a local Hugging Face model directory (alone: no weight is read, so
+    prompts can be measured before the model loads); :class:`ConfigError` when it has none."""
+    transformers = quiet_transformers()
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+        return transformers.AutoTokenizer.from_pretrained(str(directory))
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot load the tokenizer of {path}: {exc}") from None
-    return model, tokenizer
+        raise ConfigError(f"cannot load the tokenizer of {directory}: {exc}") from None
 
 
 def _layer_split_config(transformers: Any, path: Path, tp: int) -> Any:
@@ -142,4 +148,5 @@ def _input_embedding_name(transformers: Any, path: Path) -> str | None:
     return next((name for name, module in skeleton.named_modules() if module is embed), None)
 
 
-__all__ = ["check_supported", "load_hf_model", "quiet_transformers", "require_transformers"]
+__all__ = ["check_supported", "load_hf_model", "load_tokenizer", "quiet_transformers",
+           "require_transformers"]

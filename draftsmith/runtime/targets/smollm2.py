@@ -6,7 +6,8 @@ transformers' GGUF support, and saved as a plain Hugging Face directory (safeten
 tokenizer) in the user cache, ``$XDG_CACHE_HOME/draftsmith/smollm2-135m-instruct`` (or
 ``~/.cache/...``). Later runs load that directory in seconds.
 
-Must not import drafters or selection; ``transformers`` is imported lazily.
+Must not import selection or a drafter family (of ``drafters`` it uses only the file-mode helper
+of :mod:`draftsmith.drafters.checkpoint`); ``transformers`` is imported lazily.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 
 from draftsmith.contract import ConfigError
+from draftsmith.drafters.checkpoint import honour_umask
 from draftsmith.runtime.config import (
     EMBEDDED_TARGET_NAMES,
     TARGET_DTYPES,
@@ -96,6 +98,11 @@ def ensure_smollm2(log: Callable[[str], None] | None = None) -> Path:
         staging = tmp_path / CACHE_NAME
         _convert_gguf(gguf_dir, gguf_name, staging)
         (staging / _COMPLETE_MARKER).write_text(f"converted from {origin}\n")
+        # transformers saves through safetensors, which creates its files 0600 whatever the
+        # umask: give the converted files the modes a plain write would have had
+        honour_umask(staging, directory=True)
+        for path in staging.rglob("*"):
+            honour_umask(path, directory=path.is_dir())
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)

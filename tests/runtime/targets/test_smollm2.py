@@ -3,6 +3,7 @@ converted SmolLM2-135M-Instruct itself when it is in the cache (``make demo`` cr
 
 from __future__ import annotations
 
+import os
 import zipfile
 
 import pytest
@@ -61,6 +62,34 @@ def test_failed_download_says_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp_pa
     with pytest.raises(DraftsmithError, match="network is unreachable.*--target"):
         smollm2.ensure_smollm2()
     assert not smollm2_available()
+
+
+def test_the_converted_target_has_the_modes_the_umask_gives(monkeypatch: pytest.MonkeyPatch,
+                                                            tmp_path) -> None:
+    """transformers saves through safetensors, which creates model.safetensors 0600: the
+    converted directory must still be readable by other users under umask 022
+    (docs/input-rules.md), like every file draftsmith writes."""
+    from _tiny_models import make_byte_tokenizer, make_tiny_causal_lm
+
+    def convert(_gguf_dir, _gguf_name, out_dir):  # what _convert_gguf saves, from a tiny model
+        out_dir.mkdir(parents=True)
+        make_tiny_causal_lm(num_layers=1).save_pretrained(str(out_dir))
+        make_byte_tokenizer().save_pretrained(str(out_dir))
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv(smollm2.GGUF_ENV, str(gguf))
+    monkeypatch.setattr(smollm2, "_convert_gguf", convert)
+    mask = os.umask(0o022)
+    try:
+        directory = smollm2.ensure_smollm2()
+    finally:
+        os.umask(mask)
+    paths = [directory, *directory.rglob("*")]
+    assert (directory / "model.safetensors") in paths
+    modes = {p: p.stat().st_mode & 0o777 for p in paths}
+    assert modes == {p: 0o755 if p.is_dir() else 0o644 for p in paths}
 
 
 def test_load_target_rejects_a_missing_directory(tmp_path) -> None:
