@@ -158,7 +158,10 @@ def _selection(current: dict[str, Any], args: argparse.Namespace) -> dict[str, A
     given = {k: v for k, v in flags.items() if v is not None}
     if given and current.get("kind", "greedy") == "greedy":
         names = ", ".join("--" + k.replace("_", "-") for k in given)
-        raise ConfigError(f"{names} apply to sampling; add --temperature >= 1e-5")
+        verb = "applies" if len(given) == 1 else "apply"
+        raise ConfigError(f"{names} {verb} only to sampling, and selection is greedy (temperature "
+                          "0, the default); add --temperature T with T >= 1e-5 to sample "
+                          "(T = 1 samples the model's own distribution)")
     current.update(given)
     return current
 

@@ -163,6 +163,7 @@ def format_summary(report: GenerateReport) -> str:
     mode = "greedy" if report.greedy else "sampling"
     lines = [
         f"--- summary: {report.family}, K = {report.num_draft_tokens}, {mode} ---",
+        f"selection: {report.selection}",
         f"prompts {len(report.results)}   tokens generated {report.num_tokens}   "
         f"verify rounds {rounds}",
         f"accepted length per round (bonus included): mean {report.mean_accepted_length:.2f}",

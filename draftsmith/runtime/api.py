@@ -47,6 +47,7 @@ from draftsmith.runtime.costs import AcceptanceEstimate, AcceptanceTally, choose
 from draftsmith.runtime.decoder import GenerationResult, SpecDecoder
 from draftsmith.runtime.head_layout import vocab_shard_range
 from draftsmith.runtime.inputs import check_max_new_tokens, check_prompt_ids, check_prompt_texts
+from draftsmith.runtime.plan import describe_selection
 from draftsmith.runtime.registry import load_registry
 from draftsmith.runtime.targets.hf import HFTarget
 
@@ -163,6 +164,9 @@ class GenerateReport:
     speculation_off: bool = False
     """``K = 0`` (chosen or configured): the speculative run was plain decoding, so it ran
     once and its time stands for both."""
+    selection: str = ""
+    """The selection in words (:func:`~draftsmith.runtime.plan.describe_selection`): greedy, or
+    the temperature, top-k, top-p and acceptance rule of sampling."""
 
     @property
     def num_tokens(self) -> int:
@@ -225,6 +229,7 @@ class GenerateReport:
             "draft_tokens_reason": self.draft_tokens_reason,
             "draft_tokens_auto": self.draft_tokens_auto,
             "speculation_off": self.speculation_off,
+            "selection": self.selection,
             "exact": self.exact,
             "results": [
                 {
@@ -422,6 +427,7 @@ class Decoder:
                 spec.plan.decision("num_draft_tokens").reason),
             draft_tokens_auto=spec.plan.draft_tokens_mode == "auto",
             speculation_off=off,
+            selection=describe_selection(spec.selector.capabilities),
         )
 
 

@@ -122,7 +122,7 @@ CASES: list[tuple[list[str], str]] = [
     ([*GEN, "--prompts", "{box}/empty.jsonl"], "holds no prompts"),
     ([*GEN, "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     ([*GEN, "--config", "{box}/deep.toml"], "nest more than 32 levels"),
-    ([*GEN, "--top-p", "0.5"], "--top-p apply to sampling"),
+    ([*GEN, "--top-p", "0.5"], "--top-p applies only to sampling, and selection is greedy"),
     ([*GEN, "--temperature", "0.7", "--top-p", "nan"], "top_p is nan"),
     ([*GEN, "--temperature", "-1"], "--temperature must be >= 0"),
     ([*GEN_CKPT, "--checkpoint", ""], "drafter.checkpoint: is empty"),

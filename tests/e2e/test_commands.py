@@ -35,6 +35,7 @@ def test_generate_streams_text_and_prints_the_summary(capsys, tiny_dir) -> None:
                           "10", *_base(tiny_dir))
     assert code == 0, err
     assert "--- summary: dspark-gqa, K = 3, greedy ---" in out
+    assert "\nselection: greedy: argmax, strict acceptance\n" in out
     assert "tokens generated 10" in out
     assert "accepted length per round (bonus included): mean" in out
     assert "   plain " in out and "tokens/s: speculative" in out
@@ -67,6 +68,8 @@ def test_generate_with_sampling_options(capsys, tiny_dir) -> None:
     assert code == 0, err
     report = json.loads(out)
     assert report["greedy"] is False and report["exact"] is None
+    # the summary names the temperature, both filters and the acceptance rule
+    assert report["selection"] == "sample: T = 0.8, top-k = 20, top-p off, acceptance = rejection"
     assert len(report["results"][0]["tokens"]) == 5
     # plain greedy ran (for its tokens/s), but a sampled result claims no exactness either
     assert report["plain_seconds"] is not None
@@ -138,7 +141,7 @@ def _random_checkpoint(path: Path, vocab: int, hidden: int) -> Path:
     [
         (["--target", "/nonexistent/model"], "neither 'smollm2-135m' nor an existing directory"),
         (["--checkpoint", "/nonexistent/ckpt"], "is not a directory"),
-        (["--top-k", "5"], "--top-k apply to sampling; add --temperature >= 1e-5"),
+        (["--top-k", "5"], "--top-k applies only to sampling, and selection is greedy"),
         (["--drafter", "nope"], "unknown drafter family 'nope'"),
     ],
 )
