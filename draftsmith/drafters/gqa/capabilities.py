@@ -14,12 +14,13 @@ import torch
 from draftsmith.contract import DrafterCapabilities, LoadRequest
 from draftsmith.drafters.checkpoint import CONFIG_FILE, read_config, tensor_dtypes
 from draftsmith.drafters.gqa.config import spec_from_config
-from draftsmith.drafters.gqa.load import checkpoint_dtype, random_spec
+from draftsmith.drafters.gqa.load import check_gqa_family, checkpoint_dtype, random_spec
 from draftsmith.drafters.gqa.model import GQADrafter
 
 
 def gqa_capabilities(request: LoadRequest, family: str) -> DrafterCapabilities:
     """What ``load_gqa_drafter(request, family)`` declares, found without weights."""
+    check_gqa_family(family)
     collectives = request.collectives
     target = request.target
     if request.checkpoint is None:
