@@ -42,13 +42,14 @@ from draftsmith.contract import (
 from draftsmith.parallel import active_collectives
 from draftsmith.runtime.bind import bind, load_drafter
 from draftsmith.runtime.buckets import bucket, row_buckets
-from draftsmith.runtime.config import SpecConfig, parse_device
+from draftsmith.runtime.config import SpecConfig, parse_device, read_config_file
 from draftsmith.runtime.costs import AcceptanceEstimate, AcceptanceTally, choose_draft_tokens
 from draftsmith.runtime.decoder import GenerationResult, SpecDecoder
 from draftsmith.runtime.head_layout import vocab_shard_range
 from draftsmith.runtime.inputs import check_max_new_tokens, check_prompt_ids, check_prompt_texts
 from draftsmith.runtime.plan import describe_selection
 from draftsmith.runtime.registry import load_registry
+from draftsmith.runtime.shipped import settle_drafter
 from draftsmith.runtime.targets.hf import HFTarget
 
 ProgressFn = Callable[[list[list[int]]], None]
@@ -477,6 +478,7 @@ def _stop_ids(tokenizer: Any, target: HFTarget) -> tuple[int, ...]:
 def load_decoder(
     config: SpecConfig | str | Path | None = None,
     *,
+    random_drafter: bool = False,
     target: HFTarget | None = None,
     tokenizer: Any = None,
     log: Callable[[str], None] | None = None,
@@ -491,8 +493,12 @@ def load_decoder(
     and the plan says so), the drafter is loaded with the group, and every generation checks
     that all ranks emitted the same tokens.
 
-    :param config: a :class:`SpecConfig`, a TOML/JSON config path, or ``None`` for the defaults
-        (SmolLM2-135M-Instruct target, random-weight ``dspark-gqa`` drafter, greedy).
+    :param config: a TOML/JSON config path, or ``None`` for the defaults, read as ``draftsmith
+        generate --config`` reads it: without a ``drafter.checkpoint``, the family's shipped
+        drafter for the embedded target (``None``: SmolLM2-135M-Instruct in fp32 with the
+        shipped bf16 ``dspark-gqa`` drafter, greedy, ``K = 7``), and an error where there is
+        none; or a :class:`SpecConfig`, taken as it is (no checkpoint: random weights).
+    :param random_drafter: build the drafter with random weights (``--random-drafter``).
     :param target: an already built target (with ``tokenizer``) instead of ``config.target``.
     :param log: called with one line per loading stage.
     :param collectives: the tensor-parallel group (``None``: torch.distributed's, if started
@@ -501,10 +507,12 @@ def load_decoder(
         or an impossible plan; the message says what to change.
     """
     registry = load_registry()  # one registry: config validation and bind share its hooks
-    if config is None:
-        config = SpecConfig.from_dict({}, registry)
-    elif not isinstance(config, SpecConfig):
-        config = SpecConfig.load(config, registry=registry)
+    if not isinstance(config, SpecConfig):  # read as `draftsmith generate --config` reads it
+        data = read_config_file(config) if config is not None else {}
+        config = settle_drafter(SpecConfig.from_dict(data, registry),
+                                random_drafter=random_drafter)
+    elif random_drafter:
+        config = settle_drafter(config, random_drafter=True)
     say = log or (lambda _m: None)
     collectives = collectives if collectives is not None else active_collectives()
     collectives = collectives if collectives is not None else SingleRank()
@@ -532,8 +540,7 @@ def load_decoder(
     say(f"loading drafter {config.drafter.family} from {source}"
         + (" (K = 0: it never runs)" if config.num_draft_tokens == 0 else ""))
     if config.drafter.checkpoint is None and config.num_draft_tokens != 0:
-        say("  untrained: it will accept next to nothing; for the smollm2-135m target pass "
-            "--checkpoint draftsmith/checkpoints/smollm2-135m-dspark-gqa (trained dspark-gqa)")
+        say("  untrained: it will accept next to nothing")
     if config.drafter.checkpoint is not None and not Path(config.drafter.checkpoint).is_dir():
         raise CheckpointError(
             f"drafter checkpoint {str(config.drafter.checkpoint)!r} is not a directory; pass a "

@@ -231,9 +231,9 @@ def describe_selection(selector: SelectorCapabilities) -> str:
     if selector.greedy:
         return f"{selector.kind}: argmax, strict acceptance"
     words = [f"T = {selector.temperature}" if selector.temperature > 0 else "no temperature"]
-    words += selector.filters
-    words += [f"{name} off" for name in ("top-k", "top-p")
-              if not any(f.startswith(name) for f in selector.filters)]
+    for name in ("top-k", "top-p"):
+        words += [f for f in selector.filters if f.startswith(name)] or [f"{name} off"]
+    words += [f for f in selector.filters if not f.startswith(("top-k", "top-p"))]
     return f"{selector.kind}: {', '.join(words)}, acceptance = {selector.acceptance}"
 
 

@@ -150,7 +150,7 @@ CASES: list[tuple[list[str], str]] = [
     (["eval", "--data", "{box}/good.jsonl", "--checkpoint", "{box}/ckpt_loop", "--out",
       "{box}/eval-out"], "Too many levels of symbolic links"),
     (["eval", "--data", "{box}/good.jsonl", "--target", "{box}/pickle_target", "--out",
-      "{box}/eval-out"], "holds only pickled weights"),
+      "{box}/eval-out", "--random-drafter"], "holds only pickled weights"),
     # train-data
     ([*DATA, "--out", "{box}/d1", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     ([*DATA, "--out", "{box}/d1", "--count", "0"], "--count must be >= 1"),
