@@ -6,13 +6,13 @@ checkpoint or on random weights asked for, and refuses it otherwise."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from _fake_plugin import docs_example, install_acme
 from _tiny_models import save_tiny_model
 
 import draftsmith
@@ -28,29 +28,7 @@ from draftsmith.drafters.derived import derive_family
 from draftsmith.drafters.gqa import load_gqa_drafter
 from draftsmith.runtime.registry import LOAD_PLUGINS_ENV, load_registry, make_plugin_manager
 
-DOC = Path(__file__).parents[2] / "docs" / "plugins.md"
 TARGET = TargetInfo(vocab_size=64, hidden_size=32, num_layers=8)
-
-
-def _example() -> tuple[str, str]:
-    """The plugin module and the conformance test of docs/plugins.md section 7."""
-    text = DOC.read_text(encoding="utf-8")
-    section = text[text.index("## 7. A family built on a built-in one"):]
-    plugin, test = re.findall(r"```python\n(.*?)```", section, re.S)[:2]
-    return plugin, test
-
-
-def install_acme(site: Path) -> None:
-    """The docs' plugin as the installed distribution ``acme-drafters`` (entry point ``acme``)."""
-    plugin, _ = _example()
-    package = site / "acme_drafters"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "plugin.py").write_text(plugin)
-    info = site / "acme_drafters-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-drafters\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text("[draftsmith]\nacme = acme_drafters.plugin\n")
 
 
 @pytest.fixture
@@ -66,7 +44,7 @@ def acme(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_the_example_is_about_thirty_lines() -> None:
-    plugin, test = _example()
+    plugin, test = docs_example()
     assert len(plugin.splitlines()) + len(test.splitlines()) <= 45
 
 
@@ -84,7 +62,7 @@ def test_the_example_registers_a_family_of_its_distribution(acme: Path) -> None:
 def test_the_examples_own_conformance_test_passes(acme: Path, tmp_path: Path) -> None:
     """The docs' test module, run by pytest as the plugin's author would run it: all seven
     checks of the kit, the tensor-parallel one on two gloo ranks included."""
-    _, test = _example()
+    _, test = docs_example()
     tests = tmp_path / "acme_tests"
     tests.mkdir()
     (tests / "test_acme.py").write_text(test)
