@@ -9,11 +9,11 @@ rounds are), and reports text, the accepted length of every round, timings, toke
 for both, and exactness against plain decoding when selection is greedy. Both decoders are
 prepared (cache sized, rounds captured) before anything is timed.
 
-Example::
+Example (the README's; a config path, or nothing for ``draftsmith generate``'s defaults)::
 
     from draftsmith.runtime.api import load_decoder
 
-    decoder = load_decoder("spec.toml")          # or a SpecConfig, or None for the defaults
+    decoder = load_decoder()                     # or load_decoder("spec.toml")
     report = decoder.generate(["What is 2 + 3?"], max_new_tokens=64)
     print(report.results[0].text, report.mean_accepted_length, report.exact)
 """
@@ -48,7 +48,7 @@ from draftsmith.runtime.decoder import GenerationResult, SpecDecoder
 from draftsmith.runtime.head_layout import vocab_shard_range
 from draftsmith.runtime.inputs import check_max_new_tokens, check_prompt_ids, check_prompt_texts
 from draftsmith.runtime.plan import describe_selection
-from draftsmith.runtime.registry import load_registry
+from draftsmith.runtime.registry import Registry, load_registry
 from draftsmith.runtime.shipped import settle_drafter
 from draftsmith.runtime.targets.hf import HFTarget
 
@@ -475,6 +475,26 @@ def _stop_ids(tokenizer: Any, target: HFTarget) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+def decoder_config(
+    config: SpecConfig | str | Path | None = None,
+    *,
+    random_drafter: bool = False,
+    registry: Registry | None = None,
+) -> SpecConfig:
+    """The config :func:`load_decoder` runs for these arguments, found without loading anything.
+
+    A path, or ``None`` for the defaults, is read as ``draftsmith generate --config`` reads it
+    (the same rule, :func:`~draftsmith.runtime.shipped.settle_drafter`): without a
+    ``drafter.checkpoint``, the family's shipped drafter for the embedded target, or an error
+    where there is none. A :class:`SpecConfig` is taken as it is (no checkpoint: random weights).
+    ``random_drafter`` builds random weights in either case.
+    """
+    if not isinstance(config, SpecConfig):
+        data = read_config_file(config) if config is not None else {}
+        return settle_drafter(SpecConfig.from_dict(data, registry), random_drafter=random_drafter)
+    return settle_drafter(config, random_drafter=True) if random_drafter else config
+
+
 def load_decoder(
     config: SpecConfig | str | Path | None = None,
     *,
@@ -494,10 +514,10 @@ def load_decoder(
     that all ranks emitted the same tokens.
 
     :param config: a TOML/JSON config path, or ``None`` for the defaults, read as ``draftsmith
-        generate --config`` reads it: without a ``drafter.checkpoint``, the family's shipped
-        drafter for the embedded target (``None``: SmolLM2-135M-Instruct in fp32 with the
-        shipped bf16 ``dspark-gqa`` drafter, greedy, ``K = 7``), and an error where there is
-        none; or a :class:`SpecConfig`, taken as it is (no checkpoint: random weights).
+        generate --config`` reads it (:func:`decoder_config`; ``None``: SmolLM2-135M-Instruct in
+        fp32 with the shipped bf16 ``dspark-gqa`` drafter, greedy, ``K = 7``, as ``draftsmith
+        generate`` runs); or a :class:`SpecConfig`, taken as it is (no checkpoint: random
+        weights).
     :param random_drafter: build the drafter with random weights (``--random-drafter``).
     :param target: an already built target (with ``tokenizer``) instead of ``config.target``.
     :param log: called with one line per loading stage.
@@ -507,12 +527,7 @@ def load_decoder(
         or an impossible plan; the message says what to change.
     """
     registry = load_registry()  # one registry: config validation and bind share its hooks
-    if not isinstance(config, SpecConfig):  # read as `draftsmith generate --config` reads it
-        data = read_config_file(config) if config is not None else {}
-        config = settle_drafter(SpecConfig.from_dict(data, registry),
-                                random_drafter=random_drafter)
-    elif random_drafter:
-        config = settle_drafter(config, random_drafter=True)
+    config = decoder_config(config, random_drafter=random_drafter, registry=registry)
     say = log or (lambda _m: None)
     collectives = collectives if collectives is not None else active_collectives()
     collectives = collectives if collectives is not None else SingleRank()
@@ -591,6 +606,7 @@ __all__ = [
     "RankDisagreementError",
     "TextResult",
     "check_ranks_agree",
+    "decoder_config",
     "load_decoder",
     "tokens_digest",
 ]
