@@ -1,6 +1,7 @@
 """What ``draftsmith generate``, ``eval`` and ``plan`` share: the model and selection flags,
-the :class:`SpecConfig` they build, prompt files, the checks made before any model loads, the
-shipped drafter and the directory of evaluation prompt sets.
+the :class:`SpecConfig` they build (the drafter settled by
+:func:`~draftsmith.runtime.shipped.settle_drafter`, as ``load_decoder`` settles it), prompt
+files, the checks made before any model loads and the directory of evaluation prompt sets.
 
 Errors a user can fix are raised as :class:`DraftsmithError` (the CLI prints one line).
 """
