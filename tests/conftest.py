@@ -1,5 +1,12 @@
 """Shared test set-up. TRITON_INTERPRET must be set before any kernel module is imported, so it
-is set here, at collection start, when no GPU is present."""
+is set here, at collection start, when no GPU is present.
+
+The suite's assertions speak of draftsmith's built-in families and strategies only (error
+messages list every valid name), so installed third-party plugins are left out for the whole
+session: ``DRAFTSMITH_LOAD_PLUGINS`` is set empty here, before any registry is built, and
+subprocesses inherit it. A test about installed plugins sets the variable itself
+(``tests/test_plugin_isolation.py`` runs the suite's plugin-sensitive tests with one installed).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+
+from draftsmith.runtime.registry import LOAD_PLUGINS_ENV  # noqa: E402
+
+os.environ[LOAD_PLUGINS_ENV] = ""  # built-ins only, whatever is installed beside draftsmith
 
 HAS_GPU = torch.cuda.is_available()
 

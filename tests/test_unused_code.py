@@ -40,6 +40,7 @@ PUBLIC_MODULES: dict[str, str] = {
     "draftsmith.contract": "the contract plugin authors and the runtime share",
     "draftsmith.testing": "the conformance kit (lazy exports of conformance and suite)",
     "draftsmith.runtime.api": "the text-in, text-out entry point",
+    "draftsmith.drafters.derived": "a plugin's family built on a built-in one (docs/plugins.md)",
 }
 """Modules whose ``__all__`` (every exported name) is public API."""
 

@@ -1,10 +1,11 @@
 """The ``draftsmith`` command: its parser and :func:`main`; one module per sub-command.
 
-Sub-commands: ``plugins`` (:mod:`.plugins`), ``config validate FILE`` and ``plan --config FILE``
+Sub-commands: ``plugins`` (:mod:`.plugins`), ``config validate --config FILE`` and ``plan``
 (:mod:`.plan`), ``export --format F CKPT OUT`` (:mod:`.export`), ``generate`` (:mod:`.generate`),
 ``eval`` (:mod:`.eval`), ``demo`` (:mod:`.demo`), ``train-data`` and ``train`` (:mod:`.train`);
-what ``generate`` and ``eval`` share is in :mod:`.common`. Errors that a user can fix print one
-line and exit with status 2; they never show a traceback.
+what ``generate``, ``eval`` and ``plan`` share (the model and selection flags) is in
+:mod:`.common`; every ``--help`` states each option's default (:class:`DefaultsHelpFormatter`).
+Errors that a user can fix print one line and exit with status 2; they never show a traceback.
 
 The sub-command modules are imported when the parser is built, never by the modules of the
 layers below (``cli`` sits at the top of the layer graph).
@@ -30,44 +31,65 @@ def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
-def _plan(args: argparse.Namespace) -> int:
-    from draftsmith.cli.plan import plan_command
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """``--help`` states every option's default: ``(default: X)`` is appended where the help text
+    does not already say it (flags that only switch something on, and required ones, have
+    none). Flags that override a config file state the config's default in their own text."""
 
-    return plan_command(args.config, tp_size=args.tp_size, tp_rank=args.tp_rank,
-                        measure=args.measure)
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or not action.option_strings or action.required
+                or default is None or default is False or default == argparse.SUPPRESS
+                or default == []):
+            return action.help
+        return text + " (default: %(default)s)"
+
+
+def _add_parser(sub: argparse._SubParsersAction, name: str, **kwargs: object
+                ) -> argparse.ArgumentParser:
+    return sub.add_parser(name, formatter_class=DefaultsHelpFormatter, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``draftsmith`` command."""
+    from draftsmith.cli.common import add_model_arguments
     from draftsmith.cli.export import add_export_arguments
 
     parser = argparse.ArgumentParser(
-        prog="draftsmith", description="Speculative-decoding block drafters (DFlash, DSpark)."
+        prog="draftsmith", description="Speculative-decoding block drafters (DFlash, DSpark).",
+        formatter_class=DefaultsHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("plugins", help="list drafter families and selection strategies")
+    p = _add_parser(sub, "plugins", help="list drafter families and selection strategies")
     p.set_defaults(func=_lazy("draftsmith.cli.plugins", "plugins_command"))
 
-    p = sub.add_parser("config", help="configuration files")
+    p = _add_parser(sub, "config", help="configuration files")
     csub = p.add_subparsers(dest="config_command", required=True)
-    v = csub.add_parser("validate", help="validate a TOML or JSON config file")
-    v.add_argument("file")
+    v = _add_parser(csub, "validate", help="validate a TOML or JSON config file")
+    v.add_argument("--config", metavar="FILE", help="the TOML or JSON config file to validate (no default: give it "
+                        "here, or as FILE)")
+    v.add_argument("file", nargs="?", metavar="FILE", help="the same, given without --config")
     v.add_argument("--show", action="store_true", help="print the validated config as JSON")
     v.set_defaults(func=_lazy("draftsmith.cli.plan", "config_validate_command"))
 
-    p = sub.add_parser("plan", help="print the DraftPlan that bind would build for a config")
-    p.add_argument("--config", required=True)
-    p.add_argument("--tp-size", type=int, metavar="N",
-                   help="plan for N tensor-parallel ranks (overrides parallel.tp_size)")
-    p.add_argument("--tp-rank", type=int, metavar="R",
-                   help="the rank to plan for (default 0; overrides parallel.tp_rank)")
-    p.add_argument("--measure", action="store_true",
+    p = _add_parser(sub, "plan", help="print the DraftPlan that bind would build, with every "
+                                      "decision and its reason (no weights are loaded)")
+    add_model_arguments(p)
+    g = p.add_argument_group("plan")
+    g.add_argument("--tp-size", type=int, metavar="N",
+                   help="plan for N tensor-parallel ranks (default: parallel.tp_size, 1)")
+    g.add_argument("--tp-rank", type=int, metavar="R",
+                   help="the rank to plan for (default: parallel.tp_rank, 0)")
+    g.add_argument("--measure", action="store_true",
                    help="load the target and drafter and bind them, so that num_draft_tokens = "
                         "'auto' shows K chosen from round times measured here (one process)")
-    p.set_defaults(func=_plan)
+    g.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=_lazy("draftsmith.cli.plan", "plan_command"))
 
-    p = sub.add_parser("export", help="write a drafter checkpoint in a layout serving engines read")
+    p = _add_parser(sub, "export",
+                    help="write a drafter checkpoint in a layout serving engines read")
     add_export_arguments(p)
     p.set_defaults(func=_lazy("draftsmith.cli.export", "export_command"))
 
@@ -82,23 +104,23 @@ def _add_model_commands(sub: argparse._SubParsersAction) -> None:
         from draftsmith.cli import generate
     except ImportError:  # the end-to-end commands need the optional `hf` extra
         return
-    p = sub.add_parser("generate", help="generate text with speculative decoding")
+    p = _add_parser(sub, "generate", help="generate text with speculative decoding")
     generate.add_generate_arguments(p)
     p.set_defaults(func=generate.generate_command)
-    p = sub.add_parser("eval", help="accepted length and throughput over prompt files")
+    p = _add_parser(sub, "eval", help="accepted length and throughput over prompt files")
     eval_cli.add_eval_arguments(p)
     p.set_defaults(func=eval_cli.eval_command)
-    p = sub.add_parser("demo", help="run the embedded default model with the default drafter")
+    p = _add_parser(sub, "demo", help="run the embedded default model with the default drafter")
     p.set_defaults(func=_lazy("draftsmith.cli.demo", "demo_command"))
 
 
 def _add_training_commands(sub: argparse._SubParsersAction) -> None:
     from draftsmith.cli import train
 
-    p = sub.add_parser("train-data", help="generate distillation data from the target")
+    p = _add_parser(sub, "train-data", help="generate distillation data from the target")
     train.add_train_data_arguments(p)
     p.set_defaults(func=train.train_data_command)
-    p = sub.add_parser("train", help="train a dspark-gqa or dflash drafter (resumable)")
+    p = _add_parser(sub, "train", help="train a dspark-gqa or dflash drafter (resumable)")
     train.add_train_arguments(p)
     p.set_defaults(func=train.train_command)
 

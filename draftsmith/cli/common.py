@@ -1,7 +1,8 @@
-"""What ``draftsmith generate`` and ``draftsmith eval`` share: the model and selection flags,
-the :class:`SpecConfig` they build, prompt files, the checks made before any model loads, the
-shipped drafter and the directory of evaluation prompt sets. What is checked before any model
-loads is :func:`draftsmith.runtime.preflight.check_before_loading`.
+"""What ``draftsmith generate``, ``eval`` and ``plan`` share: the model and selection flags,
+the :class:`SpecConfig` they build (the drafter settled by
+:func:`~draftsmith.runtime.shipped.settle_drafter`, as ``load_decoder`` settles it), prompt
+files and the directory of evaluation prompt sets. What is checked before any model loads is
+:func:`draftsmith.runtime.preflight.check_before_loading`.
 
 Errors a user can fix are raised as :class:`DraftsmithError` (the CLI prints one line).
 """
@@ -17,28 +18,22 @@ from typing import Any
 from draftsmith.contract import Collectives, ConfigError
 from draftsmith.runtime.api import Decoder, load_decoder
 from draftsmith.runtime.config import (
+    TARGET_DTYPES,
     DrafterConfig,
+    RuntimeOptions,
     SpecConfig,
     TargetConfig,
     apply_overrides,
     read_config_file,
 )
 from draftsmith.runtime.inputs import check_prompt_texts
+from draftsmith.runtime.shipped import SHIPPED_DRAFTER, SHIPPED_DRAFTERS, settle_drafter
+from draftsmith.selection.configs import SampleConfig
 
 DATA_DIR_ENV = "DRAFTSMITH_DATA_DIR"
 """A directory of ``*.jsonl`` evaluation prompt sets: what ``draftsmith eval`` reads when
 ``--data`` is not given, and what ``draftsmith train-data`` keeps self-generated prompts away
 from when ``--exclude`` is not given."""
-_CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
-SHIPPED_DRAFTER = _CHECKPOINTS / "smollm2-135m-dspark-gqa"
-"""The drafter that ships with draftsmith for the embedded default target."""
-SHIPPED_TARGET, SHIPPED_FAMILY = "smollm2-135m", "dspark-gqa"
-"""The target and family ``SHIPPED_DRAFTER`` is made for."""
-SHIPPED_DRAFTERS = {SHIPPED_FAMILY: SHIPPED_DRAFTER, "dflash": _CHECKPOINTS / "smollm2-135m-dflash"}
-"""The shipped drafter of each family for ``SHIPPED_TARGET`` (the ``dflash`` one is in z-lab's
-layout)."""
-DEFAULT_TARGET = TargetConfig.model_fields["model"].default
-DEFAULT_FAMILY = DrafterConfig.model_fields["family"].default
 
 
 def data_dir() -> Path | None:
@@ -75,30 +70,64 @@ def _draft_tokens(text: str) -> int | str:
             f"{text!r} is neither an integer nor 'auto'") from None
 
 
+DTYPES = tuple(TARGET_DTYPES)
+"""The ``--dtype`` choices of every sub-command."""
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model and selection flags of ``generate``, ``eval`` and ``plan``; each overrides the
+    ``--config`` file, whose defaults (the config models') the help states."""
+    target = TargetConfig.model_fields
+    runtime = RuntimeOptions.model_fields
+    sample = SampleConfig.model_fields
     g = parser.add_argument_group("model")
-    g.add_argument("--config", help="TOML or JSON SpecConfig file (flags below override it)")
-    g.add_argument("--target", help="'smollm2-135m' (default) or a local Hugging Face model dir")
-    g.add_argument("--device", help="auto (default), cpu or cuda[:N]")
-    g.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="target dtype")
-    g.add_argument("--drafter", metavar="FAMILY", help="drafter family (see `draftsmith plugins`)")
+    g.add_argument("--config", metavar="FILE",
+                   help="TOML or JSON config file (docs/sampling.md lists its fields); the flags "
+                        "below override it (default: none, every field at its default)")
+    g.add_argument("--target", help="the embedded smollm2-135m (SmolLM2-135M-Instruct) or a local "
+                                    f"Hugging Face model directory (default: "
+                                    f"{target['model'].default})")
+    g.add_argument("--device", help=f"auto (CUDA when available), cpu or cuda[:N] (default: "
+                                    f"{target['device'].default})")
+    g.add_argument("--dtype", choices=DTYPES,
+                   help=f"target dtype (default: {target['dtype'].default})")
+    g.add_argument("--drafter", metavar="FAMILY",
+                   help="drafter family, see `draftsmith plugins` (default: "
+                        f"{DrafterConfig.model_fields['family'].default})")
     pick = g.add_mutually_exclusive_group()
     pick.add_argument("--checkpoint", metavar="DIR",
-                      help="drafter checkpoint directory (default for the smollm2-135m target "
-                           "with the dspark-gqa or dflash family: that family's shipped "
-                           "drafter)")
+                      help="drafter checkpoint directory (default: the family's shipped drafter "
+                           "for the embedded target, for dspark-gqa and dflash; other families "
+                           "and targets need one, or --random-drafter)")
     pick.add_argument("--random-drafter", action="store_true",
                       help="build the drafter with random weights from its options (tests, "
-                           "benchmarks) instead of loading a checkpoint")
+                           "benchmarks) instead of loading a checkpoint; they accept next to "
+                           "nothing")
     g.add_argument("--num-draft-tokens", type=_draft_tokens, metavar="K",
-                   help="drafts per step, or 'auto' (chosen from measured costs)")
-    g.add_argument("--max-batch", type=int, help="requests decoded at once")
-    s = parser.add_argument_group("selection")
-    s.add_argument("--temperature", type=float,
-                   help="0 = greedy (default); >= 1e-5 samples (values in between are refused)")
-    s.add_argument("--top-k", type=int, help="keep the k largest logits (sampling)")
-    s.add_argument("--top-p", type=float, help="nucleus mass (sampling)")
-    s.add_argument("--seed", type=int, help="sampling seed (request i uses seed + i)")
+                   help="drafts per step, or 'auto' (chosen from measured costs) (default: "
+                        f"{SpecConfig.model_fields['num_draft_tokens'].default})")
+    g.add_argument("--max-batch", type=int, metavar="N",
+                   help=f"requests decoded at once (default: {runtime['max_batch'].default})")
+    s = parser.add_argument_group("selection (docs/sampling.md)")
+    s.add_argument("--temperature", type=float, metavar="T",
+                   help="0 = greedy; >= 1e-5 samples (values in between are refused) "
+                        "(default: 0, greedy)")
+    s.add_argument("--top-k", type=int, metavar="K",
+                   help="sampling only: keep the k largest logits, 0 = off (default: "
+                        f"{sample['top_k'].default})")
+    s.add_argument("--top-p", type=float, metavar="P",
+                   help="sampling only: nucleus mass in (0, 1], 1 = off (default: "
+                        f"{sample['top_p'].default})")
+    s.add_argument("--seed", type=int,
+                   help="sampling only: request i samples with seed + i (default: "
+                        f"{sample['seed'].default})")
+
+
+def add_compare_argument(parser: argparse.ArgumentParser) -> None:
+    """``--compare`` / ``--no-compare`` of ``generate`` and ``eval``: on by default in both."""
+    parser.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True,
+                        help="also run draftsmith's plain decoding of the same prompts (K = 0): "
+                             "the baseline tokens/s, and exactness under greedy selection")
 
 
 def build_config(args: argparse.Namespace) -> SpecConfig:
@@ -120,25 +149,11 @@ def build_config(args: argparse.Namespace) -> SpecConfig:
     if getattr(args, "max_batch", None) is not None:
         overrides["runtime.max_batch"] = args.max_batch
     data = apply_overrides(base, overrides)
-    if getattr(args, "random_drafter", False):  # also over a checkpoint named in --config
-        data = apply_overrides(data, {"drafter.checkpoint": None})
-    elif (shipped := _shipped_drafter(data)) is not None:
-        data = apply_overrides(data, {"drafter.checkpoint": str(shipped)})
     selection = _selection(dict(data.get("selection") or {"kind": "greedy"}), args)
     if selection is not None:
         data["selection"] = selection
-    return SpecConfig.from_dict(data)
-
-
-def _shipped_drafter(data: dict[str, Any]) -> Path | None:
-    """The shipped checkpoint of the configured family, the default for the embedded target when
-    no checkpoint and no drafter options are given (options describe random weights)."""
-    drafter = data.get("drafter") or {}
-    target = data.get("target") or {}
-    shipped = SHIPPED_DRAFTERS.get(drafter.get("family", DEFAULT_FAMILY))
-    wanted = (drafter.get("checkpoint") is None and not drafter.get("options")
-              and target.get("model", DEFAULT_TARGET) == SHIPPED_TARGET)
-    return shipped if wanted and shipped is not None and (shipped / "config.json").is_file() else None
+    return settle_drafter(SpecConfig.from_dict(data),
+                          random_drafter=getattr(args, "random_drafter", False))
 
 
 def _selection(current: dict[str, Any], args: argparse.Namespace) -> dict[str, Any] | None:
@@ -157,7 +172,10 @@ def _selection(current: dict[str, Any], args: argparse.Namespace) -> dict[str, A
     given = {k: v for k, v in flags.items() if v is not None}
     if given and current.get("kind", "greedy") == "greedy":
         names = ", ".join("--" + k.replace("_", "-") for k in given)
-        raise ConfigError(f"{names} apply to sampling; add --temperature >= 1e-5")
+        verb = "applies" if len(given) == 1 else "apply"
+        raise ConfigError(f"{names} {verb} only to sampling, and selection is greedy (temperature "
+                          "0, the default); add --temperature T with T >= 1e-5 to sample "
+                          "(T = 1 samples the model's own distribution)")
     current.update(given)
     return current
 
@@ -189,8 +207,10 @@ def load(config: SpecConfig, collectives: Collectives | None = None) -> Decoder:
 
 __all__ = [
     "DATA_DIR_ENV",
+    "DTYPES",
     "SHIPPED_DRAFTER",
     "SHIPPED_DRAFTERS",
+    "add_compare_argument",
     "add_model_arguments",
     "build_config",
     "check_max_new_tokens_flag",

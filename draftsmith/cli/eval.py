@@ -11,6 +11,7 @@ from pathlib import Path
 
 from draftsmith.cli.common import (
     DATA_DIR_ENV,
+    add_compare_argument,
     add_model_arguments,
     build_config,
     check_max_new_tokens_flag,
@@ -29,11 +30,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``draftsmith eval``."""
     parser.add_argument("--data", nargs="+", metavar="FILE.jsonl",
                         help=f"prompt sets (default: the *.jsonl files of ${DATA_DIR_ENV})")
-    parser.add_argument("--limit", type=int, default=20, help="prompts per set (default 20)")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="budget per prompt")
+    parser.add_argument("--limit", type=int, default=20, metavar="N", help="prompts per set")
+    parser.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
+                        help="budget per prompt")
     parser.add_argument("--out", default="draftsmith-eval", help="output directory")
-    parser.add_argument("--compare", action="store_true",
-                        help="also run plain greedy decoding (baseline tokens/s, exactness)")
+    add_compare_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the JSON report to stdout")
     add_model_arguments(parser)
 

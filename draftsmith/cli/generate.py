@@ -13,6 +13,7 @@ import sys
 from typing import Any, TextIO
 
 from draftsmith.cli.common import (
+    add_compare_argument,
     add_model_arguments,
     build_config,
     check_max_new_tokens_flag,
@@ -31,12 +32,14 @@ def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="one prompt (default: a short question)")
     src.add_argument("--prompts", metavar="FILE.jsonl",
-                     help='JSON-lines prompts: {"turns": [...]} (first turn) or {"prompt": ...}')
-    parser.add_argument("--limit", type=int, help="use only the first N prompts of --prompts")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="budget per prompt")
+                     help='JSON-lines prompts: {"turns": [...]} (first turn) or {"prompt": ...} '
+                          "(default: the one prompt of --prompt)")
+    parser.add_argument("--limit", type=int, metavar="N",
+                        help="use only the first N prompts of --prompts (default: all)")
+    parser.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
+                        help="budget per prompt")
     parser.add_argument("--raw", action="store_true", help="skip the chat template")
-    parser.add_argument("--no-compare", action="store_true",
-                        help="skip plain greedy decoding (no exactness / baseline tokens/s)")
+    add_compare_argument(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON report to stdout")
     add_model_arguments(parser)
 
@@ -65,7 +68,7 @@ def generate_command(args: argparse.Namespace) -> int:
         decoder = load(config, group)
         with open(os.devnull, "w", encoding="utf-8") as sink:
             report = run_generate(decoder, prompts, args.max_new_tokens, chat=not args.raw,
-                                  compare_plain=not args.no_compare, as_json=args.json,
+                                  compare_plain=args.compare, as_json=args.json,
                                   out=None if speaker else sink, err=None if speaker else sink)
     if not speaker:
         return 1 if any(r.error for r in report.results) else 0
@@ -164,6 +167,7 @@ def format_summary(report: GenerateReport) -> str:
     mode = "greedy" if report.greedy else "sampling"
     lines = [
         f"--- summary: {report.family}, K = {report.num_draft_tokens}, {mode} ---",
+        f"selection: {report.selection}",
         f"prompts {len(report.results)}   tokens generated {report.num_tokens}   "
         f"verify rounds {rounds}",
         f"accepted length per round (bonus included): mean {report.mean_accepted_length:.2f}",

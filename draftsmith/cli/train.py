@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from draftsmith.cli.common import DATA_DIR_ENV, data_dir, prompt_sets
+from draftsmith.cli.common import DATA_DIR_ENV, DTYPES, data_dir, prompt_sets
 from draftsmith.contract import ConfigError
 from draftsmith.drafters.checkpoint import check_output_dir
 from draftsmith.runtime.config import TargetConfig, check_target_dir
@@ -26,17 +26,20 @@ def _log(message: str) -> None:
 def add_train_data_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``draftsmith train-data``."""
     parser.add_argument("--target", default="smollm2-135m",
-                        help="smollm2-135m (default) or a local Hugging Face model directory")
+                        help="the embedded smollm2-135m or a local Hugging Face model directory")
     parser.add_argument("--out", required=True, type=Path, help="dataset directory to write")
     parser.add_argument("--count", type=int, default=20000, help="prompts in the recipe")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompt recipe")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, default=256, metavar="N",
+                        help="the target's response budget per prompt")
+    parser.add_argument("--batch-size", type=int, default=128, metavar="N",
+                        help="prompts the target answers at once")
     parser.add_argument("--shard-size", type=int, default=4096, metavar="N",
                         help="sequences per shard; each shard is written as soon as it is done, "
                              "so an interrupted run resumes from the last one")
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="bfloat16", choices=DTYPES, help="target dtype")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu or "
+                                                         "cuda[:N]")
     parser.add_argument("--engine", default="transformers", choices=["transformers", "draftsmith"],
                         help="what decodes the responses: transformers' generate over left-padded "
                              "batches (default), or draftsmith's plain decoding (K = 0, "
@@ -316,31 +319,40 @@ def _read_saved_prompts(path: Path) -> tuple[list[str], list[str]] | None:
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``draftsmith train``."""
-    parser.add_argument("--target", default="smollm2-135m")
+    from draftsmith.training.config import TrainConfig
+    parser.add_argument("--target", default="smollm2-135m",
+                        help="the embedded smollm2-135m or a local Hugging Face model directory")
     parser.add_argument("--data", required=True, type=Path, nargs="+", metavar="DIR",
                         help="dataset directories from train-data (several are concatenated)")
     parser.add_argument("--out", required=True, type=Path, help="run directory (resumable)")
-    parser.add_argument("--family", default="dspark-gqa", choices=["dspark-gqa", "dflash"])
-    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--family", default="dspark-gqa", choices=["dspark-gqa", "dflash"],
+                        help="the drafter family to train")
+    parser.add_argument("--steps", type=int, default=None, metavar="N",
+                        help="optimizer steps in total (default: TrainConfig's "
+                             f"{TrainConfig.model_fields['steps'].default}, or --set steps=N)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override a TrainConfig field (repeatable), e.g. --set lr=3e-4")
+                        help="override a TrainConfig field (repeatable), e.g. --set lr=3e-4 "
+                             "(default: none, every field at its default)")
     parser.add_argument("--no-resume", action="store_true", help="start over even if out/last exists")
-    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"],
+    parser.add_argument("--dtype", default="bfloat16", choices=DTYPES,
                         help="target dtype (the drafter keeps fp32 master weights)")
     parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
-                        help="stop (validated and saved) after this much wall time; resumable")
-    parser.add_argument("--export", type=Path, default=None,
+                        help="stop (validated and saved) after this much wall time; resumable "
+                             "(default: none, run every step)")
+    parser.add_argument("--export", type=Path, default=None, metavar="DIR",
                         help="also write the best checkpoint here in bf16, in files of <= 15 MiB "
-                             "(a new or empty directory, or a previous export with --overwrite)")
+                             "(a new or empty directory, or a previous export with --overwrite) (default: none)")
     parser.add_argument("--overwrite", action="store_true",
                         help="let --export replace a previous export in that directory")
-    parser.add_argument("--device", default="auto")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu or "
+                                                         "cuda[:N]")
     parser.add_argument("--eager-target", action="store_true",
                         help="run the frozen target eagerly on a GPU instead of replaying its "
                              "forward from one CUDA graph per batch shape")
     parser.add_argument("--init-from", type=Path, default=None, metavar="DIR",
                         help="start a new run from this checkpoint's weights (same family and "
-                             "shapes; fresh optimizer and schedule); ignored when resuming")
+                             "shapes; fresh optimizer and schedule); ignored when resuming (default: "
+                             "none, random initial weights)")
 
 
 def parse_set_value(text: str) -> object:

@@ -9,11 +9,11 @@ rounds are), and reports text, the accepted length of every round, timings, toke
 for both, and exactness against plain decoding when selection is greedy. Both decoders are
 prepared (cache sized, rounds captured) before anything is timed.
 
-Example::
+Example (the README's; a config path, or nothing for ``draftsmith generate``'s defaults)::
 
     from draftsmith.runtime.api import load_decoder
 
-    decoder = load_decoder("spec.toml")          # or a SpecConfig, or None for the defaults
+    decoder = load_decoder()                     # or load_decoder("spec.toml")
     report = decoder.generate(["What is 2 + 3?"], max_new_tokens=64)
     print(report.results[0].text, report.mean_accepted_length, report.exact)
 """
@@ -42,12 +42,14 @@ from draftsmith.contract import (
 from draftsmith.parallel import active_collectives
 from draftsmith.runtime.bind import bind, load_drafter
 from draftsmith.runtime.buckets import bucket, row_buckets
-from draftsmith.runtime.config import SpecConfig, parse_device
+from draftsmith.runtime.config import SpecConfig, parse_device, read_config_file
 from draftsmith.runtime.costs import AcceptanceEstimate, AcceptanceTally, choose_draft_tokens
 from draftsmith.runtime.decoder import GenerationResult, SpecDecoder
 from draftsmith.runtime.head_layout import vocab_shard_range
 from draftsmith.runtime.inputs import check_max_new_tokens, check_prompt_ids, check_prompt_texts
-from draftsmith.runtime.registry import load_registry
+from draftsmith.runtime.plan import describe_selection
+from draftsmith.runtime.registry import Registry, load_registry
+from draftsmith.runtime.shipped import settle_drafter
 from draftsmith.runtime.targets.hf import HFTarget
 
 ProgressFn = Callable[[list[list[int]]], None]
@@ -163,6 +165,9 @@ class GenerateReport:
     speculation_off: bool = False
     """``K = 0`` (chosen or configured): the speculative run was plain decoding, so it ran
     once and its time stands for both."""
+    selection: str = ""
+    """The selection in words (:func:`~draftsmith.runtime.plan.describe_selection`): greedy, or
+    the temperature, top-k, top-p and acceptance rule of sampling."""
 
     @property
     def num_tokens(self) -> int:
@@ -225,6 +230,7 @@ class GenerateReport:
             "draft_tokens_reason": self.draft_tokens_reason,
             "draft_tokens_auto": self.draft_tokens_auto,
             "speculation_off": self.speculation_off,
+            "selection": self.selection,
             "exact": self.exact,
             "results": [
                 {
@@ -411,6 +417,7 @@ class Decoder:
                 spec.plan.decision("num_draft_tokens").reason),
             draft_tokens_auto=spec.plan.draft_tokens_mode == "auto",
             speculation_off=off,
+            selection=describe_selection(spec.selector.capabilities),
         )
 
 
@@ -474,9 +481,30 @@ def _stop_ids(tokenizer: Any, target: HFTarget) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+def decoder_config(
+    config: SpecConfig | str | Path | None = None,
+    *,
+    random_drafter: bool = False,
+    registry: Registry | None = None,
+) -> SpecConfig:
+    """The config :func:`load_decoder` runs for these arguments, found without loading anything.
+
+    A path, or ``None`` for the defaults, is read as ``draftsmith generate --config`` reads it
+    (the same rule, :func:`~draftsmith.runtime.shipped.settle_drafter`): without a
+    ``drafter.checkpoint``, the family's shipped drafter for the embedded target, or an error
+    where there is none. A :class:`SpecConfig` is taken as it is (no checkpoint: random weights).
+    ``random_drafter`` builds random weights in either case.
+    """
+    if not isinstance(config, SpecConfig):
+        data = read_config_file(config) if config is not None else {}
+        return settle_drafter(SpecConfig.from_dict(data, registry), random_drafter=random_drafter)
+    return settle_drafter(config, random_drafter=True) if random_drafter else config
+
+
 def load_decoder(
     config: SpecConfig | str | Path | None = None,
     *,
+    random_drafter: bool = False,
     target: HFTarget | None = None,
     tokenizer: Any = None,
     log: Callable[[str], None] | None = None,
@@ -491,8 +519,12 @@ def load_decoder(
     and the plan says so), the drafter is loaded with the group, and every generation checks
     that all ranks emitted the same tokens.
 
-    :param config: a :class:`SpecConfig`, a TOML/JSON config path, or ``None`` for the defaults
-        (SmolLM2-135M-Instruct target, random-weight ``dspark-gqa`` drafter, greedy).
+    :param config: a TOML/JSON config path, or ``None`` for the defaults, read as ``draftsmith
+        generate --config`` reads it (:func:`decoder_config`; ``None``: SmolLM2-135M-Instruct in
+        fp32 with the shipped bf16 ``dspark-gqa`` drafter, greedy, ``K = 7``, as ``draftsmith
+        generate`` runs); or a :class:`SpecConfig`, taken as it is (no checkpoint: random
+        weights).
+    :param random_drafter: build the drafter with random weights (``--random-drafter``).
     :param target: an already built target (with ``tokenizer``) instead of ``config.target``.
     :param log: called with one line per loading stage.
     :param collectives: the tensor-parallel group (``None``: torch.distributed's, if started
@@ -501,10 +533,7 @@ def load_decoder(
         or an impossible plan; the message says what to change.
     """
     registry = load_registry()  # one registry: config validation and bind share its hooks
-    if config is None:
-        config = SpecConfig.from_dict({}, registry)
-    elif not isinstance(config, SpecConfig):
-        config = SpecConfig.load(config, registry=registry)
+    config = decoder_config(config, random_drafter=random_drafter, registry=registry)
     say = log or (lambda _m: None)
     collectives = collectives if collectives is not None else active_collectives()
     collectives = collectives if collectives is not None else SingleRank()
@@ -532,8 +561,7 @@ def load_decoder(
     say(f"loading drafter {config.drafter.family} from {source}"
         + (" (K = 0: it never runs)" if config.num_draft_tokens == 0 else ""))
     if config.drafter.checkpoint is None and config.num_draft_tokens != 0:
-        say("  untrained: it will accept next to nothing; for the smollm2-135m target pass "
-            "--checkpoint draftsmith/checkpoints/smollm2-135m-dspark-gqa (trained dspark-gqa)")
+        say("  untrained: it will accept next to nothing")
     if config.drafter.checkpoint is not None and not Path(config.drafter.checkpoint).is_dir():
         raise CheckpointError(
             f"drafter checkpoint {str(config.drafter.checkpoint)!r} is not a directory; pass a "
@@ -584,6 +612,7 @@ __all__ = [
     "RankDisagreementError",
     "TextResult",
     "check_ranks_agree",
+    "decoder_config",
     "encode_text",
     "load_decoder",
     "tokens_digest",

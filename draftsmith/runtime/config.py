@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import torch
 from pydantic import (
@@ -294,6 +294,7 @@ class SpecConfig(_Strict):
         if not isinstance(kind, str) or kind not in registry.selectors:
             raise ValueError(
                 f"unknown strategy {kind!r}; valid kinds: {', '.join(sorted(registry.selectors))}"
+                + _kind_hint(kind, registry)
             )
         return _validate_part(registry.selector(kind).config_model, value)
 
@@ -317,6 +318,18 @@ class SpecConfig(_Strict):
     ) -> SpecConfig:
         """Read a ``.toml`` or ``.json`` file, apply dotted ``overrides``, validate."""
         return cls.from_dict(apply_overrides(read_config_file(path), overrides or {}), registry)
+
+
+def _kind_hint(kind: object, registry: Registry) -> str:
+    """Where a ``selection.kind`` that names no strategy is a value of some strategy's field
+    (``rejection`` is the ``sample`` strategy's ``acceptance``): how to write it instead."""
+    for name in sorted(registry.selectors):
+        for field, info in registry.selector(name).config_model.model_fields.items():
+            if (field != "kind" and get_origin(info.annotation) is Literal
+                    and kind in get_args(info.annotation)):
+                return (f"; {kind!r} is a value of {field} in kind {name!r}: write "
+                        f"kind = {name!r} and {field} = {kind!r} (docs/sampling.md)")
+    return ""
 
 
 def _validate_part(model: type[BaseModel], raw: dict[str, Any], prefix: str = "") -> BaseModel:

@@ -145,7 +145,7 @@ def evaluate(
     files: Sequence[str | Path],
     limit: int | None = 20,
     max_new_tokens: int = 128,
-    compare_plain: bool = False,
+    compare_plain: bool = True,
     warmup: bool = True,
 ) -> list[DatasetEval]:
     """Run every prompt file through ``decoder`` and measure it.

@@ -224,11 +224,17 @@ class AutoDraftTokens(BaseModel):
 PlanInputs.model_rebuild()
 
 
-def _sampling_words(selector: SelectorCapabilities) -> str:
-    """``T = ...`` for a strategy that samples at a temperature, else the strategy's name."""
-    if selector.temperature > 0:
-        return f"T = {selector.temperature}"
-    return f"strategy {selector.kind!r}"
+def describe_selection(selector: SelectorCapabilities) -> str:
+    """The selection in words, as ``generate``'s summary and the plan print it: greedy, or the
+    temperature, the top-k and top-p filters (``off`` when a built-in filter is not set) and the
+    acceptance rule of a sampling strategy."""
+    if selector.greedy:
+        return f"{selector.kind}: argmax, strict acceptance"
+    words = [f"T = {selector.temperature}" if selector.temperature > 0 else "no temperature"]
+    for name in ("top-k", "top-p"):
+        words += [f for f in selector.filters if f.startswith(name)] or [f"{name} off"]
+    words += [f for f in selector.filters if not f.startswith(("top-k", "top-p"))]
+    return f"{selector.kind}: {', '.join(words)}, acceptance = {selector.acceptance}"
 
 
 def _check_block(caps: DrafterCapabilities, num_draft_tokens: int) -> None:
@@ -285,11 +291,11 @@ def make_plan(
                       "greedy selection: a draft is accepted iff it equals the target argmax")
     elif acc == "rejection":
         base = decide("acceptance_rule", "rejection",
-                      f"sampling ({_sampling_words(sel)}) with "
-                      "acceptance = 'rejection': lossless rejection sampling u * q < p")
+                      f"{describe_selection(sel)}: lossless rejection sampling u * q < p")
     else:
         base = decide("acceptance_rule", "strict",
-                      "sampling with acceptance = 'strict': one target sample per row, matched")
+                      f"{describe_selection(sel)}: one keyed target sample per row, matched "
+                      "(the tokens of plain sampled decoding with the same seeds)")
     if inputs.force_accepted > 0:
         acceptance = decide("acceptance", "forced",
                             f"force_accepted = {inputs.force_accepted}: counts overridden for "
@@ -652,6 +658,7 @@ __all__ = [
     "Decision",
     "DraftPlan",
     "PlanInputs",
+    "describe_selection",
     "format_plan",
     "make_plan",
 ]

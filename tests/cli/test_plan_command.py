@@ -1,4 +1,4 @@
-"""``draftsmith plan --config FILE`` and ``python -m draftsmith``."""
+"""``draftsmith plan [--config FILE] [model flags]`` and ``python -m draftsmith``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 from draftsmith.cli import main
-from draftsmith.cli.plan import plan_command
 
 _TOY_PLAN = ('num_draft_tokens = 3\n[drafter]\nfamily = "dspark-gqa"\n'
              '[drafter.options]\ntarget_layer_ids = [0, 2]\n[target]\nmodel = "toy"\n'
@@ -16,25 +15,31 @@ _TOY_PLAN = ('num_draft_tokens = 3\n[drafter]\nfamily = "dspark-gqa"\n'
 def test_plan_command(tmp_path, capsys):
     cfg = tmp_path / "spec.toml"
     cfg.write_text(_TOY_PLAN)
-    assert plan_command(cfg) == 0
+    assert main(["plan", "--config", str(cfg), "--random-drafter"]) == 0
     out = capsys.readouterr().out
     assert "DraftPlan for family 'dspark-gqa': K = 3, W = 3" in out
     assert "markov" in out and "# " in out
     bad = tmp_path / "bad.toml"
     bad.write_text('num_draft_tokens = 30\n[drafter]\nfamily = "dspark-gqa"\n'
                    '[drafter.options]\ntarget_layer_ids = [0, 2]\n[target]\nmodel = "toy"\n')
-    assert plan_command(bad) == 2
+    assert main(["plan", "--config", str(bad), "--random-drafter"]) == 2
     err = capsys.readouterr().err
     assert "PlanError" in err and len(err.strip().splitlines()) == 1
-    assert main(["plan", "--config", str(cfg)]) == 0
-    assert capsys.readouterr().out.strip() == out.strip()
+    # options without a checkpoint describe random weights: planned only when asked for
+    assert main(["plan", "--config", str(cfg)]) == 2
+    assert "drafter.options are set but no drafter.checkpoint" in capsys.readouterr().err
+    # the flags override the file, as in generate
+    assert main(["plan", "--config", str(cfg), "--random-drafter", "--num-draft-tokens", "2",
+                 "--drafter", "dflash"]) == 0
+    assert "DraftPlan for family 'dflash': K = 2" in capsys.readouterr().out
 
 
 def test_python_dash_m_draftsmith_runs_the_command(tmp_path):
     cfg = tmp_path / "spec.toml"
     cfg.write_text(_TOY_PLAN)
     for module in ("draftsmith", "draftsmith.cli"):
-        proc = subprocess.run([sys.executable, "-m", module, "plan", "--config", str(cfg)],
+        proc = subprocess.run([sys.executable, "-m", module, "plan", "--config", str(cfg),
+                               "--random-drafter"],
                               capture_output=True, text=True, check=False)
         assert proc.returncode == 0, proc.stderr
         assert "DraftPlan for family 'dspark-gqa'" in proc.stdout
@@ -43,13 +48,15 @@ def test_python_dash_m_draftsmith_runs_the_command(tmp_path):
 def test_plan_under_tp_shows_the_head_and_each_selection_route(tmp_path, capsys):
     cfg = tmp_path / "spec.toml"
     cfg.write_text(_TOY_PLAN)
-    assert main(["plan", "--config", str(cfg), "--tp-size", "2", "--tp-rank", "1"]) == 0
+    assert main(["plan", "--config", str(cfg), "--random-drafter", "--tp-size", "2",
+                 "--tp-rank", "1"]) == 0
     out = capsys.readouterr().out
     assert "TP = 2 (rank 1)" in out
     assert "target_head      = sharded  # rank 1 holds head rows 32..63 of V = 64" in out
     assert "target_selection = pair_argmax" in out and "draft_selection  = pair_argmax" in out
     assert "acceptance_probs = none" in out and "gather_fallbacks = -" in out
-    assert main(["plan", "--config", str(cfg), "--tp-size", "3"]) == 2  # the Markov head
+    assert main(["plan", "--config", str(cfg), "--random-drafter",
+                 "--tp-size", "3"]) == 2  # the Markov head
     assert "does not split into 3 even shards" in capsys.readouterr().err
 
 
@@ -64,7 +71,7 @@ def test_plan_shows_the_shipped_drafter_that_generate_runs(tmp_path, capsys):
         cfg = tmp_path / f"{family}.toml"
         cfg.write_text(f'[drafter]\nfamily = "{family}"\n[target]\nmodel = "smollm2-135m"\n'
                        'dtype = "float32"\ndevice = "cpu"\n')
-        assert plan_command(cfg, json_output=True) == 0
+        assert main(["plan", "--config", str(cfg), "--json"]) == 0
         decisions = {d["name"]: d["value"] for d in json.loads(capsys.readouterr().out)["decisions"]}
         shipped = json.loads((SHIPPED_DRAFTERS[family] / "config.json").read_text())
         # the random drafter would run in the target's float32

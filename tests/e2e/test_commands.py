@@ -10,7 +10,7 @@ import pytest
 from _tiny_models import save_tiny_model
 
 from draftsmith.cli import main
-from draftsmith.contract import LoadRequest, TargetInfo
+from draftsmith.contract import ConfigError, LoadRequest, TargetInfo
 from draftsmith.runtime.registry import load_registry
 from draftsmith.training.data import read_dataset
 
@@ -27,7 +27,8 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def _base(tiny_dir: Path) -> list[str]:
-    return ["--target", str(tiny_dir), "--device", "cpu", "--num-draft-tokens", "3"]
+    return ["--target", str(tiny_dir), "--device", "cpu", "--num-draft-tokens", "3",
+            "--random-drafter"]
 
 
 def test_generate_streams_text_and_prints_the_summary(capsys, tiny_dir) -> None:
@@ -35,6 +36,7 @@ def test_generate_streams_text_and_prints_the_summary(capsys, tiny_dir) -> None:
                           "10", *_base(tiny_dir))
     assert code == 0, err
     assert "--- summary: dspark-gqa, K = 3, greedy ---" in out
+    assert "\nselection: greedy: argmax, strict acceptance\n" in out
     assert "tokens generated 10" in out
     assert "accepted length per round (bonus included): mean" in out
     assert "   plain " in out and "tokens/s: speculative" in out
@@ -67,6 +69,8 @@ def test_generate_with_sampling_options(capsys, tiny_dir) -> None:
     assert code == 0, err
     report = json.loads(out)
     assert report["greedy"] is False and report["exact"] is None
+    # the summary names the temperature, both filters and the acceptance rule
+    assert report["selection"] == "sample: T = 0.8, top-k = 20, top-p off, acceptance = rejection"
     assert len(report["results"][0]["tokens"]) == 5
     # plain greedy ran (for its tokens/s), but a sampled result claims no exactness either
     assert report["plain_seconds"] is not None
@@ -136,10 +140,13 @@ def _random_checkpoint(path: Path, vocab: int, hidden: int) -> Path:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--target", "/nonexistent/model"], "neither 'smollm2-135m' nor an existing directory"),
+        (["--target", "/nonexistent/model", "--random-drafter"],
+         "neither 'smollm2-135m' nor an existing directory"),
         (["--checkpoint", "/nonexistent/ckpt"], "is not a directory"),
-        (["--top-k", "5"], "--top-k apply to sampling; add --temperature >= 1e-5"),
+        (["--top-k", "5"], "--top-k applies only to sampling, and selection is greedy"),
         (["--drafter", "nope"], "unknown drafter family 'nope'"),
+        ([], "drafter family 'dspark-gqa' has no checkpoint for target '{tiny}': pass "
+             "--checkpoint DIR (drafter.checkpoint in a config file), or --random-drafter"),
     ],
 )
 def test_bad_flags_give_one_line_errors(capsys, tiny_dir, argv, message) -> None:
@@ -148,8 +155,10 @@ def test_bad_flags_give_one_line_errors(capsys, tiny_dir, argv, message) -> None
                           *base, *argv)
     assert code == 2
     last = err.strip().splitlines()[-1]
-    assert last.startswith("draftsmith: error:") and message in last
+    assert last.startswith("draftsmith: error:") and message.format(tiny=tiny_dir) in last
     assert "Traceback" not in err
+    if not argv:  # no checkpoint and no --random-drafter: refused before anything loads
+        assert "[draftsmith] loading" not in err
 
 
 @pytest.mark.parametrize(("vocab", "hidden", "message"), [
@@ -203,8 +212,9 @@ def test_progress_callback_sees_growing_tokens_and_is_removed() -> None:
 
 
 def test_a_drafter_without_checkpoint_is_announced_as_untrained() -> None:
-    """Random weights accept next to nothing: the load log says so and names the shipped
-    drafter, so ``draftsmith eval`` without ``--checkpoint`` is not mistaken for a result."""
+    """Random weights accept next to nothing: the load log says so, so ``draftsmith eval
+    --random-drafter`` is not mistaken for a result; it suggests no path inside the repository
+    (an installed draftsmith has none)."""
     from _tiny_models import make_byte_tokenizer, tiny_target
 
     from draftsmith.runtime.api import load_decoder
@@ -216,7 +226,7 @@ def test_a_drafter_without_checkpoint_is_announced_as_untrained() -> None:
     load_decoder(config, target=tiny_target(), tokenizer=make_byte_tokenizer(), log=lines.append)
     text = "\n".join(lines)
     assert "random weights" in text and "untrained" in text
-    assert "--checkpoint draftsmith/checkpoints/smollm2-135m-dspark-gqa" in text
+    assert "draftsmith/checkpoints" not in text and "--checkpoint" not in text
     # plain decoding (train-data --engine draftsmith) never runs the drafter: no warning
     lines.clear()
     plain = config.model_copy(update={"num_draft_tokens": 0})
@@ -302,8 +312,8 @@ def test_train_reads_several_data_directories_and_exports(capsys, tiny_dir, tmp_
 
 def test_the_shipped_drafter_is_the_default_for_the_embedded_target(tmp_path) -> None:
     """``generate`` / ``eval`` on smollm2-135m with dspark-gqa or dflash load that family's shipped
-    checkpoint unless told otherwise; any other target, family, explicit options or
-    ``--random-drafter`` do not."""
+    checkpoint unless told otherwise; any other target, family or explicit options have none, and
+    are refused unless ``--random-drafter`` asks for random weights (or ``K = 0`` never drafts)."""
     import argparse
 
     from draftsmith.cli.common import SHIPPED_DRAFTER, SHIPPED_DRAFTERS, build_config
@@ -320,12 +330,17 @@ def test_the_shipped_drafter_is_the_default_for_the_embedded_target(tmp_path) ->
     assert checkpoint("--drafter", "dspark-gqa", "--target", "smollm2-135m") == SHIPPED_DRAFTER
     assert checkpoint("--random-drafter") is None
     assert checkpoint("--drafter", "dflash") == SHIPPED_DRAFTERS["dflash"]
-    assert checkpoint("--drafter", "dspark-mla") is None  # no shipped drafter of that family
-    assert checkpoint("--target", str(tmp_path)) is None
+    for refused in (["--drafter", "dspark-mla"], ["--target", str(tmp_path)]):
+        with pytest.raises(ConfigError, match="has no checkpoint for target"):
+            checkpoint(*refused)  # no shipped drafter of that family, or for that target
+        assert checkpoint(*refused, "--random-drafter") is None
+    assert checkpoint("--target", str(tmp_path), "--num-draft-tokens", "0") is None
     assert checkpoint("--checkpoint", str(tmp_path)) == tmp_path
     options = tmp_path / "random.toml"
     options.write_text("[drafter.options]\nnum_layers = 1\n")
-    assert checkpoint("--config", str(options)) is None
+    with pytest.raises(ConfigError, match="drafter.options are set but no drafter.checkpoint"):
+        checkpoint("--config", str(options))
+    assert checkpoint("--config", str(options), "--random-drafter") is None
     named = tmp_path / "named.toml"
     named.write_text(f"[drafter]\ncheckpoint = {str(tmp_path)!r}\n")
     assert checkpoint("--config", str(named)) == tmp_path

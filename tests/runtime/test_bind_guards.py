@@ -92,7 +92,8 @@ def test_a_plugin_strategy_is_planned_by_its_declared_capabilities(target):
     dec = bind(target, None, cfg, registry=registry)
     assert not dec.plan.greedy
     assert dec.plan.acceptance == "rejection"
-    assert "strategy 'softmax-draw'" in dec.plan.decision("acceptance_rule").reason
+    assert dec.plan.decision("acceptance_rule").reason.startswith(
+        "softmax-draw: no temperature, top-k off, top-p off, acceptance = rejection")
     assert dec.buffers.draft_probs is not None  # rejection sampling needs q
     assert dec.selector.prepared == {"max_rows": 5 * 4, "tp_size": 1,
                                      "use_kernels": dec.plan.kernels == "fused",

@@ -331,16 +331,17 @@ def test_generate_with_k_feeds_the_tally(nudged):
 
 
 def test_draftsmith_plan_prints_auto(tmp_path, capsys):
-    from draftsmith.cli.plan import plan_command
+    from draftsmith.cli import main
 
     path = tmp_path / "spec.toml"
     path.write_text('num_draft_tokens = "auto"\n[target]\nmodel = "toy"\ndevice = "cpu"\n'
                     '[drafter]\nfamily = "dspark-gqa"\noptions = {target_layer_ids = [0, 2]}\n')
-    assert plan_command(path) == 0
+    assert main(["plan", "--config", str(path), "--random-drafter"]) == 0
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.strip().startswith("num_draft_tokens"))
     assert "auto: chosen at bind per batch-size bucket" in line and "--measure" in line
-    assert plan_command(path, tp_size=2, measure=True) == 2
+    assert main(["plan", "--config", str(path), "--random-drafter", "--tp-size", "2",
+                 "--measure"]) == 2
     assert "--measure binds one process" in capsys.readouterr().err
 
 

@@ -82,7 +82,14 @@ def test_acceptance_decisions():
     assert rej.acceptance == "rejection" and "u * q < p" in rej.decision("acceptance_rule").reason
     strict = make_plan(_inputs(selection=_sample(temperature=0.7, acceptance="strict")), _caps(), TOY)
     assert strict.acceptance == "strict"
-    assert "one target sample per row" in strict.decision("acceptance_rule").reason
+    assert "one keyed target sample per row" in strict.decision("acceptance_rule").reason
+    # the reason names everything the selection does: temperature, both filters, acceptance
+    assert strict.decision("acceptance_rule").reason.startswith(
+        "sample: T = 0.7, top-k off, top-p off, acceptance = strict:")
+    filtered = make_plan(_inputs(selection=_sample(temperature=0.5, top_k=9, top_p=0.8)),
+                         _caps(), TOY)
+    assert filtered.decision("acceptance_rule").reason.startswith(
+        "sample: T = 0.5, top-k = 9, top-p = 0.8, acceptance = rejection:")
     t0 = make_plan(_inputs(selection=_sample(temperature=0.0)), _caps(), TOY)
     assert t0.greedy and t0.acceptance == "strict"
     forced = make_plan(_inputs(force_accepted=2.5), _caps(), TOY)

@@ -4,6 +4,7 @@ break one promise each fail exactly the check that guards it."""
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
@@ -544,3 +545,32 @@ def test_lazy_names_match_the_modules_exports() -> None:
     assert "DrafterConformance" in suite.__all__
     for name in kit._HOMES:
         assert getattr(kit, name) is not None
+
+
+PLUGINS_DOC = Path(__file__).parents[2] / "docs" / "plugins.md"
+
+
+def _kit_section() -> str:
+    text = PLUGINS_DOC.read_text(encoding="utf-8")
+    return text[text.index("## 6. The conformance kit"):text.index("## 7. ")]
+
+
+def test_every_exported_name_of_the_kit_is_documented() -> None:
+    """datasette's ``test_docs`` for the kit: each name ``draftsmith.testing`` exports is named in
+    docs/plugins.md section 6 (or removed)."""
+    import draftsmith.testing as kit
+
+    section = _kit_section()
+    missing = [name for name in kit.__all__ if not re.search(rf"`[^`]*\b{name}\b", section)]
+    assert not missing, f"docs/plugins.md section 6 does not document {missing}"
+
+
+def test_the_docs_example_gets_a_family_and_the_logits_of_a_block() -> None:
+    """The example of section 6 ("Tests of your own"), run verbatim."""
+    blocks = re.findall(r"```python\n(.*?)```", _kit_section(), re.S)
+    (example,) = [b for b in blocks if "run_probe(" in b]
+    namespace: dict = {}
+    exec(compile(example, str(PLUGINS_DOC), "exec"), namespace)  # noqa: S102 - the docs' code
+    logits, drafter = namespace["logits"], namespace["drafter"]
+    assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
+    assert drafter.capabilities.family == "dspark-gqa"

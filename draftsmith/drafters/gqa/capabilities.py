@@ -19,6 +19,7 @@ from draftsmith.contract import DrafterCapabilities, LoadRequest
 from draftsmith.drafters.checkpoint import TensorSource, read_config, tensor_headers
 from draftsmith.drafters.gqa.config import GQADrafterSpec
 from draftsmith.drafters.gqa.load import (
+    check_gqa_family,
     checked_state,
     checkpoint_dtype,
     checkpoint_spec,
@@ -45,6 +46,7 @@ def _checkpoint(request: LoadRequest,
 
 def gqa_capabilities(request: LoadRequest, family: str) -> DrafterCapabilities:
     """What ``load_gqa_drafter(request, family)`` declares, found without weights."""
+    check_gqa_family(family)
     if request.checkpoint is None:
         spec, _, target = random_spec(request, family)
         return _meta_model(request, spec, family).to(request.dtype or target.dtype).capabilities

@@ -18,6 +18,7 @@ from draftsmith.contract import (
     ConfigError,
     LoadRequest,
     MarkovHeadKind,
+    PluginError,
     TargetInfo,
 )
 from draftsmith.drafters.checkpoint import (
@@ -104,6 +105,22 @@ def _checkpoint_view(spec: GQADrafterSpec) -> dict[str, Any]:
     return view
 
 
+GQA_FAMILIES = ("dflash", "dspark-gqa")
+"""The families whose checkpoint conventions :func:`load_gqa_drafter` knows (the name decides how
+a checkpoint reads: z-lab or DSpark flavour, block convention, the layout ``save`` writes)."""
+
+
+def check_gqa_family(family: str) -> None:
+    """:class:`PluginError` unless ``family`` is one of :data:`GQA_FAMILIES`: another name would
+    read and save checkpoints by rules meant for neither."""
+    if family not in GQA_FAMILIES:
+        raise PluginError(
+            f"the GQA loader reads checkpoints as {' or '.join(map(repr, GQA_FAMILIES))}, not "
+            f"{family!r}; to offer a GQA drafter under the name {family!r}, register "
+            f"draftsmith.drafters.derived.derive_family('dspark-gqa', name={family!r}, ...) "
+            "(docs/plugins.md, 'A family built on a built-in one')")
+
+
 def random_spec(request: LoadRequest,
                 family: str) -> tuple[GQADrafterSpec, GQAArchitectureOptions, TargetInfo]:
     """The architecture of a randomly initialised drafter of ``family``: its spec from
@@ -122,7 +139,12 @@ def random_spec(request: LoadRequest,
 
 def load_gqa_drafter(request: LoadRequest, family: str) -> GQADrafter:
     """Build a drafter of ``family`` from ``request.checkpoint`` or, when it is ``None``, from
-    ``request.options`` with random weights drawn from ``request.seed``."""
+    ``request.options`` with random weights drawn from ``request.seed``.
+
+    :raises PluginError: when ``family`` is not ``dflash`` or ``dspark-gqa``
+        (:func:`~draftsmith.drafters.derived.derive_family` gives one of them another name).
+    """
+    check_gqa_family(family)
     target = request.target
     collectives = request.collectives
     tp_rank, tp_size = int(collectives.rank), int(collectives.world_size)
