@@ -51,6 +51,7 @@ from draftsmith.kernels.rms_norm import (
     rotate_half_rope_reference,
 )
 from draftsmith.kernels.swiglu import silu_mul, silu_mul_reference
+from draftsmith.runtime.targets.cpu_attention import cache_attention_cpu
 from draftsmith.runtime.targets.hf_cache import StaticKV
 from draftsmith.runtime.targets.hf_gemm import linear
 
@@ -215,7 +216,8 @@ class LayerLoop:
         kernels = x.is_cuda and x.dtype in _KERNEL_DTYPES
         cos, sin = self.decoder.rotary_emb(x, positions)
         cos, sin = cos.reshape(rows_out, hd), sin.reshape(rows_out, hd)
-        attend = cache_attention if kernels else cache_attention_reference
+        attend = (cache_attention if kernels else
+                  cache_attention_cpu if x.device.type == "cpu" else cache_attention_reference)
         token_rows, token_pos = write_rows.reshape(-1), positions.reshape(-1)
         h = x.reshape(rows_out, -1)
         normed = self._norm(h, self.layers[0].input_norm, kernels)
@@ -295,12 +297,15 @@ class LayerLoop:
             head_norm_rope_reference(heads, layer.qk_norm, layer.qk_eps, cos, sin, out=heads)
 
 
-def choose_layer_path(requested: str, blocker: str | None,
-                      device: torch.device) -> tuple[str, str]:
+def choose_layer_path(requested: str, blocker: str | None, device: torch.device,
+                      gemm: str = "torch") -> tuple[str, str]:
     """``(path, reason)`` for ``target.layers = requested``: ``'fused'`` or ``'transformers'``.
 
     ``auto`` takes the loop on a GPU when nothing blocks it (``blocker``: why it cannot run the
-    model); on the CPU launches cost nothing and transformers' modules are the reference.
+    model), and on the CPU when the target's GEMM (``gemm``) is ``packed``: there the loop's
+    products and per-token attention give a token's logits the same bits in a verification as
+    in one-by-one decoding (transformers' attention rounds 1 and 8 queries differently, ~1e-5);
+    with torch's GEMM on the CPU transformers' modules are the reference.
     :raises ConfigError: for an unknown value, or ``fused`` on a model the loop cannot run.
     """
     if requested not in ("auto", "fused", "transformers"):
@@ -314,6 +319,10 @@ def choose_layer_path(requested: str, blocker: str | None,
                               "target.layers to 'auto' or 'transformers'")
         return "transformers", f"transformers' own modules: {blocker}"
     if device.type != "cuda" and requested == "auto":
+        if gemm == "packed":
+            return "fused", ("draftsmith's layer loop on the CPU (packed products, per-token "
+                             "attention): a verification's logits have the bits of one-by-one "
+                             "decoding (target.layers = auto)")
         return "transformers", ("transformers' own modules: on the CPU launches cost nothing "
                                 "(target.layers = auto)")
     return "fused", ("draftsmith's layer loop (packed projections, fused norms and RoPE: about "
