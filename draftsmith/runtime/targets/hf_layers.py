@@ -162,7 +162,8 @@ class LayerLoop:
 
     :param model: the causal LM (its decoder's layers, rotary embedding and final norm are read;
         its projection parameters become views of packed tensors).
-    :param row_stable: whether GEMMs of up to 32 rows run the row-stable kernel on a GPU.
+    :param row_stable: whether GEMMs run the device's row-stable product: the Triton kernel at
+        up to 32 rows on a GPU, the packed oneDNN product (:mod:`.cpu_gemm`) on the CPU.
     """
 
     def __init__(self, model: torch.nn.Module, row_stable: bool) -> None:
