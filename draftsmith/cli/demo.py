@@ -43,8 +43,9 @@ DEMO_MAX_BATCH = 1
 DEMO_CPU_THREADS = 1
 """torch threads on the CPU. On a two-core machine shared with other work, torch's two-thread
 regions wait at every operation's barrier for a thread the scheduler has parked: a plain
-decoding step measured 66-80 ms with either thread count at load average 3-4, and 640-720 ms with
-two threads against 80 ms with one while three other processes ran (2026-12-03, 2-core EPYC)."""
+decoding step measured 66-80 ms with either thread count at load average 3-4, and 640-720 ms
+with two threads against 80 ms with one while three other processes ran (2026-12-03, 2-core
+EPYC)."""
 
 
 @dataclass(frozen=True)
