@@ -13,15 +13,16 @@ venv: $(STAMP)
 # torch 5, the extras 8, dflash 0.2), 2-core machine, 2026-12-03, uv's cache empty.
 # torch==2.13.0 goes in first on a machine without a GPU: it is the CPU build that lies on disk,
 # and a bare torch requirement would otherwise pull a multi-GB CUDA build. pip finds that file
-# through PIP_FIND_LINKS; uv reads only its own flags, so it is handed the same directory.
+# through PIP_FIND_LINKS; uv reads only its own flags, so it is handed the same directory, and
+# where PIP_FIND_LINKS is unset pip installs torch (it also reads its own config files).
 UV         := $(VENV)/bin/uv
 UV_INSTALL := $(UV) pip install -q --python $(PY)
-FIND_LINKS := $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
+TORCH_FIRST := $(if $(PIP_FIND_LINKS),$(UV_INSTALL) --find-links $(PIP_FIND_LINKS),$(PY) -m pip install -q)
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q uv
-	if ! command -v nvidia-smi >/dev/null 2>&1; then $(UV_INSTALL) $(FIND_LINKS) torch==2.13.0; fi
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(TORCH_FIRST) torch==2.13.0; fi
 	$(UV_INSTALL) -e '.[test,hf]'
 	$(UV_INSTALL) --no-deps dflash==0.1.0
 	$(PY) -c "import torch; print('torch', torch.__version__)"
