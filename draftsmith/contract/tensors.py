@@ -8,6 +8,7 @@ drafter layers, ``P`` pages per request row, ``P_sz`` page size.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
@@ -299,12 +300,24 @@ class LogitsShard(_Record):
 class OutputHead(_Record):
     """The target's output head (or this rank's column shard of it).
 
-    ``weight: [S, H]`` produces logits for global ids ``vocab_start .. vocab_start + S - 1``.
+    ``weight: [S, H]`` produces logits for global ids ``vocab_start .. vocab_start + S - 1``;
+    a drafter that shares the head computes them with :meth:`project`.
     """
 
     weight: torch.Tensor
     vocab_start: int
     vocab_size: int
+    product: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """The target's own product with ``weight`` (``hidden: [rows, H] -> [rows, S]`` in the
+    weight's dtype, equal to ``F.linear(hidden, weight)`` up to rounding; e.g. over a weight
+    packed for the CPU), or ``None`` for ``F.linear``."""
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden: [rows, H]`` (the weight's dtype) -> ``[rows, S]``, through :attr:`product`
+        when the target gives one."""
+        if self.product is not None:
+            return self.product(hidden)
+        return torch.nn.functional.linear(hidden, self.weight)
 
     def __post_init__(self) -> None:
         check_tensor("OutputHead.weight", self.weight, ("S", "H"), FLOAT_DTYPES)

@@ -90,11 +90,12 @@ def target_info_from_config(config: TargetConfig, tp_size: int = 1) -> TargetInf
     device = parse_device(config.device) or resolve_device("auto")
     dtype = TARGET_DTYPES[config.dtype]
     blocker = config_blocker(hf_config, config.split_layers and tp_size > 1)
-    path, reason = choose_layer_path(config.layers, blocker, device)
+    gemm = gemm_choice(config.gemm, dtype, device)
+    path, reason = choose_layer_path(config.layers, blocker, device, gemm)
     known = _known_name(config.model)
     info = _KNOWN_TARGETS[known] if known is not None else _target_sizes(hf_config, config.model)
-    return dataclasses.replace(info, dtype=dtype, gemm=gemm_choice(config.gemm, dtype, device),
-                               layer_path=path, layer_path_reason=reason)
+    return dataclasses.replace(info, dtype=dtype, gemm=gemm, layer_path=path,
+                               layer_path_reason=reason)
 
 
 def _hf_config(config: TargetConfig) -> dict:

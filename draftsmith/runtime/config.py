@@ -166,13 +166,16 @@ class TargetConfig(_Strict):
     and ``down_proj``), so each rank holds ``1 / TP`` of them; needs the attention heads, the
     key/value heads and the intermediate size divisible by ``TP``. Off: every rank holds the
     whole decoder and only the LM head is split. Ignored with one process."""
-    gemm: Literal["auto", "torch", "row-stable"] = "auto"
+    gemm: Literal["auto", "torch", "row-stable", "packed"] = "auto"
     """How the target's linear layers multiply at up to 32 rows (above, and in prefill, torch's
     GEMM runs, the faster one there). ``row-stable``: a Triton GEMM whose result for a row does
     not depend on the rows beside it (verifying up to 32 tokens rounds exactly as decoding them
-    one by one); on a GPU only. ``torch``: torch's GEMM (cuBLAS). ``auto``: ``row-stable`` for
-    fp32 on CUDA, where cuBLAS's few-row fp32 kernels are several times slower than its one-row
-    kernel, ``torch`` otherwise."""
+    one by one); on a GPU only. ``packed``: on the CPU, oneDNN's product over weights packed at
+    load, at every row count (a row's result does not depend on the row count; 2-8 rows cost
+    about one). ``torch``: torch's GEMM (cuBLAS, MKL). ``auto``: ``row-stable`` for fp32 on CUDA,
+    where cuBLAS's few-row fp32 kernels are several times slower than its one-row kernel,
+    ``packed`` on the CPU where torch has oneDNN (fp32, and bf16 where the CPU has it),
+    ``torch`` otherwise."""
     layers: Literal["auto", "fused", "transformers"] = "auto"
     """What runs a Hugging Face target's decoder layers. ``fused``: draftsmith's loop over the
     model's weights (packed projections, the residual add fused with each RMSNorm, RoPE in one

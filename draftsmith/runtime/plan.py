@@ -539,6 +539,11 @@ def make_plan(
            "does not depend on the rows beside it, so a verification of up to 32 tokens "
            "rounds as plain decoding does; torch's GEMM, faster there, above (target.gemm)"
            if target.gemm == "row-stable"
+           else "the target's linear layers and head run oneDNN's product over weights packed "
+           "at load (the drafter's logits too): 2-8 rows cost about one, and a row's result "
+           "does not depend on the row count, so a verification rounds as plain decoding does "
+           "(target.gemm)"
+           if target.gemm == "packed"
            else "the target's linear layers run torch's GEMM (target.gemm)")
     decide("target_forward", target.layer_path,
            target.layer_path_reason or "the target's own forward runs its layers")

@@ -187,13 +187,16 @@ def test_a_malformed_target_config_is_a_config_error(tmp_path, text, match):
 
 def test_plan_only_names_what_will_run_the_target_layers(tmp_path):
     """``draftsmith plan`` resolves ``target.layers`` from the config alone, by the rule the
-    loaded target applies: the loop on a GPU when the model type allows it, transformers' modules
-    on the CPU, for other model types and for layers split by TP; ``fused`` where the loop
-    cannot run is a ConfigError naming why."""
+    loaded target applies: the loop on a GPU when the model type allows it, and on the CPU with
+    the packed product; transformers' modules on the CPU with torch's GEMM, for other model
+    types and for layers split by TP; ``fused`` where the loop cannot run is a ConfigError
+    naming why."""
     cuda = target_info_from_config(TargetConfig(device="cuda"))
     assert cuda.layer_path == "fused" and "layer loop" in cuda.layer_path_reason
     cpu = target_info_from_config(TargetConfig(device="cpu"))
-    assert cpu.layer_path == "transformers" and "CPU" in cpu.layer_path_reason
+    assert cpu.layer_path == "fused" and "CPU" in cpu.layer_path_reason  # with packed products
+    cpu_torch = target_info_from_config(TargetConfig(device="cpu", gemm="torch"))
+    assert cpu_torch.layer_path == "transformers" and "CPU" in cpu_torch.layer_path_reason
     split = target_info_from_config(TargetConfig(device="cuda", split_layers=True), tp_size=2)
     assert split.layer_path == "transformers" and "tensor parallelism" in split.layer_path_reason
     forced = target_info_from_config(TargetConfig(device="cpu", layers="fused"))
@@ -209,7 +212,9 @@ def test_plan_only_names_what_will_run_the_target_layers(tmp_path):
 @pytest.mark.parametrize("dtype,device,gemm,want", [
     ("float32", "cuda", "auto", "row-stable"),
     ("bfloat16", "cuda", "auto", "torch"),
-    ("float32", "cpu", "auto", "torch"),
+    ("float32", "cpu", "auto", "packed"),
+    ("float16", "cpu", "auto", "torch"),
+    ("float32", "cpu", "torch", "torch"),
     ("bfloat16", "cuda", "row-stable", "row-stable"),
     ("float32", "cuda", "torch", "torch"),
 ])

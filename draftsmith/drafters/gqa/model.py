@@ -342,7 +342,7 @@ class GQADrafter(nn.Module):
                 f"drafter needs V={s.vocab_size}, H={s.hidden_size}"
             )
         with torch.no_grad():
-            logits = F.linear(hidden.to(head.weight.dtype), head.weight).float()
+            logits = head.project(hidden.to(head.weight.dtype)).float()
             if s.output_multiplier != 1.0:
                 logits = logits * s.output_multiplier
             cap = s.final_logit_softcapping

@@ -549,7 +549,7 @@ class DSparkMLADrafter(nn.Module):
                 f"output head covers vocab {head.vocab_size} x hidden {head.weight.shape[1]}, "
                 f"the drafter has {self.cfg.vocab_size} x {self.cfg.hidden_size}"
             )
-        logits = F.linear(hidden.to(head.weight.dtype), head.weight).float()
+        logits = head.project(hidden.to(head.weight.dtype)).float()
         return LogitsShard(logits=logits, vocab_start=head.vocab_start, vocab_size=head.vocab_size)
 
     def markov_head(self) -> MarkovHeadWeights | None:

@@ -42,6 +42,7 @@ from draftsmith.contract import (
 from draftsmith.kernels import interpreted
 from draftsmith.runtime.buckets import PREFILL_TOKENS, PREFILL_WIDTHS, prefill_width
 from draftsmith.runtime.buffers import available_bytes
+from draftsmith.runtime.targets.cpu_gemm import PackedLinear, use_packed
 from draftsmith.runtime.targets.hf_cache import StaticKV, row_cache
 from draftsmith.runtime.targets.hf_gemm import gemm_choice, use_row_stable
 from draftsmith.runtime.targets.hf_layers import LayerLoop, choose_layer_path, fused_blocker
@@ -102,14 +103,17 @@ class HFTarget:
         self._capture_ids: tuple[int, ...] = ()
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks: list[Any] = []
-        self._gemm = gemm_choice(gemm, self.dtype, self.device)
-        self._use_gemm()
         self._loop: LayerLoop | None = None
+        self._gemm = gemm_choice(gemm, self.dtype, self.device)
         self._layer_path, self.layer_path_reason = choose_layer_path(
-            requested_layers, fused_blocker(model, self.layers_split), self.device)
+            requested_layers, fused_blocker(model, self.layers_split), self.device, self._gemm)
+        self._use_gemm()
         if self._layer_path == "fused":
-            self._loop = LayerLoop(model, row_stable=self._gemm == "row-stable",
-                                   interpret=self.device.type != "cuda" and interpreted())
+            # an explicit fused loop on the CPU under Triton's interpreter runs the GPU path's
+            # kernels (the tests of that path); auto on the CPU runs the CPU's own products
+            interpret = (self.device.type != "cuda" and interpreted()
+                         and requested_layers == "fused")
+            self._loop = LayerLoop(model, row_stable=self._gemm != "torch", interpret=interpret)
             self.layer_path_reason += f"; {self._loop.products_reason}"
 
     @property
@@ -121,9 +125,13 @@ class HFTarget:
     def _use_gemm(self) -> None:
         """Give every plain ``nn.Linear`` of the decoder layers and the head the chosen GEMM
         (layers split by tensor parallelism keep transformers' own)."""
+        modules = [self._head] if self.layers_split else [*self._layers.modules(), self._head]
+        if self._gemm == "packed" and self._layer_path == "fused":
+            modules = [self._head]  # the layer loop packs its own (packed_linear)
         if self._gemm == "row-stable":
-            use_row_stable([self._head] if self.layers_split
-                           else [*self._layers.modules(), self._head])
+            use_row_stable(modules)
+        elif self._gemm == "packed":
+            use_packed(modules)
 
     @property
     def gemm(self) -> str:
@@ -131,7 +139,9 @@ class HFTarget:
         :data:`~draftsmith.runtime.targets.hf_gemm.ROW_STABLE_MAX_ROWS` rows on a GPU:
         ``'row-stable'`` (:func:`draftsmith.kernels.linear.linear`: each row's result is
         bit-identical whatever the row count, so verifying ``K + 1`` tokens rounds as decoding
-        them one by one does) or ``'torch'`` (torch's GEMM)."""
+        them one by one does), ``'packed'`` on the CPU (:mod:`.cpu_gemm`: oneDNN over weights
+        packed at load, every row count, a row's bits likewise independent of the row count) or
+        ``'torch'`` (torch's GEMM)."""
         return self._gemm
 
     # ---- static description -----------------------------------------------------------
@@ -196,9 +206,12 @@ class HFTarget:
 
     def output_head(self) -> OutputHead:
         """The output head ``[S, H_t]`` this process holds: the whole head (the embedding table
-        when tied), or after :meth:`shard_vocab` this rank's rows."""
-        return OutputHead(weight=_local(self._head.weight), vocab_start=self._vocab_start,
-                          vocab_size=self.vocab_size)
+        when tied), or after :meth:`shard_vocab` this rank's rows; with the packed product, the
+        drafter's logits run it too (``OutputHead.product``)."""
+        head = self._head
+        return OutputHead(weight=_local(head.weight), vocab_start=self._vocab_start,
+                          vocab_size=self.vocab_size,
+                          product=head.forward if isinstance(head, PackedLinear) else None)
 
     def shard_vocab(self, tp_rank: int, tp_size: int) -> None:
         """Keep only rank ``tp_rank``'s rows ``[rho * S, (rho + 1) * S)`` of the LM head

@@ -12,6 +12,7 @@ import torch
 
 from draftsmith.contract import ConfigError
 from draftsmith.kernels.linear import linear as row_stable_linear
+from draftsmith.runtime.targets.cpu_gemm import packed_blocker, packed_linear
 
 ROW_STABLE_MAX_ROWS = 32
 """Largest row count the row-stable GEMM takes; above it (prefill, verification of more than 32
@@ -35,28 +36,39 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
            row_stable: bool) -> torch.Tensor:
     """``x @ weight.T + bias`` (``x: [..., in]``, ``weight: [out, in]``): the row-stable kernel
     when ``row_stable`` and ``x`` is on a GPU with at most :data:`ROW_STABLE_MAX_ROWS` rows,
-    torch's GEMM otherwise."""
+    the packed product (:mod:`.cpu_gemm`, every row count) when ``row_stable`` and ``x`` is on
+    the CPU, torch's GEMM otherwise."""
     if row_stable and x.is_cuda and x.numel() <= ROW_STABLE_MAX_ROWS * weight.shape[1]:
         return row_stable_linear(x, weight, bias)
+    if row_stable and x.device.type == "cpu":
+        return packed_linear(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)
 
 
 def gemm_choice(requested: str, dtype: torch.dtype, device: torch.device) -> str:
-    """``'row-stable'`` or ``'torch'`` for ``target.gemm = requested``.
+    """``'row-stable'``, ``'packed'`` or ``'torch'`` for ``target.gemm = requested``.
 
     ``auto`` takes the row-stable GEMM for fp32 on CUDA: there cuBLAS multiplies 2-16 rows
     (every verification, and plain decoding of a batch) with kernels up to 15x slower than its
     one-row GEMV (``benchmarks/linear.py``), and a row's rounding changes with the row count.
     In bf16 and fp16 its few-row kernels already run at the launch floor, so ``auto`` keeps them.
+    On the CPU ``auto`` takes the packed oneDNN product (:mod:`.cpu_gemm`) for the same two
+    reasons (MKL's 2-8 row products cost 1.5-2x its one-row product), where torch can run it.
     """
-    if requested not in ("auto", "torch", "row-stable"):
-        raise ConfigError(f"target.gemm must be 'auto', 'torch' or 'row-stable', got "
+    if requested not in ("auto", "torch", "row-stable", "packed"):
+        raise ConfigError(f"target.gemm must be 'auto', 'torch', 'row-stable' or 'packed', got "
                           f"{requested!r}")
     if requested == "row-stable" and device.type != "cuda":
         raise ConfigError(f"target.gemm = 'row-stable' runs a Triton kernel on a GPU; the "
                           f"target is on {device}; set target.gemm to 'auto' or 'torch'")
+    blocker = packed_blocker(dtype, device)
+    if requested == "packed" and blocker is not None:
+        raise ConfigError(f"target.gemm = 'packed' cannot run: {blocker}; set target.gemm to "
+                          "'auto' or 'torch'")
     if requested == "auto":
-        return "row-stable" if device.type == "cuda" and dtype == torch.float32 else "torch"
+        if device.type == "cuda":
+            return "row-stable" if dtype == torch.float32 else "torch"
+        return "packed" if blocker is None else "torch"
     return requested
 
 

@@ -65,6 +65,7 @@ from draftsmith.kernels.rms_norm import (
 )
 from draftsmith.kernels.rope_store import rope_store, rope_store_reference
 from draftsmith.kernels.swiglu import silu_mul, silu_mul_reference
+from draftsmith.runtime.targets.cpu_attention import cache_attention_cpu
 from draftsmith.runtime.targets.hf_cache import StaticKV
 from draftsmith.runtime.targets.hf_gemm import linear
 
@@ -192,9 +193,10 @@ class LayerLoop:
 
     :param model: the causal LM (its decoder's layers, rotary embedding and final norm are read;
         its projection parameters become views of packed tensors).
-    :param row_stable: whether GEMMs of up to 32 rows run the row-stable kernel on a GPU.
-    :param interpret: run the kernels on CPU tensors too (under Triton's interpreter, fp32, every
-        dtype taking the few-row path): how the tests check the GPU path on a CPU.
+    :param row_stable: whether GEMMs run the device's row-stable product: the Triton kernel at
+        up to 32 rows on a GPU, the packed oneDNN product (:mod:`.cpu_gemm`) on the CPU.
+    :param interpret: run the GPU path's kernels on CPU tensors (under Triton's interpreter,
+        fp32, every dtype taking the few-row path): how the tests check the GPU path on a CPU.
     """
 
     def __init__(self, model: torch.nn.Module, row_stable: bool, interpret: bool = False) -> None:
@@ -217,12 +219,14 @@ class LayerLoop:
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self.product_dtypes = (*FUSED_PRODUCT_DTYPES, torch.float32) if interpret \
             else FUSED_PRODUCT_DTYPES
+        on_gpu = self.decoder.embed_tokens.weight.is_cuda or interpret
         self.products_reason = (
+            "no few-row path: its kernels run on a GPU" if not on_gpu else
+            f"no few-row path: RoPE type {rope_type!r} changes its frequencies with the length"
+            if self.inv_freq is None else
             f"few-row path (up to {FUSED_PRODUCT_ROWS} tokens, "
             f"{', '.join(str(d).removeprefix('torch.') for d in self.product_dtypes)}): eight "
-            "launches a layer, the residual adds and the gate inside the products"
-            if self.inv_freq is not None else
-            f"no few-row path: RoPE type {rope_type!r} changes its frequencies with the length")
+            "launches a layer, the residual adds and the gate inside the products")
         """Which layer path decoding steps take, and why (for the plan)."""
 
     def _kernels(self, x: torch.Tensor) -> bool:
@@ -284,7 +288,8 @@ class LayerLoop:
         kernels = self._kernels(x)
         cos, sin = self.decoder.rotary_emb(x, positions)
         cos, sin = cos.reshape(rows_out, hd), sin.reshape(rows_out, hd)
-        attend = cache_attention if kernels else cache_attention_reference
+        attend = (cache_attention if kernels else
+                  cache_attention_cpu if x.device.type == "cpu" else cache_attention_reference)
         h = x.reshape(rows_out, -1)
         normed = self._norm(h, self.layers[0].input_norm, kernels)
         last = len(self.layers) - 1
@@ -403,12 +408,15 @@ class LayerLoop:
             head_norm_rope_reference(heads, layer.qk_norm, layer.qk_eps, cos, sin, out=heads)
 
 
-def choose_layer_path(requested: str, blocker: str | None,
-                      device: torch.device) -> tuple[str, str]:
+def choose_layer_path(requested: str, blocker: str | None, device: torch.device,
+                      gemm: str = "torch") -> tuple[str, str]:
     """``(path, reason)`` for ``target.layers = requested``: ``'fused'`` or ``'transformers'``.
 
     ``auto`` takes the loop on a GPU when nothing blocks it (``blocker``: why it cannot run the
-    model); on the CPU launches cost nothing and transformers' modules are the reference.
+    model), and on the CPU when the target's GEMM (``gemm``) is ``packed``: there the loop's
+    products and per-token attention give a token's logits the same bits in a verification as
+    in one-by-one decoding (transformers' attention rounds 1 and 8 queries differently, ~1e-5);
+    with torch's GEMM on the CPU transformers' modules are the reference.
     :raises ConfigError: for an unknown value, or ``fused`` on a model the loop cannot run.
     """
     if requested not in ("auto", "fused", "transformers"):
@@ -422,6 +430,10 @@ def choose_layer_path(requested: str, blocker: str | None,
                               "target.layers to 'auto' or 'transformers'")
         return "transformers", f"transformers' own modules: {blocker}"
     if device.type != "cuda" and requested == "auto":
+        if gemm == "packed":
+            return "fused", ("draftsmith's layer loop on the CPU (packed products, per-token "
+                             "attention): a verification's logits have the bits of one-by-one "
+                             "decoding (target.layers = auto)")
         return "transformers", ("transformers' own modules: on the CPU launches cost nothing "
                                 "(target.layers = auto)")
     return "fused", ("draftsmith's layer loop (packed projections, fused norms and RoPE: about "

@@ -9,6 +9,7 @@ import torch
 from _tiny_models import make_tiny_causal_lm, save_tiny_model
 
 from draftsmith.contract import ConfigError, PlanError, ShapeError, TargetModel
+from draftsmith.runtime.targets.cpu_gemm import PackedLinear
 from draftsmith.runtime.targets.hf import HFTarget, load_hf_target
 
 ATOL = 1e-5
@@ -435,8 +436,8 @@ def test_forward_rows_into_a_slot_with_last_logits_equals_prefill(model: torch.n
     torch.testing.assert_close(a.logits.logits, b.logits.logits, atol=ATOL, rtol=0)
 
 
-def test_gemm_choice_is_checked_and_torch_on_the_cpu(model: torch.nn.Module) -> None:
-    assert _target(model).gemm == "torch"
+def test_gemm_choice_is_checked_and_packed_on_the_cpu(model: torch.nn.Module) -> None:
+    assert _target(model).gemm == "packed"  # test_cpu_gemm.py checks what it does
     assert not any(type(m).__name__ == "RowStableLinear" for m in model.modules())
     with pytest.raises(ConfigError, match="row-stable.*GPU.*'auto' or 'torch'"):
         _target(model, gemm="row-stable")
@@ -453,6 +454,7 @@ def test_target_layers_refuses_what_the_loop_cannot_run() -> None:
         HFTarget(model, layers="fused")
     kept = HFTarget(model)
     assert kept.layer_path == "transformers" and "hidden_act" in kept.layer_path_reason
+    assert kept.gemm == "packed" and isinstance(kept.model.lm_head, PackedLinear)
 
 
 @pytest.mark.gpu

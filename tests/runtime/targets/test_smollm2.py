@@ -121,8 +121,11 @@ def test_converted_smollm2_matches_its_config_and_captures_features() -> None:
     out = target.prefill([0], [ids])
     ref = target.model(ids[None], output_hidden_states=True)
     want = torch.cat([ref.hidden_states[i + 1][0] for i in (1, 14, 27)], dim=-1)
-    torch.testing.assert_close(out.features, want, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(out.logits.logits, ref.logits[0], atol=1e-4, rtol=1e-4)
+    # the CPU target runs draftsmith's layer loop over packed products (target.layers and
+    # target.gemm = auto), which sums in another order than transformers' modules: 1.5e-4 at
+    # most after 28 layers, seen on 2026-12-03
+    torch.testing.assert_close(out.features, want, atol=4e-4, rtol=1e-4)
+    torch.testing.assert_close(out.logits.logits, ref.logits[0], atol=4e-4, rtol=1e-4)
     # An instruct model answers this one: the greedy continuation starts with "2 + 3 = 5".
     first = int(out.logits.logits[-1].argmax())
     assert tokenizer.decode([first]).strip() in {"2", "The", "5"}
