@@ -28,7 +28,8 @@ ids, so when every shard starts at a multiple of ``GROUP_SIZE`` each TP split yi
 token. A shard starting inside a group scores its partial first group with a draw keyed on the
 shard's first id under :data:`PIECE_STREAM_BIT` (independent of the draw of the group's other
 piece on the previous rank): still exact in distribution, but no longer the same token as other
-splits. A partial last group (``S`` not a multiple of ``GROUP_SIZE``) is an ordinary group that
+splits, so vocab-parallel selection gathers the rows of such a split instead
+(``draftsmith.selection.eligibility.gumbel_pairs_split_invariant``). A partial last group (``S`` not a multiple of ``GROUP_SIZE``) is an ordinary group that
 starts aligned.
 
 Greedy rows (``T <= 0``) are the plain order-T argmax pair (``argmax_pair``'s bits): the group

@@ -3,7 +3,8 @@
 Owns :func:`vocab_parallel_eligibility` (and the rules for when full logits must be gathered) and
 :func:`selection_route` (the path a strategy takes for a given TP size). Both are pure functions
 of configuration, so every rank reaches the same decision without communicating. Imports
-``draftsmith.contract`` and ``draftsmith.selection.configs`` only; never torch.distributed.
+``draftsmith.contract``, ``draftsmith.selection.configs`` and the Gumbel group size of
+``draftsmith.kernels.gumbel_pair``; never torch.distributed.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from draftsmith.contract import SelectorCapabilities
+from draftsmith.kernels.gumbel_pair import GROUP_SIZE
 from draftsmith.selection.configs import GreedyConfig, SampleConfig, capabilities_of
 
 MAX_EXACT_VOCAB = 2**24
@@ -120,6 +122,13 @@ def vocab_parallel_eligibility(
     )
 
 
+def gumbel_pairs_split_invariant(shard_width: int) -> bool:
+    """Whether per-rank Gumbel pairs over even shards of ``shard_width`` draw the token one rank
+    draws from the whole row: every shard border must fall on a group border, or the border
+    cuts that group's draw in two (:mod:`draftsmith.kernels.gumbel_pair`)."""
+    return shard_width % GROUP_SIZE == 0
+
+
 def _strategy_blockers(strategy: SelectorCapabilities | None) -> tuple[list[str], list[str]]:
     """``(other blockers, filter blockers)`` of a strategy's declared capabilities."""
     if strategy is None or (strategy.greedy and strategy.vocab_parallel):
@@ -151,6 +160,11 @@ def selection_route(
     if elig.ok:
         if greedy:
             return SelectionRoute("pair_argmax", elig.reason)
+        if not gumbel_pairs_split_invariant(vocab_size // tp_size):
+            return SelectionRoute(
+                "gather", f"gather logits: shard width S = {vocab_size // tp_size} is not a "
+                f"multiple of the Gumbel group size {GROUP_SIZE}, and per-rank pairs would then "
+                "draw another token than one rank does")
         return SelectionRoute("gumbel_pairs", elig.reason + " (temperature-only sampling)")
     if (
         elig.filter_only
@@ -171,6 +185,7 @@ __all__ = [
     "RouteKind",
     "SelectionRoute",
     "VocabParallelEligibility",
+    "gumbel_pairs_split_invariant",
     "selection_route",
     "vocab_parallel_eligibility",
 ]

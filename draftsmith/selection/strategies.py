@@ -36,6 +36,7 @@ from draftsmith.selection.vocab_parallel import (
     sharded_argmax,
     sharded_gumbel_sample,
     sharded_top_k_candidates,
+    whole_rows,
 )
 
 
@@ -152,6 +153,8 @@ class SampleSelector(_Selector):
         route = self.route(collectives.world_size, logits.vocab_size)
         draw = self._draw(route, logits)
         if draw == "pairs":
+            if route.kind == "gather":  # the same two-level draw, from the gathered rows
+                logits, collectives = whole_rows(logits, collectives), SingleRank()
             temps = torch.full((rows,), cfg.temperature, dtype=torch.float32,
                                device=logits.logits.device)
             return sharded_gumbel_sample(logits, temps, key, stream, collectives,
@@ -175,12 +178,13 @@ class SampleSelector(_Selector):
     def _draw(self, route: SelectionRoute,
               logits: LogitsShard) -> Literal["pairs", "topk_merge", "sort"]:
         """How :meth:`select` draws on ``route``: ``"pairs"`` (keyed Gumbel pairs, no filter
-        or a TP split that needs none), ``"topk_merge"`` (each rank's top-k, merged) or
+        or a TP split that needs none; from the gathered rows on the ``gather`` route, so the
+        token is the one a single rank draws), ``"topk_merge"`` (each rank's top-k, merged) or
         ``"sort"`` (whole rows gathered and sorted for top-k / top-p, the filtering that
         :meth:`probs` repeats and :meth:`select_with_probs` shares)."""
         cfg = self.config
         filtered = (0 < cfg.top_k < logits.vocab_size) or cfg.top_p < 1.0
-        if route.kind == "gumbel_pairs" or (route.kind == "local" and not filtered):
+        if route.kind == "gumbel_pairs" or not filtered:
             return "pairs"
         return "topk_merge" if route.kind == "topk_candidates" else "sort"
 

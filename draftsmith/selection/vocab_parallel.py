@@ -19,9 +19,11 @@ from draftsmith.contract import (
     PlanError,
     SamplingKey,
     ShapeError,
+    SingleRank,
 )
 from draftsmith.kernels.argmax_pair import EXCHANGE_COLUMNS, argmax_pair, argmax_pair_reference
 from draftsmith.kernels.gumbel_pair import gumbel_pair, gumbel_pair_reference
+from draftsmith.selection.eligibility import gumbel_pairs_split_invariant
 
 ExchangeMethod = Literal["auto", "sum", "gather"]
 
@@ -156,9 +158,13 @@ def sharded_gumbel_sample(
 
     ``temperatures: [rows] float32`` (``<= 0``: greedy row); ``key`` seeds and offsets per row;
     ``stream`` 0/1/2. The token depends only on the full row, the key and the stream, never on
-    the TP split.
+    the TP split: where the shard width is not a multiple of the Gumbel group size, a border
+    would cut a group's draw in two (:mod:`draftsmith.kernels.gumbel_pair`), so the rows are
+    gathered and every rank draws from them whole, as one rank does.
     """
     check_shard_layout(shard, collectives)
+    if not gumbel_pairs_split_invariant(shard.shard_width):
+        shard, collectives = whole_rows(shard, collectives), SingleRank()
     tp, rank = collectives.world_size, collectives.rank
     rows = shard.logits.shape[0]
     staging = _staging(rows, tp, shard.logits.device, workspace)
@@ -167,6 +173,11 @@ def sharded_gumbel_sample(
          key.offsets.contiguous(), stream, shard.vocab_start, staging, rank)
     gathered = exchange_pairs(staging, collectives, _method_for(rows, tp, workspace, method))
     return decode_pairs(gathered, tp)
+
+
+def whole_rows(shard: LogitsShard, collectives: Collectives) -> LogitsShard:
+    """The full rows of ``shard`` (gathered, fp32) as the shard of one rank."""
+    return LogitsShard(gather_logits(shard, collectives), 0, shard.vocab_size)
 
 
 def gather_logits(shard: LogitsShard, collectives: Collectives) -> torch.Tensor:
@@ -242,4 +253,5 @@ __all__ = [
     "sharded_argmax",
     "sharded_gumbel_sample",
     "sharded_top_k_candidates",
+    "whole_rows",
 ]
