@@ -29,8 +29,8 @@ token. A shard starting inside a group scores its partial first group with a dra
 shard's first id under :data:`PIECE_STREAM_BIT` (independent of the draw of the group's other
 piece on the previous rank): still exact in distribution, but no longer the same token as other
 splits, so vocab-parallel selection gathers the rows of such a split instead
-(``draftsmith.selection.eligibility.gumbel_pairs_split_invariant``). A partial last group (``S`` not a multiple of ``GROUP_SIZE``) is an ordinary group that
-starts aligned.
+(``draftsmith.selection.eligibility.gumbel_pairs_split_invariant``). A partial last group
+(``S`` not a multiple of ``GROUP_SIZE``) is an ordinary group that starts aligned.
 
 Greedy rows (``T <= 0``) are the plain order-T argmax pair (``argmax_pair``'s bits): the group
 score is the group's maximum, the token the group's first maximum, the value the token's logit.
