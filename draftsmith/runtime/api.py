@@ -21,9 +21,10 @@ Example (the README's; a config path, or nothing for ``draftsmith generate``'s d
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from draftsmith.contract import (
     SingleRank,
     TargetInfo,
 )
-from draftsmith.parallel import active_collectives
+from draftsmith.parallel import active_collectives, rank_device
 from draftsmith.runtime.bind import bind, load_drafter
 from draftsmith.runtime.buckets import bucket, row_buckets
 from draftsmith.runtime.config import SpecConfig, parse_device, read_config_file
@@ -367,6 +368,11 @@ class Decoder:
         """:meth:`generate` on token ids (no chat template)."""
         ids = check_prompt_ids(prompt_ids, self.target.vocab_size)
         check_max_new_tokens(max_new_tokens, len(ids))
+        check_ranks_start_alike(self.spec.collectives, {
+            **_prompt_inputs(ids), "max_new_tokens": max_new_tokens,
+            "seeds": None if seeds is None else [int(s) for s in seeds],
+            "compare_plain": compare_plain, "stop_token_ids": list(self.stop_token_ids),
+        }, self.target.device)
         stops = list(self.stop_token_ids)
         spec = self.spec_for(len(ids))
         off = spec.plan.num_draft_tokens == 0
@@ -439,7 +445,8 @@ def encode_text(tokenizer: Any, prompt: str, chat: bool = True) -> list[int]:
 
 
 class RankDisagreementError(DraftsmithError):
-    """Tensor-parallel ranks emitted different tokens (a bug: every selection is collective)."""
+    """Tensor-parallel ranks disagree: on what they were started with (config, prompts, budgets:
+    the user's to fix), or on the tokens they emitted (a bug: every selection is collective)."""
 
 
 def tokens_digest(token_lists: Sequence[Sequence[int]]) -> int:
@@ -465,6 +472,74 @@ def check_ranks_agree(collectives: Collectives, token_lists: Sequence[Sequence[i
             f"tensor-parallel ranks emitted different {what} tokens: ranks {differ} differ from "
             f"rank 0 (token digests {every}); every selection is collective, so this is a bug"
         )
+
+
+def check_ranks_start_alike(collectives: Collectives, inputs: Mapping[str, Any],
+                            device: torch.device | str = "cpu") -> None:
+    """Every rank of ``collectives`` brings the same ``inputs`` (names to JSON-ready values)
+    before any collective that depends on them: ranks given other prompts decode one wrong
+    text together, and ranks given other budgets or ``K`` leave each other waiting in a
+    collective (a hang, or an abort inside gloo). Two all-gathers of fixed shapes (the sizes,
+    then the records), so ranks that disagree on everything still meet; nothing at one rank.
+
+    :raises RankDisagreementError: on every rank alike, one line naming each input that differs
+        and its value on each rank.
+    """
+    if collectives.world_size == 1:
+        return
+    mine = json.dumps(dict(inputs), sort_keys=True, default=str).encode("utf-8")
+    size = torch.tensor([len(mine)], dtype=torch.int64, device=device)
+    sizes = [int(n) for n in collectives.all_gather(size, dim=0).tolist()]
+    padded = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
+    padded[:len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8).to(device)
+    every = collectives.all_gather(padded, dim=0).view(len(sizes), -1).cpu()
+    records = [json.loads(bytes(every[r, :n].tolist()).decode("utf-8"))
+               for r, n in enumerate(sizes)]
+    names = sorted(set().union(*records), key=lambda k: (k not in inputs, k))
+    differ = [name for name in names if any(rec.get(name, _UNSET) != records[0].get(name, _UNSET)
+                                            for rec in records)]
+    if not differ:
+        return
+    shown = [f"{name} (" + ", ".join(f"rank {r}: {_short(rec.get(name, _UNSET))}"
+                                     for r, rec in enumerate(records)) + ")"
+             for name in differ[:4]]
+    more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
+    raise RankDisagreementError(
+        f"tensor-parallel ranks were started with different inputs: {'; '.join(shown)}{more}; "
+        "start every rank with the same config, prompts and flags")
+
+
+_UNSET = "(unset)"
+
+
+def _short(value: Any) -> str:
+    text = value if value == _UNSET else json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _config_inputs(config: SpecConfig) -> dict[str, Any]:
+    """The resolved config as ``{dotted.name: value}``, leaves only, without the one field that
+    differs by design between ranks (``parallel.tp_rank``)."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for key, item in value.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), item)
+        else:
+            flat[prefix] = value
+
+    walk("", json.loads(config.model_dump_json()))
+    flat.pop("parallel.tp_rank", None)
+    return flat
+
+
+def _prompt_inputs(prompt_ids: Sequence[Sequence[int]]) -> dict[str, Any]:
+    """The prompts as ``{"prompts": count, "prompt i": "<n> tokens, digest <hex>"}``."""
+    out: dict[str, Any] = {"prompts": len(prompt_ids)}
+    for i, ids in enumerate(prompt_ids):
+        out[f"prompt {i}"] = f"{len(ids)} tokens, digest {tokens_digest([ids]):016x}"
+    return out
 
 
 def _stop_ids(tokenizer: Any, target: HFTarget) -> tuple[int, ...]:
@@ -543,6 +618,9 @@ def load_decoder(
             tp_size=tp, tp_rank=rank, attention_dp=config.parallel.attention_dp)})
     if tp > 1:
         _check_rank_device(config.target.device, rank)
+        # before anything loads: ranks of other configs would load other models and wait for
+        # each other in different collectives
+        check_ranks_start_alike(collectives, _config_inputs(config), rank_device())
     if target is None:
         from draftsmith.runtime.targets.smollm2 import load_target
 
@@ -612,6 +690,7 @@ __all__ = [
     "RankDisagreementError",
     "TextResult",
     "check_ranks_agree",
+    "check_ranks_start_alike",
     "decoder_config",
     "encode_text",
     "load_decoder",
