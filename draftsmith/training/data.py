@@ -233,6 +233,7 @@ def read_dataset(directory: Path | Sequence[Path],
         dirs = [Path(d) for d in directory]
         if not dirs:
             raise ConfigError("no dataset directory given; pass at least one to --data")
+        _check_each_dataset_once(dirs)
         targets = {d: _meta_targets(d) for d in dirs}
         names = set().union(*targets.values())
         if len(names) > 1:
@@ -254,6 +255,43 @@ def read_dataset(directory: Path | Sequence[Path],
         for i in range(len(prompt_lens)):
             out.append(TrainingSequence(tokens[offsets[i]:offsets[i + 1]], int(prompt_lens[i])))
     return out
+
+
+def _check_each_dataset_once(dirs: Sequence[Path]) -> None:
+    """Two names of one directory, or two directories whose manifests hold the same parameters
+    (a copy: the same prompts and responses), would repeat its sequences, and the repeats of a
+    held-out sequence would train.
+
+    :raises ConfigError: naming both and saying to pass the dataset once.
+    """
+    seen: dict[object, Path] = {}
+    for d in dirs:
+        keys: list[object] = [("path", d.resolve())]
+        parameters = _manifest_parameters(d)
+        if parameters is not None:
+            keys.append(("manifest", json.dumps(parameters, sort_keys=True)))
+        for key in keys:
+            if key in seen:
+                same = ("are one directory" if key[0] == "path" else
+                        f"hold the same dataset (equal {MANIFEST_FILE} parameters)")
+                raise ConfigError(
+                    f"--data names one dataset twice: {seen[key]} and {d} {same}, so its "
+                    "sequences would train twice and held-out ones would train; pass each "
+                    "dataset once")
+            seen[key] = d
+
+
+def _manifest_parameters(directory: Path) -> dict[str, Any] | None:
+    """The parameters of a dataset directory's manifest, or ``None`` (none, or unreadable)."""
+    path = directory / MANIFEST_FILE
+    if not path.is_file():  # never opens a FIFO, which would block
+        return None
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    parameters = saved.get("parameters") if isinstance(saved, dict) else None
+    return parameters if isinstance(parameters, dict) else None
 
 
 _SHARD_KEYS = ("tokens", "offsets", "prompt_lens")
