@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -21,7 +22,7 @@ from draftsmith.cli.common import (
     read_prompts,
 )
 from draftsmith.contract import ConfigError
-from draftsmith.drafters.checkpoint import check_output_dir
+from draftsmith.drafters.checkpoint import check_output_dir, write_text_atomic
 from draftsmith.parallel import launched_ranks, torchrun_group
 from draftsmith.runtime.preflight import check_before_loading
 
@@ -54,6 +55,7 @@ def eval_command(args: argparse.Namespace) -> int:
     check_max_new_tokens_flag(args.max_new_tokens)
     prompts = [p for path in files for p in read_prompts(path, args.limit)]
     check_output_dir(Path(args.out), "--out")
+    _check_previous_report_is_ours(Path(args.out))
     config = build_config(args)
     check_before_loading(config, ranks=launched_ranks(), max_new_tokens=args.max_new_tokens,
                          prompts=prompts)
@@ -80,8 +82,7 @@ def eval_command(args: argparse.Namespace) -> int:
         "metric": "accept_len = committed tokens per verify round, bonus included (DSpark tau)",
     }
     json_path, png_path = write_report(results, args.out, meta)
-    for path in previous:
-        path.unlink(missing_ok=True)
+    _remove_set_aside(Path(args.out), previous)
     if args.json:
         print(json_path.read_text(encoding="utf-8"))
     else:
@@ -110,22 +111,85 @@ def _default_prompt_sets() -> list[str]:
 REPORT_FILES = ("eval.json", "acceptance.png")
 """What ``draftsmith eval`` writes into ``--out``."""
 
+ASIDE_RECORD = ".draftsmith-eval-previous.json"
+"""In ``--out``: the ``*.previous.*`` files draftsmith set aside there, with the SHA-256 of each,
+so that only a file it renamed itself, still unchanged, is ever deleted."""
+
+
+def _aside(out: Path, name: str) -> Path:
+    path = out / name
+    return path.with_name(f"{path.stem}.previous{path.suffix}")
+
+
+def _digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    except OSError:
+        return None
+
+
+def _read_aside_record(out: Path) -> dict[str, str]:
+    try:
+        data = json.loads((out / ASIDE_RECORD).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): str(v) for k, v in data.items()}
+
+
+def _ours(out: Path, name: str, record: dict[str, str]) -> bool:
+    """``name``'s aside is one draftsmith renamed and nobody changed since."""
+    aside = _aside(out, name)
+    digest = _digest(aside)
+    return digest is not None and record.get(aside.name) == digest
+
+
+def _check_previous_report_is_ours(out: Path) -> None:
+    """Before anything loads (on every rank): setting ``eval.json`` aside would replace an
+    ``eval.previous.json`` (or ``acceptance.previous.png``) that draftsmith did not write.
+
+    :raises ConfigError: naming the file and what to do.
+    """
+    record = _read_aside_record(out)
+    for name in REPORT_FILES:
+        aside = _aside(out, name)
+        if (out / name).is_file() and os.path.lexists(aside) and not _ours(out, name, record):
+            raise ConfigError(
+                f"--out {out} holds {aside.name}, which draftsmith did not write, and this run "
+                f"would set its {name} aside under that name; move {aside.name} away or choose "
+                "another --out")
+
 
 def _set_aside_previous_report(out: Path) -> list[Path]:
     """Rename the report of an earlier run in ``out`` to ``*.previous.*`` until the new one is
     written, so that an interrupted run never leaves an old ``eval.json`` that reads as its
-    result; returns the renamed files (deleted once the new report is in place)."""
+    result; returns the renamed files (deleted once the new report is in place), including
+    those an interrupted run set aside. Each rename is recorded first (:data:`ASIDE_RECORD`):
+    a ``*.previous.*`` file draftsmith did not rename is never returned, so never deleted."""
+    record = _read_aside_record(out)
     moved = []
     for name in REPORT_FILES:
-        path = out / name
-        aside = path.with_name(f"{path.stem}.previous{path.suffix}")
+        path, aside = out / name, _aside(out, name)
         if path.is_file():
+            record[aside.name] = _digest(path) or ""
+            write_text_atomic(out / ASIDE_RECORD, json.dumps(record, indent=2) + "\n")
             os.replace(path, aside)
             print(f"[draftsmith] moved the previous {name} to {aside.name} until this run ends",
                   file=sys.stderr)
-        if aside.is_file():  # also one an interrupted run left
+        if _ours(out, name, record):  # also one an interrupted run left
             moved.append(aside)
     return moved
+
+
+def _remove_set_aside(out: Path, moved: list[Path]) -> None:
+    """Delete the set-aside files once the new report is in place (each still the one draftsmith
+    renamed), then their record."""
+    record = _read_aside_record(out)
+    for path in moved:
+        if record.get(path.name) is not None and _digest(path) == record[path.name]:
+            path.unlink(missing_ok=True)
+    (out / ASIDE_RECORD).unlink(missing_ok=True)
 
 
 __all__ = ["REPORT_FILES", "add_eval_arguments", "eval_command"]

@@ -368,7 +368,8 @@ def test_an_interrupted_eval_leaves_no_report_that_reads_as_its_own(capsys, tiny
 
     monkeypatch.setattr(common, "load_decoder", interrupted)
     assert _run(capsys, *argv)[0] == 130
-    assert sorted(p.name for p in out.iterdir()) == ["acceptance.previous.png",
+    assert sorted(p.name for p in out.iterdir()) == [".draftsmith-eval-previous.json",
+                                                     "acceptance.previous.png",
                                                      "eval.previous.json"]
     assert (out / "eval.previous.json").read_text() == old
     monkeypatch.undo()
