@@ -43,6 +43,19 @@ BUILTIN_SELECTOR_MODULES = ("draftsmith.selection.builtin",)
 LOAD_PLUGINS_ENV = "DRAFTSMITH_LOAD_PLUGINS"
 """Comma-separated entry-point names to load; set but empty loads no installed plugin."""
 
+_PLUGIN_FAILURES = (Exception, SystemExit)
+"""What a plugin's code may raise that is reported as that plugin's failure. ``SystemExit`` too:
+a plugin calling ``sys.exit(0)`` at import must not end the command with status 0 and no word.
+``KeyboardInterrupt`` is not: it is the user's Ctrl-C, which lands in whatever code runs (a
+plugin's import included) and must still stop the command with status 130, not blame a plugin."""
+
+
+def _describe(exc: BaseException) -> str:
+    """What a plugin's failure was, for its one-line message."""
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {exc}"
+
 
 def make_plugin_manager(
     extra_plugins: Iterable[object] = (), load_entrypoints: bool = True
@@ -102,10 +115,10 @@ def _load_entrypoints(pm: pluggy.PluginManager) -> None:
     for name in names:
         try:
             pm.load_setuptools_entrypoints(PROJECT_NAME, name=name)
-        except Exception as exc:  # a plugin's own import or hook declarations failed
+        except _PLUGIN_FAILURES as exc:  # a plugin's own import or hook declarations failed
             raise PluginError(
                 f"plugin {name!r} (distribution {dists[name]}) failed to load: "
-                f"{type(exc).__name__}: {exc}; {_disable_hint(name)}") from None
+                f"{_describe(exc)}; {_disable_hint(name)}") from None
 
 
 REGISTRATION_HOOKS = ("draftsmith_register_drafters", "draftsmith_register_selectors")
@@ -235,8 +248,8 @@ class _Checked:
             result = self.factory(request)
         except DraftsmithError:
             raise
-        except Exception as exc:
-            raise PluginError(f"{self.what} failed: {type(exc).__name__}: {exc}") from None
+        except _PLUGIN_FAILURES as exc:
+            raise PluginError(f"{self.what} failed: {_describe(exc)}") from None
         if not isinstance(result, self.protocol):
             raise PluginError(f"{self.what} returned a {type(result).__name__}, not a "
                               f"{self.protocol.__name__}; the plugin must return one")
@@ -280,11 +293,10 @@ def load_registry(pm: pluggy.PluginManager | None = None) -> Registry:
     for hook_name in REGISTRATION_HOOKS:
         try:
             getattr(pm.hook, hook_name)(registrar=registrar)
-        except Exception as exc:  # the plugin's fault, never the user's config
+        except _PLUGIN_FAILURES as exc:  # the plugin's fault, never the user's config
             impl = _innermost_impl(_frames(exc.__traceback__), registrar.impls)
             if impl is None:
-                raise PluginError(f"a plugin failed in {hook_name}: "
-                                  f"{type(exc).__name__}: {exc}") from None
+                raise PluginError(f"a plugin failed in {hook_name}: {_describe(exc)}") from None
             raise _registration_error(pm, impl, _distribution(pm, impl.plugin), exc) from None
     return registrar.registry()
 
@@ -352,9 +364,9 @@ def _distribution(pm: pluggy.PluginManager, plugin: object) -> str:
 
 
 def _registration_error(pm: pluggy.PluginManager, impl: _Impl, distribution: str,
-                        exc: Exception) -> PluginError:
+                        exc: BaseException) -> PluginError:
     name = pm.get_name(impl.plugin) or repr(impl.plugin)
-    detail = str(exc) if isinstance(exc, PluginError) else f"{type(exc).__name__}: {exc}"
+    detail = str(exc) if isinstance(exc, PluginError) else _describe(exc)
     installed = not distribution.startswith(("<", PROJECT_NAME))
     hint = f"; {_disable_hint(name)}" if installed else ""
     return PluginError(f"plugin {name} (distribution {distribution}) failed in "
