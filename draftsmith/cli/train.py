@@ -414,7 +414,7 @@ def train_command(args: argparse.Namespace) -> int:
     from draftsmith.runtime.targets.smollm2 import load_target
     from draftsmith.training.data import read_dataset
     from draftsmith.training.preflight import check_before_training
-    from draftsmith.training.run_state import STATE_FILE, state_directory
+    from draftsmith.training.run_state import STATE_FILE, run_lock, state_directory
     from draftsmith.training.trainer import (
         calibrate_checkpoint,
         check_export_destination,
@@ -438,15 +438,17 @@ def train_command(args: argparse.Namespace) -> int:
     check_target_dir(args.target)
     resuming = not args.no_resume and (state_directory(args.out / "last") / STATE_FILE).is_file()
     check_before_training(config, target_spec, resuming=resuming)
-    target, _tokenizer = load_target(target_spec, log=_log)
-    result = train(config, target.model, data, args.out, resume=not args.no_resume, log=_log,
-                   time_limit_s=args.time_limit, target_graphs=not args.eager_target)
-    if args.export is not None:
-        best = args.out / "best" if (args.out / "best").is_dir() else args.out / "last"
-        result["calibration"] = calibrate_checkpoint(best, target.model, data, config,
-                                                     log=_log)
-        export_checkpoint(best, args.export, overwrite=args.overwrite)
-        _log(f"exported {best} to {args.export} (bf16)")
+    with run_lock(args.out):  # a second run on this --out is refused before its target loads
+        target, _tokenizer = load_target(target_spec, log=_log)
+        result = train(config, target.model, data, args.out, resume=not args.no_resume,
+                       log=_log, time_limit_s=args.time_limit,
+                       target_graphs=not args.eager_target)
+        if args.export is not None:
+            best = args.out / "best" if (args.out / "best").is_dir() else args.out / "last"
+            result["calibration"] = calibrate_checkpoint(best, target.model, data, config,
+                                                         log=_log)
+            export_checkpoint(best, args.export, overwrite=args.overwrite)
+            _log(f"exported {best} to {args.export} (bf16)")
     print(json.dumps(result, indent=2))
     return 0
 

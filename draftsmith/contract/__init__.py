@@ -23,6 +23,7 @@ from draftsmith.contract.errors import (
     PluginError,
     PluginWarning,
     ShapeError,
+    WriteError,
 )
 from draftsmith.contract.plugins import (
     DrafterFamily,
@@ -86,6 +87,7 @@ __all__ = [
     "TargetOutput",
     "TokenSelector",
     "WeightDtype",
+    "WriteError",
     "check_tensor",
     "value_checks_enabled",
     "values_trusted",

@@ -31,6 +31,11 @@ class PluginError(DraftsmithError):
     """A plugin registered something invalid (for example a duplicate family name)."""
 
 
+class WriteError(DraftsmithError):
+    """A file could not be written (a full disk, a quota, an I/O error); the previous file, if
+    any, is still in place."""
+
+
 class DraftsmithWarning(UserWarning):
     """Root of the warnings draftsmith gives a user (the command prints them as one line)."""
 
@@ -48,4 +53,5 @@ __all__ = [
     "PluginError",
     "PluginWarning",
     "ShapeError",
+    "WriteError",
 ]

@@ -18,15 +18,17 @@ import os
 import shutil
 import socket
 import stat
+import sys
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, get_args
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from draftsmith.contract import CheckpointError, ConfigError, WeightDtype
+from draftsmith.contract import CheckpointError, ConfigError, WeightDtype, WriteError
 
 CONFIG_FILE = "config.json"
 """Name of the JSON config inside a checkpoint directory."""
@@ -74,15 +76,34 @@ def _temporary_sibling(path: Path) -> Path:
     return path.parent / f".{path.name}.tmp-{os.getpid()}"
 
 
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Report a write of ``path`` that fails in the file system (a full disk, a quota, an I/O
+    error; safetensors raises its own error type for them) as one :class:`WriteError`.
+
+    :raises WriteError: ``cannot write <path>: <reason>``, saying what to do.
+    """
+    try:
+        yield
+    except (OSError, SafetensorError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise WriteError(f"cannot write {path}: {reason}; free space there (or choose another "
+                         "directory) and run again; what was there before is kept") from None
+
+
 def save_tensors(tensors: Mapping[str, torch.Tensor], path: Path,
                  metadata: dict[str, str] | None = None) -> None:
-    """Write ``tensors`` to the safetensors file ``path`` atomically, with the umask's mode."""
+    """Write ``tensors`` to the safetensors file ``path`` atomically, with the umask's mode.
+
+    :raises WriteError: when the file system refuses the write (:func:`writing`).
+    """
     path = Path(path)
     tmp = _temporary_sibling(path)
     try:
-        save_file(dict(tensors), str(tmp), metadata=metadata)
-        honour_umask(tmp)
-        os.replace(tmp, path)
+        with writing(path):
+            save_file(dict(tensors), str(tmp), metadata=metadata)
+            honour_umask(tmp)
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -176,12 +197,16 @@ def check_output_dir(path: Path, flag: str) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically: readers see the old or the new file."""
+    """Write ``text`` (UTF-8) to ``path`` atomically: readers see the old or the new file.
+
+    :raises WriteError: when the file system refuses the write (:func:`writing`).
+    """
     path = Path(path)
     tmp = _temporary_sibling(path)
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        with writing(path):
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -350,10 +375,14 @@ def validate_target_layer_ids(layer_ids: Sequence[int], num_target_layers: int) 
 
 def check_readable(path: Path, what: str, error: type[Exception] = CheckpointError) -> None:
     """Open ``path`` once so that a file which cannot be read is reported with the real reason
-    (permission, a symbolic-link loop); safetensors says "No such file" for all of them.
+    (permission, a symbolic-link loop); safetensors says "No such file" for all of them. What is
+    not a regular file (a FIFO, a device, a socket) is refused without being opened: opening a
+    FIFO for reading waits for a writer, forever.
 
     :raises error: ``cannot read <what> <path>: <reason>``.
     """
+    if os.path.exists(path):  # a missing file or a dangling link is left to open() below
+        require_regular_file(path, what, "a regular file", error)
     try:
         with open(path, "rb"):
             pass
@@ -399,6 +428,16 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return found
 
 
+def parse_failure(exc: ValueError) -> str:
+    """Why ``json.loads`` or ``tomllib.loads`` refused a text, for a one-line message: the
+    parser's own words, except for an integer longer than Python converts
+    (``sys.get_int_max_str_digits()``), whose message would point at that interpreter limit."""
+    if type(exc) is ValueError and "integer string conversion" in str(exc):
+        return (f"it holds a number of more than {sys.get_int_max_str_digits()} digits, which no "
+                "value draftsmith reads needs; shorten it")
+    return str(exc)
+
+
 def read_config(directory: Path) -> dict[str, Any]:
     """The parsed ``config.json`` of a checkpoint directory."""
     path = Path(directory) / CONFIG_FILE
@@ -410,8 +449,8 @@ def read_config(directory: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=unique_keys)
     except UnicodeDecodeError as exc:
         raise CheckpointError(f"{path} is not UTF-8 text ({exc}); write it as UTF-8 JSON") from None
-    except ValueError as exc:  # JSONDecodeError, or a key named twice
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from None
+    except ValueError as exc:  # JSONDecodeError, a key named twice, or a number too long
+        raise CheckpointError(f"{path} is not valid JSON: {parse_failure(exc)}") from None
     except RecursionError:
         raise CheckpointError(f"{path} nests objects or lists too deeply to be a checkpoint "
                               "config; write the drafter's config.json again") from None
@@ -688,6 +727,7 @@ __all__ = [
     "unmark_staging",
     "save_tensors",
     "write_text_atomic",
+    "writing",
     "CONFIG_FILE",
     "WEIGHTS_FILE",
     "WEIGHT_DTYPES",
@@ -702,6 +742,7 @@ __all__ = [
     "config_mapping",
     "draft_value",
     "draft_value_any",
+    "parse_failure",
     "load_tensors",
     "read_config",
     "require",

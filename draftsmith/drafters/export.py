@@ -41,10 +41,12 @@ from draftsmith.contract import BlockConvention, CheckpointError, ConfigError, L
 from draftsmith.drafters.checkpoint import (
     CONFIG_FILE,
     WEIGHTS_FILE,
+    check_output_dir,
     config_errors,
     make_staging_dir,
     read_config,
     unmark_staging,
+    writing,
 )
 from draftsmith.drafters.gqa import (
     DFLASH_ARCH,
@@ -351,6 +353,7 @@ def _check_request(layout: str, destination: Path) -> None:
     if layout not in EXPORT_FORMATS:
         raise ConfigError(f"unknown export format {layout!r}; use one of "
                           f"{', '.join(EXPORT_FORMATS)}")
+    check_output_dir(destination, "OUT")  # a file, under a file, or not writable
     if destination.is_dir():
         if any(destination.iterdir()):
             raise ConfigError(f"output directory {destination} is not empty; draftsmith export "
@@ -437,10 +440,12 @@ def export_checkpoint(source: Path, destination: Path, layout: str) -> ExportRes
                       "their draftsmith checkpoint (docs/checkpoint-mla.md)")
     drafter = _load(source, family)
     built = _BUILDERS[layout](drafter, str(source))
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = make_staging_dir(destination)
+    with writing(destination):  # a full disk: one line
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        staging = make_staging_dir(destination)
     try:
-        _write(staging, built)
+        with writing(destination):  # a full disk: one line; the staging directory goes below
+            _write(staging, built)
         _verify(staging, family, drafter, built)
         unmark_staging(staging)
         _publish(staging, destination)

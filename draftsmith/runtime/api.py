@@ -370,7 +370,7 @@ class Decoder:
         check_max_new_tokens(max_new_tokens, len(ids))
         check_ranks_start_alike(self.spec.collectives, {
             **_prompt_inputs(ids), "max_new_tokens": max_new_tokens,
-            "seeds": None if seeds is None else [int(s) for s in seeds],
+            "seeds": None if seeds is None else [str(s) for s in seeds],
             "compare_plain": compare_plain, "stop_token_ids": list(self.stop_token_ids),
         }, self.target.device)
         stops = list(self.stop_token_ids)

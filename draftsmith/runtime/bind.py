@@ -30,6 +30,7 @@ from draftsmith.contract import (
     TargetModel,
     TokenSelector,
 )
+from draftsmith.drafters.checkpoint import parse_failure
 from draftsmith.kernels import interpreted
 from draftsmith.runtime.acceptance import Acceptance
 from draftsmith.runtime.buckets import MIN_CONTEXT_BUCKET, bucket, row_buckets
@@ -112,8 +113,9 @@ def _hf_config(config: TargetConfig) -> dict:
         )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path} is not a readable JSON config: {exc}") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is not a readable JSON config: "
+                          f"{parse_failure(exc) if isinstance(exc, ValueError) else exc}") from None
     if isinstance(data, dict):
         data = data.get("text_config", data)
     if not isinstance(data, dict):

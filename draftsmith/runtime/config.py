@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from draftsmith.contract import ConfigError, ParallelMapping
-from draftsmith.drafters.checkpoint import require_regular_file, unique_keys
+from draftsmith.drafters.checkpoint import parse_failure, require_regular_file, unique_keys
 from draftsmith.runtime.registry import Registry, load_registry
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
@@ -385,10 +385,11 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
             data = json.loads(text, object_pairs_hook=unique_keys)
         else:
             data = tomllib.loads(text)
-    except ValueError as exc:  # JSONDecodeError, TOMLDecodeError, or a JSON key named twice
-        raise ConfigError(f"{path}: cannot parse: {exc}") from None
     except RecursionError:
         data = None  # refused just below, with the limit
+    except ValueError as exc:  # JSONDecodeError, TOMLDecodeError, a JSON key named twice, or
+        # an integer beyond Python's digit limit
+        raise ConfigError(f"{path}: cannot parse: {parse_failure(exc)}") from None
     if data is None or nesting_depth(data) > MAX_CONFIG_DEPTH:
         raise ConfigError(f"{path}: tables and lists nest more than {MAX_CONFIG_DEPTH} levels "
                           "deep; a draftsmith config nests a few levels")
@@ -440,6 +441,10 @@ def check_target_dir(model: str) -> None:
     if "config.json" not in names:
         raise ConfigError(f"target.model {model!r} has no config.json; pass a Hugging Face model "
                           "directory (config.json, *.safetensors, tokenizer files)")
+    for name in names:  # a FIFO among them would block the loader that opens it
+        if name.endswith((".json", ".safetensors", ".jinja", ".txt", ".model")):
+            require_regular_file(directory / name, f"target.model {model!r}: file",
+                                 "the file itself")
     if any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names):
         return
     pickles = [n for n in names if n.endswith(PICKLE_SUFFIXES)]

@@ -264,7 +264,7 @@ def acceptance_prior(checkpoint: Path | None, k_max: int) -> AcceptanceEstimate:
     path = Path(checkpoint) / "config.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, ValueError):  # undecodable, not JSON, or an integer past the digit limit
         return default  # the loader reports an unreadable checkpoint itself
     entry = data.get(PRIOR_KEY) if isinstance(data, dict) else None
     if entry is None:

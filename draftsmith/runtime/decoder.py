@@ -147,6 +147,10 @@ class _Request:
 def _token_ids(what: str, ids: Iterable[object], vocab_size: int) -> list[int]:
     """``ids`` as a list of ints, each in ``0..vocab_size-1``; :class:`ConfigError` naming
     ``what`` otherwise (an out-of-range id would index the embedding out of bounds)."""
+    ids = list(ids)
+    if any(_on_meta(t) for t in ids):
+        raise ConfigError(f"{what} are on the meta device, which holds shapes but no values; "
+                          "pass token ids on the CPU (or on a device that holds them)")
     try:
         out = [operator.index(t) for t in ids]
     except TypeError:
@@ -155,6 +159,11 @@ def _token_ids(what: str, ids: Iterable[object], vocab_size: int) -> list[int]:
     if bad:
         raise ConfigError(f"{what} hold {bad[:4]}, outside the vocabulary 0..{vocab_size - 1}")
     return out
+
+
+def _on_meta(value: object) -> bool:
+    """A tensor without data: reading its value raises inside torch."""
+    return getattr(value, "is_meta", False) is True
 
 
 def _float_pairs(bits: list[int]) -> list[tuple[float, float]]:
@@ -394,7 +403,7 @@ class SpecDecoder(RoundComputation):
                  for i, s in enumerate(stops)]
         for i, seed in enumerate(seed_list):
             try:
-                seed_list[i] = seed = operator.index(seed)
+                seed_list[i] = seed = None if _on_meta(seed) else operator.index(seed)
             except TypeError:
                 seed = None
             if seed is None or not 0 <= seed < 2**63:

@@ -26,7 +26,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from draftsmith.contract import ConfigError
-from draftsmith.drafters.checkpoint import require_regular_file, write_text_atomic
+from draftsmith.drafters.checkpoint import (
+    parse_failure,
+    require_regular_file,
+    write_text_atomic,
+    writing,
+)
 from draftsmith.runtime.api import Decoder
 
 
@@ -52,6 +57,8 @@ def read_prompt_file(path: str | Path, limit: int | None = None) -> list[str]:
                     entry = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise ConfigError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+                except ValueError as exc:  # an integer beyond Python's digit limit
+                    raise ConfigError(f"{path}:{lineno}: {parse_failure(exc)}") from None
                 prompts.append(_first_turn(entry, path, lineno))
                 if limit is not None and len(prompts) >= limit:
                     break
@@ -200,8 +207,9 @@ def write_report(
     # both written under temporary names and renamed: a reader never sees half of either
     staged_png = out_dir / f".acceptance-{os.getpid()}.png"
     try:
-        plot_acceptance(results, staged_png, title=str(meta.get("title", "")))
-        os.replace(staged_png, png_path)
+        with writing(png_path):
+            plot_acceptance(results, staged_png, title=str(meta.get("title", "")))
+            os.replace(staged_png, png_path)
     finally:
         staged_png.unlink(missing_ok=True)
     write_text_atomic(json_path, json.dumps(

@@ -104,6 +104,9 @@ def _token_id(value: Any, row: int, col: int, vocab_size: int) -> int:
     where = f"token {col} of prompt {row}"
     if isinstance(value, bool):
         raise ConfigError(f"{where} is {value!r}; token ids are integers")
+    if getattr(value, "is_meta", False) is True:  # a tensor without data: it has no value to read
+        raise ConfigError(f"{where} is on the meta device, which holds shapes but no values; "
+                          "pass token ids on the CPU (or on a device that holds them)")
     try:
         token = operator.index(value)  # ints and integer scalars only; 2.0 and "2" raise
     except TypeError:

