@@ -46,7 +46,6 @@ PUBLIC_MODULES: dict[str, str] = {
 
 ALLOW: dict[tuple[str, str], str] = {
     # public API that no draftsmith module calls, and where it is documented
-    ("draftsmith.parallel", "rank_device"): "RankPool: the device of the rank a function runs on",
     ("draftsmith.runtime.reference_loop", "*"):
         "the golden-path loop: the decoder is tested against it, and it is how to read a round",
     ("draftsmith.checkpoints", "*"): "data: the shipped checkpoint, read by path",
