@@ -210,11 +210,11 @@ def test_a_full_disk_during_a_training_save_keeps_the_previous_checkpoint(
 # ---- two runs on one --out ----------------------------------------------------------------
 
 
-def test_a_second_train_on_a_run_directory_in_use_is_refused(dataset, tmp_path, capsys) -> None:
+def test_a_second_train_on_a_run_directory_in_use_is_refused(tiny_dir, dataset, tmp_path,
+                                                             capsys) -> None:
     out = tmp_path / "run"
     out.mkdir()
-    argv = ["train", "--data", str(dataset), "--out", str(out), "--target",
-            str(tmp_path / "no-such-target")]
+    argv = _train_argv(tiny_dir, dataset, out)
     with open(out / LOCK_FILE, "w") as held:  # the run at work there
         fcntl.flock(held, fcntl.LOCK_EX)
         held.write("4242\n")
@@ -223,8 +223,9 @@ def test_a_second_train_on_a_run_directory_in_use_is_refused(dataset, tmp_path, 
         assert _one_line(capsys) == (f"draftsmith: error: --out {out} is in use by another "
                                      "draftsmith train (process 4242); wait for it to end, or "
                                      "give another --out")
-    assert main(argv) == 2  # free again: on to the (missing) target
-    assert "no-such-target" in _one_line(capsys)
+        assert not (out / "last").exists()
+    assert main(argv) == 0  # free again
+    assert json.loads((out / "last.state" / "trainer_state.json").read_text())["step"] == 3
 
 
 # ---- the embedded target ------------------------------------------------------------------
@@ -324,14 +325,14 @@ def test_a_fifo_as_a_checkpoint_config_or_shard_is_refused_unopened(tmp_path) ->
     ckpt.mkdir()
     os.mkfifo(ckpt / "config.json")
     assert _refusal_in_a_process(f"check_checkpoint_dir({str(ckpt)!r})") == (
-        f"CheckpointError checkpoint config {ckpt / 'config.json'} is a FIFO (named pipe), not "
-        "a regular file; put the file itself there")
+        f"CheckpointError checkpoint config {str(ckpt / 'config.json')!r} is a FIFO (named "
+        "pipe), not a regular file; give a regular file")
     os.unlink(ckpt / "config.json")
     (ckpt / "config.json").write_text((SHIPPED_DRAFTER / "config.json").read_text())
     os.mkfifo(ckpt / "model.safetensors")
     assert _refusal_in_a_process(f"check_checkpoint_dir({str(ckpt)!r})") == (
-        f"CheckpointError checkpoint shard {ckpt / 'model.safetensors'} is a FIFO (named pipe), "
-        "not a regular file; put the file itself there")
+        f"CheckpointError checkpoint shard {str(ckpt / 'model.safetensors')!r} is a FIFO (named "
+        "pipe), not a regular file; give a regular file")
 
 
 def test_a_fifo_as_a_dataset_shard_or_a_target_file_is_refused_unopened(tmp_path,
@@ -340,7 +341,7 @@ def test_a_fifo_as_a_dataset_shard_or_a_target_file_is_refused_unopened(tmp_path
     data.mkdir()
     os.mkfifo(data / "shard-00000.safetensors")
     assert _refusal_in_a_process(f"read_dataset({str(data)!r})").startswith(
-        f"ConfigError dataset shard {data / 'shard-00000.safetensors'} is a FIFO")
+        f"ConfigError dataset shard {str(data / 'shard-00000.safetensors')!r} is a FIFO")
     target = tmp_path / "target"
     target.mkdir()
     for item in tiny_dir.iterdir():
@@ -348,7 +349,7 @@ def test_a_fifo_as_a_dataset_shard_or_a_target_file_is_refused_unopened(tmp_path
             (target / item.name).write_bytes(item.read_bytes())
     os.mkfifo(target / "model.safetensors")
     assert _refusal_in_a_process(f"check_target_dir({str(target)!r})").startswith(
-        f"ConfigError target.model {str(target)!r}: file {target / 'model.safetensors'} is a "
-        "FIFO")
+        f"ConfigError target.model {str(target)!r}: file {str(target / 'model.safetensors')!r} "
+        "is a FIFO")
     save_file({"x": torch.zeros(1)}, str(tmp_path / "plain.safetensors"))  # a file still passes
     checkpoint_module.check_readable(tmp_path / "plain.safetensors", "shard")

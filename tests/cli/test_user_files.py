@@ -24,7 +24,7 @@ def eval_argv(tiny_dir: Path, tmp_path: Path) -> list[str]:
     prompts.write_text(json.dumps({"turns": ["one two"]}) + "\n")
     return ["eval", "--data", str(prompts), "--max-new-tokens", "3", "--out",
             str(tmp_path / "o"), "--target", str(tiny_dir), "--device", "cpu",
-            "--num-draft-tokens", "3"]
+            "--num-draft-tokens", "3", "--random-drafter"]
 
 
 def test_a_users_own_previous_report_survives_a_successful_eval(eval_argv, tmp_path,
