@@ -144,7 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return int(args.func(args) or 0)
         except DraftsmithError as exc:
-            print(f"draftsmith: error: {exc}", file=sys.stderr)
+            # one write: the lines of ranks sharing a terminal under torchrun stay whole
+            sys.stderr.write(f"draftsmith: error: {exc}\n")
+            sys.stderr.flush()
             return 2
         except KeyboardInterrupt:
             return 130

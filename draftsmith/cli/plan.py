@@ -65,7 +65,7 @@ def plan_command(args: argparse.Namespace) -> int:
         else:
             plan = check_before_loading(config)
     except DraftsmithError as exc:
-        print(f"draftsmith plan: {type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.stderr.write(f"draftsmith plan: {type(exc).__name__}: {exc}\n")  # one write
         return 2
     if args.json:
         print(json.dumps(plan.model_dump(mode="json"), indent=2))

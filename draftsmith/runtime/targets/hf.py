@@ -70,12 +70,17 @@ class HFTarget:
         (``auto``, ``torch`` or ``row-stable``; see :attr:`gemm`).
     :param layers: ``target.layers``: what runs the decoder layers (``auto``, ``fused`` or
         ``transformers``; see :attr:`layer_path`).
+    :param interpret: on the CPU, run the layer loop's GPU path (its Triton kernels, under the
+        interpreter that ``TRITON_INTERPRET=1`` starts): how tests check that path without a GPU.
     """
 
     def __init__(self, model: torch.nn.Module, max_slots: int = 64, gemm: str = "auto",
-                 layers: str = "auto") -> None:
+                 layers: str = "auto", interpret: bool = False) -> None:
         require_transformers()
         requested_layers = layers
+        if interpret and not interpreted():
+            raise ConfigError("HFTarget(interpret=True) runs Triton kernels on the CPU: set "
+                              "TRITON_INTERPRET=1 before draftsmith's kernels are imported")
         config = model.config
         check_supported(config)
         self.model = model.eval()
@@ -109,11 +114,8 @@ class HFTarget:
             requested_layers, fused_blocker(model, self.layers_split), self.device, self._gemm)
         self._use_gemm()
         if self._layer_path == "fused":
-            # an explicit fused loop on the CPU under Triton's interpreter runs the GPU path's
-            # kernels (the tests of that path); auto on the CPU runs the CPU's own products
-            interpret = (self.device.type != "cuda" and interpreted()
-                         and requested_layers == "fused")
-            self._loop = LayerLoop(model, row_stable=self._gemm != "torch", interpret=interpret)
+            self._loop = LayerLoop(model, row_stable=self._gemm != "torch",
+                                   interpret=interpret and self.device.type != "cuda")
             self.layer_path_reason += f"; {self._loop.products_reason}"
 
     @property

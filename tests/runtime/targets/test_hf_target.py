@@ -315,7 +315,7 @@ def test_forward_rows_of_packed_tokens_equals_the_block(model: torch.nn.Module,
             return real(x, *args, **kwargs)
         return counted
 
-    # the torch path's GEMM and the few-row path's products (which the interpreter runs here)
+    # the torch path's GEMM, and the few-row path's products where it runs
     for name in ("linear", "decode_linear"):
         monkeypatch.setattr(hf_layers, name, counting(getattr(hf_layers, name)))
     layers = [0, 3]
