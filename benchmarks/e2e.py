@@ -21,13 +21,15 @@ mt-bench's; fewer than the largest batch is refused, so no reported batch runs m
   ``--dflash-checkpoint DIR`` (a trained one, run with its own block), else random weights with
   ``K = 7`` (both then accept next to nothing: the figure is the time per round).
 
-Every decoding is warmed up (graphs captured, kernels compiled) by one untimed batch of the
-full budget before it is timed; under ``--k auto``, until the decoder the timed call takes (the
-``K`` chosen for its rows) has run. Under ``--k auto`` the ``spec`` and ``plain`` rows carry the
-cost model's figures for the rounds the timed call took (``docs/decoding.md``): ``pred``, the
-tokens/s it predicted when ``K`` was chosen (from the bind-time profile corrected by the
-warm-up's rounds); ``rounds``, the tokens/s those rounds took; ``p/m``, their ratio. Both leave
-admission (prefill) out, which the ``tok/s`` column includes.
+Every decoding is warmed up (graphs captured, kernels compiled) by an untimed call of its
+first ``max(B, 16)`` prompts at the full budget before it is timed; under ``--k auto``, until
+the decoder the timed call takes (the ``K`` chosen for its rows) has run. Under ``--k auto``
+the ``spec`` and ``plain`` rows carry the cost model's figures for the rounds the timed call
+took (``docs/decoding.md``): ``pred``, the tokens/s it predicted when ``K`` was chosen (from
+the bind-time profile corrected by the warm-up's rounds); ``rounds``, the tokens/s those rounds
+took; ``p/m``, their ratio. Both leave admission (prefill) out, which the ``tok/s`` column
+includes.
+
 The ``spec`` rows end with a trace of the timed call: the median and slowest round, the slowest
 admission and the garbage collector's passes, which tell a one-off stall from per-round cost. Beside each
 tokens/s figure: the accepted length (tau, bonus included) and exactness against draftsmith's
@@ -355,16 +357,22 @@ def _exact(got: list[list[int]], want: list[list[int]], sampled: bool = False) -
     return f"{same}/{len(want)}"
 
 
+WARM_UP_PROMPTS = 16
+"""Prompts a warm-up call decodes at least (all of them when the batch is larger)."""
+
+
 def _warm_up(dec, ids: list[list[int]], batch: int, max_new_tokens: int,
              compare_plain: bool) -> None:
-    """Untimed calls of one full batch (its first ``batch`` prompts, at least two, the timed
-    call's budget) until the decoder the timed call takes has run once. Under ``--k auto`` a
-    warm-up's accepted lengths and round times correct the cost model, so the timed call may
-    bind another ``K`` (another decoder): it is warmed too (at most three calls). A full budget
-    lets the round times the model learns reach the contexts the timed call reaches."""
+    """Untimed calls of the first ``max(batch, WARM_UP_PROMPTS)`` prompts at the timed call's
+    budget until the decoder the timed call takes has run once. Under ``--k auto`` a warm-up's
+    accepted lengths and round times correct the cost model, so the timed call may bind another
+    ``K`` (another decoder): it is warmed too (at most three calls). The full budget lets the
+    round times the model learns reach the contexts the timed call reaches; at least
+    :data:`WARM_UP_PROMPTS` prompts keep one prompt's acceptance from standing for all."""
     ran = []  # the decoders themselves: an id alone could be reused once one is freed
     for _ in range(3):
-        dec.generate_ids(ids[: max(batch, 2)], max_new_tokens, compare_plain=compare_plain)
+        dec.generate_ids(ids[: max(batch, WARM_UP_PROMPTS)], max_new_tokens,
+                         compare_plain=compare_plain)
         ran.append(dec.spec)
         timed = dec.spec_for(len(ids))
         if any(d is timed for d in ran):

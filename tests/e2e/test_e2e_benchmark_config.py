@@ -73,11 +73,15 @@ class _FakeDecoder:
 @pytest.mark.parametrize("switches,calls", [(0, 1), (1, 2), (2, 3), (5, 3)])
 def test_warm_up_runs_until_the_timed_decoder_has_run(e2e, switches, calls):
     dec = _FakeDecoder(switches)
-    e2e._warm_up(dec, [[1]] * 4, 3, 256, compare_plain=False)
+    ids = [[1]] * (e2e.WARM_UP_PROMPTS + 20)
+    e2e._warm_up(dec, ids, 3, 256, compare_plain=False)
     assert dec.calls == calls
-    # one full batch at the timed call's budget: the round times the cost model learns from
-    # reach the contexts the timed call reaches
-    assert dec.budgets == [(3, 256)] * calls
+    # at the timed call's budget: the round times the cost model learns from reach the
+    # contexts the timed call reaches; a batch larger than WARM_UP_PROMPTS warms up in full
+    assert dec.budgets == [(e2e.WARM_UP_PROMPTS, 256)] * calls
+    big = _FakeDecoder(0)
+    e2e._warm_up(big, ids, e2e.WARM_UP_PROMPTS + 4, 16, compare_plain=False)
+    assert big.budgets == [(e2e.WARM_UP_PROMPTS + 4, 16)]
 
 
 class _FakeSpec:
