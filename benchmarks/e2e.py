@@ -74,7 +74,18 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _prompts(data: Path, count: int) -> list[tuple[str, str]]:
+def _prompts(data: Path, limit: int) -> list[tuple[str, str]]:
+    """The first ``limit`` ``(set, prompt)`` pairs of each set (``round.py`` and ``tp_e2e.py``
+    draw theirs so)."""
+    from draftsmith.runtime.evaluate import read_prompt_file
+
+    out = []
+    for name in SETS:
+        out += [(name, p) for p in read_prompt_file(data / f"{name}.jsonl", limit)]
+    return out
+
+
+def _draw_prompts(data: Path, count: int) -> list[tuple[str, str]]:
     """``count`` ``(set, prompt)`` pairs: gsm8k's first, then humaneval's, then mt-bench's.
 
     :raises SystemExit: when the sets together hold fewer than ``count``."""
@@ -498,7 +509,7 @@ def run_dtype(dtype_name: str, args: argparse.Namespace, table: Table) -> None:
     if target.gemm == "row-stable":
         cublas, _ = load_target(spec.model_copy(update={"gemm": "torch"}),
                                 max_slots=max(args.batches) + 2)
-    prompts = _prompts(Path(args.data), args.prompts)
+    prompts = _draw_prompts(Path(args.data), args.prompts)
     slow = _slow_subset(prompts, args.slow_limit)
     for batch in args.batches:
         dec = _decoder(target, tokenizer, dtype_name, batch, args.k,

@@ -117,11 +117,12 @@ def _sets(tmp_path: Path, sizes: dict[str, int]) -> Path:
 
 def test_prompts_come_from_gsm8k_first_then_the_others(e2e, tmp_path):
     data = _sets(tmp_path, {"gsm8k": 3, "humaneval": 2, "mt-bench": 2})
-    assert e2e._prompts(data, 2) == [("gsm8k", "gsm8k 0"), ("gsm8k", "gsm8k 1")]
-    got = e2e._prompts(data, 6)
+    assert e2e._draw_prompts(data, 2) == [("gsm8k", "gsm8k 0"), ("gsm8k", "gsm8k 1")]
+    got = e2e._draw_prompts(data, 6)
     assert [name for name, _ in got] == ["gsm8k"] * 3 + ["humaneval"] * 2 + ["mt-bench"]
     with pytest.raises(SystemExit, match="holds 7 prompts"):
-        e2e._prompts(data, 8)
+        e2e._draw_prompts(data, 8)
+    assert [n for n, _ in e2e._prompts(data, 1)] == ["gsm8k", "humaneval", "mt-bench"]
     assert e2e._slow_subset(got, 1) == [("gsm8k", "gsm8k 0"), ("humaneval", "humaneval 0"),
                                         ("mt-bench", "mt-bench 0")]
 
