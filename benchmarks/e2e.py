@@ -1,8 +1,10 @@
 """End to end on one GPU: speculative decoding against the best plain decoding a user has.
 
-For each dtype (bf16, fp32) and batch size ``B`` (default 1, 8, 32; ``B`` requests in flight,
-continuous batching over the prompt list), on SmolLM2-135M-Instruct with the shipped DSpark
-drafter, K = 7, greedy, chat template, stop at EOS:
+For each dtype (bf16, fp32) and batch size ``B`` (default 1, 2, 4, ... 128; ``B`` requests in
+flight, continuous batching over the prompt list), on SmolLM2-135M-Instruct with the shipped
+DSpark drafter, K = 7 (or ``--k auto``), greedy, chat template, stop at EOS, over ``--prompts``
+prompts (default: the largest batch, at least 128; gsm8k's first, then humaneval's and
+mt-bench's; fewer than the largest batch is refused, so no reported batch runs mostly empty):
 
 * ``spec``: draftsmith speculative decoding (rounds captured in CUDA graphs);
 * ``plain``: draftsmith plain decoding (``K = 0``, the same graph-captured target path);
@@ -19,18 +21,26 @@ drafter, K = 7, greedy, chat template, stop at EOS:
   ``--dflash-checkpoint DIR`` (a trained one, run with its own block), else random weights with
   ``K = 7`` (both then accept next to nothing: the figure is the time per round).
 
-Every decoding is warmed up (graphs captured, kernels compiled) before it is timed; under
-``--k auto``, until the decoder the timed call takes (the ``K`` chosen for its rows) has run.
+Every decoding is warmed up (graphs captured, kernels compiled) by an untimed call of its
+first ``max(B, 16)`` prompts at the full budget before it is timed; under ``--k auto``, until
+the decoder the timed call takes (the ``K`` chosen for its rows) has run. Under ``--k auto``
+the ``spec`` and ``plain`` rows carry the cost model's figures for the rounds the timed call
+took (``docs/decoding.md``): ``pred``, the tokens/s it predicted when ``K`` was chosen (from
+the bind-time profile corrected by the warm-up's rounds); ``rounds``, the tokens/s those rounds
+took; ``p/m``, their ratio. Both leave admission (prefill) out, which the ``tok/s`` column
+includes.
+
 The ``spec`` rows end with a trace of the timed call: the median and slowest round, the slowest
 admission and the garbage collector's passes, which tell a one-off stall from per-round cost. Beside each
 tokens/s figure: the accepted length (tau, bonus included) and exactness against draftsmith's
 plain decoding of the same prompts (token for token). Ratios are against the faster of
 ``plain`` and ``plain-cublas`` of the same dtype and batch in the same run. The slow baselines
-(``hf-eager``, ``recipe``, ``zlab``) run on the first ``--slow-limit`` prompts of each set; the
+(``hf-eager``, ``recipe``, ``zlab``) run on the first ``--slow-limit`` prompts of each set drawn; the
 ``plain@slow`` row is draftsmith plain on exactly those prompts, the fair denominator for them.
 
     python benchmarks/e2e.py --out $OUT                    # the GPU table (writes e2e.json/.txt)
-    python benchmarks/e2e.py --plot e2e.json               # tokens/s against batch size (PNG)
+    python benchmarks/e2e.py --plot e2e.json               # tokens/s, speed-up and the cost
+                                                           # model's p/m against batch size
     python benchmarks/e2e.py --smoke                       # tiny sizes on the CPU
 
 ``--temperature T`` (default 0: greedy) and ``--top-p P`` (default 1) make ``spec`` and ``plain``
@@ -65,11 +75,41 @@ def _sync() -> None:
 
 
 def _prompts(data: Path, limit: int) -> list[tuple[str, str]]:
+    """The first ``limit`` ``(set, prompt)`` pairs of each set (``round.py`` and ``tp_e2e.py``
+    draw theirs so)."""
     from draftsmith.runtime.evaluate import read_prompt_file
 
     out = []
     for name in SETS:
         out += [(name, p) for p in read_prompt_file(data / f"{name}.jsonl", limit)]
+    return out
+
+
+def _draw_prompts(data: Path, count: int) -> list[tuple[str, str]]:
+    """``count`` ``(set, prompt)`` pairs: gsm8k's first, then humaneval's, then mt-bench's.
+
+    :raises SystemExit: when the sets together hold fewer than ``count``."""
+    from draftsmith.runtime.evaluate import read_prompt_file
+
+    out: list[tuple[str, str]] = []
+    for name in SETS:
+        if len(out) < count:
+            out += [(name, p) for p in read_prompt_file(data / f"{name}.jsonl",
+                                                        count - len(out))]
+    if len(out) < count:
+        raise SystemExit(f"e2e: {data} holds {len(out)} prompts in {', '.join(SETS)}; "
+                         f"--prompts {count} asks for more")
+    return out
+
+
+def _slow_subset(prompts: list[tuple[str, str]], per_set: int) -> list[tuple[str, str]]:
+    """The first ``per_set`` prompts of each set present: what the slow baselines decode."""
+    taken: dict[str, int] = {}
+    out = []
+    for name, text in prompts:
+        if taken.get(name, 0) < per_set:
+            taken[name] = taken.get(name, 0) + 1
+            out.append((name, text))
     return out
 
 
@@ -271,7 +311,10 @@ class Table:
     """Rows printed as they come and kept for the JSON report."""
 
     HEAD = (f"{'dtype':<6}{'B':>4}  {'decoding':<12}{'prompts':>8}{'tokens':>8}{'tok/s':>9}"
-            f"{'vs plain':>10}{'tau':>7}{'exact':>9}  note")
+            f"{'vs plain':>10}{'tau':>7}{'exact':>9}{'pred':>9}{'rounds':>9}{'p/m':>7}  note")
+    """``pred``: the cost model's tokens/s for the rounds the run took, predicted when ``K`` was
+    chosen; ``rounds``: the tokens/s those rounds took (both leave admission out); ``p/m``:
+    their ratio (``--k auto`` only)."""
 
     def __init__(self, out: Path | None) -> None:
         self.rows: list[dict] = []
@@ -286,7 +329,11 @@ class Table:
                 f"{row['tokens']:>8}{row['tokens_per_s']:>9.1f}"
                 f"{(f'{ratio:.2f}x' if ratio else '-'):>10}"
                 f"{(f'{tau:.2f}' if tau else '-'):>7}"
-                f"{row.get('exact', '-'):>9}  {row.get('note', '')}")
+                f"{row.get('exact', '-'):>9}"
+                f"{_figure(row.get('predicted_tokens_per_s'), '.1f'):>9}"
+                f"{_figure(row.get('rounds_tokens_per_s'), '.1f'):>9}"
+                f"{_figure(row.get('predicted_over_measured'), '.2f'):>7}"
+                f"  {row.get('note', '')}")
         self.lines.append(line)
         print(line, flush=True)
         self.save()
@@ -300,6 +347,19 @@ class Table:
         (self.out / "e2e.txt").write_text("\n".join(self.lines) + "\n")
 
 
+def _figure(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _rates(rates) -> dict:
+    """A row's cost-model fields from a report's ``RoundRates`` (none without one)."""
+    if rates is None:
+        return {}
+    return dict(predicted_tokens_per_s=rates.predicted_tokens_per_s,
+                rounds_tokens_per_s=rates.measured_tokens_per_s,
+                predicted_over_measured=rates.ratio, cost_model=rates.source)
+
+
 def _exact(got: list[list[int]], want: list[list[int]], sampled: bool = False) -> str:
     """``same/total`` token for token; ``-`` when sampled (equal in distribution only)."""
     if sampled:
@@ -308,13 +368,22 @@ def _exact(got: list[list[int]], want: list[list[int]], sampled: bool = False) -
     return f"{same}/{len(want)}"
 
 
-def _warm_up(dec, ids: list[list[int]], batch: int, compare_plain: bool) -> None:
-    """Untimed calls until the decoder the timed call takes has run once. Under ``--k auto`` a
-    warm-up's accepted lengths move the acceptance estimate, so the timed call may bind another
-    ``K`` (another decoder): it is warmed too (at most three calls)."""
+WARM_UP_PROMPTS = 16
+"""Prompts a warm-up call decodes at least (all of them when the batch is larger)."""
+
+
+def _warm_up(dec, ids: list[list[int]], batch: int, max_new_tokens: int,
+             compare_plain: bool) -> None:
+    """Untimed calls of the first ``max(batch, WARM_UP_PROMPTS)`` prompts at the timed call's
+    budget until the decoder the timed call takes has run once. Under ``--k auto`` a warm-up's
+    accepted lengths and round times correct the cost model, so the timed call may bind another
+    ``K`` (another decoder): it is warmed too (at most three calls). The full budget lets the
+    round times the model learns reach the contexts the timed call reaches; at least
+    :data:`WARM_UP_PROMPTS` prompts keep one prompt's acceptance from standing for all."""
     ran = []  # the decoders themselves: an id alone could be reused once one is freed
     for _ in range(3):
-        dec.generate_ids(ids[: max(batch, 2)], 16, compare_plain=compare_plain)
+        dec.generate_ids(ids[: max(batch, WARM_UP_PROMPTS)], max_new_tokens,
+                         compare_plain=compare_plain)
         ran.append(dec.spec)
         timed = dec.spec_for(len(ids))
         if any(d is timed for d in ran):
@@ -402,7 +471,7 @@ def _scheduled(target, tokenizer, dtype_name: str, batch: int, args: argparse.Na
     dec = _decoder(target, tokenizer, dtype_name, batch, args.k,
                    verify_schedule=schedule, temperature=args.temperature,
                    top_p=args.top_p)
-    _warm_up(dec, ids, batch, compare_plain=False)
+    _warm_up(dec, ids, batch, args.max_new_tokens, compare_plain=False)
     with _Trace(dec.spec_for(len(ids))) as trace:
         report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=False,
                                   seeds=_seeds(len(ids)))
@@ -415,6 +484,7 @@ def _scheduled(target, tokenizer, dtype_name: str, batch: int, args: argparse.Na
               tau=report.mean_accepted_length,
               exact=_exact([list(r.tokens) for r in report.results], plain_tokens,
                            args.temperature > 0),
+              **_rates(report.spec_rates),
               note=_sampling_note(args, plan)
               + f"{rate / spec_report.spec_tokens_per_s:.2f}x spec (verify all); "
                    f"cuda_graphs {plan.cuda_graphs}; scheduled rows: "
@@ -439,8 +509,8 @@ def run_dtype(dtype_name: str, args: argparse.Namespace, table: Table) -> None:
     if target.gemm == "row-stable":
         cublas, _ = load_target(spec.model_copy(update={"gemm": "torch"}),
                                 max_slots=max(args.batches) + 2)
-    prompts = _prompts(Path(args.data), args.limit)
-    slow = [p for i, p in enumerate(prompts) if i % args.limit < args.slow_limit]
+    prompts = _draw_prompts(Path(args.data), args.prompts)
+    slow = _slow_subset(prompts, args.slow_limit)
     for batch in args.batches:
         dec = _decoder(target, tokenizer, dtype_name, batch, args.k,
                        temperature=args.temperature, top_p=args.top_p)
@@ -450,7 +520,7 @@ def run_dtype(dtype_name: str, args: argparse.Namespace, table: Table) -> None:
         slow_ids = [dec.encode(text) for _, text in slow]
         common = dict(dtype=dtype_name, batch=batch, **_sampling_fields(args))
         # warm-up (untimed): captures both decoders' rounds and compiles every kernel
-        _warm_up(dec, ids, batch, compare_plain=True)
+        _warm_up(dec, ids, batch, args.max_new_tokens, compare_plain=True)
         with _Trace(dec.spec_for(len(ids))) as trace:
             report = dec.generate_ids(ids, args.max_new_tokens, compare_plain=True,
                                       seeds=_seeds(len(ids)))
@@ -459,7 +529,8 @@ def run_dtype(dtype_name: str, args: argparse.Namespace, table: Table) -> None:
         sampling = _sampling_note(args, dec.spec.plan)
         table.add(**common, decoding="plain", prompts=len(ids),
                   tokens=sum(len(t) for t in plain_tokens), tokens_per_s=plain_rate,
-                  vs_plain=1.0, note=_sampling_note(args, dec.plain.plan) + report.baseline)
+                  vs_plain=1.0, **_rates(report.plain_rates),
+                  note=_sampling_note(args, dec.plain.plan) + report.baseline)
         best, best_name = plain_rate, "plain"
         if cublas is not None:
             alt = _decoder(cublas, tokenizer, dtype_name, batch, 0,
@@ -480,19 +551,20 @@ def run_dtype(dtype_name: str, args: argparse.Namespace, table: Table) -> None:
                   vs_plain=report.spec_tokens_per_s / best,
                   tau=report.mean_accepted_length,
                   exact=_exact([list(r.tokens) for r in report.results], plain_tokens, sampled),
+                  **_rates(report.spec_rates),
                   note=sampling + f"vs {best_name} (the faster plain); "
                   f"shipped dspark-gqa, K = {report.num_draft_tokens}"
                   + (f" (auto: {report.draft_tokens_reason})" if args.k == "auto" else "")
                   + "; per set tau " + ", ".join(
-                      f"{name} {_tau(report, prompts, name):.2f}" for name in SETS)
+                      f"{name} {_tau(report, prompts, name):.2f}"
+                      for name in SETS if any(n == name for n, _ in prompts))
                   + "; " + trace.summary())
         for schedule in args.verify_schedule:
             if schedule != "all":
                 _scheduled(target, tokenizer, dtype_name, batch, args, schedule, ids, report,
                            best, plain_tokens, table)
         if "zlab" in args.parts and batch == 1 and not sampled:  # z-lab's loop: batch 1, greedy
-            zlab_ids = [dec.encode(text) for i, (_, text) in enumerate(prompts)
-                        if i % args.limit < args.zlab_limit]
+            zlab_ids = [dec.encode(text) for _, text in _slow_subset(prompts, args.zlab_limit)]
             run_zlab(target, tokenizer, model, dtype_name, zlab_ids, stops, args, table)
         if not args.slow_limit or sampled:  # the slow baselines decode greedily only
             continue
@@ -592,8 +664,30 @@ def run_zlab(target, tokenizer, model, dtype_name, ids, stops, args, table) -> N
                    "draftsmith's; exact = same tokens as draftsmith on that checkpoint")
 
 
+PLOTTED = ("spec", "plain", "plain-cublas", "recipe", "hf-eager", "zlab", "ds-dflash")
+"""Decodings drawn in the tokens/s panels (and, those with a ratio, in the others)."""
+
+
+def _series(rows: list[dict], dtype: str, field: str) -> dict[str, list[tuple[int, float]]]:
+    """``{label: [(batch, value), ...]}`` of ``field`` for each decoding and sampling setting
+    of ``dtype`` (rows without the field left out), batches ascending."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        name = r["decoding"]
+        if r["dtype"] != dtype or r.get(field) is None or not (
+                name in PLOTTED or name.startswith("spec-")):
+            continue
+        temperature, top_p = r.get("temperature", 0.0), r.get("top_p", 1.0)
+        label = name if temperature == 0.0 else (
+            f"{name} T={temperature}" + (f" top-p {top_p}" if top_p < 1.0 else ""))
+        out.setdefault(label, []).append((r["batch"], r[field]))
+    return {label: sorted(pts) for label, pts in out.items()}
+
+
 def plot(json_path: Path, png: Path) -> None:
-    """tokens/s against batch size, one line per decoding, one panel per dtype."""
+    """Against batch size, one column per dtype: tokens/s of every decoding; the ratio of the
+    speculative rows to the faster plain; the cost model's predicted over measured tokens/s of
+    the rounds (``--k auto``; the band is 15% either way)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -601,37 +695,50 @@ def plot(json_path: Path, png: Path) -> None:
 
     rows = json.loads(json_path.read_text())["rows"]
     dtypes = sorted({r["dtype"] for r in rows})
-    fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4.5), dpi=100,
+    panels = (("tokens_per_s", "generated tokens / s", "log"),
+              ("vs_plain", "speed-up over the faster plain", "linear"),
+              ("predicted_over_measured", "cost model: predicted / measured", "linear"))
+    fig, axes = plt.subplots(len(panels), len(dtypes), figsize=(6 * len(dtypes), 12), dpi=100,
                              squeeze=False)
-    for ax, dtype in zip(axes[0], dtypes, strict=True):
-        sampling = sorted({(r.get("temperature", 0.0), r.get("top_p", 1.0)) for r in rows})
-        for name in ("spec", "plain", "plain-cublas", "recipe", "hf-eager", "zlab", "ds-dflash"):
-            for temperature, top_p in sampling:
-                pts = sorted((r["batch"], r["tokens_per_s"]) for r in rows
-                             if r["dtype"] == dtype and r["decoding"] == name
-                             and r.get("temperature", 0.0) == temperature
-                             and r.get("top_p", 1.0) == top_p)
-                label = name if temperature == 0.0 else (
-                    f"{name} T={temperature}" + (f" top-p {top_p}" if top_p < 1.0 else ""))
-                if pts:
-                    ax.plot([b for b, _ in pts], [t for _, t in pts], marker="o", label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("batch size (requests in flight)")
-        ax.set_ylabel("generated tokens / s")
-        ax.set_title(f"SmolLM2-135M, {dtype}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    for col, dtype in enumerate(dtypes):
+        for row, (field, ylabel, scale) in enumerate(panels):
+            ax = axes[row][col]
+            for label, pts in _series(rows, dtype, field).items():
+                if field == "vs_plain" and not label.startswith("spec"):
+                    continue  # the plain rows are 1.0 by definition
+                ax.plot([b for b, _ in pts], [v for _, v in pts], marker="o", label=label)
+            if field != "tokens_per_s":
+                ax.axhline(1.0, color="grey", lw=0.8)
+            if field == "predicted_over_measured":
+                ax.axhspan(0.85, 1.15, color="green", alpha=0.1)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale(scale)
+            ax.set_xlabel("batch size (requests in flight)")
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"SmolLM2-135M, {dtype}")
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png)
 
 
-def main() -> int:
+MIN_PROMPTS = 128
+"""Prompts a run decodes by default (at least the largest batch): every batch up to 128 then
+starts full and runs most of its rounds full."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with ``--smoke``'s sizes applied and the prompt count settled: at least
+    the largest batch, so that no reported batch runs mostly empty."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="directory for e2e.json and e2e.txt")
     parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=list(DTYPES))
-    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32])
-    parser.add_argument("--limit", type=int, default=20, help="prompts per set")
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32, 64, 128])
+    parser.add_argument("--prompts", type=int, default=None,
+                        help="prompts to decode at every batch, gsm8k's first, then humaneval's "
+                             f"and mt-bench's (default: the largest batch, at least {MIN_PROMPTS};"
+                             " fewer than the largest batch is refused)")
     parser.add_argument("--slow-limit", type=int, default=2,
                         help="prompts per set for the slow baselines (0: skip them)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
@@ -656,18 +763,32 @@ def main() -> int:
     parser.add_argument("--zlab-limit", type=int, default=1,
                         help="prompts per set for the zlab part (batch 1, greedy)")
     parser.add_argument("--plot", type=Path, help="plot an e2e.json and exit")
-    parser.add_argument("--smoke", action="store_true", help="tiny run on the CPU")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny run on the CPU (fp32, batches 1 and 2, 2 prompts, 8 tokens)")
+    args = parser.parse_args(argv)
     if args.temperature == 0.0 and args.top_p < 1.0:
         parser.error("--top-p filters sampling only; give --temperature > 0 as well")
+    if args.smoke:
+        args.dtypes, args.batches, args.prompts, args.slow_limit = ["fp32"], [1, 2], 2, 1
+        args.max_new_tokens, args.parts = 8, "hf,zlab"
+    if min(args.batches) < 1:
+        parser.error("--batches must be >= 1")
+    largest = max(args.batches)
+    if args.prompts is None:
+        args.prompts = max(largest, MIN_PROMPTS)
+    if args.prompts < largest:
+        parser.error(f"--prompts {args.prompts} would leave batch {largest} mostly empty; give "
+                     f"at least {largest} (the largest of --batches)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.plot is not None:
         png = args.plot.with_suffix(".png")
         plot(args.plot, png)
         print(f"wrote {png}")
         return 0
-    if args.smoke:
-        args.dtypes, args.batches, args.limit, args.slow_limit = ["fp32"], [1, 2], 1, 1
-        args.max_new_tokens, args.parts = 8, "hf,zlab"
     print(f"# e2e on {machine_tag(_DEVICE)}, torch {torch.__version__}, "
           f"{time.strftime('%Y-%m-%dT%H%M%SZ', time.gmtime())}", flush=True)
     if args.temperature > 0 and args.slow_limit:

@@ -77,7 +77,7 @@ def _load(config_args: tuple, graphs: str, collectives=None, say=print) -> tuple
 def _timed(dec, ids: list[list[int]], batch: int, max_new: int) -> Any:
     """One warmed-up call timing the speculative path and then plain decoding (``K = 0``) of
     the same decoder on the same prompts: ``report.spec_tokens_per_s`` / ``plain_tokens_per_s``."""
-    _warm_up(dec, ids, batch, compare_plain=True)
+    _warm_up(dec, ids, batch, max_new, compare_plain=True)
     return dec.generate_ids(ids, max_new, compare_plain=True)
 
 

@@ -187,7 +187,15 @@ def format_summary(report: GenerateReport) -> str:
         lines.append(f"baseline: {report.baseline}")
     if report.draft_tokens_auto:
         lines.append(f"K = {report.num_draft_tokens} chosen by the cost model from round times "
-                     "measured at bind: " + report.draft_tokens_reason)
+                     "profiled at bind, corrected by the rounds earlier calls took: "
+                     + report.draft_tokens_reason)
+    for name, rates in (("speculative", report.spec_rates), ("plain", report.plain_rates)):
+        if rates is not None and not (name == "plain" and report.speculation_off):
+            lines.append(
+                f"cost model, {name} rounds (prefill left out): predicted "
+                f"{rates.predicted_tokens_per_s:.1f} tok/s, measured "
+                f"{rates.measured_tokens_per_s:.1f} tok/s ({rates.ratio:.2f}x) over "
+                f"{rates.rounds} rounds; {rates.source}")
     if report.exact is not None:
         same = sum(1 for r in report.results if r.exact)
         verdict = "yes" if report.exact else "NO"

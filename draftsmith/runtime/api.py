@@ -44,7 +44,16 @@ from draftsmith.parallel import active_collectives, rank_device
 from draftsmith.runtime.bind import bind, load_drafter
 from draftsmith.runtime.buckets import bucket, row_buckets
 from draftsmith.runtime.config import SpecConfig, parse_device, read_config_file
-from draftsmith.runtime.costs import AcceptanceEstimate, AcceptanceTally, choose_draft_tokens
+from draftsmith.runtime.costs import (
+    AcceptanceEstimate,
+    AcceptanceTally,
+    CostProfile,
+    DraftTokensChoice,
+    RoundRates,
+    RoundTimes,
+    choose_draft_tokens,
+    predict_rounds,
+)
 from draftsmith.runtime.decoder import GenerationResult, SpecDecoder
 from draftsmith.runtime.head_layout import vocab_shard_range
 from draftsmith.runtime.inputs import check_max_new_tokens, check_prompt_ids, check_prompt_texts
@@ -169,6 +178,12 @@ class GenerateReport:
     selection: str = ""
     """The selection in words (:func:`~draftsmith.runtime.plan.describe_selection`): greedy, or
     the temperature, top-k, top-p and acceptance rule of sampling."""
+    spec_rates: RoundRates | None = None
+    """Under ``auto``: the cost model's tokens per second for the speculative run's rounds,
+    predicted when ``K`` was chosen, against what they took (admission left out of both)."""
+    plain_rates: RoundRates | None = None
+    """The same for plain decoding's steps, when it ran (``K = 0`` chosen: the speculative
+    run's)."""
 
     @property
     def num_tokens(self) -> int:
@@ -232,6 +247,14 @@ class GenerateReport:
             "draft_tokens_auto": self.draft_tokens_auto,
             "speculation_off": self.speculation_off,
             "selection": self.selection,
+            "cost_model": {name: None if rates is None else {
+                "draft_tokens": rates.draft_tokens,
+                "rounds": rates.rounds,
+                "predicted_tokens_per_s": rates.predicted_tokens_per_s,
+                "measured_tokens_per_s": rates.measured_tokens_per_s,
+                "predicted_over_measured": rates.ratio,
+                "source": rates.source,
+            } for name, rates in (("spec", self.spec_rates), ("plain", self.plain_rates))},
             "exact": self.exact,
             "results": [
                 {
@@ -271,12 +294,23 @@ class Decoder:
     _prior: AcceptanceEstimate | None = field(default=None, repr=False)
     """Under ``auto``: the acceptance the first plan was chosen on (the online estimate's
     prior)."""
+    _profile: CostProfile | None = field(default=None, repr=False)
+    """Under ``auto``: the cost profile the first plan was chosen on (what :attr:`_times`
+    corrects)."""
+    _times: RoundTimes | None = field(default=None, repr=False)
+    """Under ``auto``: the wall time of the rounds every call took, per rows bucket and ``K``
+    (plain decoding's steps as ``K = 0``)."""
+    _chosen: tuple[CostProfile, AcceptanceEstimate, DraftTokensChoice] | None = field(
+        default=None, repr=False)
+    """Under ``auto``: the corrected profile, the acceptance and the choice of the last
+    :meth:`spec_for` (what a call's predicted rates are computed from)."""
 
     def spec_for(self, num_requests: int) -> SpecDecoder:
         """The decoder for a batch of ``num_requests``: :attr:`spec` for a fixed ``K``; under
         ``auto``, the cost model's ``K`` for the batch's rows bucket, from the bind-time profile
-        and the acceptance measured so far (bound on first use, then kept; it becomes
-        :attr:`spec`). Requests stay on that ``K`` until the call ends."""
+        corrected by the round times measured so far (``RoundTimes.corrected``) and the
+        acceptance measured so far (bound on first use, then kept; it becomes :attr:`spec`).
+        Requests stay on that ``K`` until the call ends."""
         plan = self.spec.plan
         if plan.cost_profile is None or plan.acceptance_estimate is None:
             return self.spec
@@ -285,19 +319,40 @@ class Decoder:
         if self._tally is None:
             self._tally = AcceptanceTally(plan.cost_profile.k_max)
             self._prior = plan.acceptance_estimate
+            self._profile = plan.cost_profile
+            self._times = RoundTimes()
             self._by_bucket[(plan.draft_tokens_rows, plan.num_draft_tokens)] = self.spec
-        assert self._prior is not None
+        assert self._prior is not None and self._profile is not None and self._times is not None
         estimate = self._tally.estimate(self._prior)
-        choice = next(c for c in choose_draft_tokens(plan.cost_profile, estimate)
-                      if c.rows == rows)
+        costs = self._times.corrected(self._profile)
+        choice = next(c for c in choose_draft_tokens(costs, estimate) if c.rows == rows)
+        self._chosen = (costs, estimate, choice)
         key = (rows, choice.draft_tokens)
         if key not in self._by_bucket:
             self._by_bucket[key] = bind(self.target, self.spec.drafter, self.config,
                                         collectives=self.spec.collectives,
-                                        profile=plan.cost_profile, acceptance=estimate,
-                                        rows=rows)
+                                        profile=costs, acceptance=estimate, rows=rows)
         self.spec = self._by_bucket[key]
         return self.spec
+
+    def _learn(self, spec: SpecDecoder, plain: SpecDecoder | None
+               ) -> tuple[RoundRates | None, RoundRates | None]:
+        """Under ``auto``, after a call: the predicted and measured rates of its speculative
+        rounds and of ``plain``'s steps (when that ran), from the model the call's ``K`` was
+        chosen on; then the rounds go into the online round times."""
+        if self._chosen is None or self._times is None:
+            return None, None
+        costs, estimate, _ = self._chosen
+        k = spec.plan.num_draft_tokens
+        spec_rates = predict_rounds(costs, estimate, k, spec.rounds)
+        self._times.add(k, spec.rounds)
+        if k == 0:  # the speculative run was plain decoding
+            return spec_rates, spec_rates
+        if plain is None:
+            return spec_rates, None
+        plain_rates = predict_rounds(costs, estimate, 0, plain.rounds)
+        self._times.add(0, plain.rounds)
+        return spec_rates, plain_rates
 
     @property
     def greedy(self) -> bool:
@@ -391,6 +446,8 @@ class Decoder:
             start = time.perf_counter()
             plain = self.plain.generate(ids, max_new_tokens, stops, seeds)
             plain_seconds = time.perf_counter() - start
+        spec_rates, plain_rates = self._learn(
+            spec, self.plain if compare_plain and not off else None)
         if self._tally is not None and not off and spec.plan.acceptance != "forced":
             for r in raw:
                 self._tally.add(r.accepted_lengths, spec.plan.num_draft_tokens)
@@ -417,13 +474,12 @@ class Decoder:
             family=self.config.drafter.family,
             baseline=(("the speculative run itself (K = 0 is plain decoding)" if off
                        else self.baseline) if compare_plain else ""),
-            draft_tokens_reason=next(
-                (c.reason for c in spec.plan.draft_tokens_choices
-                 if c.rows == spec.plan.draft_tokens_rows),
-                spec.plan.decision("num_draft_tokens").reason),
+            draft_tokens_reason=(self._chosen[2].reason if self._chosen is not None else
+                                 spec.plan.decision("num_draft_tokens").reason),
             draft_tokens_auto=spec.plan.draft_tokens_mode == "auto",
             speculation_off=off,
             selection=describe_selection(spec.selector.capabilities),
+            spec_rates=spec_rates, plain_rates=plain_rates,
         )
 
 

@@ -13,15 +13,25 @@ and :func:`choose_draft_tokens`, the arithmetic::
 ``K`` is the argmax of ``rate``; a ``K > 0`` is taken only when it beats plain decoding by
 :data:`MIN_SPEEDUP`, otherwise ``K = 0`` (speculation off). :func:`profile_rounds` times rounds
 of already bound decoders; it must not import ``bind`` or pluggy.
+
+``t_round`` is corrected online: :class:`RoundTimes` keeps the wall time of the rounds a run
+took (host work included: what tokens per second pays), :meth:`RoundTimes.corrected` puts their
+medians into the profile (:class:`MeasuredRound`), and :meth:`CostProfile.round_seconds` reads a
+measured time where there is one, else the profiled time scaled by what was measured beside it.
+:func:`predict_rounds` says what the model expected of the rounds a run took, against what they
+took (:class:`RoundRates`).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +77,35 @@ class _Checked(BaseModel):
             raise ConfigError(f"{type(self).__name__}: " + "; ".join(lines)) from None
 
 
+MIN_MEASURED_ROUNDS = 8
+"""Rounds a run must have taken at one (rows bucket, ``K``) before their median replaces the
+profiled time there: fewer are too easily one stall."""
+
+ROUND_WINDOW = 128
+"""Rounds per (rows bucket, ``K``) whose median stands for it: the latest this many, so the
+figure follows the contexts the runs now reach (attention costs grow with each token's
+position) and forgets the first rounds after a capture."""
+
+
+class MeasuredRound(_Checked):
+    """The median wall time of the rounds runs took at one (rows bucket, ``K``)."""
+
+    model_config = _FROZEN
+
+    rows: int = Field(ge=1)
+    """The rows bucket."""
+    draft_tokens: int = Field(ge=0)
+    """``K`` of those rounds (0: plain decoding steps)."""
+    seconds: float = Field(gt=0)
+    """Median wall seconds of one round, host work included (``SpecDecoder.step``)."""
+    rounds: int = Field(ge=1)
+    """Rounds behind the median (the latest :data:`ROUND_WINDOW` at most)."""
+
+
 class CostProfile(_Checked):
-    """Measured seconds of one decoding round, per rows bucket and ``K`` (``K = 0``: the plain
-    step). Frozen and hashable, so a plan can hold it."""
+    """Seconds of one decoding round, per rows bucket and ``K`` (``K = 0``: the plain step):
+    measured at bind (:func:`profile_rounds`), corrected by the rounds runs took
+    (:attr:`measured`). Frozen and hashable, so a plan can hold it."""
 
     model_config = _FROZEN
 
@@ -83,6 +119,10 @@ class CostProfile(_Checked):
     """Context columns the rounds attended to."""
     method: str
     """How the rounds were timed (eager or graph replays, repeats, statistic)."""
+    measured: tuple[MeasuredRound, ...] = ()
+    """Medians of the rounds runs took (:meth:`RoundTimes.corrected`), at most one per (rows,
+    ``K``): each replaces the profiled time of its (rows, ``K``) and scales the other ``K`` of
+    its bucket (:meth:`round_seconds`)."""
 
     def model_post_init(self, _context: object) -> None:
         if not self.rows or list(self.rows) != sorted(set(self.rows)):
@@ -93,15 +133,22 @@ class CostProfile(_Checked):
         if len(self.seconds) != len(self.rows) or any(
                 len(row) != len(ks) or any(not s > 0 for s in row) for row in self.seconds):
             raise ValueError("cost profile seconds must hold one positive time per (rows, K)")
+        keys = [(m.rows, m.draft_tokens) for m in self.measured]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"measured rounds {keys} must hold one entry per (rows, K)")
+        for g, k in keys:
+            if g not in self.rows or not 0 <= k <= ks[-1]:
+                raise ValueError(f"measured rounds at {g} rows, K = {k} lie outside the "
+                                 f"profile (rows {self.rows}, K 0..{ks[-1]})")
 
     @property
     def k_max(self) -> int:
         """The largest ``K`` profiled."""
         return self.draft_tokens[-1]
 
-    def round_seconds(self, rows: int, k: int) -> float:
-        """Seconds of one round over ``rows`` (a profiled bucket) at ``K = k``: measured where
-        ``k`` was profiled, linear between the profiled neighbours otherwise."""
+    def profiled_seconds(self, rows: int, k: int) -> float:
+        """Seconds of one round over ``rows`` (a profiled bucket) at ``K = k`` as profiled at
+        bind: timed where ``k`` was profiled, linear between the profiled neighbours otherwise."""
         if rows not in self.rows:
             raise ConfigError(f"rows {rows} was not profiled (profiled: {self.rows})")
         if not 0 <= k <= self.k_max:
@@ -114,9 +161,45 @@ class CostProfile(_Checked):
         t0, t1 = times[hi - 1], times[hi]
         return t0 + (t1 - t0) * (k - k0) / (k1 - k0)
 
-    def measured(self, k: int) -> bool:
-        """Whether ``K = k`` was timed (not interpolated)."""
-        return k in self.draft_tokens
+    def round_seconds(self, rows: int, k: int) -> float:
+        """Seconds of one round over ``rows`` (a profiled bucket) at ``K = k``: the median runs
+        measured there when :attr:`measured` has it; else :meth:`profiled_seconds` times the
+        measured-to-profiled ratio of the nearest measured ``K`` of the same bucket
+        (:meth:`_scale`), or as profiled where the bucket has no measurement."""
+        profiled = self.profiled_seconds(rows, k)
+        found = self._measured_at(rows, k)
+        if found is not None:
+            return found.seconds
+        scale = self._scale(rows, k)
+        return profiled if scale is None else profiled * scale[0]
+
+    def source(self, rows: int, k: int) -> str:
+        """Where :meth:`round_seconds` ``(rows, k)`` comes from, in words."""
+        found = self._measured_at(rows, k)
+        if found is not None:
+            return f"measured, median of {found.rounds} rounds"
+        how = "profiled" if k in self.draft_tokens else "interpolated between profiled K"
+        scale = self._scale(rows, k)
+        if scale is None:
+            return how
+        ratio, near = scale
+        return f"{how} x {ratio:.2f}, the measured / profiled ratio at K = {near.draft_tokens}"
+
+    def _measured_at(self, rows: int, k: int) -> MeasuredRound | None:
+        return next((m for m in self.measured if (m.rows, m.draft_tokens) == (rows, k)), None)
+
+    def _scale(self, rows: int, k: int) -> tuple[float, MeasuredRound] | None:
+        """``(measured / profiled, the entry)`` of the measured ``K`` of bucket ``rows`` nearest
+        to ``k`` (ties: the smaller); for a ``K > 0`` the plain step's counts only when no
+        ``K > 0`` of the bucket was measured (a round that drafts is not a plain step).
+        ``None`` when the bucket has no measurement."""
+        same = [m for m in self.measured if m.rows == rows]
+        if k > 0 and any(m.draft_tokens > 0 for m in same):
+            same = [m for m in same if m.draft_tokens > 0]
+        if not same:
+            return None
+        near = min(same, key=lambda m: (abs(m.draft_tokens - k), m.draft_tokens))
+        return near.seconds / self.profiled_seconds(rows, near.draft_tokens), near
 
 
 class AcceptanceEstimate(_Checked):
@@ -179,35 +262,150 @@ def choose_draft_tokens(profile: CostProfile, acceptance: AcceptanceEstimate,
     for g in profile.rows:
         step = profile.round_seconds(g, 0)
         plain = g / step
-        best_k, best = 0, plain
+        step_words = f"{step * 1e3:.1f} ms step, {profile.source(g, 0)}"
+        # the best K > 0, whether or not it beats plain decoding (ties: the smaller K)
+        best_k, best = 0, 0.0
         for k in range(1, k_max + 1):
             rate = g * acceptance.expected_tokens(k) / profile.round_seconds(g, k)
             if rate > best:
                 best_k, best = k, rate
+        words = "" if not best_k else (
+            f"K = {best_k} expects {acceptance.expected_tokens(best_k):.2f} tokens per "
+            f"{profile.round_seconds(g, best_k) * 1e3:.1f} ms round "
+            f"({profile.source(g, best_k)}) = {best:.1f} tok/s, {best / plain:.2f}x plain")
         if best_k and best >= min_speedup * plain:
-            t = profile.round_seconds(g, best_k)
-            how = "" if profile.measured(best_k) else " (interpolated)"
-            reason = (f"{g} rows: K = {best_k} expects {acceptance.expected_tokens(best_k):.2f} "
-                      f"tokens per {t * 1e3:.1f} ms round{how} = {best:.1f} tok/s, "
-                      f"{best / plain:.2f}x plain ({plain:.1f} tok/s, {step * 1e3:.1f} ms step)")
-            out.append(DraftTokensChoice(rows=g, draft_tokens=best_k, tokens_per_s=best,
-                                         plain_tokens_per_s=plain, reason=reason))
+            out.append(DraftTokensChoice(
+                rows=g, draft_tokens=best_k, tokens_per_s=best, plain_tokens_per_s=plain,
+                reason=f"{g} rows: {words} ({plain:.1f} tok/s, {step_words})"))
             continue
-        if best_k:
-            t = profile.round_seconds(g, best_k)
-            why = (f"the best, K = {best_k}, expects {acceptance.expected_tokens(best_k):.2f} "
-                   f"tokens per {t * 1e3:.1f} ms round = {best:.1f} tok/s, only "
-                   f"{best / plain:.2f}x plain (below {min_speedup:.2f}x)")
-        else:
-            k1 = min(1, k_max)
-            why = (f"no K in 1..{k_max} beats it" if k1 == 0 else
-                   f"no K in 1..{k_max} beats it (K = 1: {acceptance.expected_tokens(1):.2f} "
-                   f"tokens per {profile.round_seconds(g, 1) * 1e3:.1f} ms round)")
+        why = (f"no K in 1..{k_max} to try" if not best_k else
+               f"the best, {words}, below {min_speedup:.2f}x" if best > plain else
+               f"no K in 1..{k_max} beats it (the best, {words})")
         out.append(DraftTokensChoice(
             rows=g, draft_tokens=0, tokens_per_s=plain, plain_tokens_per_s=plain,
             reason=f"{g} rows: speculation off (K = 0, plain decoding at {plain:.1f} tok/s, "
-                   f"{step * 1e3:.1f} ms step): {why}"))
+                   f"{step_words}): {why}"))
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One round a run took (``SpecDecoder.step``), as the cost model reads it."""
+
+    rows: int
+    """The rows bucket the round ran over (live and padding rows)."""
+    live: int
+    """Requests in the round."""
+    tokens: int
+    """Tokens it committed, over all its requests (after the budget and stop rules)."""
+    seconds: float
+    """Wall time of the step, host work included (the round, the one read, committing)."""
+    scheduled: bool = False
+    """It ran the confidence schedule (verifying fewer than ``K`` drafts on some rows), so it
+    is not the round the cost model prices."""
+
+
+class RoundTimes:
+    """The wall time of the rounds runs took, per (rows bucket, ``K``): the latest
+    :data:`ROUND_WINDOW` of each; :meth:`corrected` puts their medians into a profile.
+
+    Scheduled rounds are left out: their cost follows the drafts the schedule admitted, which
+    the profile's rounds (every draft verified) do not price.
+    """
+
+    def __init__(self, window: int = ROUND_WINDOW,
+                 min_rounds: int = MIN_MEASURED_ROUNDS) -> None:
+        if not 1 <= min_rounds <= window:
+            raise ConfigError(f"min_rounds {min_rounds} must lie in 1..window ({window})")
+        self.window = window
+        self.min_rounds = min_rounds
+        self.times: dict[tuple[int, int], deque[float]] = {}
+        """By ``(rows bucket, K)``: the latest round times, oldest first."""
+
+    def add(self, k: int, rounds: Iterable[RoundRecord]) -> None:
+        """Record the rounds of one run at ``K = k``."""
+        for r in rounds:
+            if not r.scheduled:
+                self.times.setdefault((r.rows, k), deque(maxlen=self.window)).append(r.seconds)
+
+    def corrected(self, profile: CostProfile) -> CostProfile:
+        """``profile`` with :attr:`CostProfile.measured` replaced by the medians of every (rows,
+        ``K``) it covers that has at least ``min_rounds`` rounds (``profile`` itself when none
+        has)."""
+        measured = tuple(
+            MeasuredRound(rows=g, draft_tokens=k, seconds=max(statistics.median(ts), 1e-9),
+                          rounds=len(ts))
+            for (g, k), ts in sorted(self.times.items())
+            if len(ts) >= self.min_rounds and g in profile.rows and k <= profile.k_max)
+        if not measured and not profile.measured:
+            return profile
+        return CostProfile(rows=profile.rows, draft_tokens=profile.draft_tokens,
+                           seconds=profile.seconds, context_width=profile.context_width,
+                           method=profile.method, measured=measured)
+
+
+class RoundRates(BaseModel):
+    """What the cost model expected of the rounds one run took, against what they took.
+
+    Predicted: ``sum(live rows) * E[tokens per round | K] / sum(t_round(rows bucket, K))`` over
+    the run's rounds, from the profile and acceptance the ``K`` was chosen on (before the run).
+    Measured: the tokens the rounds committed over their wall time. Both leave admission
+    (prefill) out: the model prices rounds.
+    """
+
+    model_config = _FROZEN
+
+    draft_tokens: int = Field(ge=0)
+    """``K`` of the run."""
+    rounds: int = Field(ge=1)
+    """Rounds the run took."""
+    predicted_tokens: float
+    """``sum(live rows) * E[tokens per round | K]``."""
+    predicted_seconds: float
+    """``sum(t_round(rows bucket, K))``."""
+    tokens: int
+    """Tokens the rounds committed."""
+    seconds: float
+    """Wall seconds of the rounds."""
+    source: str
+    """Where the predicted figures came from (round times measured or profiled, acceptance)."""
+
+    @property
+    def predicted_tokens_per_s(self) -> float:
+        """The cost model's tokens per second for these rounds."""
+        return self.predicted_tokens / self.predicted_seconds
+
+    @property
+    def measured_tokens_per_s(self) -> float:
+        """Tokens per second the rounds took."""
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def ratio(self) -> float:
+        """Predicted over measured tokens per second (1.0: the model was right)."""
+        measured = self.measured_tokens_per_s
+        return self.predicted_tokens_per_s / measured if measured > 0 else math.inf
+
+
+def predict_rounds(profile: CostProfile, acceptance: AcceptanceEstimate, k: int,
+                   rounds: Sequence[RoundRecord]) -> RoundRates | None:
+    """The :class:`RoundRates` of ``rounds`` run at ``K = k`` (``None`` for no rounds), each
+    priced at its own rows bucket."""
+    if not rounds:
+        return None
+    buckets = sorted({r.rows for r in rounds})
+    scheduled = sum(r.scheduled for r in rounds)
+    note = (f"; {scheduled} rounds ran the confidence schedule, priced as verifying every "
+            "draft" if scheduled else "")
+    return RoundRates(
+        draft_tokens=k, rounds=len(rounds),
+        predicted_tokens=sum(r.live for r in rounds) * acceptance.expected_tokens(k),
+        predicted_seconds=sum(profile.round_seconds(r.rows, k) for r in rounds),
+        tokens=sum(r.tokens for r in rounds), seconds=sum(r.seconds for r in rounds),
+        source=f"K = {k}, {acceptance.expected_tokens(k):.2f} tokens per row and round "
+               f"({acceptance.source}); round times: " + "; ".join(
+                   f"{g} rows {profile.round_seconds(g, k) * 1e3:.2f} ms "
+                   f"({profile.source(g, k)})" for g in buckets) + note)
 
 
 class AcceptanceTally:
@@ -438,17 +636,24 @@ def profile_rounds(decoders: Mapping[int, Any], rows: Sequence[int], *,
 
 __all__ = [
     "DEFAULT_ACCEPTANCE",
+    "MIN_MEASURED_ROUNDS",
     "MIN_SPEEDUP",
     "PRIOR_KEY",
+    "ROUND_WINDOW",
     "SCHEDULE_MIN_GAIN",
     "AcceptanceEstimate",
     "AcceptanceTally",
     "CostProfile",
     "DraftTokensChoice",
+    "MeasuredRound",
+    "RoundRates",
+    "RoundRecord",
+    "RoundTimes",
     "acceptance_prior",
     "choose_draft_tokens",
     "profile_ks",
     "VerifyCosts",
+    "predict_rounds",
     "profile_rounds",
     "sps_from_profile",
 ]

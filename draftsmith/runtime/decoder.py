@@ -52,6 +52,7 @@ from draftsmith.runtime.buckets import (
 )
 from draftsmith.runtime.buckets import bucket as _bucket
 from draftsmith.runtime.buffers import DecoderBuffers
+from draftsmith.runtime.costs import RoundRecord
 from draftsmith.runtime.graphs import CapturedCall
 from draftsmith.runtime.inputs import check_positions
 from draftsmith.runtime.markov import DraftChain
@@ -243,6 +244,11 @@ class SpecDecoder(RoundComputation):
         self._adm_result = torch.zeros(1, 4, dtype=_I64, device=self.device)
         """``[first token, nan, winning logit, margin]`` (the last two as fp32 bit patterns)."""
         self._host_adm = torch.zeros(1, 4, dtype=_I64, pin_memory=self._pinned)
+        self.clock: Callable[[], float] = time.perf_counter
+        """What :meth:`step` times itself with (tests replace it)."""
+        self.rounds: list[RoundRecord] = []
+        """The rounds of the last :meth:`generate` call, in order: what the cost model's
+        online correction reads (``runtime.costs.RoundTimes``)."""
 
     # ---- public API ---------------------------------------------------------------------
 
@@ -261,10 +267,12 @@ class SpecDecoder(RoundComputation):
         config's seed plus the request index); ``progress``: called after every round with the
         tokens generated so far, one list per prompt. Calls :meth:`prepare` first (cheap when
         nothing new is needed); time a second call to leave graph capture out. Pauses Python's
-        automatic garbage collection while it runs (:data:`YOUNG_GC_EVERY`).
+        automatic garbage collection while it runs (:data:`YOUNG_GC_EVERY`). Leaves the record
+        of every round it took in :attr:`rounds`.
         """
         reqs = self._requests(prompts, max_new_tokens, stop_token_ids, seeds)
         self._prepare_requests(reqs)
+        self.rounds = []
         waiting = list(reqs)
         active: list[_Request] = []
         collecting = gc.isenabled()
@@ -277,7 +285,7 @@ class SpecDecoder(RoundComputation):
                     waiting = waiting[len(admitted):]
                     active.extend(r for r in self._admit_all(admitted) if not r.finish)
                 if active:
-                    self.step(active)
+                    self.rounds.append(self.step(active))
                     active = [r for r in active if not r.finish]
                     if progress is not None:
                         progress([list(r.tokens) for r in reqs])
@@ -573,12 +581,16 @@ class SpecDecoder(RoundComputation):
 
     # ---- one round ----------------------------------------------------------------------
 
-    def step(self, active: list[_Request]) -> None:
+    def step(self, active: list[_Request]) -> RoundRecord:
         """One round over the ``active`` requests (all in the generation phase).
 
         Runs (or replays) the round for the smallest captured bucket that holds their slots and
         contexts, then reads the device once: every row's count and accepted tokens, one copy.
+        Returns its record: rows bucket, requests, tokens committed and its wall time by
+        :attr:`clock`, from the call to the last request committed (the read waits for the
+        device, so the time is the round's, host work included).
         """
+        start = self.clock()
         g, width = self.bucket(active)
         if self.plan.cuda_graphs:
             graph = self.graphs.get((g, width))
@@ -594,7 +606,9 @@ class SpecDecoder(RoundComputation):
                 self.verify_graphs[(g, width, int(self._host_count[0]))].replay()
         else:
             self.round_core(g, width)
-        self.emit_round(active, g)
+        tokens = self.emit_round(active, g)
+        return RoundRecord(rows=g, live=len(active), tokens=tokens,
+                           seconds=self.clock() - start, scheduled=self._scheduled(g))
 
     def bucket(self, active: list[_Request]) -> tuple[int, int]:
         """``(rows, context width)`` of the round that serves ``active``."""
@@ -602,23 +616,26 @@ class SpecDecoder(RoundComputation):
         return (_bucket(max(r.slot for r in active) + 1, self._rows),
                 _bucket(max(r.start for r in active) + k + 1, self._widths))
 
-    def emit_round(self, active: list[_Request], g: int) -> None:
+    def emit_round(self, active: list[_Request], g: int) -> int:
         """Read the round's counts and tokens (the one device-to-host read) and commit them to
-        each request under its budget and stop rules."""
+        each request under its budget and stop rules; returns the tokens committed."""
         rows = self._read_result(g)
         k3 = self.plan.num_draft_tokens + 3
+        committed = 0
         for r in active:
             n, nan, *accepted = rows[r.slot][:k3]
             if nan:
                 r.fail_on_nan()
             else:
                 kept = r.emit(accepted[:n])
+                committed += kept
                 r.lengths.append(kept)
                 if self.plan.record_margins:
                     r.margins += _float_pairs(rows[r.slot][k3 : k3 + 2 * kept])
                 r.start += n
             if r.finish:
                 self._finish(r)
+        return committed
 
     def _read_result(self, g: int) -> list[list[int]]:
         """``[n_b, nan_b, accepted_b..., margins...]`` of rows ``0 .. g-1``: the round's one

@@ -619,9 +619,14 @@ def _decide_draft_tokens(inputs: PlanInputs, k: int, decide) -> None:
             f"{g} rows: " + ", ".join(f"K{kk} {t * 1e3:.1f}" for kk, t in
                                       zip(p.draft_tokens, p.seconds[i], strict=True))
             for i, g in enumerate(p.rows))
+        runs = "; ".join(f"{m.rows} rows K{m.draft_tokens} {m.seconds * 1e3:.1f} "
+                         f"({m.rounds} rounds)" for m in p.measured)
         decide("cost_profile", f"{len(p.rows)} buckets x {len(p.draft_tokens)} K",
                f"ms per round at context width {p.context_width}, {p.method}; other K "
-               f"interpolated: {table}")
+               f"interpolated: {table}" + (
+                   f"; corrected by the rounds runs took (median ms per round, host work "
+                   f"included; the other K of a bucket scaled by its nearest measured K's "
+                   f"measured / profiled ratio): {runs}" if runs else ""))
         acc = auto.acceptance
         decide("acceptance_estimate", ", ".join(f"{x:.2f}" for x in acc.conditional),
                f"P(draft j accepted | drafts before it accepted), j = 1..: {acc.source}")

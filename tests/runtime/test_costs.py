@@ -57,7 +57,9 @@ def test_expected_tokens(p, k, want):
 def test_round_seconds_interpolates_between_measured_k(k, want_ms):
     prof = _profile((1,), (0, 1, 4), [[10, 20, 50]])
     assert prof.round_seconds(1, k) == pytest.approx(want_ms / 1e3)
-    assert prof.measured(k) == (k in (0, 1, 4))
+    assert prof.profiled_seconds(1, k) == prof.round_seconds(1, k)
+    assert prof.source(1, k) == ("profiled" if k in (0, 1, 4) else
+                                 "interpolated between profiled K")
 
 
 @pytest.mark.parametrize(("ms", "p", "want_k"), [
@@ -322,8 +324,8 @@ def test_generate_with_k_feeds_the_tally(nudged):
     assert report.draft_tokens_reason.startswith("4 rows: K = 2 expects")
     from draftsmith.cli.generate import format_summary
 
-    assert "K = 2 chosen by the cost model from round times measured at bind: 4 rows: K = 2" \
-        in format_summary(report)
+    assert ("K = 2 chosen by the cost model from round times profiled at bind, corrected by "
+            "the rounds earlier calls took: 4 rows: K = 2") in format_summary(report)
     assert [list(r.tokens) for r in report.results] == oracle
     rounds = sum(len(r.accepted_lengths) - 1 for r in report.results)
     assert decoder._tally is not None and decoder._tally.rounds == rounds > 0
