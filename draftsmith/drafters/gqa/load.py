@@ -158,8 +158,12 @@ def load_gqa_drafter(request: LoadRequest, family: str) -> GQADrafter:
     config = read_config(directory)
     source = TensorSource(load_tensors(directory), str(directory))
     spec = checkpoint_spec(request, family, config, source)
+    # the tensors are checked against the shapes the config declares before the drafter is
+    # allocated: a config claiming a vocabulary of 2e9 must be refused, not allocated
+    with torch.device("meta"):
+        shapes = GQADrafter(spec, family, tp_rank, tp_size)
+    state = checked_state(source, spec, shapes, family)
     model = GQADrafter(spec, family, tp_rank, tp_size)
-    state = checked_state(source, spec, model, family)
     dtype = request.dtype or checkpoint_dtype(config, state["fc.weight"], source.origin)
     model.load_state_dict(state)
     return _finish(model, request.device, dtype)
