@@ -286,8 +286,11 @@ class LayerLoop:
                 h = self._norm(h, self.decoder.norm, self._kernels(h))
             return h.view(*positions.shape, -1), not defer_norm
         kernels = self._kernels(x)
-        cos, sin = self.decoder.rotary_emb(x, positions)
-        cos, sin = cos.reshape(rows_out, hd), sin.reshape(rows_out, hd)
+        # static RoPE on the GPU: angles, rotation and the cache writes in one launch a layer
+        fused_store = kernels and self.inv_freq is not None
+        if not fused_store:
+            cos, sin = self.decoder.rotary_emb(x, positions)
+            cos, sin = cos.reshape(rows_out, hd), sin.reshape(rows_out, hd)
         attend = (cache_attention if kernels else
                   cache_attention_cpu if x.device.type == "cpu" else cache_attention_reference)
         h = x.reshape(rows_out, -1)
@@ -296,10 +299,16 @@ class LayerLoop:
         for i, layer in enumerate(self.layers):
             qkv = linear(normed, layer.qkv_weight, layer.qkv_bias, self.row_stable)
             heads = qkv.view(rows_out, nq + 2 * nkv, hd)
-            self._rope(heads[:, : nq + nkv], layer, cos, sin, kernels)
             keys, values = kv.keys[i], kv.values[i]
-            keys[write_rows, :, positions] = heads[:, nq : nq + nkv].view(*positions.shape, nkv, hd)
-            values[write_rows, :, positions] = heads[:, nq + nkv :].view(*positions.shape, nkv, hd)
+            if fused_store:
+                rope_store(heads, token_pos, self.inv_freq, keys, values, token_rows, nq,
+                           self.rope_scale, layer.qk_norm, layer.qk_eps)
+            else:
+                self._rope(heads[:, : nq + nkv], layer, cos, sin, kernels)
+                keys[write_rows, :, positions] = heads[:, nq : nq + nkv].view(
+                    *positions.shape, nkv, hd)
+                values[write_rows, :, positions] = heads[:, nq + nkv :].view(
+                    *positions.shape, nkv, hd)
             if per_token:
                 with values_trusted():  # slots and positions the target made itself
                     out = attend(heads[:, :nq], keys, values, token_rows, token_pos, width,
