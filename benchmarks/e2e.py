@@ -135,7 +135,8 @@ def _selection(temperature: float, top_p: float) -> dict:
 
 def _spec_config(dtype_name: str, batch: int, k: int | str, family: str = "dspark-gqa",
                  checkpoint: str | None = None, verify_schedule: str = "all",
-                 temperature: float = 0.0, top_p: float = 1.0, drafter_dtype: str | None = None):
+                 temperature: float = 0.0, top_p: float = 1.0, drafter_dtype: str | None = None,
+                 overlap: str = "auto"):
     from draftsmith.cli.common import SHIPPED_DRAFTER
     from draftsmith.runtime.config import SpecConfig
 
@@ -146,7 +147,8 @@ def _spec_config(dtype_name: str, batch: int, k: int | str, family: str = "dspar
         "selection": _selection(temperature, top_p),
         "target": {"model": "smollm2-135m", "dtype": _dtype_field(dtype_name),
                    "device": "cuda" if torch.cuda.is_available() else "cpu"},
-        "runtime": {"max_batch": batch, "max_context": 2048, "verify_schedule": verify_schedule},
+        "runtime": {"max_batch": batch, "max_context": 2048, "verify_schedule": verify_schedule,
+                    "overlap": overlap},
     })
 
 
@@ -157,12 +159,13 @@ def _dtype_field(dtype_name: str) -> str:
 
 def _decoder(target, tokenizer, dtype_name: str, batch: int, k: int | str, family: str = "dspark-gqa",
              checkpoint: str | None = None, verify_schedule: str = "all",
-             temperature: float = 0.0, top_p: float = 1.0, drafter_dtype: str | None = None):
+             temperature: float = 0.0, top_p: float = 1.0, drafter_dtype: str | None = None,
+             overlap: str = "auto"):
     """A decoder whose speculative path and plain (``K = 0``) baseline share one selection."""
     from draftsmith.runtime.api import load_decoder
 
     config = _spec_config(dtype_name, batch, k, family, checkpoint, verify_schedule,
-                          temperature, top_p, drafter_dtype)
+                          temperature, top_p, drafter_dtype, overlap)
     return load_decoder(config, target=target, tokenizer=tokenizer)
 
 
@@ -427,14 +430,16 @@ class _Trace:
 
     def __enter__(self):
         self.spec.generate = self._generate(self.spec.generate)
-        self.spec.step = self._timed(self.spec.step, self.steps)
         self.spec._admit_all = self._timed(self.spec._admit_all, self.admits)
         gc.callbacks.append(self._on_gc)
         return self
 
     def __exit__(self, *exc) -> None:
-        del self.spec.generate, self.spec.step, self.spec._admit_all
+        del self.spec.generate, self.spec._admit_all
         gc.callbacks.remove(self._on_gc)
+        # the rounds' own records: with runtime.overlap a round's time runs from the commit
+        # of the one before (the host's work overlaps the next round)
+        self.steps = [r.seconds for r in self.spec.rounds]
 
     def summary(self) -> str:
         def top(xs):

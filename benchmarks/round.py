@@ -57,8 +57,10 @@ def main() -> int:
     target, tokenizer = load_target(TargetConfig(
         model="smollm2-135m", dtype={"bf16": "bfloat16"}.get(args.dtype, "float32"),
         device="cuda"), max_slots=args.batch + 2)
+    # each round committed before the next (runtime.overlap off): a step here is one round's
+    # replay, read and commit, which the hooks below time and profile one by one
     dec = _decoder(target, tokenizer, args.dtype, args.batch, args.k,
-                   temperature=args.temperature, top_p=args.top_p)
+                   temperature=args.temperature, top_p=args.top_p, overlap="off")
     ids = [dec.encode(t) for _, t in _prompts(Path(args.data), args.limit)]
     dec.generate_ids(ids, 64, compare_plain=True)
     spec = dec.spec

@@ -10,8 +10,9 @@ drafter. For each shape, in one run:
 * ``floor``: the bytes of every weight, read once, at the copy bandwidth measured in the run
   (read + write counted, so this is half a device copy of the weights);
 * ``plain``: draftsmith's plain decoding (``K = 0``), its step captured in a CUDA graph: the
-  median GPU time of a step during a generation of ``--prompts`` random prompts of
-  ``--prompt-len`` tokens and ``--new-tokens`` new tokens at batch ``--batch``;
+  median time of a step (the decoder's round records: commit to commit where
+  ``runtime.overlap`` runs a round ahead, the default with graphs) during a generation of
+  ``--prompts`` random prompts of ``--prompt-len`` tokens and ``--new-tokens`` new tokens at batch ``--batch``;
 * ``spec <family>``: speculative decoding with a random drafter of that family's default shape
   for the target, ``K = 7``, accepted length forced to ``--accepted`` (drafts + bonus): the
   median round and tokens/s of the same generation, and the round's cost against a plain step;
@@ -150,43 +151,26 @@ def _config(family: str, k: int, accepted: int, batch: int, device: str) -> Any:
     })
 
 
-def _step_times(sd: Any, run: Any, at_step: Any = None) -> tuple[Any, list[float], list[float]]:
-    """``run()``'s result, the GPU milliseconds of each decoding step ``sd`` took during it
-    (events around the replay and its one read) and each step's wall milliseconds.
-    ``at_step(active)`` runs once, before the twelfth step (on live state)."""
-    cuda = torch.cuda.is_available()
-    events: list[tuple[Any, Any]] = []
-    walls: list[float] = []
-    real = sd.step
+def _step_times(sd: Any, run: Any, at_step: Any = None) -> tuple[Any, list[float]]:
+    """``run()``'s result and the milliseconds of each round ``sd`` took during it, from its
+    records (``sd.rounds``: from launch to commit, or with ``runtime.overlap`` from the commit
+    before, so the host's work hidden behind the device is not counted twice).
+    ``at_step(active)`` runs once, before the twelfth round is launched (on live state)."""
+    real = sd.launch
+    launches = [0]
 
-    def step(active: Any) -> None:
-        if at_step is not None and len(walls) == 11:
+    def launch(active: Any, *args: Any, **kwargs: Any) -> Any:
+        launches[0] += 1
+        if at_step is not None and launches[0] == 12:
             at_step(active)
-        w0 = time.perf_counter()
-        timed(active)
-        walls.append((time.perf_counter() - w0) * 1e3)
+        return real(active, *args, **kwargs)
 
-    def timed(active: Any) -> None:
-        if not cuda:
-            t0 = time.perf_counter()
-            real(active)
-            events.append((t0, time.perf_counter()))
-            return
-        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        start.record()
-        real(active)
-        end.record()
-        events.append((start, end))
-
-    sd.step = step
+    sd.launch = launch
     try:
         out = run()
     finally:
-        sd.step = real
-    if not cuda:
-        return out, [(e - s) * 1e3 for s, e in events], walls
-    torch.cuda.synchronize()
-    return out, [s.elapsed_time(e) for s, e in events], walls
+        del sd.launch
+    return out, [r.seconds * 1e3 for r in sd.rounds]
 
 
 def decode(model: torch.nn.Module, args: argparse.Namespace, say: Any) -> dict[str, Any]:
@@ -207,17 +191,15 @@ def decode(model: torch.nn.Module, args: argparse.Namespace, say: Any) -> dict[s
             sd.prepare_for(ids, args.new_tokens)
         dec.generate_ids(ids[:1], 16, compare_plain=True)  # warm: kernels compiled
         if "plain_ms" not in row:
-            report, steps, walls = _step_times(dec.plain, lambda d=dec: d.plain.generate(
+            report, steps = _step_times(dec.plain, lambda d=dec: d.plain.generate(
                 ids, args.new_tokens, [], None))
             tokens = sum(len(r.tokens) for r in report)
             row["plain_ms"] = statistics.median(steps)
-            row["plain_wall_ms"] = statistics.median(walls)
             row["plain_steps"] = len(steps)
-            say(f"  plain: {len(steps)} steps, median {row['plain_ms']:.3f} ms GPU, "
-                f"{row['plain_wall_ms']:.3f} ms wall, {tokens} tokens")
+            say(f"  plain: {len(steps)} steps, median {row['plain_ms']:.3f} ms, {tokens} tokens")
         parts: list[Any] = []
         t0 = time.perf_counter()
-        results, rounds, walls = _step_times(
+        results, rounds = _step_times(
             dec.spec, lambda d=dec: d.spec.generate(ids, args.new_tokens, [], None),
             (lambda active, d=dec, parts=parts: parts.extend(_round_parts(d.spec, active)))
             if args.device == "cuda" else None)
@@ -230,9 +212,9 @@ def decode(model: torch.nn.Module, args: argparse.Namespace, say: Any) -> dict[s
         row[f"spec_round_vs_plain_{family}"] = round_ms / row["plain_ms"]
         row[f"spec_tok_s_{family}"] = tokens / seconds
         row[f"tau_{family}"] = tau
-        say(f"  spec {family}: {len(rounds)} rounds, median {round_ms:.3f} ms GPU, "
-            f"{statistics.median(walls):.3f} ms wall ({round_ms / row['plain_ms']:.2f}x a plain "
-            f"step), tau {tau:.2f}, {tokens / seconds:.0f} tok/s (wall, prefill included)")
+        say(f"  spec {family}: {len(rounds)} rounds, median {round_ms:.3f} ms "
+            f"({round_ms / row['plain_ms']:.2f}x a plain step), tau {tau:.2f}, "
+            f"{tokens / seconds:.0f} tok/s (wall, prefill included)")
         if parts:
             row["parts_" + family] = {name: ms for name, ms, _ in parts}
             say("    " + "; ".join(f"{name.strip()} {ms:.3f} ms ({n} kernels)"

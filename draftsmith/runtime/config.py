@@ -209,6 +209,13 @@ class RuntimeOptions(_Strict):
     graphs: ``auto`` does so on a CUDA device with a single rank and a capturable target;
     ``on`` / ``true`` asks for it wherever possible (a target that cannot be captured is then a
     plan error); ``off`` / ``false`` never."""
+    overlap: Literal["auto", "on", "off"] | bool = "auto"
+    """Launch the next round before the host has committed the one in flight, so the host's work
+    (the read, committing tokens, stop and budget rules) runs while the device computes:
+    ``auto`` does so wherever the rounds are captured in CUDA graphs; ``on`` also for eager
+    rounds (where the device waits for the host anyway: tests use it); ``off`` never. Outputs
+    are the same either way; a request that ends in round ``t`` has round ``t + 1`` computed
+    for it and thrown away."""
     force_accepted: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     """Benchmarks only: override the accepted count; 0 disables. Finite."""
     allow_gather: bool = True

@@ -290,7 +290,8 @@ def choose_draft_tokens(profile: CostProfile, acceptance: AcceptanceEstimate,
 
 @dataclass(frozen=True)
 class RoundRecord:
-    """One round a run took (``SpecDecoder.step``), as the cost model reads it."""
+    """One round a run took (``SpecDecoder.step`` or ``complete``), as the cost model reads
+    it."""
 
     rows: int
     """The rows bucket the round ran over (live and padding rows)."""
@@ -299,7 +300,8 @@ class RoundRecord:
     tokens: int
     """Tokens it committed, over all its requests (after the budget and stop rules)."""
     seconds: float
-    """Wall time of the step, host work included (the round, the one read, committing)."""
+    """Wall time of the step, host work included (the round, the one read, committing); for a
+    round launched ahead (``runtime.overlap``), from the commit of the round before it."""
     scheduled: bool = False
     """It ran the confidence schedule (verifying fewer than ``K`` drafts on some rows), so it
     is not the round the cost model prices."""

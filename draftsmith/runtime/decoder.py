@@ -11,7 +11,11 @@ writes only device state. Committing is advancing the row's target position and 
 round's accepted tokens, counts and target features for the next placement. With
 ``plan.cuda_graphs`` the round is captured per (rows, context width) bucket by
 :meth:`SpecDecoder.prepare` and replayed; the host then reads the device once per round (counts
-and tokens, one copy). A confidence-scheduled round is captured as its two phases, drafting per
+and tokens, one copy). With ``plan.overlap`` :meth:`SpecDecoder.generate` keeps one round
+ahead: round ``t + 1`` is launched before the host reads and commits round ``t``, so the host's
+work overlaps the device's (its inputs are device state the round before wrote; the host's
+positions are one round stale, so its context width is bounded by one more round's advance).
+A confidence-scheduled round is captured as its two phases, drafting per
 (rows, width) and verification per (rows, width, token count ``T``), and the host reads ``T``
 between them: two reads per round. ``K = 0`` is plain decoding
 through the same round: the target's one-token step. Prefill stays eager. Hot path: must not
@@ -102,6 +106,19 @@ class GenerationResult:
     def mean_accepted_length(self) -> float:
         """``tau``: mean committed tokens per round (bonus included)."""
         return sum(self.accepted_lengths) / max(len(self.accepted_lengths), 1)
+
+
+@dataclass
+class _Launched:
+    """A round launched and not yet committed: its requests, rows bucket, the pinned host rows
+    its result is copied into and the event after that copy."""
+
+    active: list[_Request]
+    g: int
+    host: torch.Tensor
+    done: torch.cuda.Event | None
+    start: float
+    scheduled: bool
 
 
 @dataclass
@@ -220,7 +237,10 @@ class SpecDecoder(RoundComputation):
         self._widths: tuple[int, ...] = ()
         self._pinned = self.device.type == "cuda"
         """Host staging buffers are pinned (copies from them to the device do not block the host)."""
-        self._host_result = torch.empty(buffers.result.shape, dtype=_I64, pin_memory=self._pinned)
+        self._host_results = [torch.empty(buffers.result.shape, dtype=_I64,
+                                          pin_memory=self._pinned) for _ in range(2)]
+        """Two pinned copies of the result rows: a round in flight ahead copies into the other."""
+        self._next_host = 0
         self._columns = torch.arange(plan.num_draft_tokens + 1, device=self.device)
         self._sts = torch.tensor(plan.sts_temperatures, dtype=torch.float32, device=self.device)
         costs = plan.verify_costs
@@ -278,20 +298,37 @@ class SpecDecoder(RoundComputation):
         collecting = gc.isenabled()
         gc.disable()  # no full pass inside the loop (YOUNG_GC_EVERY)
         steps = 0
+        inflight: list[_Launched] = []
+        since = 0.0
         try:
-            while waiting or active:
+            while waiting or active or inflight:
                 if waiting and self.slots.num_free:
                     admitted = waiting[: self.slots.num_free]
                     waiting = waiting[len(admitted):]
                     active.extend(r for r in self._admit_all(admitted) if not r.finish)
-                if active:
+                if not self.plan.overlap:
+                    if not active:
+                        continue
                     self.rounds.append(self.step(active))
-                    active = [r for r in active if not r.finish]
-                    if progress is not None:
-                        progress([list(r.tokens) for r in reqs])
-                    steps += 1
-                    if collecting and steps % YOUNG_GC_EVERY == 0:
-                        gc.collect(1)
+                else:
+                    if active and (not inflight or self._may_run_ahead(active, inflight)):
+                        launched = self.launch(active, ahead=len(inflight))
+                        if not inflight:
+                            since = launched.start
+                        inflight.append(launched)
+                        if len(inflight) == 1 and self._may_run_ahead(active, inflight):
+                            continue  # launch the next before waiting for this one
+                    if not inflight:
+                        continue
+                    record = self.complete(inflight.pop(0), since)
+                    since = self.clock()
+                    self.rounds.append(record)
+                active = [r for r in active if not r.finish]
+                if progress is not None:
+                    progress([list(r.tokens) for r in reqs])
+                steps += 1
+                if collecting and steps % YOUNG_GC_EVERY == 0:
+                    gc.collect(1)
         except BaseException:
             # an error (or an interrupt) must not leave slots held: the decoder stays usable
             self._abandon(reqs)
@@ -590,8 +627,20 @@ class SpecDecoder(RoundComputation):
         :attr:`clock`, from the call to the last request committed (the read waits for the
         device, so the time is the round's, host work included).
         """
+        launched = self.launch(active, wait=True)
+        return self.complete(launched, launched.start)
+
+    def launch(self, active: list[_Request], ahead: int = 0, wait: bool = False) -> _Launched:
+        """Run (or replay) the round over ``active`` and queue the copy of its result rows into
+        pinned host memory; returns without waiting for the device unless the round is
+        scheduled (its token count is read between its phases) or ``wait`` (the copy then
+        waits for the round: :meth:`step`).
+
+        ``ahead``: rounds in flight before this one, which the host has not committed: each can
+        advance a row by ``K + 1`` positions, so the context width allows for that.
+        """
         start = self.clock()
-        g, width = self.bucket(active)
+        g, width = self.bucket(active, ahead)
         if self.plan.cuda_graphs:
             graph = self.graphs.get((g, width))
             if self.target.cache_version != self._graph_cache_version:
@@ -606,20 +655,56 @@ class SpecDecoder(RoundComputation):
                 self.verify_graphs[(g, width, int(self._host_count[0]))].replay()
         else:
             self.round_core(g, width)
-        tokens = self.emit_round(active, g)
-        return RoundRecord(rows=g, live=len(active), tokens=tokens,
-                           seconds=self.clock() - start, scheduled=self._scheduled(g))
+        host = self._host_results[self._next_host]
+        self._next_host ^= 1
+        host[:g].copy_(self.buffers.result[:g], non_blocking=self._pinned and not wait)
+        done = None
+        if self.device.type == "cuda" and not wait:
+            done = torch.cuda.Event()
+            done.record()
+        return _Launched(list(active), g, host, done, start, self._scheduled(g))
 
-    def bucket(self, active: list[_Request]) -> tuple[int, int]:
-        """``(rows, context width)`` of the round that serves ``active``."""
+    def complete(self, launched: _Launched, since: float) -> RoundRecord:
+        """Wait for a launched round's result and commit it to its requests that are still
+        running (one that ended in an earlier round has this round's tokens thrown away).
+        Returns its record, timed by :attr:`clock` from ``since`` (its launch, or the commit of
+        the round before it when it was launched ahead)."""
+        if launched.done is not None:
+            launched.done.synchronize()
+        g = launched.g
+        rows = launched.host[:g].tolist()
+        running = [r for r in launched.active if not r.finish]
+        tokens = self._commit(rows, running)
+        return RoundRecord(rows=g, live=len(running), tokens=tokens,
+                           seconds=self.clock() - since, scheduled=launched.scheduled)
+
+    def _may_run_ahead(self, active: list[_Request], inflight: list[_Launched]) -> bool:
+        """Whether a round may be launched behind the one in flight: neither is scheduled (a
+        scheduled round reads its token count between phases) and some request surely outlives
+        the round in flight (its budget has room for more than one round's tokens)."""
+        if len(inflight) != 1 or inflight[0].scheduled:
+            return False
+        if self._scheduled(self.bucket(active, 1)[0]):
+            return False
+        k1 = self.plan.num_draft_tokens + 1
+        return any(r.max_new - len(r.tokens) > k1 for r in active)
+
+    def bucket(self, active: list[_Request], ahead: int = 0) -> tuple[int, int]:
+        """``(rows, context width)`` of the round that serves ``active``, launched behind
+        ``ahead`` rounds the host has not committed (the widest width at most: a round clamps
+        its positions into the prepared cache, so that width holds any row)."""
         k = self.plan.num_draft_tokens
+        need = max(r.start for r in active) + (k + 1) * (ahead + 1)
         return (_bucket(max(r.slot for r in active) + 1, self._rows),
-                _bucket(max(r.start for r in active) + k + 1, self._widths))
+                _bucket(min(need, self._widths[-1]) if ahead else need, self._widths))
 
     def emit_round(self, active: list[_Request], g: int) -> int:
         """Read the round's counts and tokens (the one device-to-host read) and commit them to
         each request under its budget and stop rules; returns the tokens committed."""
-        rows = self._read_result(g)
+        return self._commit(self._read_result(g), active)
+
+    def _commit(self, rows: list[list[int]], active: list[_Request]) -> int:
+        """Commit a round's result ``rows`` (by slot) to ``active``; returns tokens kept."""
         k3 = self.plan.num_draft_tokens + 3
         committed = 0
         for r in active:
@@ -640,7 +725,7 @@ class SpecDecoder(RoundComputation):
     def _read_result(self, g: int) -> list[list[int]]:
         """``[n_b, nan_b, accepted_b..., margins...]`` of rows ``0 .. g-1``: the round's one
         device-to-host read."""
-        host = self._host_result[:g]
+        host = self._host_results[0][:g]
         host.copy_(self.buffers.result[:g])  # into pinned memory; waits for the round
         return host.tolist()
 

@@ -106,6 +106,8 @@ class DraftPlan(BaseModel):
     """Record each committed token's winning target logit and top-2 margin."""
     cuda_graphs: bool
     """Capture each round (drafting, target verification, acceptance, commit) in CUDA graphs."""
+    overlap: bool
+    """Launch round ``t + 1`` before the host commits round ``t`` (``generate``)."""
     capture_layers: tuple[int, ...]
     """Target layers captured for the drafter."""
     confidence: Literal["none", "score-only", "scheduler"]
@@ -176,6 +178,7 @@ class PlanInputs(BaseModel):
     kernels: Literal["auto", "fused", "eager"]
     cuda_graphs: Literal["auto", "on", "off"] | bool
     force_accepted: float
+    overlap: Literal["auto", "on", "off"] | bool = "auto"
     record_margins: Literal["auto", "on", "off"] | bool = "auto"
     allow_gather: bool = True
     device: str = "cpu"
@@ -504,6 +507,21 @@ def make_plan(
                         "one host read, longer prompts prefill eagerly; buffers owned by the "
                         "plan")
 
+    # ---- overlap ----
+    want_overlap = {True: "on", False: "off"}.get(inputs.overlap, inputs.overlap)
+    if want_overlap == "off":
+        overlap = decide("overlap", False, "runtime.overlap is off: the host commits each round "
+                         "before the next is launched")
+    elif want_overlap == "on" or graphs:
+        overlap = decide("overlap", True,
+                         "round t + 1 is launched before the host commits round t (its read, "
+                         "tokens, stop and budget rules run while the device computes); a "
+                         "scheduled round, an admission and a round no request surely survives "
+                         "wait for the host")
+    else:
+        overlap = decide("overlap", False, "the rounds run eagerly (no CUDA graphs): the device "
+                         "waits for the host anyway")
+
     # ---- margins ----
     want_margins = {True: "on", False: "off"}.get(inputs.record_margins, inputs.record_margins)
     if want_margins == "off":
@@ -581,6 +599,7 @@ def make_plan(
         kernels=kern,  # type: ignore[arg-type]
         tp_fusions=fusions,
         cuda_graphs=bool(graphs),
+        overlap=bool(overlap),
         record_margins=bool(margins),
         capture_layers=tuple(caps.target_layer_ids),
         confidence=confidence,  # type: ignore[arg-type]

@@ -47,9 +47,20 @@ _I64 = torch.int64
 
 
 def _top2(logits: torch.Tensor) -> torch.Tensor:
-    """``[rows, 2] fp32``: each row's largest logit and its margin over the second largest."""
-    top = torch.topk(logits.float(), 2, dim=-1).values
-    return torch.stack((top[:, 0], top[:, 0] - top[:, 1]), dim=-1)
+    """``[rows, 2] fp32``: each row's largest logit and its margin over the second largest
+    (``torch.topk(logits, 2)``'s values: a tie gives margin 0, a NaN leads).
+
+    Two max passes, the winner masked between them and put back (``logits`` is left as it
+    was): on the GPU a tenth of ``topk``'s radix select over ``rows x V`` (0.58 ms against
+    under 0.1 ms for 1024 verify rows of SmolLM2's vocabulary on an H200)."""
+    with torch.inference_mode():  # the logits may be inference tensors (written in place)
+        x = logits.float()
+        first, where = x.max(-1, keepdim=True)
+        held = x.gather(-1, where)
+        x.scatter_(-1, where, float("-inf"))
+        second = x.max(-1, keepdim=True).values
+        x.scatter_(-1, where, held)
+        return torch.cat((first, first - second), dim=-1)
 
 
 

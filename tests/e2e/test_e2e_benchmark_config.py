@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -85,15 +86,11 @@ def test_warm_up_runs_until_the_timed_decoder_has_run(e2e, switches, calls):
 
 
 class _FakeSpec:
-    def step(self, active):
-        return "stepped"
-
     def _admit_all(self, reqs):
         return reqs
 
     def generate(self):
-        self.step([])
-        self.step([])
+        self.rounds = [types.SimpleNamespace(seconds=0.002), types.SimpleNamespace(seconds=0.003)]
         return self._admit_all([1])
 
 
@@ -101,9 +98,9 @@ def test_trace_times_the_wrapped_calls_and_restores_them(e2e):
     spec = _FakeSpec()
     with e2e._Trace(spec) as trace:
         assert spec.generate() == [1]
-    assert len(trace.steps) == 2 and len(trace.admits) == 1
-    assert "trace: 2 steps" in trace.summary()
-    assert "step" not in vars(spec) and "generate" not in vars(spec)  # the class's methods again
+    assert trace.steps == [0.002, 0.003] and len(trace.admits) == 1
+    assert "trace: 2 steps, median 3.00 ms" in trace.summary()
+    assert "_admit_all" not in vars(spec) and "generate" not in vars(spec)  # the class's again
 
 
 # ---- prompts: every reported batch starts full ----------------------------------------------

@@ -18,12 +18,12 @@ PROMPTS = [[(i * 5 + j) % 60 for j in range(3 + 2 * i)] for i in range(6)]
 
 
 def _config(family: str, selection: dict, cuda_graphs: bool, k: int = 5,
-            max_batch: int = 4, kernels: str = "fused") -> SpecConfig:
+            max_batch: int = 4, kernels: str = "fused", overlap: str = "auto") -> SpecConfig:
     return SpecConfig.from_dict({
         "drafter": {"family": family, "options": {"target_layer_ids": [0, 2]}, "seed": 1},
         "num_draft_tokens": k, "selection": selection,
         "runtime": {"max_batch": max_batch, "max_context": 200, "page_size": 16,
-                    "kernels": kernels, "cuda_graphs": cuda_graphs},
+                    "kernels": kernels, "cuda_graphs": cuda_graphs, "overlap": overlap},
     })
 
 
@@ -96,7 +96,10 @@ def test_a_graphed_round_synchronizes_with_the_host_once(k):
     tokens; a replayed admission one per prompt. The negative control adds a ``.item()`` and
     sees two."""
     target = ToyTarget(max_slots=8, max_len=256, device="cuda", mixing=0.3)
-    dec = bind(target, None, _config("dspark-gqa", {"kind": "greedy"}, cuda_graphs=True, k=k))
+    # committing each round before the next (runtime.overlap off), so that a step's reads are
+    # its own; test_overlap.py checks the overlapped loop
+    dec = bind(target, None, _config("dspark-gqa", {"kind": "greedy"}, cuda_graphs=True, k=k,
+                                     overlap="off"))
     dec.generate(PROMPTS[:3], 20)  # captures
     admissions: list[int] = []
     real_admit = dec._admit_all

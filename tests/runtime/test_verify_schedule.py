@@ -293,7 +293,8 @@ def test_a_graphed_scheduled_round_synchronizes_with_the_host_twice(nudged_toy_t
     target = nudged_toy_target(max_slots=12, max_len=128, mixing=0.3, device="cuda")
     drafter = bind(target, None, _config(cuda_graphs="off")).drafter
     drafter.set_sts(torch.linspace(0.6, 1.4, drafter.spec.block_size))
-    dec = bind(target, drafter, _config("width", cuda_graphs="on"), sps=_sps(0.02))
+    dec = bind(target, drafter, _config("width", cuda_graphs="on", overlap="off"),
+               sps=_sps(0.02))
     dec.generate(PROMPTS[:3], BUDGETS[:3])  # captures
     counts = syncs_per_step(dec, PROMPTS[:3], BUDGETS[:3])
     assert dec.verify_graphs and len(counts) > 3 and set(counts) == {2}, counts
