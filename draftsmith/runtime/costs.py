@@ -301,7 +301,8 @@ class RoundRecord:
     """Tokens it committed, over all its requests (after the budget and stop rules)."""
     seconds: float
     """Wall time of the step, host work included (the round, the one read, committing); for a
-    round launched ahead (``runtime.overlap``), from the commit of the round before it."""
+    round launched ahead (``runtime.overlap``), from the commit of the round before it, less
+    the admissions that ran in between."""
     scheduled: bool = False
     """It ran the confidence schedule (verifying fewer than ``K`` drafts on some rows), so it
     is not the round the cost model prices."""

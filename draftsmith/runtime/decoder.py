@@ -305,7 +305,10 @@ class SpecDecoder(RoundComputation):
                 if waiting and self.slots.num_free:
                     admitted = waiting[: self.slots.num_free]
                     waiting = waiting[len(admitted):]
+                    t_admit = self.clock()
                     active.extend(r for r in self._admit_all(admitted) if not r.finish)
+                    # a round in flight is timed from the last commit: not the admissions
+                    since += self.clock() - t_admit
                 if not self.plan.overlap:
                     if not active:
                         continue

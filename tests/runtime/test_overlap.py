@@ -173,3 +173,28 @@ def test_graphed_rounds_run_ahead_with_the_outputs_of_committing_first(nudged_to
         assert _fields(got) == _fields(want)
         assert launches.ahead > 5
         monkeypatch.undo()
+
+
+def test_a_round_in_flight_is_not_charged_the_admissions(nudged, monkeypatch):
+    """A round's record runs from the commit before it, less the admissions that ran while it
+    was in flight (prefill is not a round's cost: the cost model prices rounds)."""
+    target, _ = nudged
+    dec = bind(target, None, _config(3, "on"))
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 1.0
+        return now[0]
+
+    real_admit = dec._admit_all
+
+    def admit(reqs):
+        now[0] += 1000.0  # an admission is expensive on this clock
+        return real_admit(reqs)
+
+    dec.clock = clock
+    monkeypatch.setattr(dec, "_admit_all", admit)
+    launches = _Launches(dec, monkeypatch)
+    dec.generate(PROMPTS, BUDGETS)
+    assert launches.ahead > 5  # admissions did run with rounds in flight (8 prompts, 3 slots)
+    assert all(r.seconds < 100 for r in dec.rounds), [r.seconds for r in dec.rounds]
