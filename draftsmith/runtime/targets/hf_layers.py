@@ -7,7 +7,8 @@ Inside a captured round a small target is bound by launches, not by bandwidth: S
 elementwise kernels, RoPE as ten, the three projections apart, SiLU and the product apart),
 3.9 ms at 32 rows on an H200 against 0.1 ms of weights to read. The loop here runs, per layer:
 the residual add fused with the next RMSNorm, one GEMM for ``[q | k | v]``, RoPE (with Qwen3's
-per-head norm) of queries and keys in place, the two cache writes, attention, ``o_proj``, the
+per-head norm) of queries and keys in place with the two cache writes (one launch on a GPU for a
+RoPE fixed at load, :func:`~draftsmith.kernels.rope_store.rope_store`), attention, ``o_proj``, the
 add and norm again, one GEMM for ``[gate | up]``, SiLU times up, ``down_proj``. Attention of a
 decoding step or a verification (up to :data:`CACHE_ATTENTION_MAX_Q` tokens a row) is
 :func:`~draftsmith.kernels.cache_attention.cache_attention`: each token reads its own slot's
