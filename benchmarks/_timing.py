@@ -6,6 +6,7 @@
 * :func:`copy_bandwidth`: measured device copy bandwidth in bytes/s (read + write counted), the
   denominator of a memory floor; :func:`floor_us` turns bytes moved into that floor.
 * :func:`machine_tag` / :func:`results_file`: name raw outputs ``<name>_<machine>_<date>.txt``.
+* :class:`RunLog`: a run's printed lines and result rows, rewritten under ``--out`` as it goes.
 
 Typical use::
 
@@ -18,8 +19,11 @@ Typical use::
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import platform
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -115,5 +119,31 @@ def results_file(out_dir: str | Path, name: str, device: torch.device | str) -> 
     return path
 
 
-__all__ = ["copy_bandwidth", "floor_us", "graph_time_us", "machine_tag", "results_file",
+class RunLog:
+    """A benchmark run's lines and result rows. :meth:`say` prints a line and, with ``out``,
+    rewrites ``out/<name>.txt`` (every line so far) and ``out/<name>.json`` (machine, date,
+    commit, command and :attr:`rows`), so a run cut short keeps what it measured."""
+
+    def __init__(self, out: Path | None, name: str, device: torch.device | str) -> None:
+        self.out, self.name, self.machine = out, name, machine_tag(device)
+        self.commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                     capture_output=True, text=True,
+                                     cwd=Path(__file__).parent).stdout.strip()
+        self.stamp = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())
+        self.lines: list[str] = []
+        self.rows: list[dict] = []
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+        self.lines.append(text)
+        if self.out is None:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / f"{self.name}.txt").write_text("\n".join(self.lines) + "\n")
+        (self.out / f"{self.name}.json").write_text(json.dumps(
+            {"machine": self.machine, "date": self.stamp, "commit": self.commit,
+             "command": " ".join(sys.argv), "rows": self.rows}, indent=1))
+
+
+__all__ = ["RunLog", "copy_bandwidth", "floor_us", "graph_time_us", "machine_tag", "results_file",
            "time_us"]

@@ -23,16 +23,14 @@ Writes ``rows.txt`` and ``rows.json`` to ``--out`` as it goes.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from _timing import machine_tag
+from _timing import RunLog
 from round import _graph_ms
 from scale import SHAPES, VOCAB, _tokenizer, build
 
@@ -122,26 +120,13 @@ def main() -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.smoke:
         args.shapes, args.batches, args.new_tokens, args.prompt_len = ["tiny"], [1, 2], 16, 12
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).parent).stdout.strip()
-    stamp = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())
-    lines: list[str] = []
-    rows: list[dict[str, Any]] = []
-
-    def say(text: str) -> None:
-        print(text, flush=True)
-        lines.append(text)
-        if args.out is not None:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "rows.txt").write_text("\n".join(lines) + "\n")
-            (args.out / "rows.json").write_text(json.dumps(
-                {"machine": machine_tag(device), "date": stamp, "commit": commit,
-                 "command": " ".join(sys.argv), "rows": rows}, indent=1))
+    log = RunLog(args.out, "rows", device)
+    say, rows = log.say, log.rows
 
     from draftsmith.runtime.api import load_decoder
     from draftsmith.runtime.targets.hf import HFTarget
 
-    say(f"# rows on {machine_tag(device)}, {stamp}, commit {commit}, torch {torch.__version__}; "
+    say(f"# rows on {log.machine}, {log.stamp}, commit {log.commit}, torch {torch.__version__}; "
         f"{' '.join(sys.argv)}")
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     for shape in args.shapes:

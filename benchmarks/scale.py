@@ -34,9 +34,7 @@ plain_vs_floor, spec_round_ms and spec_round_vs_plain per family, spec_tok_s, re
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,7 +42,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from _timing import copy_bandwidth, graph_time_us, machine_tag
+from _timing import RunLog, copy_bandwidth, graph_time_us
 
 VOCAB = 49152
 """SmolLM2's vocabulary, for every shape (the tokenizer the project has)."""
@@ -377,23 +375,10 @@ def main() -> int:
     if args.smoke:
         args.shapes, args.prompts, args.new_tokens, args.prompt_len = ["tiny"], 1, 8, 12
         args.no_recipe = True
-    lines: list[str] = []
-    rows: list[dict[str, Any]] = []
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).parent).stdout.strip()
-    stamp = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())
+    log = RunLog(args.out, "scale", args.device)
+    say, rows = log.say, log.rows
 
-    def say(text: str) -> None:
-        print(text, flush=True)
-        lines.append(text)
-        if args.out is not None:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "scale.txt").write_text("\n".join(lines) + "\n")
-            (args.out / "scale.json").write_text(json.dumps(
-                {"machine": machine_tag(args.device), "date": stamp, "commit": commit,
-                 "command": " ".join(sys.argv), "rows": rows}, indent=1))
-
-    say(f"# scale on {machine_tag(args.device)}, {stamp}, commit {commit}, torch "
+    say(f"# scale on {log.machine}, {log.stamp}, commit {log.commit}, torch "
         f"{torch.__version__}; {' '.join(sys.argv)}")
     bw = copy_bandwidth(args.device)
     say(f"# copy bandwidth {bw / 1e12:.2f} TB/s (read + write)")

@@ -124,8 +124,9 @@ def test_k0_decodes_with_the_target_alone(target, greedy_oracle):
         assert list(r.tokens) == ref.tokens
 
 
-def test_more_requests_than_slots_and_stop_rule(target, greedy_oracle):
-    dec = bind(target, None, _config("dspark-gqa", 3, max_batch=3))
+@pytest.mark.parametrize("overlap", ["off", "on"])
+def test_more_requests_than_slots_and_stop_rule(target, greedy_oracle, overlap):
+    dec = bind(target, None, _config("dspark-gqa", 3, max_batch=3, overlap=overlap))
     stop = greedy_oracle[4][5]
     seen: list[list[list[int]]] = []
     results = dec.generate(PROMPTS, BUDGETS, stop_token_ids=[[], [], [], [], [stop], [], [], []],
@@ -145,13 +146,15 @@ def test_more_requests_than_slots_and_stop_rule(target, greedy_oracle):
     assert res.tokens == (first,) and res.accepted_lengths == () and res.finish_reason == "stop"
 
 
+@pytest.mark.parametrize("overlap", ["off", "on"])
 @pytest.mark.parametrize("admission", [False, True], ids=["round", "admission"])
 def test_a_failed_round_frees_every_slot_and_the_next_call_is_exact(target, greedy_oracle,
-                                                                     monkeypatch, admission):
+                                                                     monkeypatch, admission,
+                                                                     overlap):
     """A round or an admission that raises (the target's forward, on its third call of that
     kind) ends the call: every slot comes back, and the next call decodes exactly, from freshly
-    loaded slot state."""
-    dec = bind(target, None, _config("dspark-gqa", 3))
+    loaded slot state (with ``overlap``, a round may be in flight when one raises)."""
+    dec = bind(target, None, _config("dspark-gqa", 3, overlap=overlap))
     calls = {"n": 0}
     real = target.forward_rows
 
@@ -204,8 +207,9 @@ def test_filtered_rejection_sampling_is_lossless_chi_square(sampling):
     assert_sampled_like_the_target(small, prompt, results, **sampling)
 
 
-def test_forced_acceptance_through_the_decoder(target):
-    dec = bind(target, None, _config("dspark-gqa", 4, force_accepted=2.5))
+@pytest.mark.parametrize("overlap", ["off", "on"])
+def test_forced_acceptance_through_the_decoder(target, overlap):
+    dec = bind(target, None, _config("dspark-gqa", 4, force_accepted=2.5, overlap=overlap))
     assert dec.plan.acceptance == "forced"
     results = dec.generate(PROMPTS[:3], 30)
     rounds: list[int] = []  # every round but the last, which the budget may cut short
@@ -264,16 +268,17 @@ def test_a_round_reads_the_device_once(target):
     assert reads["n"] == 2 * steps["n"]
 
 
+@pytest.mark.parametrize("overlap", ["off", "on"])
 @pytest.mark.parametrize("k", [0, 3])
 def test_a_nan_in_the_targets_logits_ends_that_request_with_an_error(target, greedy_oracle,
-                                                                     monkeypatch, k):
+                                                                     monkeypatch, k, overlap):
     """A NaN wins selection (argmax order T: a NaN beats every number), so a committed token
     chosen from logits holding NaN would be meaningless: that request ends with
     ``finish_reason == "error"`` before the token, the others decode exactly. A NaN in a row the
     round does not commit is harmless."""
     from draftsmith.contract import LogitsShard, TargetOutput
 
-    dec = bind(target, None, _config("dspark-gqa", k))
+    dec = bind(target, None, _config("dspark-gqa", k, overlap=overlap))
     real = target.forward_rows
     calls = {"n": 0}
 
