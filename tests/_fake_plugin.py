@@ -1,10 +1,12 @@
-"""A third-party draftsmith plugin for tests: the ``acme-dspark`` family of docs/plugins.md
-section 7, installed as the distribution ``acme-drafters`` (entry point ``acme``) with real
-``.dist-info`` metadata in a directory of one's choosing, as pip would install it."""
+"""Third-party draftsmith plugins for tests, installed with real ``.dist-info`` metadata in a
+directory of one's choosing, as pip would install them: the ``acme-dspark`` family of
+docs/plugins.md section 7 (distribution ``acme-drafters``, entry point ``acme``), and one-module
+plugins of any source (:func:`install_module`)."""
 
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 DOC = Path(__file__).parents[1] / "docs" / "plugins.md"
@@ -33,3 +35,13 @@ def install_acme(site: Path) -> Path:
     (info / "entry_points.txt").write_text(
         f"[draftsmith]\n{ENTRY_POINT} = acme_drafters.plugin\n")
     return site
+
+
+def install_module(site: Path, module: str, source: str, dist: str) -> None:
+    """Install ``source`` as the module ``module`` of distribution ``dist`` into ``site``, its
+    entry point in the ``draftsmith`` group named ``module``."""
+    (site / f"{module}.py").write_text(textwrap.dedent(source))
+    info = site / f"{dist.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[draftsmith]\n{module} = {module}\n")

@@ -51,8 +51,9 @@ def _top2(logits: torch.Tensor) -> torch.Tensor:
     (``torch.topk(logits, 2)``'s values: a tie gives margin 0, a NaN leads).
 
     Two max passes, the winner masked between them and put back (``logits`` is left as it
-    was): on the GPU a tenth of ``topk``'s radix select over ``rows x V`` (0.58 ms against
-    under 0.1 ms for 1024 verify rows of SmolLM2's vocabulary on an H200)."""
+    was), instead of ``topk``'s radix select: that took 0.58 ms of a 1024-row verify round of
+    SmolLM2's vocabulary on an H200, and the max passes are not among that round's eight
+    costliest kernels (each under 0.13 ms; ``benchmarks/rows.py``)."""
     with torch.inference_mode():  # the logits may be inference tensors (written in place)
         x = logits.float()
         first, where = x.max(-1, keepdim=True)

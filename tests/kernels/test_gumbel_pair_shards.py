@@ -69,15 +69,21 @@ def _one_rank(vocab: int, fn) -> torch.Tensor:
     return fn(x, temps, key.seeds, key.offsets, STREAM)[:, 0].long()
 
 
+def _even_shard(x: torch.Tensor, coll) -> LogitsShard:
+    """This rank's even share of the columns of ``x: [rows, V]``."""
+    vocab = x.shape[1]
+    width = vocab // coll.world_size
+    return LogitsShard(x[:, coll.rank * width:(coll.rank + 1) * width].contiguous(),
+                       coll.rank * width, vocab)
+
+
 def _rank_tokens(vocab: int, use_kernel: bool) -> torch.Tensor:
     """One rank: its even shard of the adversarial rows through the sharded sample."""
     torch.set_num_threads(1)
     coll = world_collectives()
     x, temps, key = _adversarial(vocab)
-    width = vocab // coll.world_size
-    shard = LogitsShard(x[:, coll.rank * width:(coll.rank + 1) * width].contiguous(),
-                        coll.rank * width, vocab)
-    return sharded_gumbel_sample(shard, temps, key, STREAM, coll, use_kernel=use_kernel)
+    return sharded_gumbel_sample(_even_shard(x, coll), temps, key, STREAM, coll,
+                                 use_kernel=use_kernel)
 
 
 def _selector_tokens(vocab: int, vocab_parallel: bool) -> torch.Tensor:
@@ -85,9 +91,7 @@ def _selector_tokens(vocab: int, vocab_parallel: bool) -> torch.Tensor:
     torch.set_num_threads(1)
     coll = world_collectives()
     x, _temps, key = _adversarial(vocab)
-    width = vocab // coll.world_size
-    shard = LogitsShard(x[:, coll.rank * width:(coll.rank + 1) * width].contiguous(),
-                        coll.rank * width, vocab)
+    shard = _even_shard(x, coll)
     selector = SampleSelector(SampleConfig(temperature=TEMPERATURE,
                                            vocab_parallel=vocab_parallel), use_kernels=True)
     return selector.select(shard, key, STREAM, coll)

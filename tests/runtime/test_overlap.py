@@ -115,12 +115,13 @@ def test_the_plan_overlaps_captured_rounds_only_unless_asked(nudged):
     target, _ = nudged
     auto = bind(target, None, _config(3, "auto"))
     assert not auto.plan.overlap and "eagerly" in auto.plan.decision("overlap").reason
-    on = make_plan  # the GPU rule: captured rounds overlap under auto
     from test_plan import TOY, _caps, _inputs
 
-    assert on(_inputs(cuda_graphs="auto", device="cuda"), _caps(), TOY).overlap
-    assert not on(_inputs(cuda_graphs="auto", device="cuda", overlap="off"), _caps(), TOY).overlap
-    assert not on(_inputs(cuda_graphs="off", device="cuda"), _caps(), TOY).overlap
+    # on a GPU: captured rounds overlap under auto, eager ones do not, off is off
+    assert make_plan(_inputs(cuda_graphs="auto", device="cuda"), _caps(), TOY).overlap
+    assert not make_plan(_inputs(cuda_graphs="auto", device="cuda", overlap="off"), _caps(),
+                         TOY).overlap
+    assert not make_plan(_inputs(cuda_graphs="off", device="cuda"), _caps(), TOY).overlap
 
 
 @pytest.mark.parametrize("k", [0, 3])

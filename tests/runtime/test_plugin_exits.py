@@ -6,10 +6,10 @@ still stops the command (status 130)."""
 from __future__ import annotations
 
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from _fake_plugin import install_module
 from pydantic import BaseModel
 
 from draftsmith import hookimpl
@@ -21,11 +21,7 @@ MODULES = ("exits_on_import", "exits_in_hook", "interrupted_on_import")
 
 
 def _install(site: Path, module: str, source: str) -> None:
-    (site / f"{module}.py").write_text(textwrap.dedent(source))
-    info = site / f"{module}_dist-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}-dist\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[draftsmith]\n{module} = {module}\n")
+    install_module(site, module, source, f"{module}-dist")
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from _fake_plugin import install_module
 from pydantic import BaseModel
 
 from draftsmith import hookimpl
@@ -29,11 +29,7 @@ from draftsmith.runtime.registry import LOAD_PLUGINS_ENV, load_registry, make_pl
 
 
 def _install(site: Path, module: str, source: str, dist: str = "broken-plugin") -> None:
-    (site / f"{module}.py").write_text(textwrap.dedent(source))
-    info = site / f"{dist.replace('-', '_')}-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[draftsmith]\n{module} = {module}\n")
+    install_module(site, module, source, dist)
 
 
 @pytest.fixture

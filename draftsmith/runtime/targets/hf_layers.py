@@ -287,9 +287,11 @@ class LayerLoop:
                 h = self._norm(h, self.decoder.norm, self._kernels(h))
             return h.view(*positions.shape, -1), not defer_norm
         kernels = self._kernels(x)
-        # static RoPE on the GPU: angles, rotation and the cache writes in one launch a layer
-        fused_store = kernels and self.inv_freq is not None
-        if not fused_store:
+        # a RoPE fixed at load: angles, rotation and the cache writes in one op a layer (one
+        # launch on a GPU); else transformers' rotary table, then the two writes
+        store = ((rope_store if kernels else rope_store_reference)
+                 if self.inv_freq is not None else None)
+        if store is None:
             cos, sin = self.decoder.rotary_emb(x, positions)
             cos, sin = cos.reshape(rows_out, hd), sin.reshape(rows_out, hd)
         attend = (cache_attention if kernels else
@@ -301,9 +303,9 @@ class LayerLoop:
             qkv = linear(normed, layer.qkv_weight, layer.qkv_bias, self.row_stable)
             heads = qkv.view(rows_out, nq + 2 * nkv, hd)
             keys, values = kv.keys[i], kv.values[i]
-            if fused_store:
-                rope_store(heads, token_pos, self.inv_freq, keys, values, token_rows, nq,
-                           self.rope_scale, layer.qk_norm, layer.qk_eps)
+            if store is not None:
+                store(heads, token_pos, self.inv_freq, keys, values, token_rows, nq,
+                      self.rope_scale, layer.qk_norm, layer.qk_eps)
             else:
                 self._rope(heads[:, : nq + nkv], layer, cos, sin, kernels)
                 keys[write_rows, :, positions] = heads[:, nq : nq + nkv].view(
