@@ -479,18 +479,38 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     return out
 
 
+_UNION_MEMBERS = ("bool", "int", "float", "str", "none")
+"""Location parts pydantic adds for the member of a union a value failed (besides
+``literal[...]``): a field such as ``cuda_graphs: Literal[...] | bool`` fails once per member."""
+
+
+def _union_member(part: object) -> bool:
+    text = str(part)
+    return text in _UNION_MEMBERS or text.startswith("literal[")
+
+
 def format_validation_error(exc: ValidationError) -> str:
-    """One line per error: ``dotted.field: message``."""
-    lines = []
+    """One line per field in error: ``dotted.field: message`` (a value that fits no member of
+    a union field gets one line, its members' messages joined by "or")."""
+    by_field: dict[str, list[str]] = {}
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        parts = [p for p in err["loc"] if not str(p).startswith("function-")]
+        while parts and _union_member(parts[-1]) and len(parts) > 1:
+            parts.pop()
+        loc = ".".join(str(p) for p in parts)
         msg = err["msg"].removeprefix("Value error, ")
         if msg.startswith(_SUBFIELD):
             msg = msg.removeprefix(_SUBFIELD)
-            lines.append(f"{loc}.{msg}" if loc else msg)
+            by_field.setdefault(f"{loc}.{msg}" if loc else msg, [])
         else:
-            lines.append(f"{loc}: {msg}" if loc else msg)
-    return "\n".join(lines)
+            by_field.setdefault(loc, []).append(msg)
+    return "\n".join(f"{loc}: {_either(msgs)}" if loc and msgs else (loc or _either(msgs))
+                     for loc, msgs in by_field.items())
+
+
+def _either(msgs: list[str]) -> str:
+    """``Input should be A`` and ``Input should be B`` as ``Input should be A, or B``."""
+    return msgs[0] + "".join(", or " + m.removeprefix("Input should be ") for m in msgs[1:])
 
 
 __all__ = [

@@ -64,3 +64,19 @@ def test_a_utf8_byte_order_mark_is_ignored(tmp_path: Path, suffix: str) -> None:
     body = "num_draft_tokens = 3\n" if suffix == ".toml" else '{"num_draft_tokens": 3}'
     path.write_bytes(b"\xef\xbb\xbf" + body.encode())
     assert SpecConfig.load(path).num_draft_tokens == 3
+
+
+@pytest.mark.parametrize("field", ["cuda_graphs", "overlap", "record_margins"])
+def test_a_value_no_member_of_a_union_field_takes_is_one_line(tmp_path: Path, capsys,
+                                                               field: str) -> None:
+    """``auto | on | off`` or a boolean: pydantic fails the value once per member; the CLI still
+    says it in one line, naming the field and both kinds of value it takes."""
+    from draftsmith.cli import main
+
+    path = tmp_path / "c.toml"
+    path.write_text(f'[runtime]\n{field} = "sometimes"\n')
+    assert main(["config", "validate", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0] == (f"draftsmith: error: runtime.{field}: Input should be 'auto', 'on' or "
+                      "'off', or a valid boolean, unable to interpret input")
