@@ -133,9 +133,9 @@ def _breakdown(dec, ids: list[list[int]], max_new: int, say) -> None:
         admit, steps = [], {}
         real_admit, real_step = sd._admit_all, sd.step
 
-        def timed_admit(reqs, real_admit=real_admit, admit=admit):
+        def timed_admit(reqs, real_admit=real_admit, admit=admit, **kw):
             t0 = time.perf_counter()
-            out = real_admit(reqs)
+            out = real_admit(reqs, **kw)
             torch.cuda.synchronize()
             admit.append(time.perf_counter() - t0)
             return out

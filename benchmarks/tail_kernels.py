@@ -562,11 +562,13 @@ def _sdpa_block(q, keys, values, rows, positions, columns, scale, q_per_row):
 def bench_cache_attention(timer: Timer, bw: float, dev: str, smoke: bool) -> None:
     """The target's decoding attention (SmolLM2-135M heads: 9 query, 3 key/value, 64 wide):
     fused vs its reference, and vs torch's masked attention over the row's block (the
-    alternative), at one token a row (plain decoding) and eight (a verification of K = 7).
-    The floor reads each row's keys and values up to its tokens once."""
+    alternative), at one token a row (plain decoding) and eight (a verification of K = 7);
+    at eight, also a row's tokens sharing a program (``tokens_per_row``, what the target
+    passes) against one program a token (``cache_attn/shared``). The floor reads each row's
+    keys and values up to its tokens once."""
     nq, nkv, hd = (4, 2, 16) if smoke else (9, 3, 64)
-    cases = [(2, 1, 40, 64)] if smoke else [
-        (g, q, ctx, 1024) for g in (8, 32) for q in (1, 8) for ctx in (200, 700)]
+    cases = [(2, 1, 40, 64), (2, 3, 40, 64)] if smoke else [
+        (g, q, ctx, 1024) for g in (8, 32, 128) for q in (1, 8) for ctx in (200, 700)]
     dtypes = [torch.float32] if smoke else [torch.bfloat16, torch.float32]
     gen = torch.Generator().manual_seed(5)
     for dtype in dtypes:
@@ -581,12 +583,14 @@ def bench_cache_attention(timer: Timer, bw: float, dev: str, smoke: bool) -> Non
             args = (q, keys, values, rows, positions, columns, scale)
             nbytes = 2 * g * nkv * (ctx + q_per_row) * hd * dtype.itemsize
             shape = f"G={g} Q={q_per_row} ctx={ctx} W={columns} {str(dtype)[6:]}"
+            fused = partial(ca.cache_attention, *args, tokens_per_row=q_per_row)
             measure(timer, "cache_attn", shape,
-                    partial(ca.cache_attention_reference, *args),
-                    partial(ca.cache_attention, *args), nbytes, bw)
+                    partial(ca.cache_attention_reference, *args), fused, nbytes, bw)
             measure(timer, "cache_attn/sdpa", shape,
-                    partial(_sdpa_block, *args, q_per_row),
-                    partial(ca.cache_attention, *args), nbytes, bw)
+                    partial(_sdpa_block, *args, q_per_row), fused, nbytes, bw)
+            if q_per_row > 1:
+                measure(timer, "cache_attn/shared", shape,
+                        partial(ca.cache_attention, *args), fused, nbytes, bw)
 
 
 def host_breakdown(dev: str) -> None:

@@ -67,6 +67,9 @@ from draftsmith.runtime.round import RoundComputation, _top2
 _I64 = torch.int64
 
 
+GROUP_ADMIT_POSITIONS = 16384
+"""Padded prompt positions one grouped admission forward holds (``rows * width``)."""
+
 YOUNG_GC_EVERY = 256
 """While :meth:`SpecDecoder.generate` runs, Python's automatic garbage collection is paused and
 the two young generations are collected every this many steps instead. A full (oldest
@@ -256,14 +259,17 @@ class SpecDecoder(RoundComputation):
         self._host_count = torch.zeros(1, dtype=_I64, pin_memory=self._pinned)
         self.admissions: dict[int, CapturedCall] = {}
         """Captured one-prompt admissions by prefill width."""
-        self._adm_args = torch.zeros(3, dtype=_I64, device=self.device)
-        """The admission's ``[slot, prompt length, seed]``."""
-        self._host_args = torch.zeros(3, dtype=_I64, pin_memory=self._pinned)
-        self._adm_ids = torch.zeros(1, 0, dtype=_I64, device=self.device)
-        self._host_ids = torch.zeros(1, 0, dtype=_I64, pin_memory=self._pinned)
-        self._adm_result = torch.zeros(1, 4, dtype=_I64, device=self.device)
-        """``[first token, nan, winning logit, margin]`` (the last two as fp32 bit patterns)."""
-        self._host_adm = torch.zeros(1, 4, dtype=_I64, pin_memory=self._pinned)
+        cap = plan.slot_capacity
+        self._adm_args = torch.zeros(cap, 3, dtype=_I64, device=self.device)
+        """Per admitted prompt, ``[slot, prompt length, seed]`` (row 0 alone: one prompt)."""
+        self._host_args = torch.zeros(cap, 3, dtype=_I64, pin_memory=self._pinned)
+        self._adm_ids = torch.zeros(cap, 0, dtype=_I64, device=self.device)
+        self._host_ids = torch.zeros(cap, 0, dtype=_I64, pin_memory=self._pinned)
+        self._adm_rows = torch.arange(cap, dtype=_I64, device=self.device)
+        self._adm_result = torch.zeros(cap, 4, dtype=_I64, device=self.device)
+        """Per admitted prompt, ``[first token, nan, winning logit, margin]`` (the last two as
+        fp32 bit patterns)."""
+        self._host_adm = torch.zeros(cap, 4, dtype=_I64, pin_memory=self._pinned)
         self.clock: Callable[[], float] = time.perf_counter
         """What :meth:`step` times itself with (tests replace it)."""
         self.rounds: list[RoundRecord] = []
@@ -306,7 +312,8 @@ class SpecDecoder(RoundComputation):
                     admitted = waiting[: self.slots.num_free]
                     waiting = waiting[len(admitted):]
                     t_admit = self.clock()
-                    active.extend(r for r in self._admit_all(admitted) if not r.finish)
+                    active.extend(r for r in self._admit_all(admitted, group=steps == 0)
+                                  if not r.finish)
                     # a round in flight is timed from the last commit: not the admissions
                     since += self.clock() - t_admit
                 if not self.plan.overlap:
@@ -366,8 +373,9 @@ class SpecDecoder(RoundComputation):
             self._length = want
             self._widths = width_buckets(want)
             self._drop_graphs()  # their clamps and widths were for the shorter cache
-            self._adm_ids = torch.zeros(1, want, dtype=_I64, device=self.device)
-            self._host_ids = torch.zeros(1, want, dtype=_I64, pin_memory=self._pinned)
+            cap = plan.slot_capacity
+            self._adm_ids = torch.zeros(cap, want, dtype=_I64, device=self.device)
+            self._host_ids = torch.zeros(cap, want, dtype=_I64, pin_memory=self._pinned)
         self.target.reserve(plan.slot_capacity, self._length)
         if max_prompt and not (plan.cuda_graphs and self._admits_rows(
                 prefill_width(max_prompt, self._length))):
@@ -391,7 +399,7 @@ class SpecDecoder(RoundComputation):
         counter = self.acceptance.forced_counter.clone()
         # one eager call of each on this stream first: what a first forward builds and keeps
         # (packed weights, RoPE frequencies, compiled kernels) is made outside any capture
-        self._adm_args.copy_(torch.tensor([0, 1, 0]))  # slot 0, a one-token prompt
+        self._adm_args[0].copy_(torch.tensor([0, 1, 0]))  # slot 0, a one-token prompt
         for w in prefills[-1:]:
             self.admit_core(w)
         if missing:
@@ -485,64 +493,81 @@ class SpecDecoder(RoundComputation):
         return (self.plan.tp_size == 1 and width in PREFILL_WIDTHS
                 and width <= self._adm_ids.shape[1])
 
-    def _admit_all(self, reqs: list[_Request]) -> list[_Request]:
-        """Admit ``reqs``: one at a time through :meth:`admit_core` (replayed when captured),
-        the rest (long prompts, several ranks) through the batched prefill."""
-        batched = []
+    def _admit_all(self, reqs: list[_Request], group: bool = False) -> list[_Request]:
+        """Admit ``reqs`` through :meth:`admit_core`: one prompt a forward (replayed when
+        captured), or with ``group`` (a call's first admissions, every slot free) the prompts of
+        one prefill width together, up to :data:`GROUP_ADMIT_POSITIONS` padded positions a
+        forward; the rest (long prompts, several ranks) through the batched prefill."""
+        batched: list[_Request] = []
+        by_width: dict[int, list[_Request]] = {}
         for r in reqs:
             width = prefill_width(len(r.prompt), self._length)
             if not self._admits_rows(width):
                 batched.append(r)
-                continue
-            t0 = time.perf_counter()
-            r.slot = self.slots.assign(r.rid)
-            r.t_admit = t0
-            p = len(r.prompt)
-            self._host_ids[0, :p] = torch.tensor(r.prompt, dtype=_I64)
-            self._adm_ids[:, :p].copy_(self._host_ids[:, :p], non_blocking=True)
-            self._host_args.copy_(torch.tensor([r.slot, p, r.seed]))
-            self._adm_args.copy_(self._host_args, non_blocking=True)
-            graph = self.admissions.get(width) if self.plan.cuda_graphs else None
-            if graph is not None:
-                graph.replay()
+            elif group:
+                by_width.setdefault(width, []).append(r)
             else:
-                self.admit_core(width)
-            self._host_adm.copy_(self._adm_result)  # the admission's one read
-            tok, nan, *bits = self._host_adm[0].tolist()
-            self._start(r, tok, bool(nan),
-                        tuple(_float_pairs(bits)[0]) if self.plan.record_margins else (), t0)
+                self._admit_rows([r], width)
+        for width, same in by_width.items():
+            step = max(1, GROUP_ADMIT_POSITIONS // width)
+            for i in range(0, len(same), step):
+                self._admit_rows(same[i : i + step], width)
         taken = {id(r) for r in batched}
         return [r for r in reqs if id(r) not in taken] + (self._admit(batched) if batched else [])
 
-    def admit_core(self, width: int) -> None:
-        """Admit one prompt, reading and writing only device state: ``_adm_ids[:, :width]``
-        (the prompt, then padding) at ``_adm_args = [slot, length, seed]``.
+    def _admit_rows(self, reqs: list[_Request], width: int) -> None:
+        """Admit ``reqs`` (prompts of at most ``width`` tokens) in one :meth:`admit_core`, read
+        back once; one prompt replays its captured admission where there is one."""
+        t0 = time.perf_counter()
+        g = len(reqs)
+        for i, r in enumerate(reqs):
+            r.slot = self.slots.assign(r.rid)
+            r.t_admit = t0
+            self._host_ids[i, : len(r.prompt)] = torch.tensor(r.prompt, dtype=_I64)
+            self._host_args[i] = torch.tensor([r.slot, len(r.prompt), r.seed])
+        self._adm_ids[:g, :width].copy_(self._host_ids[:g, :width], non_blocking=True)
+        self._adm_args[:g].copy_(self._host_args[:g], non_blocking=True)
+        graph = self.admissions.get(width) if self.plan.cuda_graphs and g == 1 else None
+        if graph is not None:
+            graph.replay()
+        else:
+            self.admit_core(width, g)
+        self._host_adm[:g].copy_(self._adm_result[:g])  # the admission's one read
+        for r, (tok, nan, *bits) in zip(reqs, self._host_adm[:g].tolist(), strict=True):
+            self._start(r, tok, bool(nan),
+                        tuple(_float_pairs(bits)[0]) if self.plan.record_margins else (), t0)
 
-        Prefills the slot's target cache (logits of the last prompt token only), selects the
-        first token, stores the drafter context of positions ``0 .. length - 2`` and loads the
-        slot's round state; writes ``[first, nan, winning logit, margin]`` to ``_adm_result``.
-        No host reads: a CUDA graph captures it per prefill width.
+    def admit_core(self, width: int, rows: int = 1) -> None:
+        """Admit ``rows`` prompts, reading and writing only device state: prompt ``i`` is
+        ``_adm_ids[i, :width]`` (then padding) at ``_adm_args[i] = [slot, length, seed]``.
+
+        Prefills the slots' target caches (logits of each last prompt token only), selects
+        the first tokens, stores the drafter context of positions ``0 .. length - 2`` and loads
+        the slots' round state; writes ``[first, nan, winning logit, margin]`` to
+        ``_adm_result[i]``. No host reads: a CUDA graph captures it per prefill width.
         """
         with values_trusted():
-            self._admission(width)
+            self._admission(width, rows)
 
-    def _admission(self, width: int) -> None:
-        plan, args = self.plan, self._adm_args
-        slot, length, seed = args[0:1], args[1:2], args[2:3]
-        last = length - 1
-        out = self.target.forward_rows(self._adm_ids[:, :width], torch.zeros_like(slot), width,
-                                       slots=slot, logit_rows=last)
+    def _admission(self, width: int, rows: int) -> None:
+        plan, args = self.plan, self._adm_args[:rows]
+        slot, length, seed = args[:, 0], args[:, 1], args[:, 2]
+        last = self._adm_rows[:rows] * width + length - 1  # each prompt's last token's row
+        out = self.target.forward_rows(self._adm_ids[:rows, :width], torch.zeros_like(slot),
+                                       width, slots=slot, logit_rows=last)
         key = None if plan.greedy else SamplingKey(seed, length)
         first = self.selector.select(out.logits, key, TARGET_STREAM, self.collectives)
         features = None
         if plan.drafting:
             positions = torch.arange(width - 1, dtype=_I64, device=self.device)
-            entries = self.drafter.project_context(out.features[: width - 1], positions)
-            self.pager.store_prompt(slot, entries, last)
+            context = out.features.view(rows, width, -1)[:, : width - 1]
+            entries = self.drafter.project_context(context.reshape(rows * (width - 1), -1),
+                                                   positions.repeat(rows))
+            self.pager.store_prompt(slot, entries, length - 1)
             features = out.features.index_select(0, last)
         self.buffers.load_slots(slot, first_tokens=first, positions=length, seeds=seed,
                                 features=features)
-        result = self._adm_result
+        result = self._adm_result[:rows]
         result[:, 0] = first
         result[:, 1] = self._any_nan(out.logits.logits)
         if plan.record_margins:
@@ -733,4 +758,4 @@ class SpecDecoder(RoundComputation):
         return host.tolist()
 
 
-__all__ = ["YOUNG_GC_EVERY", "GenerationResult", "SpecDecoder", "row_buckets", "width_buckets"]
+__all__ = ["GROUP_ADMIT_POSITIONS", "YOUNG_GC_EVERY", "GenerationResult", "SpecDecoder", "row_buckets", "width_buckets"]

@@ -119,22 +119,24 @@ class ContextPager:
 
     def store_prompt(self, slot: torch.Tensor, entries: torch.Tensor,
                      count: torch.Tensor) -> None:
-        """Write the first ``count`` of a prompt's entries ``[T, L, planes, heads, width]`` at
-        positions ``0 .. count - 1`` of ``slot`` and set ``ctx_len[slot] = count`` (``slot``,
-        ``count``: ``[1] int64`` on the device; no host read, graph-capturable). Rows at and
-        after ``count`` write zeros at their positions: beyond the context, never attended, and
-        overwritten by the rounds that reach them."""
-        t = int(entries.shape[0])
+        """Write the first ``count[i]`` of prompt ``i``'s entries at positions
+        ``0 .. count[i] - 1`` of ``slot[i]`` and set ``ctx_len[slot] = count`` (``slot``,
+        ``count``: ``[G] int64`` on the device; ``entries: [G * T, L, planes, heads, width]``,
+        prompt-major; no host read, graph-capturable). Entries at and after ``count[i]`` write
+        zeros at their positions: beyond the context, never attended, and overwritten by the
+        rounds that reach them."""
+        g = int(slot.shape[0])
+        t = int(entries.shape[0]) // g
         if t > self.max_ctx:
             raise ConfigError(f"a prefill of {t} positions exceeds the drafter context limit "
                               f"{self.max_ctx}; shorten the prompt or raise runtime.max_context")
         if t:
             cols = torch.arange(t, dtype=_I64, device=self.ctx_len.device)
-            pages = self.buffers.page_table.index_select(0, slot)[0, cols // self.page_size]
-            offsets = cols % self.page_size
+            pages = self.buffers.page_table.index_select(0, slot)[:, cols // self.page_size]
+            offsets = (cols % self.page_size).expand(g, t)
             store = store_context_rows if self.mode == "fused" else store_context_rows_reference
-            store(self.buffers.cache.pool, entries.contiguous(), pages.contiguous(),
-                  offsets.contiguous(), cols < count)
+            store(self.buffers.cache.pool, entries.contiguous(), pages.reshape(-1),
+                  offsets.reshape(-1), (cols[None, :] < count[:, None]).reshape(-1))
         self.ctx_len.index_copy_(0, slot, count)
 
     def place(

@@ -1,7 +1,8 @@
 """cache_attention: the Triton kernel against its torch reference (interpreter on the CPU, fp32;
-bf16 too on a GPU) on odd shapes and split counts, strided queries, and the property the target's
-exactness rests on: a token's output does not change by a bit with the number of splits, the
-other tokens of the call, or their order."""
+bf16 too on a GPU) on odd shapes and split counts, strided queries, rows of several tokens
+sharing a program, and the property the target's exactness rests on: a token's output does not
+change by a bit with the number of splits, the other tokens of the call, their order, or how
+many tokens of its row share its program."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ import pytest
 import torch
 
 from draftsmith.contract import ShapeError
-from draftsmith.kernels.cache_attention import SPLIT, cache_attention, cache_attention_reference
+from draftsmith.kernels.cache_attention import (
+    SPLIT,
+    cache_attention,
+    cache_attention_reference,
+    chunk_tokens,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -60,6 +66,45 @@ def test_a_token_is_bit_identical_whatever_the_call():
     assert torch.equal(shuffled, wide[order])
 
 
+def _rows_of(g, q, slots, length, gen):
+    """Slots and positions of ``g`` rows of ``q`` consecutive tokens each (a verification)."""
+    slot = torch.randint(0, slots, (g,), generator=gen)
+    start = torch.randint(0, length - q + 1, (g,), generator=gen)
+    rows = slot.repeat_interleave(q).to(DEVICE)
+    pos = (start[:, None] + torch.arange(q)).reshape(-1).to(DEVICE)
+    return rows, pos
+
+
+@pytest.mark.parametrize("shape", [
+    # g rows, q tokens a row, nq, nkv, hd, slots, length
+    (3, 8, 9, 3, 64, 4, 300),   # SmolLM2's heads, K + 1 = 8: one chunk a row
+    (2, 11, 6, 2, 40, 3, 600),  # more tokens than a chunk: two chunks a row, the last short
+    (4, 5, 4, 4, 16, 2, 70),    # one query head per key/value head: 32 tokens a chunk
+    (2, 3, 16, 2, 24, 2, 530),  # eight query heads per key/value head
+])
+def test_rows_of_tokens_match_the_reference_and_each_token_alone(shape):
+    g, q_len, nq, nkv, hd, slots, length = shape
+    gen = torch.Generator().manual_seed(g * q_len)
+    q, keys, values, _ = _case(g * q_len, nq, nkv, hd, slots, length, strided=True, seed=3)
+    rows, pos = _rows_of(g, q_len, slots, length, gen)
+    scale = hd ** -0.5
+    got = cache_attention(q, keys, values, rows, pos, length, scale, tokens_per_row=q_len)
+    want = cache_attention_reference(q, keys, values, rows, pos, length, scale)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    one_each = cache_attention(q, keys, values, rows, pos, length, scale)
+    assert torch.equal(got, one_each)
+    for n in (0, q_len - 1, g * q_len - 1):
+        alone = cache_attention(q[n : n + 1], keys, values, rows[n : n + 1], pos[n : n + 1],
+                                int(pos[n]) + 1, scale)
+        assert torch.equal(alone[0], got[n]), n
+
+
+def test_a_chunk_has_one_tile_height_per_group():
+    """The tile height depends on the group alone (a token's bits must not depend on Q)."""
+    assert chunk_tokens(3) == (8, 32) and chunk_tokens(1) == (32, 32)
+    assert chunk_tokens(8) == (4, 32) and chunk_tokens(64) == (1, 64)
+
+
 def test_bad_shapes_and_values_are_refused():
     q, keys, values, rows = _case(2, 6, 4, 16, 2, 32)
     pos = torch.zeros(2, dtype=torch.int64, device=DEVICE)
@@ -74,6 +119,11 @@ def test_bad_shapes_and_values_are_refused():
         cache_attention(q, keys, values, torch.tensor([0, 2], device=DEVICE), pos, 32, 1.0)
     with pytest.raises(ShapeError, match="positions must lie in 0 .. 15"):
         cache_attention(q, keys, values, rows, torch.tensor([3, 16], device=DEVICE), 16, 1.0)
+    with pytest.raises(ShapeError, match="rows of tokens_per_row = 3"):
+        cache_attention(q, keys, values, rows, pos, 32, 1.0, tokens_per_row=3)
+    with pytest.raises(ShapeError, match="the 2 tokens of a row must read one slot"):
+        cache_attention(q, keys, values, torch.tensor([0, 1], device=DEVICE), pos, 32, 1.0,
+                        tokens_per_row=2)
 
 
 @pytest.mark.gpu
@@ -89,3 +139,10 @@ def test_on_a_gpu(dtype):
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
     alone = cache_attention(q[:1], keys, values, rows[:1], pos[:1], int(pos[0]) + 1, 0.125)
     assert torch.equal(alone[0], got[0])
+    gen = torch.Generator().manual_seed(1)
+    rows, pos = _rows_of(5, 8, 8, 1100, gen)
+    q = q[:1].repeat(40, 1, 1) + torch.randn(40, 9, 64, generator=gen).to(DEVICE, dtype)
+    packed = cache_attention(q, keys, values, rows, pos, 1100, 0.125, tokens_per_row=8)
+    assert torch.equal(packed, cache_attention(q, keys, values, rows, pos, 1100, 0.125))
+    want = cache_attention_reference(q, keys, values, rows, pos, 1100, 0.125)
+    torch.testing.assert_close(packed.float(), want.float(), atol=tol, rtol=tol)

@@ -153,8 +153,9 @@ def test_a_failed_round_frees_every_slot_and_the_next_call_is_exact(target, gree
                                                                      overlap):
     """A round or an admission that raises (the target's forward, on its third call of that
     kind) ends the call: every slot comes back, and the next call decodes exactly, from freshly
-    loaded slot state (with ``overlap``, a round may be in flight when one raises)."""
-    dec = bind(target, None, _config("dspark-gqa", 3, overlap=overlap))
+    loaded slot state (with ``overlap``, a round may be in flight when one raises). Two slots:
+    the first two prompts are admitted together, the third admission is the fourth prompt's."""
+    dec = bind(target, None, _config("dspark-gqa", 3, overlap=overlap, max_batch=2))
     calls = {"n": 0}
     real = target.forward_rows
 
@@ -352,21 +353,31 @@ def test_recorded_margins_are_the_targets_top2_at_each_token(nudged, k):
     assert off.generate(PROMPTS[:1], 5)[0].margins is None
 
 
-def test_admissions_run_one_prompt_per_forward_and_equal_the_batched_prefill(target,
-                                                                           greedy_oracle,
-                                                                           monkeypatch):
-    """A prompt that fits the prefill ladder is admitted alone by ``admit_core`` (what a CUDA
-    graph captures per width; the target's batched prefill is not called); forcing every
+def test_admissions_group_the_first_fill_by_width_and_equal_the_batched_prefill(target,
+                                                                               greedy_oracle,
+                                                                               monkeypatch):
+    """A prompt that fits the prefill ladder is admitted by ``admit_core`` (the target's batched
+    prefill is not called): a call's first admissions, every slot free, in one forward per
+    prefill width; later ones alone (what a CUDA graph captures per width). Forcing every
     admission through the batched prefill decodes the same tokens."""
-    dec = bind(target, None, _config("dspark-gqa", 3))
+    dec = bind(target, None, _config("dspark-gqa", 3, max_batch=3))
     widths = []
     real_core, real_prefill = dec.admit_core, target.prefill
-    monkeypatch.setattr(dec, "admit_core", lambda w: (widths.append(w), real_core(w))[1])
+    monkeypatch.setattr(dec, "admit_core",
+                        lambda w, rows=1: (widths.append((w, rows)), real_core(w, rows))[1])
     monkeypatch.setattr(target, "prefill", lambda *a: pytest.fail("batched prefill was used"))
     results = dec.generate(PROMPTS, BUDGETS)
     assert [list(r.tokens) for r in results] == greedy_oracle
-    assert widths == [16 if len(p) <= 16 else 24 for p in PROMPTS]
+    # prompts of 2, 5 and 8 tokens fill the three slots together; 11 and 14, then 17 to 23
+    # tokens, come one at a time as slots free
+    assert widths == [(16, 3), (16, 1), (16, 1), (24, 1), (24, 1), (24, 1)]
     assert dec.slots.num_free == dec.plan.slot_capacity
+    wide = bind(target, None, _config("dspark-gqa", 3))  # eight slots: all eight at once
+    wide_core, widths[:] = wide.admit_core, []
+    monkeypatch.setattr(wide, "admit_core",
+                        lambda w, rows=1: (widths.append((w, rows)), wide_core(w, rows))[1])
+    assert [list(r.tokens) for r in wide.generate(PROMPTS, BUDGETS)] == greedy_oracle
+    assert widths == [(16, 5), (24, 3)]
     monkeypatch.setattr(target, "prefill", real_prefill)
     monkeypatch.setattr(dec, "_admits_rows", lambda width: False)
     batched = dec.generate(PROMPTS, BUDGETS)

@@ -93,7 +93,7 @@ def test_graphed_rounds_equal_eager_rounds(family, selection):
 def test_a_graphed_round_synchronizes_with_the_host_once(k):
     """torch's sync debug mode reports every synchronizing call; a replayed round (plain
     decoding at K = 0, speculation at K = 5) makes exactly one: the read of its counts and
-    tokens; a replayed admission one per prompt. The negative control adds a ``.item()`` and
+    tokens; an admission forward (one prompt replayed, or a group) one. The negative control adds a ``.item()`` and
     sees two."""
     target = ToyTarget(max_slots=8, max_len=256, device="cuda", mixing=0.3)
     # committing each round before the next (runtime.overlap off), so that a step's reads are
@@ -102,17 +102,17 @@ def test_a_graphed_round_synchronizes_with_the_host_once(k):
                                      overlap="off"))
     dec.generate(PROMPTS[:3], 20)  # captures
     admissions: list[int] = []
-    real_admit = dec._admit_all
+    real_admit = dec._admit_rows
 
-    def admit(reqs):
-        result, syncs = host_syncs(real_admit, reqs)
-        admissions.append(syncs - len(reqs))
+    def admit(reqs, width):
+        result, syncs = host_syncs(real_admit, reqs, width)
+        admissions.append(syncs)
         return result
 
-    dec._admit_all = admit
+    dec._admit_rows = admit
     counts = syncs_per_step(dec, PROMPTS[:3], 20)
     assert len(counts) > 3 and set(counts) == {1}, counts
-    assert dec.admissions and set(admissions) == {0}, admissions  # one read per prompt
+    assert dec.admissions and set(admissions) == {1}, admissions  # one read per forward
     counts = syncs_per_step(dec, PROMPTS[:3], 20, extra=True)
     assert len(counts) > 3 and set(counts) == {2}, counts
 

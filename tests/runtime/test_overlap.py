@@ -189,9 +189,9 @@ def test_a_round_in_flight_is_not_charged_the_admissions(nudged, monkeypatch):
 
     real_admit = dec._admit_all
 
-    def admit(reqs):
+    def admit(reqs, **kw):
         now[0] += 1000.0  # an admission is expensive on this clock
-        return real_admit(reqs)
+        return real_admit(reqs, **kw)
 
     dec.clock = clock
     monkeypatch.setattr(dec, "_admit_all", admit)

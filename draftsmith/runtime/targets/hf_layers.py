@@ -46,6 +46,7 @@ Must not import drafters or selection.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -294,7 +295,8 @@ class LayerLoop:
         if store is None:
             cos, sin = self.decoder.rotary_emb(x, positions)
             cos, sin = cos.reshape(rows_out, hd), sin.reshape(rows_out, hd)
-        attend = (cache_attention if kernels else
+        # a row's tokens share the kernel's reads of their slot's cache
+        attend = (partial(cache_attention, tokens_per_row=positions.shape[-1]) if kernels else
                   cache_attention_cpu if x.device.type == "cpu" else cache_attention_reference)
         h = x.reshape(rows_out, -1)
         normed = self._norm(h, self.layers[0].input_norm, kernels)
@@ -341,7 +343,8 @@ class LayerLoop:
         kernels = self._kernels(h)
         product = decode_linear if kernels else decode_linear_reference
         store = rope_store if kernels else rope_store_reference
-        attend = cache_attention if kernels else cache_attention_reference
+        attend = (partial(cache_attention, tokens_per_row=shape[-1]) if kernels
+                  else cache_attention_reference)
         assert self.inv_freq is not None  # few_rows() holds
         for i, layer in enumerate(self.layers):
             qkv = product(self._norm(h, layer.input_norm, kernels), layer.qkv_weight,
