@@ -8,8 +8,8 @@ a token reads only the columns up to its position (not the bucket's width), the 
 over ``chunks * kv_heads * splits`` programs (a split is :data:`SPLIT` columns), and a token's
 result is a function of its own query, slot and position alone. A chunk is up to
 :func:`chunk_tokens` consecutive tokens of one row (``tokens_per_row``), which share the slot:
-each key and value tile is read once for all of them (a verification of ``K + 1 = 8`` tokens
-reads the row's cache once, not eight times). Every token runs the same tile shape whatever the
+each key and value tile is read once for all of them (a bf16 verification of ``K + 1 = 8``
+tokens with SmolLM2's heads reads the row's cache once, not eight times; fp32 twice). Every token runs the same tile shape whatever the
 batch, its width, the chunk or the other tokens; tiles and splits past a token's position
 contribute exact zeros, folded in a fixed order; so a token's output is bit-identical whether it
 is decoded alone, verified in a block, or verified packed (for a cache of finite values: a
@@ -144,12 +144,15 @@ def _combine_kernel(out_ptr, m_ptr, l_ptr, acc_ptr, HD, NQ, s_on, s_oh,
     tl.store(out_ptr + n * s_on + h * s_oh + d, o.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
-def chunk_tokens(group: int) -> tuple[int, int]:
-    """``(tokens, tile rows)`` of one program for ``group`` query heads per key/value head: the
-    tile has a fixed height (at least 32 rows) whatever the tokens per row, so that a token's
-    bits do not depend on how many share its tile."""
+def chunk_tokens(group: int, dtype: torch.dtype) -> tuple[int, int]:
+    """``(tokens, tile rows)`` of one program for ``group`` query heads per key/value head and
+    the query ``dtype``: the tile has a fixed height whatever the tokens per row, so that a
+    token's bits do not depend on how many share its tile. 32 rows for 16-bit queries (tensor
+    core products, which cost the same at 16 and 32 rows); 16 for fp32, whose exact products
+    run as multiply-adds over every row of the tile (32 rows doubled the one-token step's
+    attention on an H200: 15 to 29 us a layer at 8 rows, 2026-12-04)."""
     group_p2 = triton.next_power_of_2(group)
-    block_m = max(32, group_p2)
+    block_m = max(16 if dtype == torch.float32 else 32, group_p2)
     return block_m // group_p2, block_m
 
 
@@ -203,7 +206,7 @@ def cache_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         m = l_sum = acc = out  # unused
     rows, positions = rows.contiguous(), positions.contiguous()
     group = nq // nkv
-    chunk, block_m = chunk_tokens(group)
+    chunk, block_m = chunk_tokens(group, q.dtype)
     chunks = triton.cdiv(tokens_per_row, chunk)
     _cache_attention_kernel[(n // tokens_per_row * chunks, nkv, splits)](
         q, keys, values, rows, positions, out, m, l_sum, acc,

@@ -99,10 +99,13 @@ def test_rows_of_tokens_match_the_reference_and_each_token_alone(shape):
         assert torch.equal(alone[0], got[n]), n
 
 
-def test_a_chunk_has_one_tile_height_per_group():
-    """The tile height depends on the group alone (a token's bits must not depend on Q)."""
-    assert chunk_tokens(3) == (8, 32) and chunk_tokens(1) == (32, 32)
-    assert chunk_tokens(8) == (4, 32) and chunk_tokens(64) == (1, 64)
+def test_a_chunk_has_one_tile_height_per_group_and_dtype():
+    """The tile height depends on the group and dtype alone (a token's bits must not depend on
+    Q)."""
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert chunk_tokens(3, bf16) == (8, 32) and chunk_tokens(1, bf16) == (32, 32)
+    assert chunk_tokens(8, bf16) == (4, 32) and chunk_tokens(64, bf16) == (1, 64)
+    assert chunk_tokens(3, fp32) == (4, 16) and chunk_tokens(16, fp32) == (1, 16)
 
 
 def test_bad_shapes_and_values_are_refused():
