@@ -3,18 +3,18 @@ columns ``0 .. position``, one program per chunk of a row's tokens, key/value he
 the columns.
 
 The target's decoding step and its verification of ``K + 1`` tokens (padded or packed) attend
-through this kernel instead of a masked attention over the whole ``[rows, Q, width]`` block:
-a token reads only the columns up to its position (not the bucket's width), the work spreads
-over ``chunks * kv_heads * splits`` programs (a split is :data:`SPLIT` columns), and a token's
-result is a function of its own query, slot and position alone. A chunk is up to
-:func:`chunk_tokens` consecutive tokens of one row (``tokens_per_row``), which share the slot:
-each key and value tile is read once for all of them (a bf16 verification of ``K + 1 = 8``
-tokens with SmolLM2's heads reads the row's cache once, not eight times; fp32 twice). Every token runs the same tile shape whatever the
-batch, its width, the chunk or the other tokens; tiles and splits past a token's position
-contribute exact zeros, folded in a fixed order; so a token's output is bit-identical whether it
-is decoded alone, verified in a block, or verified packed (for a cache of finite values: a
-non-finite value at a later position of the same row would reach the chunk's earlier tokens
-through the shared tile). Imports ``draftsmith.contract`` only.
+through this kernel instead of a masked attention over the whole ``[rows, Q, width]`` block: a
+token reads only the columns up to its position (not the bucket's width), the work spreads over
+``chunks * kv_heads * splits`` programs (a split is :data:`SPLIT` columns), and a token's result
+is a function of its own query, slot and position alone. A chunk is up to :func:`chunk_tokens`
+consecutive tokens of one row (``tokens_per_row``), which share the slot: each key and value
+tile is read once for all of them (a bf16 verification of ``K + 1 = 8`` tokens with SmolLM2's
+heads reads the row's cache once, not eight times; fp32 twice). Every token runs the same tile
+shape whatever the batch, its width, the chunk or the other tokens; tiles and splits past a
+token's position contribute exact zeros, folded in a fixed order; so a token's output is
+bit-identical whether it is decoded alone, verified in a block, or verified packed (for a cache
+of finite values: a non-finite value at a later position of the same row would reach the chunk's
+earlier tokens through the shared tile). Imports ``draftsmith.contract`` only.
 
 Numerics: softmax is computed online in fp32 over tiles of 64 columns (the reference's softmax
 is one pass), so outputs differ from the reference by fp32 rounding before the final cast.
