@@ -2,8 +2,9 @@
 
 Every "is this path eligible?" question is answered once, at bind time, and recorded here as a
 :class:`Decision` ``(name, value, reason)``. The decoding step reads the plan and never probes.
-This module also holds :func:`make_plan` (the pure decision function, no weights, no plugins) and
-:func:`format_plan` (what ``draftsmith plan`` prints). It imports neither pluggy nor ``bind``.
+This module also holds :func:`make_plan` (the pure decision function, no weights, no plugins:
+it calls the rules of :mod:`draftsmith.runtime.plan_rules` in order) and :func:`format_plan`
+(what ``draftsmith plan`` prints). It imports neither pluggy nor ``bind``.
 """
 
 from __future__ import annotations
@@ -17,16 +18,15 @@ from draftsmith.contract import (
     DrafterCapabilities,
     MarkovHeadKind,
     ParallelMapping,
-    PlanError,
     SelectorCapabilities,
     TargetInfo,
     TPFusion,
 )
+from draftsmith.runtime import plan_rules as rules
 from draftsmith.runtime.costs import AcceptanceEstimate, CostProfile, DraftTokensChoice
 from draftsmith.runtime.costs import VerifyCosts as VerifyCosts
 from draftsmith.runtime.head_layout import head_layout
 from draftsmith.runtime.verify_plan import decide_verify_schedule, plan_confidence
-from draftsmith.selection.eligibility import vocab_parallel_eligibility
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
@@ -240,384 +240,80 @@ def describe_selection(selector: SelectorCapabilities) -> str:
     return f"{selector.kind}: {', '.join(words)}, acceptance = {selector.acceptance}"
 
 
-def _check_block(caps: DrafterCapabilities, num_draft_tokens: int) -> None:
-    """:class:`PlanError` when ``K`` asks for a block wider than the drafter was trained with."""
-    if num_draft_tokens > 0:
-        w = caps.block_width(num_draft_tokens)
-        if w > caps.trained_block_size:
-            raise PlanError(
-                f"block width W = {w} (K = {num_draft_tokens}, {caps.block_convention.value}) "
-                f"exceeds the drafter's trained_block_size {caps.trained_block_size}; lower "
-                f"num_draft_tokens to at most {caps.trained_block_size - caps.first_draft_slot}"
-            )
-
-
 def make_plan(
     inputs: PlanInputs, caps: DrafterCapabilities, target: TargetInfo, *,
     fused_kernels_available: bool = True,
 ) -> DraftPlan:
-    """Decide every path; raise :class:`PlanError` for an impossible combination. Whether the
-    drafter fits the target (vocabulary, widths, layers) is ``bind``'s check
+    """Decide every path (:mod:`~draftsmith.runtime.plan_rules`, one function per concern, in
+    the order the plan lists them); raise :class:`PlanError` for an impossible combination.
+    Whether the drafter fits the target (vocabulary, widths, layers) is ``bind``'s check
     (:func:`draftsmith.runtime.bind.check_fit`), made before this is called."""
-    k = inputs.num_draft_tokens
+    k, sel, dp = inputs.num_draft_tokens, inputs.selector, inputs.mapping.attention_dp
     tp, rho = inputs.mapping.tp_size, inputs.mapping.tp_rank
-    _check_block(caps, k)
+    rules.check_block(caps, k)
     head = head_layout(target.vocab_size, tp, rho, inputs.head_shard)
-    if head.replicated and tp > 1 and caps.markov_head is not MarkovHeadKind.NONE and k > 0:
-        raise PlanError(
-            f"{head.reason}, but the drafter's {caps.markov_head.value} Markov head splits its "
-            f"w2 rows with the head (it needs V = S * TP); use a TP size that divides V = "
-            f"{target.vocab_size}, or a drafter without a Markov head"
-        )
+    rules.check_head(caps, k, tp, head, target.vocab_size)
     decisions: list[Decision] = []
 
     def decide(name: str, value: DecisionValue, reason: str) -> DecisionValue:
         decisions.append(Decision(name=name, value=value, reason=reason))
         return value
 
-    # ---- block width ----
-    w = caps.block_width(k) if k > 0 else 0
     _decide_draft_tokens(inputs, k, decide)
-    decide(
-        "block_width", w,
-        f"{caps.block_convention.value} convention: W = K + 1 (slot 0 is the silent bonus)"
-        if caps.block_convention is BlockConvention.BONUS_SILENT
-        else f"{caps.block_convention.value} convention: W = K (the anchor predicts draft 0)",
-    )
-
-    # ---- selection and acceptance ----
-    sel = inputs.selector
-    greedy = sel.greedy
-    acc = "strict" if greedy else sel.acceptance
-    if greedy:
-        base = decide("acceptance_rule", "strict",
-                      "greedy selection: a draft is accepted iff it equals the target argmax")
-    elif acc == "rejection":
-        base = decide("acceptance_rule", "rejection",
-                      f"{describe_selection(sel)}: lossless rejection sampling u * q < p")
-    else:
-        base = decide("acceptance_rule", "strict",
-                      f"{describe_selection(sel)}: one keyed target sample per row, matched "
-                      "(the tokens of plain sampled decoding with the same seeds)")
-    if inputs.force_accepted > 0:
-        acceptance = decide("acceptance", "forced",
-                            f"force_accepted = {inputs.force_accepted}: counts overridden for "
-                            "benchmarks, ragged cap applied last; output text meaningless")
-    else:
-        acceptance = decide("acceptance", base, "no forced acceptance configured")
-
-    # ---- the target's head: even column shards, or whole on every rank ----
-    decide("target_head", "whole" if tp == 1 else "replicated" if head.replicated else "sharded",
-           head.reason)
-    if tp == 1:
-        decide("target_layers", "whole", "TP = 1")
-    elif inputs.target_layers == "split":
-        decide("target_layers", "split",
-               f"transformers' tensor-parallel plan: each rank holds 1/{tp} of the attention "
-               "heads and MLP columns, one all-reduce after o_proj and down_proj per layer")
-    else:
-        decide("target_layers", "whole",
-               "every rank holds and runs every decoder layer (target.split_layers is off, or "
-               "the target splits only its head)")
-
-    # ---- vocab parallel (the selection layer's eligibility rule, 5.1) ----
-    vp_reason = ""
-    if tp == 1:
-        vp = decide("vocab_parallel", False, "TP = 1: one rank holds the whole vocabulary")
-    elif head.replicated:
-        vp = decide("vocab_parallel", False,
-                    f"{head.reason}: selection runs on the full logits each rank computes, with "
-                    "no exchange")
-    else:
-        elig = vocab_parallel_eligibility(tp_size=tp, vocab_size=target.vocab_size,
-                                          strategy=sel,
-                                          attention_dp=inputs.mapping.attention_dp)
-        vp_reason = elig.reason
-        vp = decide("vocab_parallel", elig.ok,
-                    f"{elig.reason}: one [rows, 128] SUM exchange per selection" if elig.ok
-                    else elig.reason)
-
-    # ---- selection route: the strategy's path at this TP size ----
-    if tp == 1:
-        route = ("local", "TP = 1: the full vocabulary is local")
-    elif head.replicated:
-        route = ("local", f"{head.reason}: every rank selects from its own full logits")
-    elif not vp:
-        route = (inputs.selection_route if inputs.selection_route is not None
-                 and inputs.selection_route[0] in ("topk_candidates", "gather")
-                 and not inputs.mapping.attention_dp
-                 else ("gather", f"gather logits: {vp_reason}"))
-    elif inputs.selection_route is not None:
-        route = inputs.selection_route
-    else:
-        route = ("pair_argmax" if greedy else "gumbel_pairs", vp_reason)
-    decide("target_selection", route[0],
-           f"the first token, the bonus and target samples: {route[1]}")
-
-    gathers: list[str] = []
-    if tp > 1 and head.replicated:
-        gathers.append(f"{head.reason}: every rank computes the full [rows, V] logits itself "
-                       "(nothing is gathered, nothing is saved)")
-    elif tp > 1:
-        if acc == "rejection" and not greedy:
-            gathers.append("rejection sampling builds draft_probs over the full vocabulary")
-        if inputs.mapping.attention_dp:
-            gathers.append("attention-DP")
-        if route[0] == "gather":
-            gathers.append(f"token selection: {route[1]}")
-    if gathers and not inputs.allow_gather:
-        raise PlanError(
-            f"this configuration must gather full logits ({'; '.join(gathers)}) but "
-            "runtime.allow_gather is false; the sharded residual of rejection sampling is not "
-            "implemented: use greedy selection or allow gathering"
-        )
-    decide("gather_fallbacks", tuple(gathers),
-           "; ".join(gathers) if gathers else "logits never leave their shard"
-           if tp > 1 else "TP = 1: logits are already whole")
-    if base != "rejection":
-        decide("acceptance_probs", "none",
-               "strict acceptance compares token ids; no probabilities are built")
-    elif tp > 1 and not head.replicated:
-        decide("acceptance_probs", "gather",
-               "rejection sampling builds target_probs and draft_probs [rows, V]: the logits "
-               "are all-gathered along the vocabulary (the sharded residual is not "
-               "implemented)")
-    else:
-        decide("acceptance_probs", "local",
-               "rejection sampling builds target_probs and draft_probs from the full logits "
-               "this rank holds")
-
-    # ---- kernels ----
-    on_cuda = inputs.device.startswith("cuda")
-    if inputs.kernels == "eager":
-        fused = False
-        kreason = "runtime.kernels = 'eager' forces the torch references"
-    elif inputs.kernels == "fused":
-        if not fused_kernels_available:
-            raise PlanError("runtime.kernels = 'fused' but Triton kernels are unavailable here")
-        fused = True
-        kreason = "runtime.kernels = 'fused'"
-    elif on_cuda and fused_kernels_available:
-        fused, kreason = True, "kernels = 'auto' on CUDA: fused Triton kernels"
-    else:
-        fused = False
-        kreason = f"kernels = 'auto' on {inputs.device}: eager references (Triton would be interpreted)"
-    kern = decide("kernels", "fused" if fused else "eager", kreason)
-    paging = decide("paging", kern, f"placement and context store: {kreason}")
-
-    # ---- Markov chain ----
-    mk = caps.markov_head
-    if mk is MarkovHeadKind.NONE:
-        markov = decide("markov", "none", f"family {caps.family} declares no Markov head")
-        mvocab = decide("markov_vocab", "none", "no Markov head")
-    elif k == 0:
-        markov = decide("markov", "none", "K = 0: no block, no chain")
-        mvocab = decide("markov_vocab", "none", "no chain")
-    else:
-        if mk is not MarkovHeadKind.VANILLA:
-            markov = decide("markov", "eager",
-                            f"{mk.value} head needs per-slot hidden states: torch path only")
-        elif fused and greedy and tp == 1:
-            markov = decide("markov", "fused",
-                            "vanilla head, greedy: fused bias + argmax kernel per slot")
-        elif fused and greedy:
-            markov = decide("markov", "eager",
-                            f"TP = {tp}: torch bias on this rank's shard, then the selector's "
-                            "pair exchange per slot")
-        elif fused:
-            markov = decide("markov", "eager",
-                            "sampled chain feeds the sampled token forward: torch bias + "
-                            "keyed selection")
-        else:
-            markov = decide("markov", "eager", kreason)
-        sharded_head = tp > 1 and not head.replicated
-        mvocab = decide("markov_vocab", "sharded" if sharded_head else "full",
-                        "corrected logits stay on their shard; one pair exchange per slot"
-                        if vp else "corrected logits stay on their shard (w2 holds this rank's "
-                        f"rows); each slot selects by the {route[0]} route"
-                        if sharded_head else "the chain sees full-vocabulary logits")
-
-    # ---- draft selection: the drafter's block logits over this rank's head rows ----
-    if k == 0:
-        decide("draft_selection", "none", "K = 0: nothing is drafted")
-    else:
-        chain = ("; the Markov chain selects slot by slot, one exchange per slot"
-                 if mvocab == "sharded" and route[0] != "local" else "")
-        decide("draft_selection", route[0], f"drafts{chain}: {route[1]}")
-
-    # ---- TP fusions ----
-    if tp == 1:
-        fusions: frozenset[TPFusion] = frozenset()
-        decide("tp_fusions", (), "TP = 1: fusions degenerate to the stock path")
-    elif caps.dtype != "bfloat16":
-        if caps.tp_fusions:
-            raise PlanError(
-                f"the drafter takes the TP fusions {sorted(f.value for f in caps.tp_fusions)} "
-                f"but its weights are {caps.dtype}; the fused all-reduce + RMSNorm needs bf16 "
-                "weights: load it in bf16 or without tp_fusions"
-            )
-        fusions = frozenset()
-        decide("tp_fusions", (), f"drafter dtype {caps.dtype}: the fused all-reduce + RMSNorm "
-                                 "needs bf16 weights")
-    else:
-        fusions = frozenset(caps.tp_fusions)
-        decide("tp_fusions", tuple(sorted(f.value for f in fusions)),
-               "taken by the drafter and eligible: bf16, TP > 1" if fusions
-               else f"family {caps.family} declares no TP fusion")
-
-    # ---- confidence and the verify schedule ----
+    w = rules.decide_block_width(caps, k, decide)
+    acceptance, base = rules.decide_acceptance(sel, inputs.force_accepted,
+                                               describe_selection(sel), decide)
+    rules.decide_target_split(tp, head, inputs.target_layers, decide)
+    vp = rules.decide_vocab_parallel(tp, head, target.vocab_size, sel, dp, decide)
+    route = rules.decide_route(tp, head, vp, inputs.selection_route, dp, sel.greedy, decide)
+    gathers = rules.decide_gathers(tp, head, base, dp, route, inputs.allow_gather, decide)
+    kern, kreason = rules.decide_kernels(inputs.kernels, inputs.device, fused_kernels_available,
+                                         decide)
+    markov, mvocab = rules.decide_markov(caps, k, tp, head, fused=kern == "fused",
+                                         greedy=sel.greedy, vocab_parallel=vp[0], route=route,
+                                         kernels_reason=kreason, decide=decide)
+    fusions = rules.decide_tp_fusions(caps, tp, decide)
     schedule, budget = decide_verify_schedule(
         inputs.verify_schedule, inputs.verify_budget, inputs.verify_costs,
         inputs.sts_temperatures, inputs.drafter_built, caps, k, tp, decide,
         auto_chose_zero=k == 0 and inputs.auto is not None)
-    confidence = "scheduler" if schedule != "all" else plan_confidence(caps)
-
-    # ---- CUDA graphs ----
-    wanted = {True: "on", False: "off"}.get(inputs.cuda_graphs, inputs.cuda_graphs)
-    if wanted == "off":
-        graphs = decide("cuda_graphs", False, "runtime.cuda_graphs is off: every round runs eagerly")
-    elif not on_cuda:
-        graphs = decide("cuda_graphs", False,
-                        f"runtime.cuda_graphs = {wanted!r} but the device is {inputs.device}: eager")
-    elif target.graph_blocker is not None:
-        if wanted == "on":
-            raise PlanError(f"runtime.cuda_graphs = 'on' but the target cannot be captured: "
-                            f"{target.graph_blocker}; set runtime.cuda_graphs to 'auto' or 'off'")
-        graphs = decide("cuda_graphs", False,
-                        f"the target cannot be captured ({target.graph_blocker}): every round, "
-                        "target verification included, runs eagerly")
-    elif wanted == "auto" and inputs.mapping.tp_size > 1:
-        graphs = decide("cuda_graphs", False,
-                        "runtime.cuda_graphs = 'auto' captures single-rank rounds only; set "
-                        "'on' to capture the collectives too")
-    elif schedule != "all":
-        graphs = decide("cuda_graphs", True,
-                        f"runtime.cuda_graphs = {wanted!r} on {inputs.device}: a scheduled round "
-                        "is captured as two phases, drafting and scheduling per (batch, context "
-                        "width) bucket, verification, acceptance and commit per (batch, context "
-                        "width, verify token count T), and replayed with two host reads (T, then "
-                        "the result); admissions as in the unscheduled round")
-    else:
-        graphs = decide("cuda_graphs", True,
-                        f"runtime.cuda_graphs = {wanted!r} on {inputs.device}: the whole round "
-                        "(drafting, target verification, acceptance, commit) is captured per "
-                        "(batch, context width) bucket and replayed with one host read; on one "
-                        "rank each prompt's admission (prefill, first token, drafter context) is "
-                        "captured per prefill width (16, 24, 32, 48, ... 4096) and replayed with "
-                        "one host read, longer prompts prefill eagerly; buffers owned by the "
-                        "plan")
-
-    # ---- overlap ----
-    want_overlap = {True: "on", False: "off"}.get(inputs.overlap, inputs.overlap)
-    if want_overlap == "off":
-        overlap = decide("overlap", False, "runtime.overlap is off: the host commits each round "
-                         "before the next is launched")
-    elif want_overlap == "on" or graphs:
-        overlap = decide("overlap", True,
-                         "round t + 1 is launched before the host commits round t (its read, "
-                         "tokens, stop and budget rules run while the device computes); a "
-                         "scheduled round, an admission and a round no request surely survives "
-                         "wait for the host")
-    else:
-        overlap = decide("overlap", False, "the rounds run eagerly (no CUDA graphs): the device "
-                         "waits for the host anyway")
-
-    # ---- margins ----
-    want_margins = {True: "on", False: "off"}.get(inputs.record_margins, inputs.record_margins)
-    if want_margins == "off":
-        margins = decide("record_margins", False, "runtime.record_margins is off")
-    elif tp > 1 or target.vocab_size < 2:
-        if want_margins == "on":
-            raise PlanError("runtime.record_margins = 'on' needs the whole vocabulary on one "
-                            f"rank (TP = {tp}, V = {target.vocab_size}); set it to 'auto' or "
-                            "'off'")
-        margins = decide("record_margins", False,
-                         f"TP = {tp}: a top-2 over a shard is not the row's; not recorded")
-    else:
-        margins = decide("record_margins", True,
-                         "one top-2 per round: each committed token's winning logit and margin, "
-                         "for the exactness report")
-
-    # ---- paging geometry ----
-    span = max(w, k + 1)
-    max_ctx = min(inputs.max_context, caps.max_position_embeddings - span)
-    if max_ctx < 2:
-        raise PlanError(
-            f"the drafter's RoPE table ({caps.max_position_embeddings} positions) leaves no "
-            f"room for a context next to a block of {span}"
-        )
-    pages = -(-(max_ctx + max(w, 1)) // inputs.page_size)
-    decide("max_ctx", max_ctx,
-           f"min(runtime.max_context {inputs.max_context}, drafter RoPE "
-           f"{caps.max_position_embeddings} - {span})")
-    decide("slot_capacity", inputs.max_batch,
-           f"runtime.max_batch = {inputs.max_batch}; slot {inputs.max_batch} is the dummy")
-    decide("target_gemm", target.gemm,
-           "the target's linear layers run kernels.linear at up to 32 rows: a row's result "
-           "does not depend on the rows beside it, so a verification of up to 32 tokens "
-           "rounds as plain decoding does; torch's GEMM, faster there, above (target.gemm)"
-           if target.gemm == "row-stable"
-           else "the target's linear layers and head run oneDNN's product over weights packed "
-           "at load (the drafter's logits too): 2-8 rows cost about one, and a row's result "
-           "does not depend on the row count, so a verification rounds as plain decoding does "
-           "(target.gemm)"
-           if target.gemm == "packed"
-           else "the target's linear layers run torch's GEMM (target.gemm)")
-    decide("target_forward", target.layer_path,
-           target.layer_path_reason or "the target's own forward runs its layers")
-    decide("capture_layers", tuple(str(x) for x in caps.target_layer_ids),
-           f"the drafter reads {caps.num_captured_layers} target layer(s)")
-    target_dtype = str(target.dtype).removeprefix("torch.")
-    decide("drafter_dtype", caps.dtype,
-           "drafter.dtype, else the checkpoint's torch_dtype (random weights: the target's); "
-           + ("the same as the target's" if caps.dtype == target_dtype
-              else f"the target runs {target_dtype}"))
-
+    scheduled = schedule != "all"
+    graphs = rules.decide_cuda_graphs(inputs.cuda_graphs, inputs.device, target.graph_blocker,
+                                      tp, scheduled, decide)
+    overlap = rules.decide_overlap(inputs.overlap, graphs, decide)
+    margins = rules.decide_margins(inputs.record_margins, tp, target.vocab_size, decide)
+    max_ctx = rules.decide_geometry(caps, k, w, inputs.max_context, inputs.max_batch, decide)
+    rules.note_target(target, caps, decide)
+    auto = inputs.auto
     return DraftPlan(
-        family=caps.family,
-        num_draft_tokens=k,
-        block_width=w,
-        block_convention=caps.block_convention,
-        first_draft_slot=caps.first_draft_slot,
-        vocab_size=target.vocab_size,
-        shard_width=head.width,
-        vocab_start=head.start,
-        tp_size=tp,
-        tp_rank=rho,
-        selection_kind=sel.kind,
-        greedy=greedy,
-        temperature=0.0 if greedy else sel.temperature,
+        family=caps.family, num_draft_tokens=k, block_width=w,
+        block_convention=caps.block_convention, first_draft_slot=caps.first_draft_slot,
+        vocab_size=target.vocab_size, shard_width=head.width, vocab_start=head.start,
+        tp_size=tp, tp_rank=rho, selection_kind=sel.kind, greedy=sel.greedy,
+        temperature=0.0 if sel.greedy else sel.temperature,
         acceptance=acceptance,  # type: ignore[arg-type]
         forced_base=base,  # type: ignore[arg-type]
-        force_accepted=inputs.force_accepted,
-        vocab_parallel=bool(vp),
-        gather_fallbacks=tuple(gathers),
+        force_accepted=inputs.force_accepted, vocab_parallel=vp[0], gather_fallbacks=gathers,
         markov=markov,  # type: ignore[arg-type]
-        markov_kind=mk,
+        markov_kind=caps.markov_head,
         markov_vocab=mvocab,  # type: ignore[arg-type]
-        paging=paging,  # type: ignore[arg-type]
+        paging=kern,  # type: ignore[arg-type]
         kernels=kern,  # type: ignore[arg-type]
-        tp_fusions=fusions,
-        cuda_graphs=bool(graphs),
-        overlap=bool(overlap),
-        record_margins=bool(margins),
+        tp_fusions=fusions, cuda_graphs=graphs, overlap=overlap, record_margins=margins,
         capture_layers=tuple(caps.target_layer_ids),
-        confidence=confidence,  # type: ignore[arg-type]
-        slot_capacity=inputs.max_batch,
-        max_ctx=max_ctx,
-        page_size=inputs.page_size,
-        pages_per_slot=pages,
+        confidence="scheduler" if scheduled else plan_confidence(caps),  # type: ignore[arg-type]
+        slot_capacity=inputs.max_batch, max_ctx=max_ctx, page_size=inputs.page_size,
+        pages_per_slot=rules.pages_per_slot(max_ctx, w, inputs.page_size),
         device=inputs.device,
-        draft_tokens_mode="auto" if inputs.auto is not None or inputs.auto_unmeasured
-        else "fixed",
-        draft_tokens_rows=inputs.auto.rows if inputs.auto is not None else 0,
-        cost_profile=inputs.auto.profile if inputs.auto is not None else None,
-        acceptance_estimate=inputs.auto.acceptance if inputs.auto is not None else None,
-        draft_tokens_choices=inputs.auto.choices if inputs.auto is not None else (),
-        verify_schedule=schedule,
+        draft_tokens_mode="auto" if auto is not None or inputs.auto_unmeasured else "fixed",
+        draft_tokens_rows=auto.rows if auto is not None else 0,
+        cost_profile=auto.profile if auto is not None else None,
+        acceptance_estimate=auto.acceptance if auto is not None else None,
+        draft_tokens_choices=auto.choices if auto is not None else (),
+        verify_schedule=schedule,  # type: ignore[arg-type]
         verify_budget=budget,
-        verify_costs=inputs.verify_costs if schedule != "all" else None,
-        sts_temperatures=tuple(inputs.sts_temperatures or ())[:k] if schedule != "all" else (),
+        verify_costs=inputs.verify_costs if scheduled else None,
+        sts_temperatures=tuple(inputs.sts_temperatures or ())[:k] if scheduled else (),
         decisions=tuple(decisions),
     )
 
