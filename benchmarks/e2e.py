@@ -705,13 +705,18 @@ def plot(json_path: Path, png: Path) -> None:
               ("predicted_over_measured", "cost model: predicted / measured", "linear"))
     fig, axes = plt.subplots(len(panels), len(dtypes), figsize=(6 * len(dtypes), 12), dpi=100,
                              squeeze=False)
+    # one colour per label across every panel, so that a decoding reads the same in each dtype
+    labels = sorted({label for dtype in dtypes for field, _, _ in panels
+                     for label in _series(rows, dtype, field)})
+    colour = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     for col, dtype in enumerate(dtypes):
         for row, (field, ylabel, scale) in enumerate(panels):
             ax = axes[row][col]
             for label, pts in _series(rows, dtype, field).items():
                 if field == "vs_plain" and not label.startswith("spec"):
                     continue  # the plain rows are 1.0 by definition
-                ax.plot([b for b, _ in pts], [v for _, v in pts], marker="o", label=label)
+                ax.plot([b for b, _ in pts], [v for _, v in pts], marker="o", label=label,
+                        color=colour[label])
             if field != "tokens_per_s":
                 ax.axhline(1.0, color="grey", lw=0.8)
             if field == "predicted_over_measured":
