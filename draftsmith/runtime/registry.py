@@ -32,8 +32,8 @@ from draftsmith.contract import (
     SelectorFamily,
     TokenSelector,
 )
-from draftsmith.drafters import hookspecs
 from draftsmith.drafters.builtin import BUILTIN_FAMILY_MODULES
+from draftsmith.runtime import hookspecs
 
 BUILTIN_SELECTOR_MODULES = ("draftsmith.selection.builtin",)
 """Import paths of the built-in selection plugin modules."""
