@@ -3,14 +3,20 @@
 ``Drafter`` is what a drafter family hands the runtime; ``TargetModel`` is what a verifier adapter
 hands it; ``Collectives`` is what the runtime injects so that drafters and selection never import
 ``torch.distributed``; ``TokenSelector`` is what a selection strategy builds from its config.
+
+Each of the three may also define a few optional members, named in its docstring. The runtime
+reads them only through :func:`selector_extras`, :func:`drafter_extras` and
+:func:`target_extras`, which give the declared default for a member an object does not define,
+so an implementation without them keeps working and ``isinstance`` checks ask only for the
+required members.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import torch
 
@@ -84,7 +90,18 @@ class SamplingKey:
 
 @runtime_checkable
 class TokenSelector(Protocol):
-    """A token-selection strategy bound to its validated config."""
+    """A token-selection strategy bound to its validated config.
+
+    Optional members (read through :func:`selector_extras`):
+
+    - ``select_with_probs(logits, key, stream, collectives)``: ``(select(...), probs(...))`` of
+      the same logits, ``([rows] int64, [rows, V] fp32)``, for a strategy that filters once for
+      both. Default: :meth:`select`, then :meth:`probs`.
+    - ``route(tp_size, vocab_size)``: the path :meth:`select` takes at that TP size, as an object
+      with ``kind: str`` and ``reason: str`` (the built-ins return a
+      ``draftsmith.selection.SelectionRoute``); the plan records it. Default: none, and the plan
+      derives the path from :attr:`capabilities`.
+    """
 
     @property
     def capabilities(self) -> SelectorCapabilities:
@@ -114,12 +131,50 @@ class TokenSelector(Protocol):
         ...
 
 
+@dataclass(frozen=True, eq=False)
+class SelectorExtras:
+    """The optional members of one :class:`TokenSelector`, with their defaults filled in."""
+
+    select_with_probs: Callable[[LogitsShard, SamplingKey | None, int, Collectives],
+                                tuple[torch.Tensor, torch.Tensor]]
+    """``(logits, key, stream, collectives) -> (tokens [rows] int64, probs [rows, V] fp32)``:
+    the strategy's own ``select_with_probs``, or :meth:`TokenSelector.select` followed by
+    :meth:`TokenSelector.probs` of the same logits."""
+    route: Callable[[int, int], tuple[str, str]] | None = None
+    """``(tp_size, vocab_size) -> (kind, reason)`` of the strategy's own ``route``; ``None``
+    for a strategy without one."""
+
+
+def selector_extras(selector: TokenSelector) -> SelectorExtras:
+    """What ``selector`` defines of the optional members (a member that is not callable counts
+    as undefined), and the defaults for the rest."""
+    own = getattr(selector, "select_with_probs", None)
+    route = getattr(selector, "route", None)
+
+    def select_then_probs(logits: LogitsShard, key: SamplingKey | None, stream: int,
+                          collectives: Collectives) -> tuple[torch.Tensor, torch.Tensor]:
+        return (selector.select(logits, key, stream, collectives),
+                selector.probs(logits, collectives))
+
+    def kind_and_reason(tp_size: int, vocab_size: int) -> tuple[str, str]:
+        found = route(tp_size, vocab_size)
+        return str(found.kind), str(found.reason)
+
+    return SelectorExtras(select_with_probs=own if callable(own) else select_then_probs,
+                          route=kind_and_reason if callable(route) else None)
+
+
 @runtime_checkable
 class Drafter(Protocol):
     """A drafter network: weights and forward math on the tensors it is given.
 
     It never runs the Markov chain, never picks tokens and never reads a page table except
     through the :class:`DraftBlockPlacement` handed to it.
+
+    Optional member (read through :func:`drafter_extras`): ``sts_temperatures``, the STS
+    calibration table of the confidence head, ``[n] fp32`` with one temperature per draft
+    position (``n >= K``); confidence-scheduled verification needs it. Default: ``None`` (no
+    table).
     """
 
     @property
@@ -177,6 +232,21 @@ class Drafter(Protocol):
 
 
 @dataclass(frozen=True, eq=False)
+class DrafterExtras:
+    """The optional members of one :class:`Drafter`; a member it does not define has the default
+    given here."""
+
+    sts_temperatures: torch.Tensor | None = None
+    """The STS calibration table ``[n] fp32``: the raw confidence of draft position ``j`` is
+    divided by entry ``j`` before its sigmoid. ``None``: the drafter has none."""
+
+
+def drafter_extras(drafter: Drafter) -> DrafterExtras:
+    """What ``drafter`` defines of the optional members, and the defaults for the rest."""
+    return _read_extras(drafter, DrafterExtras)
+
+
+@dataclass(frozen=True, eq=False)
 class TargetOutput:
     """One target forward.
 
@@ -196,6 +266,10 @@ class TargetModel(Protocol):
     slot's length on the host: the golden path. The runtime's rounds call :meth:`forward_rows`
     with positions held in a device tensor it owns, after sizing the cache with :meth:`reserve`;
     that call reads nothing back to the host, so a CUDA graph can capture it.
+
+    Optional members (read through :func:`target_extras`, which names each one's default):
+    ``layer_path``, ``layer_path_reason``, ``layers_split``, ``max_slots`` and
+    ``max_position_embeddings``; :class:`TargetExtras` says what each means.
     """
 
     @property
@@ -297,12 +371,56 @@ class TargetModel(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class TargetExtras:
+    """The optional members of one :class:`TargetModel`; a member it does not define has the
+    default given here."""
+
+    layer_path: str = "own"
+    """What runs the decoder layers: ``'fused'`` (draftsmith's loop over packed weights) or
+    ``'transformers'`` (the model's modules), as a Hugging Face target says; ``'own'`` for a
+    target that runs its own forward."""
+    layer_path_reason: str = ""
+    """Why that path (empty: the plan says the target's own forward runs its layers)."""
+    layers_split: bool = False
+    """The decoder layers are split over the tensor-parallel ranks (each holds its heads and
+    intermediate columns), so the plan records ``target_layers = 'split'`` under TP."""
+    max_slots: int | None = None
+    """Request slots the target holds (slot ids ``0 .. max_slots - 1``); bind refuses a
+    ``runtime.max_batch`` above it. ``None``: the target states no limit."""
+    max_position_embeddings: int | None = None
+    """Positions the target can attend to (its RoPE table); a prompt plus its new tokens beyond
+    it is refused before admission. ``None``: the target states no limit."""
+
+
+def target_extras(target: TargetModel) -> TargetExtras:
+    """What ``target`` defines of the optional members, and the defaults for the rest."""
+    return _read_extras(target, TargetExtras)
+
+
+_Extras = TypeVar("_Extras", DrafterExtras, TargetExtras)
+
+
+def _read_extras(obj: Any, extras: type[_Extras]) -> _Extras:
+    """``extras`` with each field read from the member of ``obj`` of that name, where ``obj``
+    defines one, and left at its declared default otherwise."""
+    defaults = extras()
+    return extras(**{f.name: getattr(obj, f.name, getattr(defaults, f.name))
+                     for f in fields(extras)})
+
+
 __all__ = [
     "Collectives",
     "Drafter",
+    "DrafterExtras",
     "SamplingKey",
+    "SelectorExtras",
     "SingleRank",
+    "TargetExtras",
     "TargetModel",
     "TargetOutput",
     "TokenSelector",
+    "drafter_extras",
+    "selector_extras",
+    "target_extras",
 ]

@@ -112,8 +112,8 @@ class _RenamedCapabilities:
 class RenamedDrafter:
     """A drafter whose capabilities name another family; every call goes to ``inner``.
 
-    Members beyond the ``Drafter`` Protocol that the inner drafter offers (its STS calibration
-    table, for one) are read through to it.
+    The optional ``Drafter`` members the inner drafter defines (its STS calibration table, for
+    one) are read through to it.
     """
 
     def __init__(self, inner: Drafter, family: str) -> None:

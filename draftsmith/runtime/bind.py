@@ -29,6 +29,9 @@ from draftsmith.contract import (
     TargetInfo,
     TargetModel,
     TokenSelector,
+    drafter_extras,
+    selector_extras,
+    target_extras,
 )
 from draftsmith.drafters.checkpoint import parse_failure
 from draftsmith.kernels import interpreted
@@ -200,11 +203,8 @@ def _selection_route(selector: TokenSelector, tp_size: int,
                      vocab_size: int) -> tuple[str, str] | None:
     """``(kind, reason)`` of the strategy's own route (the built-ins have ``route``); ``None``
     for a strategy without one (the plan derives it from the declared capabilities)."""
-    route = getattr(selector, "route", None)
-    if not callable(route):
-        return None
-    found = route(tp_size, vocab_size)
-    return str(found.kind), str(found.reason)
+    route = selector_extras(selector).route
+    return None if route is None else route(tp_size, vocab_size)
 
 
 def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str,
@@ -439,8 +439,8 @@ def bind(
     if drafter is None:
         info = TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
                           num_layers=target.num_layers, graph_blocker=target.graph_blocker,
-                          gemm=target.gemm, layer_path=getattr(target, "layer_path", "own"),
-                          layer_path_reason=getattr(target, "layer_path_reason", ""))
+                          gemm=target.gemm, layer_path=target_extras(target).layer_path,
+                          layer_path_reason=target_extras(target).layer_path_reason)
         drafter = load_drafter(config, info, registry,
                                collectives if collectives is not None else SingleRank(),
                                _device_of(target))
@@ -509,8 +509,8 @@ def _bind(
     device = _device_of(target)
     info = TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
                       num_layers=target.num_layers, graph_blocker=target.graph_blocker,
-                      gemm=target.gemm, layer_path=getattr(target, "layer_path", "own"),
-                      layer_path_reason=getattr(target, "layer_path_reason", ""))
+                      gemm=target.gemm, layer_path=target_extras(target).layer_path,
+                      layer_path_reason=target_extras(target).layer_path_reason)
     origin = "the drafter"
     if drafter is None:
         drafter = load_drafter(config, info, registry, collectives, device)
@@ -534,12 +534,12 @@ def _bind(
             costs = verify_costs(target, drafter, config, mapping, registry, collectives, k,
                                  sps=sps, profile=profile, acceptance=acceptance)
     plan = make_plan(_plan_inputs(config, mapping, where, selector, info.vocab_size, held,
-                                  bool(getattr(target, "layers_split", False)), auto=auto,
+                                  target_extras(target).layers_split, auto=auto,
                                   verify_costs=costs, sts=sts),
                      caps, info,
                      fused_kernels_available=_fused_kernels_available(where))
     _check_markov(drafter, plan)
-    max_slots = getattr(target, "max_slots", None)
+    max_slots = target_extras(target).max_slots
     if isinstance(max_slots, int) and plan.slot_capacity > max_slots:
         raise PlanError(f"runtime.max_batch {plan.slot_capacity} exceeds the target's "
                         f"{max_slots} request slots; lower max_batch or load the target with "
@@ -576,10 +576,9 @@ def _bind(
 
 
 def _sts_table(drafter: Drafter) -> tuple[float, ...] | None:
-    """The drafter's STS table as floats, ``None`` when it has none. Not a contract method yet:
-    read here, at bind, from the ``sts_temperatures`` property the built-in DSpark drafters
-    expose (a drafter without it has no table)."""
-    table = getattr(drafter, "sts_temperatures", None)
+    """The drafter's STS table (its optional ``sts_temperatures``) as floats, ``None`` when it
+    has none."""
+    table = drafter_extras(drafter).sts_temperatures
     if table is None:
         return None
     return tuple(float(t) for t in torch.as_tensor(table, dtype=torch.float32).tolist())

@@ -42,6 +42,7 @@ from draftsmith.contract import (
     SamplingKey,
     TargetModel,
     TokenSelector,
+    target_extras,
     values_trusted,
 )
 from draftsmith.runtime.acceptance import TARGET_STREAM, Acceptance
@@ -468,7 +469,7 @@ class SpecDecoder(RoundComputation):
                     + ("" if seeds is not None else " (the default is selection.seed plus the "
                        "prompt index: lower selection.seed)"))
         # checked here, before admission: the target itself would refuse mid-generation
-        target_limit = getattr(self.target, "max_position_embeddings", None)
+        target_limit = target_extras(self.target).max_position_embeddings
         out = []
         for i, prompt in enumerate(prompts):
             if not len(prompt):

@@ -23,6 +23,7 @@ from draftsmith.contract import (
     ShapeError,
     TokenSelector,
     check_tensor,
+    selector_extras,
 )
 from draftsmith.kernels.markov_chain import markov_bias_reference, markov_step
 from draftsmith.kernels.philox import STREAM_DRAFT
@@ -90,6 +91,7 @@ class DraftChain:
             )
         self.weights = weights
         self.selector = selector
+        self._draw_with_probs = selector_extras(selector).select_with_probs
         self.collectives = collectives
         self.mode = mode
         self.vocab_size = vocab_size
@@ -104,11 +106,7 @@ class DraftChain:
         """The draft tokens ``[rows] int64`` and ``q`` ``[rows, V] fp32`` they were drawn from;
         one filtering pass when the strategy offers ``select_with_probs`` (the built-in ones
         do), else its ``select`` and ``probs``."""
-        both = getattr(self.selector, "select_with_probs", None)
-        if both is not None:
-            return both(shard, key, DRAFT_STREAM, self.collectives)
-        return (self.selector.select(shard, key, DRAFT_STREAM, self.collectives),
-                self.selector.probs(shard, self.collectives))
+        return self._draw_with_probs(shard, key, DRAFT_STREAM, self.collectives)
 
     def _check_inputs(
         self, base: torch.Tensor, vocab_start: int, anchor: torch.Tensor,

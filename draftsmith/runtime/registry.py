@@ -11,12 +11,10 @@ import functools
 import importlib
 import importlib.metadata
 import os
-import sys
-import traceback
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from types import CodeType, FrameType, TracebackType
 from typing import Any
 
 import pluggy
@@ -34,8 +32,8 @@ from draftsmith.contract import (
     SelectorFamily,
     TokenSelector,
 )
-from draftsmith.drafters import hookspecs
 from draftsmith.drafters.builtin import BUILTIN_FAMILY_MODULES
+from draftsmith.runtime import hookspecs
 
 BUILTIN_SELECTOR_MODULES = ("draftsmith.selection.builtin",)
 """Import paths of the built-in selection plugin modules."""
@@ -129,16 +127,18 @@ class _Registrar:
     """What the registration hooks add, each record with the plugin whose hook added it.
 
     pluggy calls every plugin's hook in one call, so a record does not say who registered it:
-    the registrar finds the hook implementation on the call stack (the same way a failure is
-    traced to its plugin). Records are only collected here; :meth:`registry` orders them by
-    plugin registration, so that a duplicate name is blamed on the plugin that came later.
+    while the hooks run (:meth:`attributing`), each hook implementation runs through the
+    registrar, which then knows whose code is running and whose code raised. Records are only
+    collected here; :meth:`registry` orders them by plugin registration, so that a duplicate name
+    is blamed on the plugin that came later.
     """
 
     def __init__(self, pm: pluggy.PluginManager) -> None:
         self.pm = pm
-        self.impls = _registration_impls(pm)
         self.families: list[tuple[_Impl, DrafterFamily]] = []
         self.selectors: list[tuple[_Impl, SelectorFamily]] = []
+        self._running: _Impl | None = None
+        self._raised: list[tuple[BaseException, _Impl]] = []
 
     def add_family(self, family: DrafterFamily) -> None:
         if not isinstance(family, DrafterFamily):
@@ -168,12 +168,58 @@ class _Registrar:
         self.selectors.append((self._caller("add_selector"), selector))
 
     def _caller(self, method: str) -> _Impl:
-        impl = _innermost_impl(_stack(sys._getframe(2)), self.impls)
-        if impl is None:
+        if self._running is None:
             raise PluginError(f"registrar.{method} was called outside a draftsmith registration "
                               "hook; call it from draftsmith_register_drafters or "
                               "draftsmith_register_selectors")
-        return impl
+        return self._running
+
+    @contextmanager
+    def attributing(self) -> Iterator[None]:
+        """Run every registration hook implementation of the manager through :meth:`run` for
+        the duration of the block; the implementations are restored afterwards.
+
+        pluggy marks ``HookImpl.function`` final for type checkers; replacing it is the one way
+        to see each implementation's call while pluggy still makes one call per hook (its own
+        ordering, argument subsets and wrappers unchanged)."""
+        replaced: list[tuple[pluggy.HookImpl, Callable[..., Any]]] = []
+        try:
+            for hook_name in REGISTRATION_HOOKS:
+                for hook_impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+                    replaced.append((hook_impl, hook_impl.function))
+                    hook_impl.function = self._through(_Impl(hook_name, hook_impl),
+                                                       hook_impl.function)
+            yield
+        finally:
+            for hook_impl, function in replaced:
+                hook_impl.function = function
+
+    def _through(self, impl: _Impl, function: Callable[..., Any]) -> Callable[..., Any]:
+        """``function`` (``impl``'s) running through :meth:`run`; a wrapper's generator runs each
+        of its steps through it."""
+        if impl.impl.wrapper or impl.impl.hookwrapper:
+            return lambda *args, **kwargs: _WrapperSteps(self, impl, function(*args, **kwargs))
+        return lambda *args, **kwargs: self.run(impl, function, *args, **kwargs)
+
+    def run(self, impl: _Impl, step: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``step(*args, **kwargs)`` as ``impl``'s code: what it registers is ``impl``'s, and
+        what it raises is blamed on ``impl`` unless code run deeper already was blamed (an
+        exception passing out through a wrapper's teardown stays the inner plugin's). A
+        wrapper's generator ends by raising ``StopIteration`` through here, which pluggy takes
+        as the wrapper's result, so that record is never looked up."""
+        outer, self._running = self._running, impl
+        try:
+            return step(*args, **kwargs)
+        except _PLUGIN_FAILURES as exc:
+            if self.blamed_for(exc) is None:
+                self._raised.append((exc, impl))
+            raise
+        finally:
+            self._running = outer
+
+    def blamed_for(self, exc: BaseException) -> _Impl | None:
+        """The hook implementation whose code raised ``exc``, or ``None`` when none did."""
+        return next((impl for raised, impl in self._raised if raised is exc), None)
 
     def registry(self) -> Registry:
         """The records in plugin registration order; :class:`PluginError` blaming the later
@@ -290,14 +336,17 @@ def load_registry(pm: pluggy.PluginManager | None = None) -> Registry:
     distribution and, for an installed plugin, how to leave it out."""
     pm = pm if pm is not None else make_plugin_manager()
     registrar = _Registrar(pm)
-    for hook_name in REGISTRATION_HOOKS:
-        try:
-            getattr(pm.hook, hook_name)(registrar=registrar)
-        except _PLUGIN_FAILURES as exc:  # the plugin's fault, never the user's config
-            impl = _innermost_impl(_frames(exc.__traceback__), registrar.impls)
-            if impl is None:
-                raise PluginError(f"a plugin failed in {hook_name}: {_describe(exc)}") from None
-            raise _registration_error(pm, impl, _distribution(pm, impl.plugin), exc) from None
+    with registrar.attributing():
+        for hook_name in REGISTRATION_HOOKS:
+            try:
+                getattr(pm.hook, hook_name)(registrar=registrar)
+            except _PLUGIN_FAILURES as exc:  # the plugin's fault, never the user's config
+                impl = registrar.blamed_for(exc)
+                if impl is None:
+                    raise PluginError(
+                        f"a plugin failed in {hook_name}: {_describe(exc)}") from None
+                raise _registration_error(pm, impl, _distribution(pm, impl.plugin),
+                                          exc) from None
     return registrar.registry()
 
 
@@ -313,44 +362,31 @@ class _Impl:
         return self.impl.plugin
 
 
-def _registration_impls(pm: pluggy.PluginManager) -> dict[CodeType, list[_Impl]]:
-    """The code object of every registration hook implementation, mapped to the implementations
-    that run it (how a frame on the stack is recognised as a plugin's hook; two instances of one
-    plugin class share their methods' code)."""
-    impls: dict[CodeType, list[_Impl]] = {}
-    for hook_name in REGISTRATION_HOOKS:
-        for impl in getattr(pm.hook, hook_name).get_hookimpls():
-            code = getattr(impl.function, "__code__", None)
-            if code is not None:
-                impls.setdefault(code, []).append(_Impl(hook_name, impl))
-    return impls
+class _WrapperSteps:
+    """A wrapper implementation's generator whose every step (first ``next``, the ``send`` or
+    ``throw`` of the teardown, ``close``) runs through :meth:`_Registrar.run` as ``impl``'s code.
+    ``gi_code`` is the wrapped generator's, so pluggy's messages about a wrapper that does not
+    yield, or yields twice, still name the plugin's function."""
 
+    def __init__(self, registrar: _Registrar, impl: _Impl, steps: Generator[Any, Any, Any]
+                 ) -> None:
+        self.registrar, self.impl, self.steps = registrar, impl, steps
+        self.gi_code = steps.gi_code
 
-def _stack(frame: FrameType | None) -> Iterator[FrameType]:
-    """``frame`` and its callers, innermost first."""
-    while frame is not None:
-        yield frame
-        frame = frame.f_back
+    def __iter__(self) -> _WrapperSteps:
+        return self
 
+    def __next__(self) -> Any:
+        return self.send(None)
 
-def _frames(tb: TracebackType | None) -> Iterator[FrameType]:
-    """The frames an exception passed through, innermost first."""
-    return reversed([frame for frame, _ in traceback.walk_tb(tb)])
+    def send(self, value: Any) -> Any:
+        return self.registrar.run(self.impl, self.steps.send, value)
 
+    def throw(self, exc: BaseException) -> Any:
+        return self.registrar.run(self.impl, self.steps.throw, exc)
 
-def _innermost_impl(frames: Iterable[FrameType],
-                    impls: Mapping[CodeType, list[_Impl]]) -> _Impl | None:
-    """The registration hook implementation running in the innermost of ``frames`` that runs
-    one; a method is told from the same method of another instance by its ``self``."""
-    for frame in frames:
-        candidates = impls.get(frame.f_code)
-        if not candidates:
-            continue
-        code = frame.f_code
-        first = frame.f_locals.get(code.co_varnames[0]) if code.co_argcount else None
-        bound = [c for c in candidates if getattr(c.impl.function, "__self__", None) is first]
-        return (bound or candidates)[0]
-    return None
+    def close(self) -> None:
+        self.registrar.run(self.impl, self.steps.close)
 
 
 def _distribution(pm: pluggy.PluginManager, plugin: object) -> str:

@@ -13,7 +13,7 @@ HOT_PATH = ("draftsmith.runtime.decoder", "draftsmith.runtime.round",
             "draftsmith.runtime.paging", "draftsmith.runtime.markov",
             "draftsmith.runtime.acceptance")
 FORBIDDEN = ("pluggy", "draftsmith.runtime.registry", "draftsmith.runtime.bind",
-             "draftsmith.drafters.hookspecs", "draftsmith.selection.builtin")
+             "draftsmith.runtime.hookspecs", "draftsmith.selection.builtin")
 ROOT = Path(draftsmith.__file__).parent
 
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 import draftsmith
 from draftsmith import hookimpl
 from draftsmith.contract import DrafterFamily, PluginError, SelectorFamily
-from draftsmith.drafters import hookspecs
+from draftsmith.runtime import hookspecs
 from draftsmith.runtime.registry import load_registry, make_plugin_manager
 from draftsmith.selection.configs import GreedyConfig
 

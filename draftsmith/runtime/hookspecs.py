@@ -1,5 +1,7 @@
 """Hook specifications of the ``draftsmith`` plugin project. Only specifications live here.
 
+Drafter families and selection strategies register through these hooks alike, so the specs sit
+beside each other in the runtime, next to ``registry``, which builds the manager and calls them.
 A plugin module implements some of these with ``@draftsmith.hookimpl`` and is registered either
 as a built-in, through the ``draftsmith`` entry-point group of an installed distribution, or as an
 extra plugin object handed to the plugin-manager factory.
