@@ -50,14 +50,12 @@ from draftsmith.contract import (
     OutputHead,
     TargetInfo,
 )
+from draftsmith.testing import CONFORMANCE_EXPORTS
 from draftsmith.testing.probe import (
     ConformanceCase,
-    ConformanceFailure,
-    PagedBatch,
     Probe,
     ProbeOutputs,
     assert_close,
-    build_paged_batch,
     compare_outputs,
     describe,
     expect_tensor,
@@ -69,6 +67,9 @@ from draftsmith.testing.probe import (
     tolerances,
     torch_dtype,
 )
+from draftsmith.testing.probe import ConformanceFailure as ConformanceFailure
+from draftsmith.testing.probe import PagedBatch as PagedBatch
+from draftsmith.testing.probe import build_paged_batch as build_paged_batch
 from draftsmith.testing.tp import check_tp_agreement
 
 if TYPE_CHECKING:
@@ -500,25 +501,4 @@ def run_conformance(
     return report
 
 
-__all__ = [
-    "ConformanceCase",
-    "ConformanceFailure",
-    "ConformanceReport",
-    "PagedBatch",
-    "Probe",
-    "ProbeOutputs",
-    "build_paged_batch",
-    "check_capabilities",
-    "check_checkpoint_round_trip",
-    "check_determinism",
-    "check_page_placement_invariance",
-    "check_request_independence",
-    "check_shapes_and_dtypes",
-    "check_tp_agreement",
-    "default_request",
-    "load_drafter",
-    "make_probe",
-    "page_geometry",
-    "run_conformance",
-    "run_probe",
-]
+__all__ = list(CONFORMANCE_EXPORTS)
