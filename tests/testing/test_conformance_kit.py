@@ -316,8 +316,7 @@ def test_build_paged_batch_places_like_the_runtime_paging_reference() -> None:
     accepted[torch.arange(3), n_b - 1] = probe.bonus
     slots_t = torch.tensor(slots)
     runtime = prepare_placement_reference(
-        ctx_len, slots_t, accepted, n_b, perm.view(4, 5), slots_t, None, max_ctx, width, 4, 3,
-        None,
+        ctx_len, slots_t, accepted, n_b, perm.view(4, 5), max_ctx, width, 4, 3,
     )
     for name in ("slots", "cache_rows", "bonus", "query_positions", "ctx_positions",
                  "write_mask", "dest_cols", "dest_pages", "dest_offsets", "num_ctx",
