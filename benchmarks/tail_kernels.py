@@ -489,7 +489,7 @@ def bench_paging(timer: Timer, bw: float, dev: str, smoke: bool) -> None:
     slots = torch.arange(rows, device=dev)
     accepted = torch.randint(0, 1000, (rows, k1), generator=g).to(dev)
     n = torch.randint(1, k1 + 1, (rows,), generator=g).to(dev)
-    args = (slots, accepted, n, table, slots, None, max_ctx, width, page, rows, None)
+    args = (slots, accepted, n, table, max_ctx, width, page, rows)
     saved = ctx.clone()
 
     def eager():
@@ -526,8 +526,8 @@ def bench_store(timer: Timer, bw: float, dev: str, smoke: bool) -> None:
         slots = torch.arange(rows, device=dev)
         n = torch.randint(1, k1 + 1, (rows,), generator=g).to(dev)
         p = pg.prepare_placement_reference(
-            ctx, slots, torch.zeros(rows, k1, dtype=torch.int64, device=dev), n, table, slots,
-            None, max_ctx, k1, page, rows, None)
+            ctx, slots, torch.zeros(rows, k1, dtype=torch.int64, device=dev), n, table, max_ctx,
+            k1, page, rows)
         entries = torch.randn(rows * k1, layers, planes, heads, width, generator=g).to(dev, dtype)
         nbytes = 2 * entries.numel() * entries.element_size()
         measure(timer, "store_context",

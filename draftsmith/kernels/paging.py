@@ -3,8 +3,9 @@
 Owns ``prepare_placement``: from the accepted tokens and counts of a step it advances every
 generation request's context length and computes the fixed-shape
 :class:`~draftsmith.contract.DraftBlockPlacement` (bonus, query and context positions, write mask,
-clamped destination columns, pages and offsets, advertised context length), in one kernel.
-Imports ``draftsmith.contract`` only.
+clamped destination columns, pages and offsets, advertised context length), in one kernel. The
+page table is the private pool's: one row per slot, the dummy's included, wide enough for
+``max_ctx + W`` columns. Imports ``draftsmith.contract`` only.
 """
 
 from __future__ import annotations
@@ -25,44 +26,32 @@ def prepare_placement_reference(
     accepted: torch.Tensor,
     num_accepted: torch.Tensor,
     page_table: torch.Tensor,
-    cache_rows: torch.Tensor,
-    alloc_counts: torch.Tensor | None,
     max_ctx: int,
     width: int,
     page_size: int,
     dummy_slot: int,
-    rows_start: int | None,
 ) -> DraftBlockPlacement:
     """Advance the context of ``G`` generation requests and place their block.
 
     Inputs: ``ctx_len: [num_slots] int64`` (updated in place), ``batch_to_slot: [G] int64``
     (generation rows only; padding rows hold ``dummy_slot``; each real slot at most once),
     ``accepted: [G, K+1] int64``, ``num_accepted: [G] int64`` (``n``, ``1..K+1``),
-    ``page_table: [rows, P] int64``, ``cache_rows: [G] int64`` (page-table rows: ``slots`` for the
-    private pool, batch rows when host-bound), ``alloc_counts: [G] int64 | None`` (pages allocated
-    per row when host-bound; ``None`` = private pool). With ``j`` in ``0..K`` and ``i`` in
-    ``0..W-1``::
+    ``page_table: [num_slots, P] int64`` (slot ``s``'s pages in row ``s``, ``P * P_sz >= max_ctx
+    + W``). With ``j`` in ``0..K`` and ``i`` in ``0..W-1``::
 
         c         = 0 if slot == dummy_slot else ctx_len[slot]          (before the step)
         bonus     = accepted[b, clamp(n - 1, 0, K)]
         new_len   = min(c + n, max_ctx)
         ctx_pos   = c + j;   write_mask = j < n
-        limit     = max_ctx - 1                 (private)  |  counts * P_sz - 1      (host-bound)
-        dest_col  = max(min(c + j, limit), 0)
-        dest_page = page_table[cache_row, dest_col // P_sz];  dest_offset = dest_col % P_sz
-        num_ctx   = new_len                     (private)  |  min(new_len, max(counts*P_sz - W, 0))
+        dest_col  = clamp(c + j, 0, max_ctx - 1)
+        dest_page = page_table[slot, dest_col // P_sz];  dest_offset = dest_col % P_sz
+        num_ctx   = new_len
         query_pos = new_len + i
         ctx_len[slot] = new_len for real slots;  ctx_len[dummy_slot] = 0
 
-    ``counts = min(alloc_counts, P)``: a count beyond the table's ``P`` columns would index the
-    next row's pages. A host-bound row with no allocated page (``counts == 0``) has nowhere to
-    write: its ``write_mask`` is all False and its ``dest_pages`` are ``-1`` (the store skips
-    negative pages), so a clamped ``-1`` entry can never redirect a write into page 0 of another
-    request.
-    ``block_tables = page_table[cache_rows]``.
+    ``block_tables = page_table[slots]``; the placement's ``cache_rows`` are the slots and its
+    ``rows_start`` is ``None``.
     """
-    if rows_start is not None and (type(rows_start) is not int or rows_start < 0):
-        raise ShapeError(f"rows_start must be None or an int >= 0, got {rows_start!r}")
     g, k1 = accepted.shape
     dev = accepted.device
     slots = batch_to_slot.clone()
@@ -74,20 +63,8 @@ def prepare_placement_reference(
     new_len = torch.clamp(c + n, max=max_ctx)
     ctx_positions = c[:, None] + j
     write_mask = j < n[:, None]
-    if alloc_counts is None:
-        limit = torch.full_like(c, max_ctx - 1)
-        num_ctx = new_len.clone()
-        no_pages = torch.zeros_like(is_dummy)
-    else:
-        # a count beyond the table's width would index the next row's pages: clamp it to P
-        counts = alloc_counts.clamp(max=page_table.shape[1])
-        limit = counts * page_size - 1
-        num_ctx = torch.minimum(new_len, torch.clamp(counts * page_size - width, min=0))
-        no_pages = counts <= 0
-    dest_cols = torch.clamp(torch.minimum(ctx_positions, limit[:, None]), min=0)
-    dest_pages = page_table[cache_rows[:, None], dest_cols // page_size]
-    dest_pages = torch.where(no_pages[:, None], -1, dest_pages)
-    write_mask &= ~no_pages[:, None]
+    dest_cols = torch.clamp(ctx_positions, 0, max_ctx - 1)
+    dest_pages = page_table[slots[:, None], dest_cols // page_size]
     dest_offsets = dest_cols % page_size
     query_positions = new_len[:, None] + torch.arange(width, device=dev, dtype=_I64)
     real = ~is_dummy
@@ -96,8 +73,8 @@ def prepare_placement_reference(
     # every field is computed above from validated-by-construction shapes: skip re-validation
     return DraftBlockPlacement._trusted(
         slots=slots,
-        cache_rows=cache_rows.clone(),
-        rows_start=rows_start,
+        cache_rows=slots.clone(),
+        rows_start=None,
         bonus=bonus,
         query_positions=query_positions,
         ctx_positions=ctx_positions,
@@ -105,33 +82,31 @@ def prepare_placement_reference(
         dest_cols=dest_cols,
         dest_pages=dest_pages,
         dest_offsets=dest_offsets,
-        num_ctx=num_ctx,
+        num_ctx=new_len.clone(),
         new_ctx_len=new_len,
-        block_tables=page_table[cache_rows],
+        block_tables=page_table[slots],
         page_size=page_size,
     )
 
 
 @triton.jit
 def _prepare_placement_kernel(
-    ctx_len_ptr, slot_ptr, accepted_ptr, num_ptr, table_ptr, rows_ptr, counts_ptr,
+    ctx_len_ptr, slot_ptr, accepted_ptr, num_ptr, table_ptr,
     bonus_ptr, qpos_ptr, cpos_ptr, mask_ptr, cols_ptr, pages_ptr, offs_ptr, num_ctx_ptr,
     new_len_ptr, tables_out_ptr, slots_out_ptr, rows_out_ptr,
     K1, W, P, max_ctx, page_size, dummy_slot,
-    HOST_BOUND: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_W: tl.constexpr,
-    BLOCK_P: tl.constexpr,
+    BLOCK_K1: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     """One program per generation request. Each real slot belongs to one request, so the read of
     ``ctx_len[slot]`` and its update never race; dummy rows never read ``ctx_len`` and only ever
-    store 0 to the dummy's entry."""
+    store 0 to the dummy's entry. A request's page-table row is its slot's."""
     b = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + b)
     is_dummy = slot == dummy_slot
     c = tl.load(ctx_len_ptr + slot, mask=~is_dummy, other=0)
     n = tl.load(num_ptr + b)
-    row = tl.load(rows_ptr + b)
     tl.store(slots_out_ptr + b, slot)
-    tl.store(rows_out_ptr + b, row)
+    tl.store(rows_out_ptr + b, slot)
 
     j = tl.arange(0, BLOCK_K1)
     j_ok = j < K1
@@ -140,31 +115,22 @@ def _prepare_placement_kernel(
     new_len = tl.minimum(c + n, max_ctx)
     ctx_pos = c + j
     write = j < n
-    if HOST_BOUND:
-        counts = tl.minimum(tl.load(counts_ptr + b), P)  # never past this row's table
-        limit = counts * page_size - 1
-        num_ctx = tl.minimum(new_len, tl.maximum(counts * page_size - W, 0))
-        has_pages = (tl.zeros((BLOCK_K1,), tl.int64) + counts) > 0
-    else:
-        limit = max_ctx - 1
-        num_ctx = new_len
-        has_pages = j >= 0
-    dest_col = tl.maximum(tl.minimum(ctx_pos, limit), 0)
-    page = tl.load(table_ptr + row * P + dest_col // page_size, mask=j_ok & has_pages, other=-1)
+    dest_col = tl.maximum(tl.minimum(ctx_pos, max_ctx - 1), 0)
+    page = tl.load(table_ptr + slot * P + dest_col // page_size, mask=j_ok, other=-1)
     out = b * K1 + j
     tl.store(cpos_ptr + out, ctx_pos, mask=j_ok)
-    tl.store(mask_ptr + out, (write & has_pages).to(tl.int8), mask=j_ok)
+    tl.store(mask_ptr + out, write.to(tl.int8), mask=j_ok)
     tl.store(cols_ptr + out, dest_col, mask=j_ok)
-    tl.store(pages_ptr + out, tl.where(has_pages, page, -1), mask=j_ok)
+    tl.store(pages_ptr + out, page, mask=j_ok)
     tl.store(offs_ptr + out, dest_col % page_size, mask=j_ok)
 
     i = tl.arange(0, BLOCK_W)
     tl.store(qpos_ptr + b * W + i, new_len + i, mask=i < W)
-    tl.store(num_ctx_ptr + b, num_ctx)
+    tl.store(num_ctx_ptr + b, new_len)
     tl.store(new_len_ptr + b, new_len)
     for start in range(0, P, BLOCK_P):
         p = start + tl.arange(0, BLOCK_P)
-        entries = tl.load(table_ptr + row * P + p, mask=p < P)
+        entries = tl.load(table_ptr + slot * P + p, mask=p < P)
         tl.store(tables_out_ptr + b * P + p, entries, mask=p < P)
     # Real rows store their new length; every dummy row stores the same 0.
     tl.store(ctx_len_ptr + slot, tl.where(is_dummy, 0, new_len))
@@ -182,8 +148,8 @@ def _placement_launch_sizes(k1: int, width: int, pages: int) -> tuple[int, int, 
 
 
 def _check_placement_inputs(
-    ctx_len, batch_to_slot, accepted, num_accepted, page_table, cache_rows, alloc_counts,
-    max_ctx, width, page_size, dummy_slot,
+    ctx_len, batch_to_slot, accepted, num_accepted, page_table, max_ctx, width, page_size,
+    dummy_slot,
 ) -> None:
     s: dict[str, int] = {}
     dev = ctx_len.device if isinstance(ctx_len, torch.Tensor) else None
@@ -191,10 +157,8 @@ def _check_placement_inputs(
     check_tensor("batch_to_slot", batch_to_slot, ("G",), _I64, s, dev, contiguous=True)
     check_tensor("accepted", accepted, ("G", "K1"), _I64, s, dev, contiguous=True)
     check_tensor("num_accepted", num_accepted, ("G",), _I64, s, dev, contiguous=True)
-    check_tensor("page_table", page_table, ("rows", "P"), _I64, s, dev, contiguous=True)
-    check_tensor("cache_rows", cache_rows, ("G",), _I64, s, dev, contiguous=True)
-    if alloc_counts is not None:
-        check_tensor("alloc_counts", alloc_counts, ("G",), _I64, s, dev, contiguous=True)
+    # one row per slot: the kernel reads slot s's pages from row s
+    check_tensor("page_table", page_table, ("num_slots", "P"), _I64, s, dev, contiguous=True)
     for name, value in (("max_ctx", max_ctx), ("width", width), ("page_size", page_size)):
         check_positive(name, value)
     if s["K1"] < 1:
@@ -210,23 +174,18 @@ def prepare_placement(
     accepted: torch.Tensor,
     num_accepted: torch.Tensor,
     page_table: torch.Tensor,
-    cache_rows: torch.Tensor,
-    alloc_counts: torch.Tensor | None,
     max_ctx: int,
     width: int,
     page_size: int,
     dummy_slot: int,
-    rows_start: int | None,
 ) -> DraftBlockPlacement:
     """Fused :func:`prepare_placement_reference` (one kernel, including the copies of
-    ``batch_to_slot`` and ``cache_rows``); bit-identical results and the same in-place update of
-    ``ctx_len``. The integer outputs are views of one int64 allocation."""
+    ``batch_to_slot`` into ``slots`` and ``cache_rows``); bit-identical results and the same
+    in-place update of ``ctx_len``. The integer outputs are views of one int64 allocation."""
     _check_placement_inputs(ctx_len, batch_to_slot, accepted, num_accepted, page_table,
-                            cache_rows, alloc_counts, max_ctx, width, page_size, dummy_slot)
-    if rows_start is not None and (type(rows_start) is not int or rows_start < 0):
-        raise ShapeError(f"rows_start must be None or an int >= 0, got {rows_start!r}")
+                            max_ctx, width, page_size, dummy_slot)
     p = page_table.shape[1]
-    if alloc_counts is None and p * page_size < max_ctx + width:
+    if p * page_size < max_ctx + width:
         raise ShapeError(
             f"private page table rows hold {p} pages of {page_size} = "
             f"{p * page_size} columns, fewer than max_ctx + width = {max_ctx + width}; "
@@ -244,18 +203,16 @@ def prepare_placement(
         ctx_len[dummy_slot] = 0
     else:
         block_k1, block_w, block_p = _placement_launch_sizes(k1, width, p)
-        host_bound = alloc_counts is not None
         _prepare_placement_kernel[(g,)](
-            ctx_len, batch_to_slot, accepted, num_accepted, page_table, cache_rows,
-            alloc_counts if host_bound else num_accepted,
+            ctx_len, batch_to_slot, accepted, num_accepted, page_table,
             bonus, qpos, cpos, mask.view(torch.int8), cols, pages, offs, num_ctx, new_len,
             tables, slots, rows, k1, width, p, max_ctx, page_size, dummy_slot,
-            HOST_BOUND=host_bound, BLOCK_K1=block_k1, BLOCK_W=block_w, BLOCK_P=block_p,
+            BLOCK_K1=block_k1, BLOCK_W=block_w, BLOCK_P=block_p,
         )
     return DraftBlockPlacement._trusted(
         slots=slots,
         cache_rows=rows,
-        rows_start=rows_start,
+        rows_start=None,
         bonus=bonus,
         query_positions=qpos.view(g, width),
         ctx_positions=cpos.view(g, k1),

@@ -149,8 +149,8 @@ class ContextPager:
         fn = prepare_placement if self.mode == "fused" else prepare_placement_reference
         return fn(
             self.ctx_len, batch_to_slot.contiguous(), accepted.contiguous(),
-            num_accepted.contiguous(), self.buffers.page_table, batch_to_slot.contiguous(), None,
-            self.max_ctx, self.block_width, self.page_size, self.buffers.dummy_slot, None,
+            num_accepted.contiguous(), self.buffers.page_table, self.max_ctx, self.block_width,
+            self.page_size, self.buffers.dummy_slot,
         )
 
     def store(self, placement: DraftBlockPlacement, entries: torch.Tensor) -> None:

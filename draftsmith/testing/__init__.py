@@ -12,9 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# Loaded on first use: pytest imports this package (for the ``plugin`` entry point) in every
-# session where draftsmith is installed, before any conftest.py, so it must stay light.
-_HOMES = {name: "draftsmith.testing.conformance" for name in (
+CONFORMANCE_EXPORTS = (
     "ConformanceCase",
     "ConformanceFailure",
     "ConformanceReport",
@@ -35,7 +33,13 @@ _HOMES = {name: "draftsmith.testing.conformance" for name in (
     "page_geometry",
     "run_conformance",
     "run_probe",
-)}
+)
+"""What :mod:`draftsmith.testing.conformance` exports (its ``__all__``), listed here once so
+that this package can name them without importing it."""
+
+# Loaded on first use: pytest imports this package (for the ``plugin`` entry point) in every
+# session where draftsmith is installed, before any conftest.py, so it must stay light.
+_HOMES = dict.fromkeys(CONFORMANCE_EXPORTS, "draftsmith.testing.conformance")
 _HOMES["DrafterConformance"] = "draftsmith.testing.suite"
 
 

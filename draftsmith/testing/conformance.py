@@ -48,15 +48,14 @@ from draftsmith.contract import (
     MarkovHeadKind,
     MarkovHeadWeights,
     OutputHead,
+    TargetInfo,
 )
+from draftsmith.testing import CONFORMANCE_EXPORTS
 from draftsmith.testing.probe import (
     ConformanceCase,
-    ConformanceFailure,
-    PagedBatch,
     Probe,
     ProbeOutputs,
     assert_close,
-    build_paged_batch,
     compare_outputs,
     describe,
     expect_tensor,
@@ -68,6 +67,9 @@ from draftsmith.testing.probe import (
     tolerances,
     torch_dtype,
 )
+from draftsmith.testing.probe import ConformanceFailure as ConformanceFailure
+from draftsmith.testing.probe import PagedBatch as PagedBatch
+from draftsmith.testing.probe import build_paged_batch as build_paged_batch
 from draftsmith.testing.tp import check_tp_agreement
 
 if TYPE_CHECKING:
@@ -81,6 +83,24 @@ def check_capabilities(
     family: DrafterFamily, drafter: Drafter, case: ConformanceCase, request: LoadRequest | None = None
 ) -> None:
     """The declared capabilities are well-formed and match what the methods return."""
+    caps = _declared_once(family, drafter)
+    _check_case_fits(caps, case)
+    if request is not None and request.target is not None:
+        _check_target_fit(caps, request.target)
+    probe = make_probe(caps, case)
+    out = run_probe(drafter, probe, case)
+    _check_output_layout(caps, out)
+    _check_markov_head(caps, out.markov)
+    if not caps.confidence_head:
+        _check_no_confidence(drafter, out.hidden[:, : case.num_draft_tokens], probe.prev_tokens)
+    _check_shared_embedding(drafter, caps, probe)
+    _check_shared_lm_head(drafter, caps, probe, out.hidden)
+    _check_declared_capabilities(family, caps, request)
+
+
+def _declared_once(family: DrafterFamily, drafter: Drafter) -> DrafterCapabilities:
+    """The drafter's capabilities, after checking that it has every Protocol member and declares
+    one stable :class:`DrafterCapabilities` under its family's name."""
     missing = [
         name
         for name in (
@@ -98,6 +118,13 @@ def check_capabilities(
         fail(f"capabilities.family is {caps.family!r} but the family is registered as {family.name!r}")
     if drafter.capabilities != caps or hash(drafter.capabilities) != hash(caps):
         fail(f"{family.name}: capabilities changed between two reads; declare them once")
+    return caps
+
+
+def _check_case_fits(caps: DrafterCapabilities, case: ConformanceCase) -> None:
+    """The case is one the drafter can run (a bad case is a :class:`ConfigError`, not a failure
+    of the drafter): a known dtype, ``W <= trained_block_size`` and positions inside
+    ``max_position_embeddings``."""
     torch_dtype(caps)
     width = caps.block_width(case.num_draft_tokens)
     if width > caps.trained_block_size:
@@ -107,26 +134,30 @@ def check_capabilities(
         )
     if max(case.context_lengths) + case.num_draft_tokens + width > caps.max_position_embeddings:
         raise ConfigError("the conformance case's contexts exceed max_position_embeddings")
-    target = request.target if request is not None else None
-    if target is not None:
-        if caps.vocab_size != target.vocab_size:
-            fail(f"capabilities.vocab_size {caps.vocab_size} != the target's {target.vocab_size}")
-        if caps.target_hidden_size != target.hidden_size:
-            fail(
-                f"capabilities.target_hidden_size {caps.target_hidden_size} != the target's "
-                f"hidden size {target.hidden_size}"
-            )
-        # -1 is the embedding output; the last layer holds a final-normed state.
-        bad = [i for i in caps.target_layer_ids
-               if i != -1 and not 0 <= i < target.num_layers - 1]
-        if bad:
-            fail(
-                f"target_layer_ids {bad} are outside {{-1}} ∪ 0..{target.num_layers - 2} (-1 is "
-                "the embedding output; the target's last layer cannot be captured)"
-            )
 
-    probe = make_probe(caps, case)
-    out = run_probe(drafter, probe, case)
+
+def _check_target_fit(caps: DrafterCapabilities, target: TargetInfo) -> None:
+    """The capabilities match the target the drafter was loaded for: vocabulary, hidden size and
+    capturable layer ids."""
+    if caps.vocab_size != target.vocab_size:
+        fail(f"capabilities.vocab_size {caps.vocab_size} != the target's {target.vocab_size}")
+    if caps.target_hidden_size != target.hidden_size:
+        fail(
+            f"capabilities.target_hidden_size {caps.target_hidden_size} != the target's "
+            f"hidden size {target.hidden_size}"
+        )
+    # -1 is the embedding output; the last layer holds a final-normed state.
+    bad = [i for i in caps.target_layer_ids if i != -1 and not 0 <= i < target.num_layers - 1]
+    if bad:
+        fail(
+            f"target_layer_ids {bad} are outside {{-1}} ∪ 0..{target.num_layers - 2} (-1 is "
+            "the embedding output; the target's last layer cannot be captured)"
+        )
+
+
+def _check_output_layout(caps: DrafterCapabilities, out: ProbeOutputs) -> None:
+    """Context entries have the declared ``context_entry`` layout, hidden states are
+    ``hidden_size`` wide and the logits cover the full ``vocab_size``."""
     spec = caps.context_entry
     got = tuple(out.entries.shape[1:])
     if got != (spec.num_layers, spec.planes, spec.heads, spec.width):
@@ -138,40 +169,52 @@ def check_capabilities(
     if not out.logits.is_full:
         fail("block_logits with a full-vocabulary head must return full-vocabulary logits")
 
-    markov = out.markov
+
+def _check_markov_head(caps: DrafterCapabilities, markov: MarkovHeadWeights | None) -> None:
+    """``markov_head()`` returns nothing when none is declared, else weights of the declared kind
+    and rank over the whole vocabulary (this runs at TP = 1)."""
     if caps.markov_head is MarkovHeadKind.NONE:
         if markov is not None:
             fail("capabilities declare markov_head 'none' but markov_head() returned weights")
-    else:
-        if not isinstance(markov, MarkovHeadWeights):
-            fail(
-                f"capabilities declare a {caps.markov_head.value} Markov head but markov_head() "
-                f"returned {describe(markov)}"
-            )
-        if markov.kind is not caps.markov_head or markov.rank != caps.markov_rank:
-            fail(
-                f"markov_head() is {markov.kind.value} of rank {markov.rank}; capabilities declare "
-                f"{caps.markov_head.value} of rank {caps.markov_rank}"
-            )
-        if markov.vocab_size != caps.vocab_size or markov.shard_width != caps.vocab_size:
-            fail(
-                f"at TP = 1 the Markov head must cover the whole vocabulary {caps.vocab_size}; "
-                f"w1 has {markov.vocab_size} rows, w2 {markov.shard_width}"
-            )
-        if markov.vocab_start != 0:
-            fail(f"at TP = 1 markov_head().vocab_start must be 0, got {markov.vocab_start}")
-    if not caps.confidence_head:
-        try:
-            drafter.confidence(out.hidden[:, : case.num_draft_tokens], probe.prev_tokens)
-        except DraftsmithError:
-            pass
-        else:
-            fail(
-                "capabilities declare no confidence head but confidence() returned scores; "
-                "raise a DraftsmithError (e.g. PlanError) instead"
-            )
+        return
+    if not isinstance(markov, MarkovHeadWeights):
+        fail(
+            f"capabilities declare a {caps.markov_head.value} Markov head but markov_head() "
+            f"returned {describe(markov)}"
+        )
+    if markov.kind is not caps.markov_head or markov.rank != caps.markov_rank:
+        fail(
+            f"markov_head() is {markov.kind.value} of rank {markov.rank}; capabilities declare "
+            f"{caps.markov_head.value} of rank {caps.markov_rank}"
+        )
+    if markov.vocab_size != caps.vocab_size or markov.shard_width != caps.vocab_size:
+        fail(
+            f"at TP = 1 the Markov head must cover the whole vocabulary {caps.vocab_size}; "
+            f"w1 has {markov.vocab_size} rows, w2 {markov.shard_width}"
+        )
+    if markov.vocab_start != 0:
+        fail(f"at TP = 1 markov_head().vocab_start must be 0, got {markov.vocab_start}")
 
-    # Shared embedding / head: the declaration must match whether the target's tensors are read.
+
+def _check_no_confidence(
+    drafter: Drafter, hidden: torch.Tensor, prev_tokens: torch.Tensor
+) -> None:
+    """A drafter that declares no confidence head raises a :class:`DraftsmithError` from
+    ``confidence(hidden, prev_tokens)`` (``hidden: [G, K, H]``, ``prev_tokens: [G]``) instead
+    of returning scores."""
+    try:
+        drafter.confidence(hidden, prev_tokens)
+    except DraftsmithError:
+        return
+    fail(
+        "capabilities declare no confidence head but confidence() returned scores; "
+        "raise a DraftsmithError (e.g. PlanError) instead"
+    )
+
+
+def _check_shared_embedding(drafter: Drafter, caps: DrafterCapabilities, probe: Probe) -> None:
+    """``shares_target_embedding`` says whether ``embed_block`` reads the target's table: a
+    changed table must change its output exactly when it does."""
     ids = torch.full((1, 2), caps.mask_token_id, dtype=torch.int64)
     ids[0, 0] = probe.bonus[0]
     other_table = probe.target_embedding + 1.0
@@ -182,7 +225,15 @@ def check_capabilities(
         fail("capabilities say shares_target_embedding, but embed_block ignores target_embedding")
     if not caps.shares_target_embedding and not same:
         fail("capabilities say the drafter has its own embedding, but embed_block reads the target's")
-    rows = out.hidden.reshape(-1, caps.hidden_size)[:2]
+
+
+def _check_shared_lm_head(
+    drafter: Drafter, caps: DrafterCapabilities, probe: Probe, hidden: torch.Tensor
+) -> None:
+    """``shares_target_lm_head`` says whether ``block_logits`` reads the head it is given: a
+    changed head must change the logits of two rows of ``hidden: [G, W, H]`` exactly when it
+    does."""
+    rows = hidden.reshape(-1, caps.hidden_size)[:2]
     heads = [
         OutputHead(weight=w, vocab_start=0, vocab_size=caps.vocab_size)
         for w in (probe.head_weight, probe.head_weight.flip(0).contiguous())
@@ -192,7 +243,7 @@ def check_capabilities(
         fail("capabilities say shares_target_lm_head, but block_logits ignores the head it is given")
     if not caps.shares_target_lm_head and not same:
         fail("capabilities say the drafter has its own LM head, but block_logits reads the target's")
-    _check_declared_capabilities(family, caps, request)
+
 
 
 def _check_declared_capabilities(family: DrafterFamily, caps: DrafterCapabilities,
@@ -450,25 +501,4 @@ def run_conformance(
     return report
 
 
-__all__ = [
-    "ConformanceCase",
-    "ConformanceFailure",
-    "ConformanceReport",
-    "PagedBatch",
-    "Probe",
-    "ProbeOutputs",
-    "build_paged_batch",
-    "check_capabilities",
-    "check_checkpoint_round_trip",
-    "check_determinism",
-    "check_page_placement_invariance",
-    "check_request_independence",
-    "check_shapes_and_dtypes",
-    "check_tp_agreement",
-    "default_request",
-    "load_drafter",
-    "make_probe",
-    "page_geometry",
-    "run_conformance",
-    "run_probe",
-]
+__all__ = list(CONFORMANCE_EXPORTS)

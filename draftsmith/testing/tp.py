@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import pickle
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,11 +23,13 @@ from draftsmith.contract import (
     DrafterCapabilities,
     DrafterFamily,
     LoadRequest,
+    MarkovHeadWeights,
     OutputHead,
     PlanError,
 )
 from draftsmith.testing.probe import (
     ConformanceCase,
+    Probe,
     ProbeOutputs,
     assert_close,
     fail,
@@ -72,6 +75,9 @@ def _tp_rank_worker(payload: bytes, sys_path: list[str]) -> _RankResult:
     return _RankResult(caps, run_probe(drafter, probe, case, head=head))
 
 
+_Close = Callable[[str, torch.Tensor, torch.Tensor], None]
+"""``close(name, got, want)``: fail unless a TP result is within the case's tolerance of
+TP = 1's."""
 
 
 def check_tp_agreement(
@@ -96,25 +102,12 @@ def check_tp_agreement(
     tp = int(rank_pool.world_size)
     reference = load_drafter(family, request)
     caps = reference.capabilities
-    if tp < 2:
-        raise ConfigError("check_tp_agreement needs a rank pool of at least 2 ranks")
-    if caps.vocab_size % tp:
-        raise ConfigError(
-            f"vocab_size {caps.vocab_size} does not split into {tp} shards; choose options with a "
-            f"vocabulary divisible by {tp} for the TP check"
-        )
+    _check_pool_fits(caps, tp)
     checkpoint = Path(directory) / "tp1-checkpoint"
     reference.save(checkpoint)
     probe = make_probe(caps, case)
     expected = run_probe(reference, probe, case)
-    try:
-        payload = pickle.dumps((family, replace(request, checkpoint=checkpoint), case, probe))
-    except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        fail(
-            f"the family or its load request cannot be sent to the TP ranks ({exc}); make "
-            "DrafterFamily.load a module-level function and the options a module-level model"
-        )
-    results: list[_RankResult] = rank_pool.run(_tp_rank_worker, payload, list(sys.path))
+    results = _run_on_ranks(rank_pool, family, replace(request, checkpoint=checkpoint), case, probe)
 
     unsupported = [r.unsupported for r in results if r.unsupported is not None]
     if unsupported:
@@ -130,13 +123,66 @@ def check_tp_agreement(
     def close(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
         assert_close(f"TP = {tp}: {name} disagrees with TP = 1", got, want, tol)
 
+    _check_rank_capabilities(caps, results)
     outs = [r.outputs for r in results]
+    _check_context_entries(caps, [r.capabilities.context_entry.heads for r in results], outs,
+                           expected, close)
+    _check_block_outputs(caps, tp, outs, expected, close)
+    if expected.confidence is not None:
+        _check_confidence(outs, expected.confidence, close)
+    if expected.markov is not None:
+        _check_markov_shards(outs, expected.markov)
+    return None
+
+
+def _check_pool_fits(caps: DrafterCapabilities, tp: int) -> None:
+    """The check needs ``tp >= 2`` ranks and a vocabulary that splits evenly over them (a
+    :class:`ConfigError`: the options or the pool, not the drafter, are at fault)."""
+    if tp < 2:
+        raise ConfigError("check_tp_agreement needs a rank pool of at least 2 ranks")
+    if caps.vocab_size % tp:
+        raise ConfigError(
+            f"vocab_size {caps.vocab_size} does not split into {tp} shards; choose options with a "
+            f"vocabulary divisible by {tp} for the TP check"
+        )
+
+
+def _run_on_ranks(
+    rank_pool: RankPool,
+    family: DrafterFamily,
+    request: LoadRequest,
+    case: ConformanceCase,
+    probe: Probe,
+) -> list[_RankResult]:
+    """Every rank's :class:`_RankResult` for ``request`` (which names the TP = 1 checkpoint)."""
+    try:
+        payload = pickle.dumps((family, request, case, probe))
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        fail(
+            f"the family or its load request cannot be sent to the TP ranks ({exc}); make "
+            "DrafterFamily.load a module-level function and the options a module-level model"
+        )
+    return rank_pool.run(_tp_rank_worker, payload, list(sys.path))
+
+
+def _check_rank_capabilities(caps: DrafterCapabilities, results: list[_RankResult]) -> None:
+    """Every rank loaded and declares TP = 1's capabilities apart from its context entry."""
     for rank, r in enumerate(results):
         assert r.capabilities is not None and r.outputs is not None
         local = r.capabilities.model_copy(update={"context_entry": caps.context_entry})
         if local != caps:
             fail(f"rank {rank}: capabilities differ from TP = 1 beyond the local head count")
-    heads = [r.capabilities.context_entry.heads for r in results]
+
+
+def _check_context_entries(
+    caps: DrafterCapabilities,
+    heads: list[int],
+    outs: list[ProbeOutputs],
+    expected: ProbeOutputs,
+    close: _Close,
+) -> None:
+    """Context entries (``[T, L, planes, heads, width]``) are replicated on every rank, or split
+    by heads so that the ranks' ``heads`` concatenate to TP = 1's."""
     if all(h == caps.context_entry.heads for h in heads):
         for rank, o in enumerate(outs):
             close(f"rank {rank} project_context (replicated entries)", o.entries, expected.entries)
@@ -148,36 +194,56 @@ def check_tp_agreement(
             f"ranks hold {heads} context heads; TP = 1 holds {caps.context_entry.heads}. Entries "
             "must be replicated or split by heads across ranks"
         )
+
+
+def _check_block_outputs(
+    caps: DrafterCapabilities,
+    tp: int,
+    outs: list[ProbeOutputs],
+    expected: ProbeOutputs,
+    close: _Close,
+) -> None:
+    """Embeddings and hidden states (``[G, W, H]``) are TP = 1's, hidden states bit-identical
+    across ranks; rank ``i``'s logits start at ``i * S`` and the shards concatenate to TP = 1's
+    ``[G * W, V]`` logits."""
+    shard = caps.vocab_size // tp
     for rank, o in enumerate(outs):
         close(f"rank {rank} embed_block", o.embeddings, expected.embeddings)
         if not torch.equal(o.hidden, outs[0].hidden):
             fail(f"forward_block differs between rank 0 and rank {rank}; ranks must agree exactly")
         close(f"rank {rank} forward_block", o.hidden, expected.hidden)
-        if o.logits.vocab_start != rank * (caps.vocab_size // tp):
+        if o.logits.vocab_start != rank * shard:
             fail(f"rank {rank}: block_logits vocab_start {o.logits.vocab_start} != "
-                 f"{rank * (caps.vocab_size // tp)} of the head shard it was given")
+                 f"{rank * shard} of the head shard it was given")
     close("block_logits (shards concatenated)",
           torch.cat([o.logits.logits for o in outs], dim=-1), expected.logits.logits)
-    if expected.confidence is not None:
-        for rank, o in enumerate(outs):
-            if o.confidence is None or not torch.equal(o.confidence, outs[0].confidence):
-                fail(f"confidence differs between rank 0 and rank {rank}")
-        close("confidence", outs[0].confidence, expected.confidence)
-    if expected.markov is not None:
-        starts = 0
-        for rank, o in enumerate(outs):
-            m = o.markov
-            if m is None or m.kind is not expected.markov.kind:
-                fail(f"rank {rank}: markov_head() kind differs from TP = 1")
-            if not torch.equal(m.w1, expected.markov.w1):
-                fail(f"rank {rank}: markov_head().w1 must be the replicated full [V, r] table")
-            if m.vocab_start != starts:
-                fail(f"rank {rank}: markov_head().vocab_start {m.vocab_start}, expected {starts}")
-            starts += m.shard_width
-        w2 = torch.cat([o.markov.w2 for o in outs])
-        if not torch.equal(w2, expected.markov.w2):
-            fail("markov_head().w2 shards do not concatenate to the TP = 1 w2")
-    return None
+
+
+def _check_confidence(outs: list[ProbeOutputs], expected: torch.Tensor, close: _Close) -> None:
+    """Confidence (``[G, K] fp32``) is bit-identical across ranks and close to TP = 1's
+    ``expected``."""
+    for rank, o in enumerate(outs):
+        if o.confidence is None or not torch.equal(o.confidence, outs[0].confidence):
+            fail(f"confidence differs between rank 0 and rank {rank}")
+    close("confidence", outs[0].confidence, expected)
+
+
+def _check_markov_shards(outs: list[ProbeOutputs], expected: MarkovHeadWeights) -> None:
+    """Every rank's Markov head has TP = 1's kind and the full ``w1: [V, r]``; the ``w2`` shards
+    start where the previous rank's end and concatenate to TP = 1's ``w2``."""
+    starts = 0
+    for rank, o in enumerate(outs):
+        m = o.markov
+        if m is None or m.kind is not expected.kind:
+            fail(f"rank {rank}: markov_head() kind differs from TP = 1")
+        if not torch.equal(m.w1, expected.w1):
+            fail(f"rank {rank}: markov_head().w1 must be the replicated full [V, r] table")
+        if m.vocab_start != starts:
+            fail(f"rank {rank}: markov_head().vocab_start {m.vocab_start}, expected {starts}")
+        starts += m.shard_width
+    w2 = torch.cat([o.markov.w2 for o in outs])
+    if not torch.equal(w2, expected.w2):
+        fail("markov_head().w2 shards do not concatenate to the TP = 1 w2")
 
 
 __all__ = ["check_tp_agreement"]

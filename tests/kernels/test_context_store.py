@@ -38,8 +38,7 @@ def _placement(g: int, k1: int, max_ctx: int, seed: int, device="cpu"):
     slots = torch.cat([torch.randperm(slots_real, generator=rng), torch.tensor([dummy, dummy])])
     accepted = torch.randint(0, 100, (g, k1), generator=rng)
     n = torch.randint(1, k1 + 1, (g,), generator=rng)
-    p = prepare_placement_reference(ctx, slots, accepted, n, table, slots, None, max_ctx, W, P_SZ,
-                                    dummy, None)
+    p = prepare_placement_reference(ctx, slots, accepted, n, table, max_ctx, W, P_SZ, dummy)
     return p.to(device), table.to(device), dummy
 
 
@@ -106,8 +105,7 @@ def test_ceiling_collision_keeps_the_valid_entry() -> None:
     table = private_page_table(2, max_ctx, W, P_SZ)
     ctx = torch.tensor([max_ctx - 2, 0])
     p = prepare_placement_reference(ctx, torch.tensor([0]), torch.zeros(1, k1, dtype=torch.int64),
-                                    torch.tensor([2]), table, torch.tensor([0]), None, max_ctx, W,
-                                    P_SZ, 1, None)
+                                    torch.tensor([2]), table, max_ctx, W, P_SZ, 1)
     assert p.dest_cols[0].tolist() == [10, 11, 11, 11, 11]
     pool, entries = _pool_and_entries(ENTRY_SHAPES[1], table.numel(), k1, torch.float32, "cpu", 5)
     for fn in (store_context, store_context_reference):

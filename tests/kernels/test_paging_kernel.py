@@ -1,5 +1,5 @@
 """Per-step placement: fused kernel == eager reference == a plain-Python model of the per-step
-advance, the placement's invariants, the allocation guard and the private page table."""
+advance, the placement's invariants and the private page table."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def private_page_table(num_slots: int, max_ctx: int, width: int, page_size: int)
 K1, W, P_SZ = 5, 4, 4  # K = 4 drafts, shift convention (W = K), 4-entry pages
 
 
-def python_model(ctx_len, slots, accepted, n, table, rows, counts, max_ctx, width, page, dummy):
+def python_model(ctx_len, slots, accepted, n, table, max_ctx, width, page, dummy):
     """Spec 4.3/4.4/4.6 over plain ints; returns (new ctx_len list, per-request field dicts)."""
     new_ctx = list(ctx_len)
     out = []
@@ -30,22 +30,16 @@ def python_model(ctx_len, slots, accepted, n, table, rows, counts, max_ctx, widt
         c = 0 if slot == dummy else ctx_len[slot]
         k1 = len(accepted[b])
         new_len = min(c + n[b], max_ctx)
-        if counts is None:
-            limit, num_ctx, has_pages = max_ctx - 1, new_len, True
-        else:
-            limit = counts[b] * page - 1
-            num_ctx = min(new_len, max(counts[b] * page - width, 0))
-            has_pages = counts[b] > 0
         cols, pages, offs, mask = [], [], [], []
         for j in range(k1):
-            col = max(min(c + j, limit), 0)
+            col = max(min(c + j, max_ctx - 1), 0)
             cols.append(col)
-            pages.append(table[rows[b]][col // page] if has_pages else -1)
+            pages.append(table[slot][col // page])
             offs.append(col % page)
-            mask.append(j < n[b] and has_pages)
+            mask.append(j < n[b])
         out.append(dict(
             bonus=accepted[b][min(max(n[b] - 1, 0), k1 - 1)], new_ctx_len=new_len,
-            num_ctx=num_ctx, dest_cols=cols, dest_pages=pages, dest_offsets=offs,
+            num_ctx=new_len, cache_rows=slot, dest_cols=cols, dest_pages=pages, dest_offsets=offs,
             write_mask=mask, ctx_positions=[c + j for j in range(k1)],
             query_positions=[new_len + i for i in range(width)],
         ))
@@ -71,20 +65,13 @@ def assert_matches_model(p: DraftBlockPlacement, model) -> None:
             assert got == value, (b, name, got, value)
 
 
-def check_invariants(p, ctx_len, counts, max_ctx, dummy) -> None:
+def check_invariants(p, ctx_len, max_ctx, dummy) -> None:
     """Spec 4.4 invariants."""
     assert torch.equal(p.query_positions[:, 0], p.new_ctx_len)
     assert bool((p.num_ctx <= p.new_ctx_len).all())
     assert int(ctx_len[dummy]) == 0
-    if counts is None:
-        assert bool((p.dest_cols < max_ctx).all()) and bool((p.dest_cols >= 0).all())
-    else:
-        alloc = counts[:, None] * p.page_size
-        live = counts[:, None] > 0
-        assert bool(((p.dest_cols < alloc) | ~live).all())
-        room = alloc[:, 0] >= p.width
-        assert bool(((p.num_ctx + p.width <= alloc[:, 0]) | (~room & (p.num_ctx == 0))).all())
-        assert not bool((p.write_mask & ~live).any())
+    assert bool((p.dest_cols < max_ctx).all()) and bool((p.dest_cols >= 0).all())
+    assert p.rows_start is None
 
 
 def _step_inputs(g, rng, num_real, num_pad, dummy, k1=K1):
@@ -97,21 +84,18 @@ def _step_inputs(g, rng, num_real, num_pad, dummy, k1=K1):
     return slots, accepted, n
 
 
-def _run_three(ctx_k, ctx_r, ctx_py, slots, accepted, n, table, rows, counts, max_ctx, dummy,
-               rows_start=None):
-    p_k = prepare_placement(ctx_k, slots, accepted, n, table, rows, counts, max_ctx, W, P_SZ,
-                            dummy, rows_start)
-    p_r = prepare_placement_reference(ctx_r, slots, accepted, n, table, rows, counts, max_ctx, W,
-                                      P_SZ, dummy, rows_start)
+def _run_three(ctx_k, ctx_r, ctx_py, slots, accepted, n, table, max_ctx, dummy):
+    p_k = prepare_placement(ctx_k, slots, accepted, n, table, max_ctx, W, P_SZ, dummy)
+    p_r = prepare_placement_reference(ctx_r, slots, accepted, n, table, max_ctx, W, P_SZ, dummy)
     ctx_py, model = python_model(
-        ctx_py, slots.tolist(), accepted.tolist(), n.tolist(), table.tolist(), rows.tolist(),
-        None if counts is None else counts.tolist(), max_ctx, W, P_SZ, dummy,
+        ctx_py, slots.tolist(), accepted.tolist(), n.tolist(), table.tolist(), max_ctx, W, P_SZ,
+        dummy,
     )
     assert_same_placement(p_k, p_r)
     assert torch.equal(ctx_k, ctx_r)
     assert ctx_k.tolist() == ctx_py
     assert_matches_model(p_k, model)
-    check_invariants(p_k, ctx_k, counts, max_ctx, dummy)
+    check_invariants(p_k, ctx_k, max_ctx, dummy)
     return p_k, ctx_py
 
 
@@ -130,57 +114,13 @@ def test_twenty_carried_steps_private_pool() -> None:
                 state[step % max_batch] = 0
             ctx_py[step % max_batch] = 0
         slots, accepted, n = _step_inputs(step, rng, num_real=5, num_pad=2, dummy=dummy)
-        p, ctx_py = _run_three(ctx_k, ctx_r, ctx_py, slots, accepted, n, table, slots, None,
-                               max_ctx, dummy)
+        p, ctx_py = _run_three(ctx_k, ctx_r, ctx_py, slots, accepted, n, table, max_ctx, dummy)
         reached_ceiling |= bool((p.new_ctx_len == max_ctx).any())
         dummy_rows = slots == dummy
         assert bool(torch.isin(p.dest_pages[dummy_rows], table[dummy]).all())
         real_pages = p.dest_pages[~dummy_rows]
         assert not bool(torch.isin(real_pages, table[dummy]).any())
     assert reached_ceiling
-
-
-def test_twenty_carried_steps_host_bound_pool() -> None:
-    """Host-bound rows (batch rows of a refreshed table), contexts that outrun their pages, rows
-    with no page at all."""
-    rng = torch.Generator().manual_seed(4)
-    max_batch, max_ctx, max_blocks = 6, 200, 6
-    dummy = max_batch
-    ctx_k = torch.zeros(max_batch + 1, dtype=torch.int64)
-    ctx_r, ctx_py = ctx_k.clone(), ctx_k.tolist()
-    for step in range(20):
-        slots, accepted, n = _step_inputs(step, rng, num_real=5, num_pad=2, dummy=dummy)
-        g = slots.shape[0]
-        table = torch.randperm(80, generator=rng)[: (g + 2) * max_blocks].view(g + 2, max_blocks)
-        counts = torch.randint(0, max_blocks + 1, (g,), generator=rng)
-        counts[step % g] = 0
-        rows = torch.arange(2, 2 + g)
-        p, ctx_py = _run_three(ctx_k, ctx_r, ctx_py, slots, accepted, n, table, rows, counts,
-                               max_ctx, dummy, rows_start=2)
-        assert p.rows_start == 2
-        assert torch.equal(p.block_tables, table[2:2 + g])
-        empty = counts == 0
-        assert bool((p.dest_pages[empty] == -1).all()) and not bool(p.write_mask[empty].any())
-
-
-def test_allocation_guard_writes_only_the_last_allocated_page() -> None:
-    """A context past its allocation writes only inside its last page; the advertised length
-    leaves room for the block's own writes."""
-    ctx = torch.tensor([30, 9, 0])
-    slots = torch.tensor([0, 1])
-    accepted = torch.arange(10).view(2, 5)
-    n = torch.tensor([3, 5])
-    table = torch.tensor([[11, 12, 13, 14], [21, 22, 23, 24]])
-    counts = torch.tensor([2, 3])
-    for fn in (prepare_placement, prepare_placement_reference):
-        p = fn(ctx.clone(), slots, accepted, n, table, torch.arange(2), counts, 64, W, P_SZ, 2, 0)
-        assert set(p.dest_pages[0].tolist()) == {12}
-        assert p.dest_cols[0].tolist() == [7] * 5
-        assert p.num_ctx.tolist() == [4, 8]  # min(new_len, counts * P_sz - W)
-        assert set(p.dest_pages[1].tolist()) == {23}  # columns 9..13 clamp to 11 (page 2)
-        assert p.dest_cols[1].tolist() == [9, 10, 11, 11, 11]
-        assert p.new_ctx_len.tolist() == [33, 14]
-        assert p.bonus.tolist() == [2, 9]
 
 
 def test_context_ceiling_and_dummy_zeroed() -> None:
@@ -192,7 +132,7 @@ def test_context_ceiling_and_dummy_zeroed() -> None:
     n = torch.tensor([5, 1, 2, 3])
     for fn in (prepare_placement, prepare_placement_reference):
         state = ctx.clone()
-        p = fn(state, slots, accepted, n, table, slots, None, max_ctx, W, P_SZ, 2, None)
+        p = fn(state, slots, accepted, n, table, max_ctx, W, P_SZ, 2)
         assert state.tolist() == [20, 20, 0]
         assert p.new_ctx_len.tolist() == [20, 20, 2, 3]
         assert p.dest_cols[0].tolist() == [18, 19, 19, 19, 19]
@@ -206,10 +146,8 @@ def test_inputs_untouched_and_deterministic() -> None:
     slots, accepted, n = _step_inputs(0, rng, num_real=5, num_pad=3, dummy=7)
     ctx = torch.randint(0, 40, (8,), generator=rng)
     saved = [t.clone() for t in (slots, accepted, n, table)]
-    first = prepare_placement(ctx.clone(), slots, accepted, n, table, slots, None, 50, W, P_SZ, 7,
-                              None)
-    second = prepare_placement(ctx.clone(), slots, accepted, n, table, slots, None, 50, W, P_SZ,
-                               7, None)
+    first = prepare_placement(ctx.clone(), slots, accepted, n, table, 50, W, P_SZ, 7)
+    second = prepare_placement(ctx.clone(), slots, accepted, n, table, 50, W, P_SZ, 7)
     assert_same_placement(first, second)
     for a, b in zip(saved, (slots, accepted, n, table), strict=True):
         assert torch.equal(a, b)
@@ -217,7 +155,7 @@ def test_inputs_untouched_and_deterministic() -> None:
 
 def test_fused_placement_passes_the_contract_validation() -> None:
     """The launcher builds its record with ``_trusted`` (no re-validation); the same fields must
-    pass the full ``DraftBlockPlacement`` validation, and a bad ``rows_start`` still raises."""
+    pass the full ``DraftBlockPlacement`` validation."""
     import dataclasses
 
     from draftsmith.contract import DraftBlockPlacement
@@ -226,16 +164,12 @@ def test_fused_placement_passes_the_contract_validation() -> None:
     table = private_page_table(8, 50, W, P_SZ)
     slots, accepted, n = _step_inputs(0, rng, num_real=5, num_pad=2, dummy=7)
     ctx = torch.randint(0, 40, (8,), generator=rng)
-    for counts in (None, torch.full((7,), 3)):
-        p = prepare_placement(ctx.clone(), slots, accepted, n, table, slots, counts, 50, W, P_SZ,
-                              7, 0)
-        assert isinstance(p, DraftBlockPlacement) and p.context_width is None
-        again = DraftBlockPlacement(**{f.name: getattr(p, f.name)
-                                       for f in dataclasses.fields(DraftBlockPlacement)})
-        assert_same_placement(p, again)
-        assert p.write_mask.dtype == torch.bool and p.block_tables.shape == (7, table.shape[1])
-    with pytest.raises(ShapeError, match="rows_start"):
-        prepare_placement(ctx.clone(), slots, accepted, n, table, slots, None, 50, W, P_SZ, 7, -1)
+    p = prepare_placement(ctx.clone(), slots, accepted, n, table, 50, W, P_SZ, 7)
+    assert isinstance(p, DraftBlockPlacement) and p.context_width is None
+    again = DraftBlockPlacement(**{f.name: getattr(p, f.name)
+                                   for f in dataclasses.fields(DraftBlockPlacement)})
+    assert_same_placement(p, again)
+    assert p.write_mask.dtype == torch.bool and p.block_tables.shape == (7, table.shape[1])
 
 
 def test_bad_inputs_raise() -> None:
@@ -243,14 +177,13 @@ def test_bad_inputs_raise() -> None:
     ctx = torch.zeros(3, dtype=torch.int64)
     slots, acc, n = torch.tensor([0]), torch.zeros(1, 5, dtype=torch.int64), torch.tensor([1])
     with pytest.raises(ShapeError, match="pages per slot"):
-        prepare_placement(ctx, slots, acc, n, table[:, :2].contiguous(), slots, None, 20, W, P_SZ, 2, None)
+        prepare_placement(ctx, slots, acc, n, table[:, :2].contiguous(), 20, W, P_SZ, 2)
     with pytest.raises(ShapeError, match="dummy_slot"):
-        prepare_placement(ctx, slots, acc, n, table, slots, None, 20, W, P_SZ, 3, None)
+        prepare_placement(ctx, slots, acc, n, table, 20, W, P_SZ, 3)
     with pytest.raises(ShapeError, match="num_accepted"):
-        prepare_placement(ctx, slots, acc, n.int(), table, slots, None, 20, W, P_SZ, 2, None)
-    with pytest.raises(ShapeError, match="cache_rows"):
-        prepare_placement(ctx, slots, acc, n, table, torch.tensor([0, 1]), None, 20, W, P_SZ, 2,
-                          None)
+        prepare_placement(ctx, slots, acc, n.int(), table, 20, W, P_SZ, 2)
+    with pytest.raises(ShapeError, match="page_table"):  # a row per slot, the dummy's included
+        prepare_placement(ctx, slots, acc, n, table[:2].contiguous(), 20, W, P_SZ, 1)
 
 
 @pytest.mark.gpu
@@ -264,19 +197,17 @@ def test_gpu_carried_steps_and_graph_replay() -> None:
     for step in range(5):
         slots, accepted, n = _step_inputs(step, rng, num_real=150, num_pad=10, dummy=max_batch)
         slots, accepted, n = slots.cuda(), accepted.cuda(), n.cuda()
-        p_k = prepare_placement(ctx_k, slots, accepted, n, table, slots, None, max_ctx, W, P_SZ,
-                                max_batch, None)
-        p_r = prepare_placement_reference(ctx_r, slots, accepted, n, table, slots, None, max_ctx,
-                                          W, P_SZ, max_batch, None)
+        p_k = prepare_placement(ctx_k, slots, accepted, n, table, max_ctx, W, P_SZ, max_batch)
+        p_r = prepare_placement_reference(ctx_r, slots, accepted, n, table, max_ctx, W, P_SZ,
+                                          max_batch)
         assert_same_placement(p_k, p_r)
         assert torch.equal(ctx_k, ctx_r)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        p_g = prepare_placement(ctx_k, slots, accepted, n, table, slots, None, max_ctx, W, P_SZ,
-                                max_batch, None)
+        p_g = prepare_placement(ctx_k, slots, accepted, n, table, max_ctx, W, P_SZ, max_batch)
     graph.replay()
-    p_r = prepare_placement_reference(ctx_r, slots, accepted, n, table, slots, None, max_ctx, W,
-                                      P_SZ, max_batch, None)
+    p_r = prepare_placement_reference(ctx_r, slots, accepted, n, table, max_ctx, W, P_SZ,
+                                      max_batch)
     assert_same_placement(p_g, p_r)
     assert torch.equal(ctx_k, ctx_r)

@@ -316,8 +316,7 @@ def test_build_paged_batch_places_like_the_runtime_paging_reference() -> None:
     accepted[torch.arange(3), n_b - 1] = probe.bonus
     slots_t = torch.tensor(slots)
     runtime = prepare_placement_reference(
-        ctx_len, slots_t, accepted, n_b, perm.view(4, 5), slots_t, None, max_ctx, width, 4, 3,
-        None,
+        ctx_len, slots_t, accepted, n_b, perm.view(4, 5), max_ctx, width, 4, 3,
     )
     for name in ("slots", "cache_rows", "bonus", "query_positions", "ctx_positions",
                  "write_mask", "dest_cols", "dest_pages", "dest_offsets", "num_ctx",
@@ -537,12 +536,18 @@ def test_fixtures_follow_the_command_line_option(pytester: pytest.Pytester) -> N
 
 def test_lazy_names_match_the_modules_exports() -> None:
     """``draftsmith.testing`` lists its lazily loaded names by hand (importing the kit eagerly
-    would slow every pytest session); they must be exactly the modules' exports."""
+    would slow every pytest session): each must resolve, and every public function or class
+    that ``conformance`` defines must be among them."""
     import draftsmith.testing as kit
     from draftsmith.testing import conformance, suite
 
     assert set(kit._HOMES) == set(conformance.__all__) | {"DrafterConformance"}
     assert "DrafterConformance" in suite.__all__
+    defined = {
+        name for name, value in vars(conformance).items()
+        if not name.startswith("_") and getattr(value, "__module__", None) == conformance.__name__
+    }
+    assert defined <= set(conformance.__all__), sorted(defined - set(conformance.__all__))
     for name in kit._HOMES:
         assert getattr(kit, name) is not None
 

@@ -404,8 +404,39 @@ def _spec_from_config(
     own_embedding: bool,
     target: TargetInfo | None,
 ) -> GQADrafterSpec:
+    """Read ``config`` one group of fields at a time. The groups run in this order, so a config
+    with several faults reports the first group's."""
     arch = _architecture(config)
     flavour = resolve_flavour(config, family, arch)
+    backbone = _backbone_fields(config)
+    num_layers = backbone["num_layers"]
+    target_layers = _target_layer_fields(config, num_layers, backbone["hidden_size"], target)
+    vocabulary = _vocabulary_fields(config)
+    heads = _dspark_head_fields(config, family)
+    block = _block_fields(config, heads["confidence_head"])
+    rms_norm_eps = config_float(config.get("rms_norm_eps", 1e-6), "rms_norm_eps")
+    if rms_norm_eps <= 0:
+        raise CheckpointError(f"config rms_norm_eps is {rms_norm_eps}; it must be > 0")
+    return GQADrafterSpec(
+        **backbone,
+        **target_layers,
+        **vocabulary,
+        **heads,
+        **block,
+        visibility=resolve_visibility(config, num_layers, flavour,
+                                      native=arch.endswith(DEEPSPEC_SUFFIX)),
+        block_convention=resolve_block_convention(config, family, arch, flavour),
+        flavour=flavour,
+        rms_norm_eps=rms_norm_eps,
+        **_position_and_scale_fields(config),
+        own_embedding=own_embedding,
+    )
+
+
+def _backbone_fields(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The transformer's sizes (``hidden_act`` must be silu), as :class:`GQADrafterSpec` keyword
+    arguments: ``hidden_size``, ``num_layers``, ``num_heads``, ``num_kv_heads``, ``head_dim``
+    (even, for rotate-half RoPE) and ``intermediate_size``."""
     act = config.get("hidden_act", "silu")
     if act != "silu":
         raise CheckpointError(f"hidden_act {act!r} is not supported; GQA drafters use silu")
@@ -424,6 +455,23 @@ def _spec_from_config(
         )
     intermediate = config_int(require(config, "intermediate_size"), "intermediate_size",
                               minimum=1)
+    return dict(
+        hidden_size=hidden,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv,
+        head_dim=head_dim,
+        intermediate_size=intermediate,
+    )
+
+
+def _target_layer_fields(
+    config: Mapping[str, Any], num_layers: int, hidden: int, target: TargetInfo | None
+) -> dict[str, Any]:
+    """Which target layers the drafter reads, as :class:`GQADrafterSpec` keyword arguments:
+    ``num_target_layers`` (the config's, which must match ``target``, else the target's),
+    ``target_layer_ids`` (the config's, else spread over the target's depth) and
+    ``target_hidden_size`` (the target's, else ``hidden``)."""
     num_target_layers = config.get("num_target_layers")
     if num_target_layers is not None:
         num_target_layers = config_int(num_target_layers, "num_target_layers", minimum=1)
@@ -448,6 +496,17 @@ def _spec_from_config(
         ids = validate_target_layer_ids(ids, num_target_layers)
     elif not ids:
         raise CheckpointError("target_layer_ids is empty; name at least one target layer")
+    return dict(
+        target_hidden_size=int(target.hidden_size) if target is not None else hidden,
+        target_layer_ids=tuple(ids),
+        num_target_layers=num_target_layers,
+    )
+
+
+def _vocabulary_fields(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The vocabulary and the logits over it, as :class:`GQADrafterSpec` keyword arguments:
+    ``vocab_size``, ``mask_token_id`` (inside the vocabulary) and ``final_logit_softcapping``
+    (``None`` when absent or not positive)."""
     vocab = config_int(require(config, "vocab_size"), "vocab_size", minimum=1)
     mask_token_id = draft_value(config, "mask_token_id")
     if mask_token_id is None:
@@ -460,8 +519,17 @@ def _spec_from_config(
         )
     softcap = draft_value(config, "final_logit_softcapping")
     softcap = None if softcap is None else config_float(softcap, "final_logit_softcapping")
-    softcap = softcap if softcap is not None and softcap > 0 else None
+    return dict(
+        vocab_size=vocab,
+        mask_token_id=mask_token_id,
+        final_logit_softcapping=softcap if softcap is not None and softcap > 0 else None,
+    )
 
+
+def _dspark_head_fields(config: Mapping[str, Any], family: str) -> dict[str, Any]:
+    """The DSpark heads, as :class:`GQADrafterSpec` keyword arguments: ``markov_rank``,
+    ``markov_head`` (its kind; ``NONE`` at rank 0), ``confidence_head`` and
+    ``confidence_head_with_markov``. A ``dflash`` family has neither head."""
     markov_rank = config_int(draft_value(config, "markov_rank", 0) or 0, "markov_rank")
     if markov_rank < 0:
         raise CheckpointError(f"markov_rank must be >= 0, got {markov_rank}")
@@ -487,29 +555,30 @@ def _spec_from_config(
             f"checkpoint has a DSpark head (markov_rank {markov_rank}, confidence head "
             f"{confidence}); load it with family 'dspark-gqa'"
         )
+    return dict(
+        markov_head=markov,
+        markov_rank=markov_rank,
+        confidence_head=confidence,
+        confidence_head_with_markov=with_markov,
+    )
+
+
+def _block_fields(config: Mapping[str, Any], confidence: bool) -> dict[str, Any]:
+    """The trained block, as :class:`GQADrafterSpec` keyword arguments: ``block_size`` and the
+    optional ``sts_temperatures`` table (one per block position; needs a confidence head)."""
     block_size = config_int(draft_value(config, "block_size", 16), "block_size", minimum=1)
-    sts = _sts_from_config(draft_value(config, "sts_temperatures"), block_size, confidence)
-    rms_norm_eps = config_float(config.get("rms_norm_eps", 1e-6), "rms_norm_eps")
-    if rms_norm_eps <= 0:
-        raise CheckpointError(f"config rms_norm_eps is {rms_norm_eps}; it must be > 0")
-    return GQADrafterSpec(
-        hidden_size=hidden,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv,
-        head_dim=head_dim,
-        intermediate_size=intermediate,
-        vocab_size=vocab,
-        target_hidden_size=int(target.hidden_size) if target is not None else hidden,
-        target_layer_ids=tuple(ids),
-        num_target_layers=num_target_layers,
+    return dict(
         block_size=block_size,
-        mask_token_id=mask_token_id,
-        visibility=resolve_visibility(config, num_layers, flavour,
-                                      native=arch.endswith(DEEPSPEC_SUFFIX)),
-        block_convention=resolve_block_convention(config, family, arch, flavour),
-        flavour=flavour,
-        rms_norm_eps=rms_norm_eps,
+        sts_temperatures=_sts_from_config(
+            draft_value(config, "sts_temperatures"), block_size, confidence
+        ),
+    )
+
+
+def _position_and_scale_fields(config: Mapping[str, Any]) -> dict[str, Any]:
+    """RoPE, attention bias and the embedding and output multipliers, as
+    :class:`GQADrafterSpec` keyword arguments."""
+    return dict(
         rope_theta=_rope_theta(config),
         attention_bias=truthy(config.get("attention_bias", False), "attention_bias"),
         max_position_embeddings=config_int(config.get("max_position_embeddings", 32768),
@@ -518,13 +587,6 @@ def _spec_from_config(
                                            "input_embedding_scale"),
         output_multiplier=config_float(draft_value(config, "output_multiplier", 1.0),
                                        "output_multiplier"),
-        final_logit_softcapping=softcap,
-        markov_head=markov,
-        markov_rank=markov_rank,
-        confidence_head=confidence,
-        confidence_head_with_markov=with_markov,
-        own_embedding=own_embedding,
-        sts_temperatures=sts,
     )
 
 
