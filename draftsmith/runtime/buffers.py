@@ -222,18 +222,6 @@ class DecoderBuffers:
         self.features.zero_()
         self.result.zero_()
 
-    def permute_pages(self, permutation: torch.Tensor) -> None:
-        """Relabel physical pages: table entry ``p`` becomes ``permutation[p]`` (in place).
-
-        Used by tests to show that which pages hold a request's context changes no output.
-        """
-        n = self.page_table.numel()
-        if permutation.shape != (n,) or not torch.equal(
-            permutation.sort().values.cpu(), torch.arange(n)
-        ):
-            raise ShapeError(f"permutation must be a permutation of 0..{n - 1}")
-        self.page_table.copy_(permutation.to(self.page_table.device)[self.page_table])
-
 
 def available_bytes(device: torch.device) -> int | None:
     """Memory an allocation on ``device`` can use: free CUDA memory, or the host's physical RAM

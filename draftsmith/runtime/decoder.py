@@ -101,11 +101,6 @@ class GenerationResult:
     the path that chose it computed them (``None`` unless ``plan.record_margins``)."""
 
     @property
-    def num_rounds(self) -> int:
-        """Verify rounds run for this request."""
-        return len(self.accepted_lengths)
-
-    @property
     def mean_accepted_length(self) -> float:
         """``tau``: mean committed tokens per round (bonus included)."""
         return sum(self.accepted_lengths) / max(len(self.accepted_lengths), 1)

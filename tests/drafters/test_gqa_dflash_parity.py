@@ -175,7 +175,9 @@ def test_wrong_visibility_differs(world):
         tuple(LayerVisibility(False, WINDOW if t == "sliding_attention" else None)
               for t in LAYER_TYPES),  # DSpark's symmetric window applied to a z-lab checkpoint
     ):
-        bad = (_drafter_run(drafter.with_visibility(wrong), world)[0] - want).abs().max().item()
+        other = copy.deepcopy(drafter)  # the same weights; the rule is read at each forward
+        other.spec = dataclasses.replace(drafter.spec, visibility=wrong)
+        bad = (_drafter_run(other, world)[0] - want).abs().max().item()
         assert bad > 4 * max(ok, 1e-4), (bad, ok)
 
 

@@ -462,13 +462,6 @@ class GQADrafter(nn.Module):
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         save_tensors(tensors, directory / WEIGHTS_FILE, metadata={"format": "pt"})
 
-    def with_visibility(self, visibility: tuple[LayerVisibility, ...]) -> GQADrafter:
-        """A copy with the same weights and other per-layer visibility (for negative controls)."""
-        other = GQADrafter(replace(self.spec, visibility=visibility), self.family,
-                           self.tp_rank, self.tp_size)
-        other.load_state_dict(self.state_dict())
-        return _finish(other, self.fc.weight.device, self.dtype)
-
 
 def _finish(model: GQADrafter, device: torch.device, dtype: torch.dtype) -> GQADrafter:
     """Move to ``device``/``dtype``; the confidence head stays fp32 (it is computed in fp32, and
