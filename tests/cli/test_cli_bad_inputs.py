@@ -455,12 +455,12 @@ def test_a_read_only_output_directory_is_refused_up_front(box: Path, command: li
 def test_an_unwritable_output_directory_is_refused_even_for_root(box: Path, command: list[str],
                                                                  capsys, monkeypatch) -> None:
     """As the test above, with the permission answer faked, so that it also runs as root."""
-    from draftsmith.drafters import checkpoint
+    from draftsmith.drafters import file_writes
 
     ro = box / "ro-fake"
     ro.mkdir(exist_ok=True)
     real = os.access
-    monkeypatch.setattr(checkpoint.os, "access",
+    monkeypatch.setattr(file_writes.os, "access",
                         lambda path, mode: False if Path(path) == ro else real(path, mode))
     assert main(_fill([*command, f"{ro}/out"], box)) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -32,12 +32,8 @@ from draftsmith.contract import (
     check_tensor,
 )
 from draftsmith.drafters.calibration import check_temperatures
-from draftsmith.drafters.checkpoint import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    save_tensors,
-    write_text_atomic,
-)
+from draftsmith.drafters.checkpoint import CONFIG_FILE, WEIGHTS_FILE
+from draftsmith.drafters.file_writes import save_tensors, write_text_atomic
 from draftsmith.drafters.gqa.config import (
     GQADrafterSpec,
     LayerVisibility,
