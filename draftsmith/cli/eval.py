@@ -22,7 +22,7 @@ from draftsmith.cli.common import (
     read_prompts,
 )
 from draftsmith.contract import ConfigError
-from draftsmith.drafters.checkpoint import check_output_dir, write_text_atomic
+from draftsmith.drafters.file_writes import check_output_dir, write_text_atomic
 from draftsmith.parallel import launched_ranks, torchrun_group
 from draftsmith.runtime.preflight import check_before_loading
 

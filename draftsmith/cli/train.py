@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from draftsmith.cli.common import DATA_DIR_ENV, DTYPES, data_dir, prompt_sets
 from draftsmith.contract import ConfigError
-from draftsmith.drafters.checkpoint import check_output_dir
+from draftsmith.drafters.file_writes import check_output_dir
 from draftsmith.runtime.config import TargetConfig, check_target_dir
 
 if TYPE_CHECKING:
@@ -294,7 +294,7 @@ def _make_prompts(args, target, tokenizer, sampling, excluded: list[Path], exclu
 
 def _save_prompts(path: Path, recipe: list[str], self_made: list[str]) -> None:
     """The part's prompts, saved before any response: a resumed run reuses them as they are."""
-    from draftsmith.drafters.checkpoint import write_text_atomic
+    from draftsmith.drafters.file_writes import write_text_atomic
 
     lines = [json.dumps({"turns": [prompt], "source": origin}) + "\n"
              for origin, items in (("recipe", recipe), ("self", self_made)) for prompt in items]

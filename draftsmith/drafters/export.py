@@ -38,13 +38,10 @@ import torch
 from safetensors.torch import save_file
 
 from draftsmith.contract import BlockConvention, CheckpointError, ConfigError, LoadRequest
-from draftsmith.drafters.checkpoint import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
+from draftsmith.drafters.checkpoint import CONFIG_FILE, WEIGHTS_FILE, config_errors, read_config
+from draftsmith.drafters.file_writes import (
     check_output_dir,
-    config_errors,
     make_staging_dir,
-    read_config,
     unmark_staging,
     writing,
 )

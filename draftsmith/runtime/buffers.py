@@ -21,14 +21,10 @@ _I64 = torch.int64
 
 
 @dataclass(frozen=True, eq=False)
-class BucketView:
-    """Slices of :class:`DecoderBuffers` for a batch of ``g`` generation rows.
+class _RoundTensors:
+    """What a round reads and writes, held by :class:`DecoderBuffers` for every row and by
+    :class:`BucketView` for a bucket's rows (shapes: :class:`DecoderBuffers`)."""
 
-    Slot-indexed tensors (``ctx_len``, ``page_table``, ``draft_probs``) are the base tensors
-    themselves: they are indexed by slot, not by batch row, so a bucket never shrinks them.
-    """
-
-    g: int
     ctx_len: torch.Tensor
     page_table: torch.Tensor
     batch_to_slot: torch.Tensor
@@ -45,8 +41,19 @@ class BucketView:
     verify_len: torch.Tensor
 
 
-@dataclass(eq=False)
-class DecoderBuffers:
+@dataclass(frozen=True, eq=False)
+class BucketView(_RoundTensors):
+    """Slices of :class:`DecoderBuffers` for a batch of ``g`` generation rows.
+
+    Slot-indexed tensors (``ctx_len``, ``page_table``, ``draft_probs``) are the base tensors
+    themselves: they are indexed by slot, not by batch row, so a bucket never shrinks them.
+    """
+
+    g: int
+
+
+@dataclass(frozen=True, eq=False)
+class DecoderBuffers(_RoundTensors):
     """The bind-time buffers. ``C = slot_capacity``, ``num_slots = C + 1`` (the last is the dummy).
 
     * ``ctx_len: [C+1] int64``, ``page_table: [C+1, pages_per_slot] int64``, ``pool``: the paged
@@ -68,27 +75,16 @@ class DecoderBuffers:
       admitted ones first (the packed verify computes the first ``T``);
     * ``draft_probs: [C+1, K, V] fp32`` (rejection sampling only), indexed by slot;
       ``dummy_slot_row = C``, fixed here.
+
+    Frozen: a captured round holds these tensors' addresses, so they are written in place and
+    never replaced.
     """
 
     slot_capacity: int
     num_draft_tokens: int
     block_width: int
     vocab_size: int
-    ctx_len: torch.Tensor
-    page_table: torch.Tensor
     cache: PagedContextCache
-    batch_to_slot: torch.Tensor
-    accepted: torch.Tensor
-    num_accepted: torch.Tensor
-    block_ids: torch.Tensor
-    target_len: torch.Tensor
-    features: torch.Tensor
-    seeds: torch.Tensor
-    result: torch.Tensor
-    draft_probs: torch.Tensor | None
-    dummy_slot_row: int
-    verify_tokens: torch.Tensor
-    verify_len: torch.Tensor
     verify_count: torch.Tensor
     verify_rows: torch.Tensor
 
@@ -221,18 +217,6 @@ class DecoderBuffers:
         self.target_len.zero_()
         self.features.zero_()
         self.result.zero_()
-
-    def permute_pages(self, permutation: torch.Tensor) -> None:
-        """Relabel physical pages: table entry ``p`` becomes ``permutation[p]`` (in place).
-
-        Used by tests to show that which pages hold a request's context changes no output.
-        """
-        n = self.page_table.numel()
-        if permutation.shape != (n,) or not torch.equal(
-            permutation.sort().values.cpu(), torch.arange(n)
-        ):
-            raise ShapeError(f"permutation must be a permutation of 0..{n - 1}")
-        self.page_table.copy_(permutation.to(self.page_table.device)[self.page_table])
 
 
 def available_bytes(device: torch.device) -> int | None:

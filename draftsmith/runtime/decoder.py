@@ -1,8 +1,9 @@
 """The batched, lossless speculative decoding loop: :class:`SpecDecoder`.
 
-Owns the request lifecycle (admission, prefill, rounds, stop and budget rules) over the
-components that ``bind`` built from the plan: the paging component, the draft chain (Markov or
-plain selection), acceptance, the target and the bind-time buffers. Request ``r`` lives in slot
+Owns the request lifecycle (admission, prefill, rounds) over the components that ``bind`` built
+from the plan: the paging component, the draft chain (Markov or plain selection), acceptance,
+the target and the bind-time buffers. The checks of a call's inputs and each request's stop and
+budget rules are :mod:`draftsmith.runtime.requests`'s. Request ``r`` lives in slot
 ``s`` of every per-slot state, and batch row ``s`` of a round is that slot: a round over ``G``
 rows serves slots ``0 .. G-1`` (free slots among them are padding, routed to the dummy slot).
 
@@ -26,11 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import operator
 import struct
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -42,7 +42,6 @@ from draftsmith.contract import (
     SamplingKey,
     TargetModel,
     TokenSelector,
-    target_extras,
     values_trusted,
 )
 from draftsmith.runtime.acceptance import TARGET_STREAM, Acceptance
@@ -59,10 +58,10 @@ from draftsmith.runtime.buckets import bucket as _bucket
 from draftsmith.runtime.buffers import DecoderBuffers
 from draftsmith.runtime.costs import RoundRecord
 from draftsmith.runtime.graphs import CapturedCall
-from draftsmith.runtime.inputs import check_positions
 from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager, SlotManager
 from draftsmith.runtime.plan import DraftPlan
+from draftsmith.runtime.requests import GenerationResult, _Request, make_requests
 from draftsmith.runtime.round import RoundComputation, _top2
 
 _I64 = torch.int64
@@ -80,38 +79,6 @@ long; a young pass takes well under a millisecond. The automatic collector resum
 ``generate`` returns."""
 
 
-@dataclass(frozen=True)
-class GenerationResult:
-    """One request's output.
-
-    ``tokens``: generated ids (the first comes from the prefill); ``accepted_lengths``: per
-    verify round, the committed tokens including the bonus, cut at the first stop token and at the
-    budget; ``finish_reason``: ``stop``, ``length``, or ``error`` (then
-    ``error`` says why: the target's logits held NaN where it chose the next token, and that
-    token was not emitted).
-    """
-
-    tokens: tuple[int, ...]
-    accepted_lengths: tuple[int, ...]
-    finish_reason: str
-    prefill_s: float
-    decode_s: float
-    error: str | None = None
-    margins: tuple[tuple[float, float], ...] | None = None
-    """Per generated token, the target's winning logit and its margin over the runner-up, as
-    the path that chose it computed them (``None`` unless ``plan.record_margins``)."""
-
-    @property
-    def num_rounds(self) -> int:
-        """Verify rounds run for this request."""
-        return len(self.accepted_lengths)
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """``tau``: mean committed tokens per round (bonus included)."""
-        return sum(self.accepted_lengths) / max(len(self.accepted_lengths), 1)
-
-
 @dataclass
 class _Launched:
     """A round launched and not yet committed: its requests, rows bucket, the pinned host rows
@@ -123,69 +90,6 @@ class _Launched:
     done: torch.cuda.Event | None
     start: float
     scheduled: bool
-
-
-@dataclass
-class _Request:
-    rid: int
-    prompt: list[int]
-    max_new: int
-    stops: frozenset[int]
-    seed: int
-    slot: int = -1
-    start: int = 0
-    """Position of the anchor (the last committed token, not yet in the target cache)."""
-    tokens: list[int] = field(default_factory=list)
-    lengths: list[int] = field(default_factory=list)
-    margins: list[tuple[float, float]] = field(default_factory=list)
-    finish: str = ""
-    error: str | None = None
-    t_admit: float = 0.0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-
-    def emit(self, committed: Sequence[int]) -> int:
-        """Append committed tokens under the budget and stop rules; return how many were kept."""
-        room = self.max_new - len(self.tokens)
-        kept = list(committed[:room])
-        for i, tok in enumerate(kept):
-            if tok in self.stops:
-                kept = kept[: i + 1]
-                self.finish = "stop"
-                break
-        self.tokens.extend(kept)
-        if not self.finish and len(self.tokens) >= self.max_new:
-            self.finish = "length"
-        return len(kept)
-
-    def fail_on_nan(self) -> None:
-        """End the request without the token its target logits chose (they held NaN)."""
-        self.finish = "error"
-        self.error = (f"the target's logits held NaN where it chose token {len(self.tokens)} "
-                      "of this request; it ends there (a NaN means the target or its input is "
-                      "broken, see docs/input-rules.md)")
-
-
-def _token_ids(what: str, ids: Iterable[object], vocab_size: int) -> list[int]:
-    """``ids`` as a list of ints, each in ``0..vocab_size-1``; :class:`ConfigError` naming
-    ``what`` otherwise (an out-of-range id would index the embedding out of bounds)."""
-    ids = list(ids)
-    if any(_on_meta(t) for t in ids):
-        raise ConfigError(f"{what} are on the meta device, which holds shapes but no values; "
-                          "pass token ids on the CPU (or on a device that holds them)")
-    try:
-        out = [operator.index(t) for t in ids]
-    except TypeError:
-        raise ConfigError(f"{what} must be integer token ids") from None
-    bad = [t for t in out if not 0 <= t < vocab_size]
-    if bad:
-        raise ConfigError(f"{what} hold {bad[:4]}, outside the vocabulary 0..{vocab_size - 1}")
-    return out
-
-
-def _on_meta(value: object) -> bool:
-    """A tensor without data: reading its value raises inside torch."""
-    return getattr(value, "is_meta", False) is True
 
 
 def _float_pairs(bits: list[int]) -> list[tuple[float, float]]:
@@ -297,7 +201,8 @@ class SpecDecoder(RoundComputation):
         automatic garbage collection while it runs (:data:`YOUNG_GC_EVERY`). Leaves the record
         of every round it took in :attr:`rounds`.
         """
-        reqs = self._requests(prompts, max_new_tokens, stop_token_ids, seeds)
+        reqs = make_requests(self.plan, self.target, self.default_seed, prompts,
+                             max_new_tokens, stop_token_ids, seeds)
         self._prepare_requests(reqs)
         self.rounds = []
         waiting = list(reqs)
@@ -424,7 +329,8 @@ class SpecDecoder(RoundComputation):
                     max_new_tokens: int | Sequence[int]) -> None:
         """:meth:`prepare` for decoding ``prompts`` with these budgets (checked as
         :meth:`generate` checks them), so that a timed :meth:`generate` captures nothing."""
-        self._prepare_requests(self._requests(prompts, max_new_tokens, None, None))
+        self._prepare_requests(make_requests(self.plan, self.target, self.default_seed,
+                                             prompts, max_new_tokens, None, None))
 
     def _prepare_requests(self, reqs: list[_Request]) -> None:
         k1 = self.plan.num_draft_tokens + 1
@@ -440,47 +346,6 @@ class SpecDecoder(RoundComputation):
         self._graph_pool = None
 
     # ---- request lifecycle --------------------------------------------------------------
-
-    def _requests(self, prompts, max_new_tokens, stop_token_ids, seeds) -> list[_Request]:
-        n = len(prompts)
-        if not n:
-            raise ConfigError("no prompts given; pass at least one prompt")
-        budgets = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        if stop_token_ids is None:
-            stops: list[frozenset[int]] = [frozenset()] * n
-        elif all(isinstance(x, int) for x in stop_token_ids):
-            stops = [frozenset(stop_token_ids)] * n  # type: ignore[arg-type]
-        else:
-            stops = [frozenset(s) for s in stop_token_ids]  # type: ignore[arg-type]
-        seed_list = list(seeds) if seeds is not None else [self.default_seed + i for i in range(n)]
-        if not len(budgets) == len(stops) == len(seed_list) == n:
-            raise ConfigError("max_new_tokens, stop_token_ids and seeds need one entry per prompt")
-        vocab = self.plan.vocab_size
-        stops = [frozenset(_token_ids(f"stop token ids of prompt {i}", s, vocab))
-                 for i, s in enumerate(stops)]
-        for i, seed in enumerate(seed_list):
-            try:
-                seed_list[i] = seed = None if _on_meta(seed) else operator.index(seed)
-            except TypeError:
-                seed = None
-            if seed is None or not 0 <= seed < 2**63:
-                raise ConfigError(
-                    f"the seed of prompt {i} must be an int in 0..2**63-1, got {seed_list[i]!r}"
-                    + ("" if seeds is not None else " (the default is selection.seed plus the "
-                       "prompt index: lower selection.seed)"))
-        # checked here, before admission: the target itself would refuse mid-generation
-        target_limit = target_extras(self.target).max_position_embeddings
-        out = []
-        for i, prompt in enumerate(prompts):
-            if not len(prompt):
-                raise ConfigError(f"prompt {i} is empty")
-            prompt = _token_ids(f"prompt {i}", prompt, vocab)
-            if budgets[i] < 1:
-                raise ConfigError(f"max_new_tokens of prompt {i} must be >= 1")
-            check_positions(f"prompt {i} ({len(prompt)} tokens)", len(prompt), budgets[i],
-                            self.plan.num_draft_tokens, self.plan.max_ctx, target_limit)
-            out.append(_Request(i, prompt, budgets[i], stops[i], seed_list[i]))
-        return out
 
     def _key(self, seeds: list[int], offsets: torch.Tensor) -> SamplingKey | None:
         if self.plan.greedy:

@@ -26,12 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from draftsmith.contract import ConfigError
-from draftsmith.drafters.checkpoint import (
-    parse_failure,
-    require_regular_file,
-    write_text_atomic,
-    writing,
-)
+from draftsmith.drafters.checkpoint import parse_failure, require_regular_file
+from draftsmith.drafters.file_writes import write_text_atomic, writing
 from draftsmith.runtime.api import Decoder
 
 

@@ -22,7 +22,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from draftsmith.contract import ConfigError
-from draftsmith.drafters.checkpoint import check_readable, save_tensors, write_text_atomic
+from draftsmith.drafters.checkpoint import check_readable
+from draftsmith.drafters.file_writes import save_tensors, write_text_atomic
 
 META_FILE = "meta.json"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.contract import ConfigError
-from draftsmith.drafters.checkpoint import (
+from draftsmith.drafters.file_writes import (
     check_output_dir,
     make_staging_dir,
     save_tensors,

@@ -23,7 +23,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from draftsmith.contract import CheckpointError, ConfigError
-from draftsmith.drafters.checkpoint import save_tensors, write_text_atomic
+from draftsmith.drafters.file_writes import save_tensors, write_text_atomic
 from draftsmith.drafters.gqa import GQADrafter
 from draftsmith.training.config import TrainConfig
 from draftsmith.training.data import pause_point

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from draftsmith.contract import ConfigError, DrafterFamily, LoadRequest, TargetInfo
 from draftsmith.drafters.calibration import fit_sts, sts_ece
-from draftsmith.drafters.checkpoint import write_text_atomic
+from draftsmith.drafters.file_writes import write_text_atomic
 from draftsmith.drafters.gqa import GQADrafter
 from draftsmith.runtime.registry import load_registry
 from draftsmith.training.config import TrainConfig

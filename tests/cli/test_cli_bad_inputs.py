@@ -34,8 +34,7 @@ LOADERS = (
     ("draftsmith.runtime.targets.hf", "load_hf_model"),
     ("draftsmith.runtime.bind", "load_drafter"),
     ("draftsmith.runtime.api", "load_drafter"),
-    ("draftsmith.drafters.builtin.dspark_gqa", "load_gqa_drafter"),
-    ("draftsmith.drafters.builtin.dflash", "load_gqa_drafter"),
+    ("draftsmith.drafters.gqa.family", "load_gqa_drafter"),
     ("draftsmith.drafters.builtin.dspark_mla", "random_mla_tensors"),
     ("draftsmith.drafters.export", "load_gqa_drafter"),
     ("draftsmith.drafters.gqa.load", "load_tensors"),
@@ -455,12 +454,12 @@ def test_a_read_only_output_directory_is_refused_up_front(box: Path, command: li
 def test_an_unwritable_output_directory_is_refused_even_for_root(box: Path, command: list[str],
                                                                  capsys, monkeypatch) -> None:
     """As the test above, with the permission answer faked, so that it also runs as root."""
-    from draftsmith.drafters import checkpoint
+    from draftsmith.drafters import file_writes
 
     ro = box / "ro-fake"
     ro.mkdir(exist_ok=True)
     real = os.access
-    monkeypatch.setattr(checkpoint.os, "access",
+    monkeypatch.setattr(file_writes.os, "access",
                         lambda path, mode: False if Path(path) == ro else real(path, mode))
     assert main(_fill([*command, f"{ro}/out"], box)) == 2
     err = capsys.readouterr().err.strip().splitlines()

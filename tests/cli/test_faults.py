@@ -26,6 +26,7 @@ from draftsmith.cli import main
 from draftsmith.cli.common import SHIPPED_DRAFTER
 from draftsmith.contract import ConfigError, LoadRequest, TargetInfo
 from draftsmith.drafters import checkpoint as checkpoint_module
+from draftsmith.drafters import file_writes
 from draftsmith.drafters.gqa import load_gqa_drafter
 from draftsmith.runtime import evaluate as evaluate_module
 from draftsmith.runtime.config import SpecConfig
@@ -188,14 +189,14 @@ def _train_argv(tiny_dir: Path, dataset: Path, out: Path) -> list[str]:
 def test_a_full_disk_during_a_training_save_keeps_the_previous_checkpoint(
         tiny_dir, dataset, tmp_path, capsys, monkeypatch) -> None:
     out = tmp_path / "run"
-    real = checkpoint_module.save_file
+    real = file_writes.save_file
 
     def fills_up_after_the_first_checkpoint(tensors, path, metadata=None):
         if (out / "last").is_dir():
             _no_space()
         real(tensors, path, metadata=metadata)
 
-    monkeypatch.setattr(checkpoint_module, "save_file", fills_up_after_the_first_checkpoint)
+    monkeypatch.setattr(file_writes, "save_file", fills_up_after_the_first_checkpoint)
     assert main(_train_argv(tiny_dir, dataset, out)) == 2
     line = _one_line(capsys)
     assert line.startswith(f"draftsmith: error: cannot write {out}/") and \

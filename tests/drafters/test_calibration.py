@@ -150,7 +150,7 @@ def _drafter(**options):
     defaults = dict(num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=16,
                     block_size=K, markov_rank=4, init_std=0.3)
     opts = dspark_family.FAMILY.options_model(**{**defaults, **options})
-    return dspark_family.load(LoadRequest(options=opts, target=TARGET, seed=5))
+    return dspark_family.FAMILY.load(LoadRequest(options=opts, target=TARGET, seed=5))
 
 
 def _block(g: int = 3, k: int = K, seed: int = 0):
@@ -159,8 +159,8 @@ def _block(g: int = 3, k: int = K, seed: int = 0):
 
 
 def _load(path):
-    return dspark_family.load(LoadRequest(options=dspark_family.FAMILY.options_model(),
-                                          checkpoint=path, target=TARGET))
+    return dspark_family.FAMILY.load(LoadRequest(options=dspark_family.FAMILY.options_model(),
+                                                 checkpoint=path, target=TARGET))
 
 
 def test_survival_without_a_table_is_the_raw_prefix_product():

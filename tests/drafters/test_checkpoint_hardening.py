@@ -30,7 +30,7 @@ TARGET = TargetInfo(vocab_size=V, hidden_size=H, num_layers=L_T)
 def _random(family, **options):
     opts = family.FAMILY.options_model(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                                        intermediate_size=24, init_std=0.2, **options)
-    return family.load(LoadRequest(options=opts, target=TARGET, seed=3))
+    return family.FAMILY.load(LoadRequest(options=opts, target=TARGET, seed=3))
 
 
 def _save(drafter, path: Path) -> tuple[dict, dict]:
@@ -45,8 +45,8 @@ def _rewrite(path: Path, config: dict, tensors: dict | None = None) -> None:
 
 
 def _load(family, path: Path, target: TargetInfo | None = TARGET, **kw):
-    return family.load(LoadRequest(options=family.FAMILY.options_model(), checkpoint=path,
-                                   target=target, **kw))
+    return family.FAMILY.load(LoadRequest(options=family.FAMILY.options_model(), checkpoint=path,
+                                          target=target, **kw))
 
 
 # ---- z-lab DFlash checkpoints are not DSpark ones ---------------------------------------------

@@ -22,9 +22,9 @@ from draftsmith.drafters.checkpoint import (
     check_checkpoint_dir,
     load_tensors,
     read_config,
-    save_tensors,
     validate_target_layer_ids,
 )
+from draftsmith.drafters.file_writes import save_tensors
 
 V, H = 50, 32
 

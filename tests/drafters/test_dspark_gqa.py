@@ -36,7 +36,7 @@ def _random(family=dspark_family, seed=3, **options):
     defaults = dict(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=24,
                     init_std=0.2)
     opts = family.FAMILY.options_model(**{**defaults, **options})
-    return family.load(LoadRequest(options=opts, target=TARGET, seed=seed))
+    return family.FAMILY.load(LoadRequest(options=opts, target=TARGET, seed=seed))
 
 
 NATIVE = {  # canonical -> DeepSpec native
@@ -87,8 +87,8 @@ def _write_checkpoint(source, path: Path, layout: str, embed: torch.Tensor) -> d
 
 
 def _load(path, family=dspark_family, target=TARGET):
-    return family.load(LoadRequest(options=family.FAMILY.options_model(), checkpoint=path,
-                                   target=target))
+    return family.FAMILY.load(LoadRequest(options=family.FAMILY.options_model(), checkpoint=path,
+                                          target=target))
 
 
 def _run_block(drafter, ctx_lens=(3, 9), seed=0, table=None):
@@ -226,9 +226,9 @@ class _Rank:
 def test_markov_w2_is_sharded_by_rank():
     opts = dspark_family.DSparkGQAOptions(num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8,
                                           intermediate_size=16, markov_rank=R)
-    full = dspark_family.load(LoadRequest(options=opts, target=TARGET, seed=5))
-    half = dspark_family.load(LoadRequest(options=opts, target=TARGET, seed=5,
-                                          collectives=_Rank()))
+    full = dspark_family.FAMILY.load(LoadRequest(options=opts, target=TARGET, seed=5))
+    half = dspark_family.FAMILY.load(LoadRequest(options=opts, target=TARGET, seed=5,
+                                                 collectives=_Rank()))
     head = half.markov_head()
     assert head.vocab_start == V // 2 and head.shard_width == V // 2
     assert torch.equal(head.w2, full.markov_head().w2[V // 2:])
@@ -285,13 +285,13 @@ def test_options_given_with_a_checkpoint_must_agree_with_it(tmp_path, family, op
     source.save(tmp_path)
     built = dict(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=24,
                  init_std=0.5, **options)  # init_std only seeds random weights: not compared
-    again = family.load(LoadRequest(options=family.FAMILY.options_model(**built),
-                                    checkpoint=tmp_path, target=TARGET))
+    again = family.FAMILY.load(LoadRequest(options=family.FAMILY.options_model(**built),
+                                           checkpoint=tmp_path, target=TARGET))
     assert again.spec == source.spec
     for name, value in clashes.items():
         opts = family.FAMILY.options_model(**{**built, name: value})
         with pytest.raises(ConfigError, match=rf"{name}=.*the checkpoint has.*drop these"):
-            family.load(LoadRequest(options=opts, checkpoint=tmp_path, target=TARGET))
+            family.FAMILY.load(LoadRequest(options=opts, checkpoint=tmp_path, target=TARGET))
 
 
 def test_random_init_is_seeded():
@@ -303,7 +303,8 @@ def test_random_init_is_seeded():
 def test_random_init_dtype_follows_request():
     opts = dspark_family.DSparkGQAOptions(num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8,
                                           intermediate_size=16)
-    drafter = dspark_family.load(LoadRequest(options=opts, target=TARGET, dtype=torch.bfloat16))
+    drafter = dspark_family.FAMILY.load(LoadRequest(options=opts, target=TARGET,
+                                                    dtype=torch.bfloat16))
     assert drafter.capabilities.dtype == "bfloat16"
     out = _run_block(drafter)
     assert out["hidden"].dtype == torch.bfloat16 and out["logits"].dtype == torch.float32

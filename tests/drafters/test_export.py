@@ -434,12 +434,12 @@ def test_the_next_export_removes_what_a_killed_export_left_and_only_that(tmp_pat
     it, this host, and a process that is gone (here: exited without cleaning up, as SIGKILL
     leaves it) or whose id now belongs to a process started at another time. One still being
     written, one of another host and one without draftsmith's marker stay."""
-    from draftsmith.drafters.checkpoint import STAGING_MARKER, make_staging_dir
+    from draftsmith.drafters.file_writes import STAGING_MARKER, make_staging_dir
 
     _saved(tmp_path, "dflash")
     out = tmp_path / "out"
     code = ("import os, sys; from pathlib import Path; "
-            "from draftsmith.drafters.checkpoint import make_staging_dir; "
+            "from draftsmith.drafters.file_writes import make_staging_dir; "
             "print(make_staging_dir(Path(sys.argv[1]))); sys.stdout.flush(); os._exit(9)")
     child = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True,
                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})

@@ -107,7 +107,7 @@ def test_visibility_mask_rule():
 def _random(family, **options):
     opts = family.FAMILY.options_model(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                                        intermediate_size=24, init_std=0.2, **options)
-    return family.load(LoadRequest(options=opts, target=TARGET, seed=3))
+    return family.FAMILY.load(LoadRequest(options=opts, target=TARGET, seed=3))
 
 
 def _save(drafter, path: Path) -> tuple[dict, dict]:
@@ -121,8 +121,8 @@ def _rewrite(path: Path, config: dict, tensors: dict) -> None:
 
 
 def _load(family, path: Path, target: TargetInfo | None = TARGET):
-    return family.load(LoadRequest(options=family.FAMILY.options_model(), checkpoint=path,
-                                   target=target))
+    return family.FAMILY.load(LoadRequest(options=family.FAMILY.options_model(), checkpoint=path,
+                                          target=target))
 
 
 def test_missing_tensor_names_it(tmp_path):

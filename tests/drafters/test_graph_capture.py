@@ -38,8 +38,8 @@ def _drafter(device: torch.device | str = "cpu", dtype: torch.dtype = torch.floa
         init_std=0.2, block_size=BLOCK, layer_types=("sliding_attention", "full_attention"),
         sliding_window=5,
     )
-    return dspark_family.load(LoadRequest(options=opts, target=TARGET, seed=11,
-                                          device=torch.device(device), dtype=dtype))
+    return dspark_family.FAMILY.load(LoadRequest(options=opts, target=TARGET, seed=11,
+                                                 device=torch.device(device), dtype=dtype))
 
 
 def _world(drafter, ctx_lens, seed: int, pages_per_row: int, nan_garbage: bool = True):

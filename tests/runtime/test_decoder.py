@@ -100,8 +100,10 @@ def test_page_permutation_changes_no_output(target):
     sel = {"kind": "sample", "temperature": 1.0}
     first = bind(target, None, _config("dspark-gqa", 3, sel))
     second = bind(target, first.drafter, _config("dspark-gqa", 3, sel))
-    n = second.buffers.page_table.numel()
-    second.buffers.permute_pages(torch.randperm(n, generator=torch.Generator().manual_seed(1)))
+    # relabel the physical pages: table entry p becomes permutation[p]
+    table = second.buffers.page_table
+    permutation = torch.randperm(table.numel(), generator=torch.Generator().manual_seed(1))
+    table.copy_(permutation.to(table.device)[table])
     assert not torch.equal(first.buffers.page_table, second.buffers.page_table)
     seeds = list(range(8))
     a = first.generate(PROMPTS, BUDGETS, seeds=seeds)

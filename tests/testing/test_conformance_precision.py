@@ -23,7 +23,7 @@ def test_embedding_output_is_a_valid_capture_layer() -> None:
     target = TargetInfo(vocab_size=64, hidden_size=32, num_layers=8)
     request = LoadRequest(options=dspark_gqa.DSparkGQAOptions(target_layer_ids=(-1, 3)),
                           target=target, seed=1)
-    drafter = dspark_gqa.load(request)
+    drafter = dspark_gqa.FAMILY.load(request)
     assert drafter.capabilities.target_layer_ids == (-1, 3)
     check_capabilities(dspark_gqa.FAMILY, drafter, ConformanceCase(), request)
 
@@ -46,8 +46,8 @@ class _MixesRequests:
 def shipped_bf16():
     if not SHIPPED.is_dir():
         pytest.skip(f"{SHIPPED} is not present")
-    return dspark_gqa.load(LoadRequest(options=dspark_gqa.DSparkGQAOptions(), checkpoint=SHIPPED,
-                                       target=SHIPPED_TARGET))
+    return dspark_gqa.FAMILY.load(LoadRequest(options=dspark_gqa.DSparkGQAOptions(),
+                                              checkpoint=SHIPPED, target=SHIPPED_TARGET))
 
 
 def test_shipped_bf16_checkpoint_passes_request_independence(shipped_bf16) -> None:

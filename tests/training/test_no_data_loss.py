@@ -254,9 +254,16 @@ def test_parts_started_together_claim_one_directory(tmp_path: Path) -> None:
     out = tmp_path / "d"
     out.mkdir()
     (out / ".dataset.json.tmp-999").write_text("{")
-    claim_dataset_dir(out, params)
+    claim_dataset_dir(out, params)  # part 0's half-written manifest is not another dataset
+    manifest = json.loads((out / "dataset.json").read_text())
+    assert manifest == {"parameters": params}
+    assert (out / ".dataset.json.tmp-999").read_text() == "{"  # part 0's file is left alone
     (out / "prompts-part-000-of-002.jsonl").write_text("")
-    claim_dataset_dir(out, params)
+    before = _files(out)
+    claim_dataset_dir(out, params)  # the same dataset: accepted as it is
+    assert _files(out) == before
+    with pytest.raises(ConfigError, match=r"other parameters: count 6 \(this run: 7\)"):
+        claim_dataset_dir(out, {**params, "count": 7})  # the manifest is read, not skipped
 
 
 def test_cli_part_into_a_directory_of_another_dataset_is_refused(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from pathlib import Path
@@ -413,7 +414,9 @@ def test_init_from_grows_a_drafter_that_computes_what_the_checkpoint_did(
 
     with pytest.raises(ConfigError, match="never shrink"):
         _shrink(grown, tmp_path, info)
-    source.with_visibility((LayerVisibility(window=4),)).save(tmp_path / "windowed")
+    windowed = copy.deepcopy(source)
+    windowed.spec = dataclasses.replace(source.spec, visibility=(LayerVisibility(window=4),))
+    windowed.save(tmp_path / "windowed")
     with pytest.raises(ConfigError, match="per-layer visibility"):
         warm_start(grown, tmp_path / "windowed", "dspark-gqa", info)
 

@@ -14,15 +14,9 @@ from typing import Any
 from pydantic import ConfigDict
 
 from draftsmith import hookimpl
-from draftsmith.contract import (
-    DrafterCapabilities,
-    DrafterFamily,
-    LoadRequest,
-    Registrar,
-    TargetInfo,
-)
-from draftsmith.drafters.gqa import GQAArchitectureOptions, GQADrafter, load_gqa_drafter
-from draftsmith.drafters.gqa.capabilities import check_gqa_checkpoint, gqa_capabilities
+from draftsmith.contract import Registrar, TargetInfo
+from draftsmith.drafters.gqa import GQAArchitectureOptions
+from draftsmith.drafters.gqa.family import gqa_family
 
 NAME = "dflash"
 
@@ -47,29 +41,9 @@ class DFlashOptions(GQAArchitectureOptions):
         return config
 
 
-def capabilities(request: LoadRequest) -> DrafterCapabilities:
-    """The capabilities :func:`load` declares for ``request``, found without weights."""
-    return gqa_capabilities(request, NAME)
-
-
-def load(request: LoadRequest) -> GQADrafter:
-    """Load a ``dflash`` drafter from ``request.checkpoint``, or build a random one."""
-    return load_gqa_drafter(request, NAME)
-
-
-def check_checkpoint(request: LoadRequest) -> None:
-    """Check a ``dflash`` checkpoint's tensor headers as :func:`load` checks its tensors."""
-    check_gqa_checkpoint(request, NAME)
-
-
-FAMILY = DrafterFamily(
-    name=NAME,
-    summary="z-lab DFlash block drafter (bonus-silent block, KV injection from target layers)",
-    load=load,
-    options_model=DFlashOptions,
-    capabilities=capabilities,
-    check_checkpoint=check_checkpoint,
-)
+FAMILY = gqa_family(
+    NAME, "z-lab DFlash block drafter (bonus-silent block, KV injection from target layers)",
+    DFlashOptions)
 
 
 @hookimpl

@@ -14,9 +14,9 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from draftsmith import hookimpl
-from draftsmith.contract import DrafterCapabilities, DrafterFamily, LoadRequest, Registrar
-from draftsmith.drafters.gqa import GQAArchitectureOptions, GQADrafter, load_gqa_drafter
-from draftsmith.drafters.gqa.capabilities import check_gqa_checkpoint, gqa_capabilities
+from draftsmith.contract import Registrar
+from draftsmith.drafters.gqa import GQAArchitectureOptions
+from draftsmith.drafters.gqa.family import gqa_family
 
 NAME = "dspark-gqa"
 
@@ -65,29 +65,9 @@ class DSparkGQAOptions(GQAArchitectureOptions):
         return fields
 
 
-def capabilities(request: LoadRequest) -> DrafterCapabilities:
-    """The capabilities :func:`load` declares for ``request``, found without weights."""
-    return gqa_capabilities(request, NAME)
-
-
-def load(request: LoadRequest) -> GQADrafter:
-    """Load a ``dspark-gqa`` drafter from ``request.checkpoint``, or build a random one."""
-    return load_gqa_drafter(request, NAME)
-
-
-def check_checkpoint(request: LoadRequest) -> None:
-    """Check a ``dspark-gqa`` checkpoint's tensor headers as :func:`load` checks its tensors."""
-    check_gqa_checkpoint(request, NAME)
-
-
-FAMILY = DrafterFamily(
-    name=NAME,
-    summary="DSpark with GQA attention: shift convention, Markov head, confidence head",
-    load=load,
-    options_model=DSparkGQAOptions,
-    capabilities=capabilities,
-    check_checkpoint=check_checkpoint,
-)
+FAMILY = gqa_family(
+    NAME, "DSpark with GQA attention: shift convention, Markov head, confidence head",
+    DSparkGQAOptions)
 
 
 @hookimpl

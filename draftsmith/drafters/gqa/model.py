@@ -32,12 +32,8 @@ from draftsmith.contract import (
     check_tensor,
 )
 from draftsmith.drafters.calibration import check_temperatures
-from draftsmith.drafters.checkpoint import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    save_tensors,
-    write_text_atomic,
-)
+from draftsmith.drafters.checkpoint import CONFIG_FILE, WEIGHTS_FILE
+from draftsmith.drafters.file_writes import save_tensors, write_text_atomic
 from draftsmith.drafters.gqa.config import (
     GQADrafterSpec,
     LayerVisibility,
@@ -461,13 +457,6 @@ class GQADrafter(nn.Module):
                           + "\n")
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         save_tensors(tensors, directory / WEIGHTS_FILE, metadata={"format": "pt"})
-
-    def with_visibility(self, visibility: tuple[LayerVisibility, ...]) -> GQADrafter:
-        """A copy with the same weights and other per-layer visibility (for negative controls)."""
-        other = GQADrafter(replace(self.spec, visibility=visibility), self.family,
-                           self.tp_rank, self.tp_size)
-        other.load_state_dict(self.state_dict())
-        return _finish(other, self.fc.weight.device, self.dtype)
 
 
 def _finish(model: GQADrafter, device: torch.device, dtype: torch.dtype) -> GQADrafter:

@@ -57,12 +57,8 @@ from draftsmith.contract import (
     TPFusion,
     check_tensor,
 )
-from draftsmith.drafters.checkpoint import (
-    CONFIG_FILE,
-    WEIGHTS_FILE,
-    save_tensors,
-    write_text_atomic,
-)
+from draftsmith.drafters.checkpoint import CONFIG_FILE, WEIGHTS_FILE
+from draftsmith.drafters.file_writes import save_tensors, write_text_atomic
 from draftsmith.drafters.mla.config import (
     FAMILY_NAME,
     MLAConfig,

@@ -284,11 +284,6 @@ class HFTarget:
             module = self._embed if i == -1 else self._layers[i]
             self._hooks.append(module.register_forward_hook(self._make_hook(i)))
 
-    @property
-    def capture_layers(self) -> tuple[int, ...]:
-        """The layer ids captured now, in feature order."""
-        return self._capture_ids
-
     def _make_hook(self, layer_id: int) -> Any:
         def hook(_module: torch.nn.Module, _args: Any, output: Any) -> None:
             self._captured[layer_id] = output[0] if isinstance(output, tuple) else output
@@ -504,10 +499,6 @@ class HFTarget:
         for slot in slots:
             if 0 <= int(slot) < self.max_slots:
                 self._lengths[int(slot)] = 0
-
-    def cached_length(self, slot: int) -> int:
-        """Tokens cached for ``slot`` through the host calls (0 when free)."""
-        return self._lengths[int(slot)] if 0 <= int(slot) < self.max_slots else 0
 
     # ---- helpers ----------------------------------------------------------------------
 

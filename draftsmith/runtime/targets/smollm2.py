@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from draftsmith.contract import ConfigError, DraftsmithError
-from draftsmith.drafters.checkpoint import honour_umask
+from draftsmith.drafters.file_writes import honour_umask
 from draftsmith.runtime.config import (
     EMBEDDED_TARGET_NAMES,
     TARGET_DTYPES,

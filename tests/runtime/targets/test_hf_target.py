@@ -33,6 +33,11 @@ def _target(model: torch.nn.Module, **kwargs) -> HFTarget:
     return target
 
 
+def _cached_length(target: HFTarget, slot: int) -> int:
+    """Tokens ``target`` holds in its cache for ``slot`` by its host-side count (0 when free)."""
+    return target._lengths[slot]
+
+
 def _reference(model: torch.nn.Module, ids: torch.Tensor, layers: list[int]):
     out = model(ids[None], output_hidden_states=True)
     feats = [out.hidden_states[i + 1][0] for i in layers]
@@ -111,7 +116,7 @@ def test_ragged_verify_and_commit_match_a_fresh_forward(model: torch.nn.Module) 
             torch.testing.assert_close(out.features[rows], feats[-k1:], atol=ATOL, rtol=0)
             seqs[b] = torch.cat([seqs[b], tokens[b, : counts[b]]])
         target.commit(slots, [s.numel() for s in seqs])
-        assert [target.cached_length(s) for s in slots] == [s.numel() for s in seqs]
+        assert [_cached_length(target, s) for s in slots] == [s.numel() for s in seqs]
 
 
 def test_batched_verify_equals_one_slot_at_a_time(model: torch.nn.Module) -> None:
@@ -133,12 +138,12 @@ def test_release_and_prefill_reset_a_slot(model: torch.nn.Module) -> None:
     a, b = torch.arange(1, 6), torch.arange(10, 13)
     target.prefill([0], [a])
     target.release([0])
-    assert target.cached_length(0) == 0
+    assert _cached_length(target, 0) == 0
     with pytest.raises(ShapeError, match="call prefill first"):
         target.verify([0], torch.zeros(1, 2, dtype=torch.int64))
     target.prefill([0], [a])
     target.prefill([0], [b])  # a new prefill replaces the old sequence
-    assert target.cached_length(0) == 3
+    assert _cached_length(target, 0) == 3
     got = target.verify([0], torch.tensor([[7, 8]])).logits.logits
     want, _ = _reference(model, torch.cat([b, torch.tensor([7, 8])]), [])
     torch.testing.assert_close(got, want[-2:], atol=ATOL, rtol=0)
@@ -262,7 +267,7 @@ def test_cache_reaches_decoders_that_call_it_past_key_values() -> None:
     got = old.verify([0], tokens).logits.logits
     want = reference.verify([0], tokens).logits.logits
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
-    assert old.cached_length(0) == reference.cached_length(0) == 12
+    assert _cached_length(old, 0) == _cached_length(reference, 0) == 12
 
 
 def test_forward_rows_at_ragged_positions_matches_a_fresh_forward(model: torch.nn.Module) -> None:
