@@ -220,20 +220,20 @@ def _time_parts(spec, g: int, width: int) -> list[tuple[str, float, int]]:
         entries = spec.drafter.project_context(view.features.reshape(g * (k + 1), -1),
                                                p.ctx_positions.reshape(-1))
         spec.pager.store(p, entries)
-        return spec.draft_core(p, draft_key)
+        return spec.round.draft(p, draft_key)
 
     # sampled rounds: the keys the round itself uses (drafts after the context, target rows
     # after the anchor) and the drafts' distributions q
     draft_key = None if spec.plan.greedy else SamplingKey(view.seeds, placement.new_ctx_len + 1)
     target_key = None if spec.plan.greedy else SamplingKey(view.seeds, starts)
-    _, probs = spec.draft_core(placement, draft_key)
+    _, probs, _ = spec.round.draft(placement, draft_key)
     ids = b.block_ids[:g]
-    emb = spec.drafter.embed_block(ids, spec.target_embedding)
+    emb = spec.drafter.embed_block(ids, spec.round.target_embedding)
     inputs = DraftBlockInputs(token_ids=ids, positions=placement.query_positions, embeddings=emb)
     hidden = spec.drafter.forward_block(inputs, placement, b.cache)
     first = spec.plan.first_draft_slot
     dh = hidden[:, first : first + k].reshape(g * k, -1)
-    base = spec.drafter.block_logits(dh, spec.head).logits.view(g, k, -1)
+    base = spec.drafter.block_logits(dh, spec.round.head).logits.view(g, k, -1)
     out = spec.target.forward_rows(tokens, starts, width)
     drafts = tokens[:, 1:].contiguous()
     fns = [
@@ -245,9 +245,9 @@ def _time_parts(spec, g: int, width: int) -> list[tuple[str, float, int]]:
         ("drafting: place, project, store, draft", drafting),
         ("  context projection", lambda: spec.drafter.project_context(
             view.features.reshape(g * (k + 1), -1), placement.ctx_positions.reshape(-1))),
-        ("  draft_core", lambda: spec.draft_core(placement, draft_key)),
+        ("  Round.draft", lambda: spec.round.draft(placement, draft_key)),
         ("    block forward", lambda: spec.drafter.forward_block(inputs, placement, b.cache)),
-        ("    head logits", lambda: spec.drafter.block_logits(dh, spec.head)),
+        ("    head logits", lambda: spec.drafter.block_logits(dh, spec.round.head)),
         ("    chain and selection", lambda: spec.chain.run(
             base, 0, placement.bonus, draft_key, hidden=dh.view(g, k, -1),
             probs_out=None if probs is None else torch.empty_like(probs))),

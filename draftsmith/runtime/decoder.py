@@ -7,20 +7,20 @@ budget rules are :mod:`draftsmith.runtime.requests`'s. Request ``r`` lives in sl
 ``s`` of every per-slot state, and batch row ``s`` of a round is that slot: a round over ``G``
 rows serves slots ``0 .. G-1`` (free slots among them are padding, routed to the dummy slot).
 
-One round, :meth:`SpecDecoder.round_core` (from :mod:`draftsmith.runtime.round`), reads and
-writes only device state. Committing is advancing the row's target position and keeping the
-round's accepted tokens, counts and target features for the next placement. With
-``plan.cuda_graphs`` the round is captured per (rows, context width) bucket by
-:meth:`SpecDecoder.prepare` and replayed; the host then reads the device once per round (counts
-and tokens, one copy). With ``plan.overlap`` :meth:`SpecDecoder.generate` keeps one round
-ahead: round ``t + 1`` is launched before the host reads and commits round ``t``, so the host's
-work overlaps the device's (its inputs are device state the round before wrote; the host's
-positions are one round stale, so its context width is bounded by one more round's advance).
-A confidence-scheduled round is captured as its two phases, drafting per
-(rows, width) and verification per (rows, width, token count ``T``), and the host reads ``T``
-between them: two reads per round. ``K = 0`` is plain decoding
-through the same round: the target's one-token step. Prefill stays eager. Hot path: must not
-import pluggy, the registry or bind.
+One round, :meth:`SpecDecoder.round_core` (the decoder's
+:class:`~draftsmith.runtime.round.Round`), reads and writes only device state. Committing is
+advancing the row's target position and keeping the round's accepted tokens, counts and target
+features for the next placement. With ``plan.cuda_graphs`` the round is captured per (rows,
+context width) bucket by :meth:`SpecDecoder.prepare` and replayed; the host then reads the
+device once per round (counts and tokens, one copy). With ``plan.overlap``
+:meth:`SpecDecoder.generate` keeps one round ahead: round ``t + 1`` is launched before the host
+reads and commits round ``t``, so the host's work overlaps the device's (its inputs are device
+state the round before wrote; the host's positions are one round stale, so its context width is
+bounded by one more round's advance). A confidence-scheduled round is captured as its two
+phases, drafting per (rows, width) and verification per (rows, width, token count ``T``), and
+the host reads ``T`` between them: two reads per round. ``K = 0`` is plain decoding through the
+same round: the target's one-token step. Prefill stays eager. Hot path: must not import
+pluggy, the registry or bind.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ from draftsmith.runtime.buckets import (
     prefill_width,
     row_buckets,
     verify_token_counts,
-    verify_widths,
     width_buckets,
 )
 from draftsmith.runtime.buckets import bucket as _bucket
@@ -62,7 +61,8 @@ from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager, SlotManager
 from draftsmith.runtime.plan import DraftPlan
 from draftsmith.runtime.requests import GenerationResult, _Request, make_requests
-from draftsmith.runtime.round import RoundComputation, _top2
+from draftsmith.runtime.round import Round
+from draftsmith.runtime.round_ops import top2
 
 _I64 = torch.int64
 
@@ -98,7 +98,7 @@ def _float_pairs(bits: list[int]) -> list[tuple[float, float]]:
     return list(zip(values[::2], values[1::2], strict=True))
 
 
-class SpecDecoder(RoundComputation):
+class SpecDecoder:
     """A bound speculative decoder: the plan plus the components built from it."""
 
     def __init__(
@@ -130,8 +130,10 @@ class SpecDecoder(RoundComputation):
         self.mask_token_id = mask_token_id
         self.default_seed = default_seed
         self.device = buffers.ctx_len.device
-        self.target_embedding = target.input_embedding()
-        self.head = target.output_head()
+        self.round = Round(plan=plan, target=target, drafter=drafter, collectives=collectives,
+                           buffers=buffers, pager=pager, chain=chain, acceptance=acceptance,
+                           mask_token_id=mask_token_id)
+        """The round's device computation (:mod:`draftsmith.runtime.round`)."""
         self.graphs: dict[tuple[int, int], CapturedCall] = {}
         """Captured rounds by ``(rows, context width)`` (a scheduled round: its drafting
         phase)."""
@@ -149,18 +151,6 @@ class SpecDecoder(RoundComputation):
                                           pin_memory=self._pinned) for _ in range(2)]
         """Two pinned copies of the result rows: a round in flight ahead copies into the other."""
         self._next_host = 0
-        self._columns = torch.arange(plan.num_draft_tokens + 1, device=self.device)
-        self._sts = torch.tensor(plan.sts_temperatures, dtype=torch.float32, device=self.device)
-        costs = plan.verify_costs
-        self._sps = torch.tensor(costs.sps if costs is not None else (), dtype=torch.float64,
-                                 device=self.device)
-        self._verify_widths = torch.tensor(verify_widths(plan.num_draft_tokens), dtype=_I64,
-                                           device=self.device)
-        self._token_counts = {g: torch.tensor(verify_token_counts(g, plan.num_draft_tokens),
-                                              dtype=_I64, device=self.device)
-                              for g in self._rows}
-        self._block_index = torch.arange(plan.slot_capacity * (plan.num_draft_tokens + 1),
-                                         dtype=_I64, device=self.device)
         self._host_count = torch.zeros(1, dtype=_I64, pin_memory=self._pinned)
         self.admissions: dict[int, CapturedCall] = {}
         """Captured one-prompt admissions by prefill width."""
@@ -276,7 +266,7 @@ class SpecDecoder(RoundComputation):
             raise PlanError("prepare() needs every slot free: it resets the per-slot state")
         want = min(max(1 << (max_positions - 1).bit_length(), MIN_CONTEXT_BUCKET), plan.max_ctx)
         if want > self._length:
-            self._length = want
+            self._length = self.round.length = want
             self._widths = width_buckets(want)
             self._drop_graphs()  # their clamps and widths were for the shorter cache
             cap = plan.slot_capacity
@@ -435,9 +425,9 @@ class SpecDecoder(RoundComputation):
                                 features=features)
         result = self._adm_result[:rows]
         result[:, 0] = first
-        result[:, 1] = self._any_nan(out.logits.logits)
+        result[:, 1] = self.round.any_nan(out.logits.logits)
         if plan.record_margins:
-            result[:, 2:] = _top2(out.logits.logits).view(torch.int32).to(_I64)
+            result[:, 2:] = top2(out.logits.logits).view(torch.int32).to(_I64)
 
     def _start(self, r: _Request, token: int, nan: bool, margin: tuple, t0: float) -> None:
         """Commit an admitted request's first token (or its NaN failure)."""
@@ -486,8 +476,8 @@ class SpecDecoder(RoundComputation):
             slot_ids, first_tokens=first, positions=lengths.to(self.device),
             seeds=torch.tensor([r.seed for r in reqs], dtype=_I64, device=self.device),
             features=out.features[ends] if self.plan.drafting else None)
-        nan = self._any_nan(last)
-        margins = (_top2(last).tolist() if self.plan.record_margins
+        nan = self.round.any_nan(last)
+        margins = (top2(last).tolist() if self.plan.record_margins
                    else [()] * len(reqs))
         for r, (tok, bad), margin in zip(reqs, torch.stack((first, nan), 1).tolist(), margins,
                                          strict=True):
@@ -511,6 +501,33 @@ class SpecDecoder(RoundComputation):
         self.buffers.batch_to_slot[r.slot].fill_(self.buffers.dummy_slot)  # a kernel, no copy
 
     # ---- one round ----------------------------------------------------------------------
+
+    def _scheduled(self, g: int) -> bool:
+        """Whether a round over ``g`` rows runs the confidence schedule's two phases."""
+        return self.round.schedule is not None and self.round.schedule.covers(g)
+
+    def round_core(self, g: int, width: int) -> None:
+        """One round over rows ``0 .. g-1`` at context ``width``, device state only
+        (:meth:`Round.run <draftsmith.runtime.round.Round.run>`): what a CUDA graph captures
+        per ``(rows, width)`` bucket."""
+        self.round.run(g, width)
+
+    def draft_phase_core(self, g: int, width: int) -> None:
+        """A scheduled round's first phase over rows ``0 .. g-1``: place, draft, score the
+        drafts' confidence and schedule; writes ``verify_tokens``, ``verify_len``,
+        ``verify_rows`` and the token count ``T`` (``buffers.verify_count``, the host reads
+        it). No host reads: captured per ``(rows, width)``."""
+        assert self.round.schedule is not None
+        with values_trusted():
+            self.round.schedule.draft(g, width, self.buffers.view(g))
+
+    def verify_phase_core(self, g: int, width: int, t: int) -> None:
+        """A scheduled round's second phase: the target computes ``t`` tokens of
+        ``verify_rows``, then accept and commit. No host reads: captured per
+        ``(rows, width, t)``."""
+        assert self.round.schedule is not None
+        with values_trusted():
+            self.round.schedule.verify(g, width, self.buffers.view(g), t)
 
     def step(self, active: list[_Request]) -> RoundRecord:
         """One round over the ``active`` requests (all in the generation phase).

@@ -137,9 +137,9 @@ def test_static_context_width_matches_dynamic_on_cpu(family):
     rows = torch.arange(g)
     placement = dec.pager.place(rows, torch.randint(0, 64, (g, k + 1), generator=gen),
                                 torch.tensor([1, 4, 6]))
-    dynamic, _ = dec.draft_core(placement, None)
-    static, _ = dec.draft_core(dataclasses.replace(placement, context_width=dec.plan.max_ctx),
-                               None)
+    dynamic, _, _ = dec.round.draft(placement, None)
+    static, _, _ = dec.round.draft(dataclasses.replace(placement, context_width=dec.plan.max_ctx),
+                                   None)
     assert torch.equal(dynamic, static)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftsmith.runtime.round import _top2
+from draftsmith.runtime.round_ops import top2 as _top2
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
