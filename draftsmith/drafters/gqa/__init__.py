@@ -2,6 +2,7 @@
 
 - :mod:`.config`: the architecture resolved from a checkpoint config (:class:`GQADrafterSpec`,
   :class:`LayerVisibility`) and the config a spec writes back;
+- :mod:`.speculators`: ``speculators`` configs rewritten as the DFlash-style config;
 - :mod:`.model`: the network (:class:`GQADrafter`, which implements the ``Drafter`` Protocol);
 - :mod:`.options`: the options of a randomly initialised drafter;
 - :mod:`.load`: loading from a checkpoint directory, or random initialisation from options.
@@ -14,14 +15,11 @@ never ``runtime`` or ``selection``.
 from draftsmith.drafters.gqa.config import (
     DEEPSPEC_SUFFIX,
     DFLASH_ARCH,
-    SPECULATORS_KINDS,
     Flavour,
     GQADrafterSpec,
     LayerVisibility,
     architecture_config,
-    from_speculators_config,
     has_dspark_heads,
-    is_speculators_config,
     resolve_block_convention,
     resolve_flavour,
     resolve_visibility,
@@ -31,6 +29,11 @@ from draftsmith.drafters.gqa.config import (
 from draftsmith.drafters.gqa.load import deepspec_tensor_name, load_gqa_drafter
 from draftsmith.drafters.gqa.model import GQADrafter
 from draftsmith.drafters.gqa.options import GQAArchitectureOptions
+from draftsmith.drafters.gqa.speculators import (
+    SPECULATORS_KINDS,
+    from_speculators_config,
+    is_speculators_config,
+)
 
 __all__ = [
     "DEEPSPEC_SUFFIX",
