@@ -23,15 +23,15 @@ from draftsmith.drafters.gqa.load import (
     checked_state,
     checkpoint_dtype,
     checkpoint_spec,
+    meta_drafter,
     random_spec,
 )
 from draftsmith.drafters.gqa.model import GQADrafter
 
 
 def _meta_model(request: LoadRequest, spec: GQADrafterSpec, family: str) -> GQADrafter:
-    with torch.device("meta"):
-        return GQADrafter(spec, family, int(request.collectives.rank),
-                          int(request.collectives.world_size))
+    return meta_drafter(spec, family, int(request.collectives.rank),
+                        int(request.collectives.world_size), str(request.checkpoint or "options"))
 
 
 def _checkpoint(request: LoadRequest,

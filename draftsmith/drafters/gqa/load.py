@@ -160,13 +160,27 @@ def load_gqa_drafter(request: LoadRequest, family: str) -> GQADrafter:
     spec = checkpoint_spec(request, family, config, source)
     # the tensors are checked against the shapes the config declares before the drafter is
     # allocated: a config claiming a vocabulary of 2e9 must be refused, not allocated
-    with torch.device("meta"):
-        shapes = GQADrafter(spec, family, tp_rank, tp_size)
+    shapes = meta_drafter(spec, family, tp_rank, tp_size, str(directory))
     state = checked_state(source, spec, shapes, family)
     model = GQADrafter(spec, family, tp_rank, tp_size)
     dtype = request.dtype or checkpoint_dtype(config, state["fc.weight"], source.origin)
     model.load_state_dict(state)
     return _finish(model, request.device, dtype)
+
+
+def meta_drafter(spec: GQADrafterSpec, family: str, tp_rank: int, tp_size: int,
+                 origin: str) -> GQADrafter:
+    """The drafter ``spec`` declares, on the meta device (shapes, no storage); a
+    :class:`CheckpointError` naming ``origin`` when a declared size makes a tensor's byte count
+    overflow (torch refuses such a shape even on meta)."""
+    try:
+        with torch.device("meta"):
+            return GQADrafter(spec, family, tp_rank, tp_size)
+    except RuntimeError as e:
+        raise CheckpointError(
+            f"{origin}: config.json declares sizes no tensor can have ({e}); correct "
+            "vocab_size, hidden_size, intermediate_size and the other sizes to the checkpoint's"
+        ) from None
 
 
 def checkpoint_spec(request: LoadRequest, family: str, config: Mapping[str, Any],
