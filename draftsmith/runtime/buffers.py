@@ -125,9 +125,9 @@ class DecoderBuffers(_RoundTensors):
             raise ShapeError(f"slot_capacity must be >= 1, got {slot_capacity}")
         dev = torch.device(device)
         c, k, w = slot_capacity, num_draft_tokens, max(block_width, 1)
-        pages_per_slot = -(-(max_ctx + w) // page_size)
+        pages = pages_per_slot(max_ctx, block_width, page_size)
         num_slots = c + 1
-        pool_shape = _pool_shape(entry, num_slots * pages_per_slot, page_size)
+        pool_shape = _pool_shape(entry, num_slots * pages, page_size)
         needed = buffer_bytes(
             slot_capacity=c, num_draft_tokens=k, block_width=block_width, vocab_size=vocab_size,
             max_ctx=max_ctx, page_size=page_size, entry=entry, pool_dtype=pool_dtype,
@@ -142,8 +142,8 @@ class DecoderBuffers(_RoundTensors):
                 block_width=block_width,
                 vocab_size=vocab_size,
                 ctx_len=zeros(num_slots),
-                page_table=torch.arange(num_slots * pages_per_slot, dtype=_I64, device=dev).view(
-                    num_slots, pages_per_slot),
+                page_table=torch.arange(num_slots * pages, dtype=_I64, device=dev).view(
+                    num_slots, pages),
                 cache=PagedContextCache(
                     pool=torch.zeros(pool_shape, dtype=pool_dtype, device=dev), page_size=page_size),
                 batch_to_slot=torch.full((c,), c, dtype=_I64, device=dev),
@@ -233,6 +233,11 @@ def available_bytes(device: torch.device) -> int | None:
     return None
 
 
+def pages_per_slot(max_ctx: int, block_width: int, page_size: int) -> int:
+    """Pages a slot's drafter context holds: ``ceil((max_ctx + max(W, 1)) / P_sz)``."""
+    return -(-(max_ctx + max(block_width, 1)) // page_size)
+
+
 def _pool_shape(entry: ContextEntrySpec, pages: int, page_size: int) -> tuple[int, ...]:
     return (entry.num_layers, pages, entry.planes, entry.heads, page_size, entry.width)
 
@@ -245,10 +250,10 @@ def buffer_bytes(*, slot_capacity: int, num_draft_tokens: int, block_width: int,
     per-slot state), computed without allocating: what is checked against the device's memory
     at bind, and before any model loads."""
     c, k, w = slot_capacity, num_draft_tokens, max(block_width, 1)
-    pages_per_slot = -(-(max_ctx + w) // page_size)
+    pages = pages_per_slot(max_ctx, block_width, page_size)
     num_slots = c + 1
-    pool = math.prod(_pool_shape(entry, num_slots * pages_per_slot, page_size))
-    needed = pool * pool_dtype.itemsize + 8 * (num_slots * (pages_per_slot + 1) + c * (k + w + 3))
+    pool = math.prod(_pool_shape(entry, num_slots * pages, page_size))
+    needed = pool * pool_dtype.itemsize + 8 * (num_slots * (pages + 1) + c * (k + w + 3))
     needed += c * (k + 1) * feature_width * feature_dtype.itemsize + 8 * c * (3 * k + 8)
     if with_draft_probs:
         needed += 4 * num_slots * k * vocab_size

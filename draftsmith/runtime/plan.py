@@ -23,6 +23,7 @@ from draftsmith.contract import (
     TPFusion,
 )
 from draftsmith.runtime import plan_rules as rules
+from draftsmith.runtime.buffers import pages_per_slot
 from draftsmith.runtime.costs import AcceptanceEstimate, CostProfile, DraftTokensChoice
 from draftsmith.runtime.costs import VerifyCosts as VerifyCosts
 from draftsmith.runtime.head_layout import head_layout
@@ -303,7 +304,7 @@ def make_plan(
         capture_layers=tuple(caps.target_layer_ids),
         confidence="scheduler" if scheduled else plan_confidence(caps),  # type: ignore[arg-type]
         slot_capacity=inputs.max_batch, max_ctx=max_ctx, page_size=inputs.page_size,
-        pages_per_slot=rules.pages_per_slot(max_ctx, w, inputs.page_size),
+        pages_per_slot=pages_per_slot(max_ctx, w, inputs.page_size),
         device=inputs.device,
         draft_tokens_mode="auto" if auto is not None or inputs.auto_unmeasured else "fixed",
         draft_tokens_rows=auto.rows if auto is not None else 0,

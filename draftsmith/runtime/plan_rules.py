@@ -343,11 +343,6 @@ def decide_margins(requested: str | bool, tp: int, vocab_size: int, decide: Deci
                   "for the exactness report")
 
 
-def pages_per_slot(max_ctx: int, block_width: int, page_size: int) -> int:
-    """Pages a slot's drafter context holds: ``ceil((max_ctx + max(W, 1)) / P_sz)``."""
-    return -(-(max_ctx + max(block_width, 1)) // page_size)
-
-
 def decide_geometry(caps: DrafterCapabilities, k: int, w: int, max_context: int, max_batch: int,
                     decide: Decide) -> int:
     """``max_ctx`` and ``slot_capacity``: returns the drafter context limit."""
