@@ -437,10 +437,7 @@ def bind(
                         "parallelism set an integer K (the choice is not agreed across ranks)")
     registry = registry if registry is not None else load_registry()
     if drafter is None:
-        info = TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
-                          num_layers=target.num_layers, graph_blocker=target.graph_blocker,
-                          gemm=target.gemm, layer_path=target_extras(target).layer_path,
-                          layer_path_reason=target_extras(target).layer_path_reason)
+        info = _target_info(target)
         drafter = load_drafter(config, info, registry,
                                collectives if collectives is not None else SingleRank(),
                                _device_of(target))
@@ -507,10 +504,7 @@ def _bind(
     selector = _build_selector(config, registry)
     _precheck(config, mapping, selector)
     device = _device_of(target)
-    info = TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
-                      num_layers=target.num_layers, graph_blocker=target.graph_blocker,
-                      gemm=target.gemm, layer_path=target_extras(target).layer_path,
-                      layer_path_reason=target_extras(target).layer_path_reason)
+    info = _target_info(target)
     origin = "the drafter"
     if drafter is None:
         drafter = load_drafter(config, info, registry, collectives, device)
@@ -573,6 +567,15 @@ def _bind(
         buffers=buffers, slots=slots, pager=pager, chain=chain, acceptance=acceptance,
         mask_token_id=caps.mask_token_id, default_seed=selector.capabilities.default_seed,
     )
+
+
+def _target_info(target: TargetModel) -> TargetInfo:
+    """What the plan and the drafter's loader read of ``target``."""
+    extras = target_extras(target)
+    return TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
+                      num_layers=target.num_layers, graph_blocker=target.graph_blocker,
+                      gemm=target.gemm, layer_path=extras.layer_path,
+                      layer_path_reason=extras.layer_path_reason)
 
 
 def _sts_table(drafter: Drafter) -> tuple[float, ...] | None:

@@ -141,8 +141,6 @@ class SpecDecoder:
         """A scheduled round's captured verify phase by ``(rows, context width, T)``."""
         self._graph_pool = None
         self._graph_cache_version = -1
-        self._length = 0
-        """Target positions per slot the rounds are prepared for (0: not yet)."""
         self._rows = row_buckets(plan.slot_capacity)
         self._widths: tuple[int, ...] = ()
         self._pinned = self.device.type == "cuda"
@@ -265,16 +263,16 @@ class SpecDecoder:
         if self.slots.num_free != plan.slot_capacity:
             raise PlanError("prepare() needs every slot free: it resets the per-slot state")
         want = min(max(1 << (max_positions - 1).bit_length(), MIN_CONTEXT_BUCKET), plan.max_ctx)
-        if want > self._length:
-            self._length = self.round.length = want
+        if want > self.round.length:
+            self.round.length = want
             self._widths = width_buckets(want)
             self._drop_graphs()  # their clamps and widths were for the shorter cache
             cap = plan.slot_capacity
             self._adm_ids = torch.zeros(cap, want, dtype=_I64, device=self.device)
             self._host_ids = torch.zeros(cap, want, dtype=_I64, pin_memory=self._pinned)
-        self.target.reserve(plan.slot_capacity, self._length)
+        self.target.reserve(plan.slot_capacity, self.round.length)
         if max_prompt and not (plan.cuda_graphs and self._admits_rows(
-                prefill_width(max_prompt, self._length))):
+                prefill_width(max_prompt, self.round.length))):
             self.target.warm_prefill(max_prompt)  # some prompt takes the batched prefill
         if not plan.cuda_graphs:
             return
@@ -285,7 +283,7 @@ class SpecDecoder:
         rows = self._rows[: self._rows.index(_bucket(min(max_requests, plan.slot_capacity),
                                                      self._rows)) + 1]
         missing = [(g, w) for g in rows for w in self._widths if (g, w) not in self.graphs]
-        top = prefill_width(max(max_prompt, 1), self._length)
+        top = prefill_width(max(max_prompt, 1), self.round.length)
         prefills = [w for w in PREFILL_WIDTHS
                     if w <= top and w not in self.admissions and self._admits_rows(w)]
         if not missing and not prefills:
@@ -357,7 +355,7 @@ class SpecDecoder:
         batched: list[_Request] = []
         by_width: dict[int, list[_Request]] = {}
         for r in reqs:
-            width = prefill_width(len(r.prompt), self._length)
+            width = prefill_width(len(r.prompt), self.round.length)
             if not self._admits_rows(width):
                 batched.append(r)
             elif group:

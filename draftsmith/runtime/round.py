@@ -46,7 +46,7 @@ class Round:
         self.device = buffers.ctx_len.device
         self.target_embedding = target.input_embedding()
         self.head = target.output_head()
-        self.length = 0  # target positions per slot the rounds are prepared for (``prepare``)
+        self.length = 0  # target positions per slot the rounds are prepared for (0: not yet)
         self.columns = torch.arange(plan.num_draft_tokens + 1, device=self.device)
         self.schedule = ScheduledRound(self) if plan.drafting and plan.verify_schedule != "all" else None
 

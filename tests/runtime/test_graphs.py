@@ -55,7 +55,7 @@ def test_rounds_use_the_smallest_buckets_and_padding_rows_stay_padding():
     results = dec.generate(PROMPTS[:3], 40)
     assert {g for g, _, _ in seen} == {4}
     assert seen[0][2] == [0, 1, 2, dec.plan.dummy_slot]
-    assert {w for _, w, _ in seen} <= set(width_buckets(dec._length))
+    assert {w for _, w, _ in seen} <= set(width_buckets(dec.round.length))
     want = [target.greedy_generate(p, 40, slot=7) for p in PROMPTS[:3]]
     assert [list(r.tokens) for r in results] == want
 
