@@ -302,7 +302,8 @@ class RoundRecord:
     seconds: float
     """Wall time of the step, host work included (the round, the one read, committing); for a
     round launched ahead (``runtime.overlap``), from the commit of the round before it, less
-    the admissions that ran in between."""
+    the admissions that ran in between (their device time on a GPU, where the admission's read
+    also waits for the round)."""
     scheduled: bool = False
     """It ran the confidence schedule (verifying fewer than ``K`` drafts on some rows), so it
     is not the round the cost model prices."""

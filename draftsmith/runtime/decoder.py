@@ -205,11 +205,9 @@ class SpecDecoder:
                 if waiting and self.slots.num_free:
                     admitted = waiting[: self.slots.num_free]
                     waiting = waiting[len(admitted):]
-                    t_admit = self.clock()
-                    active.extend(r for r in self._admit_all(admitted, group=steps == 0)
-                                  if not r.finish)
-                    # a round in flight is timed from the last commit: not the admissions
-                    since += self.clock() - t_admit
+                    started, took = self._timed_admission(admitted, group=steps == 0)
+                    active.extend(r for r in started if not r.finish)
+                    since += took  # a round in flight is timed from the last commit, less this
                 if not self.plan.overlap:
                     if not active:
                         continue
@@ -346,6 +344,25 @@ class SpecDecoder:
         a ladder width that fits the prepared cache); otherwise by the batched prefill."""
         return (self.plan.tp_size == 1 and width in PREFILL_WIDTHS
                 and width <= self._adm_ids.shape[1])
+
+    def _timed_admission(self, reqs: list[_Request],
+                         group: bool) -> tuple[list[_Request], float]:
+        """:meth:`_admit_all` ``reqs``; returns what it returns and the seconds of the admission
+        that a round in flight is not charged. On a GPU that is device time, between events
+        recorded before and after it: the admission's read also waits for the rounds queued
+        ahead of it, and their remaining time is theirs (its wall time would hand it to the
+        admission and undercount the round). Elsewhere the work is synchronous: its wall time
+        by :attr:`clock`."""
+        if self.device.type != "cuda":
+            t0 = self.clock()
+            started = self._admit_all(reqs, group=group)
+            return started, self.clock() - t0
+        begin, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        begin.record()
+        started = self._admit_all(reqs, group=group)
+        end.record()
+        end.synchronize()
+        return started, begin.elapsed_time(end) / 1e3
 
     def _admit_all(self, reqs: list[_Request], group: bool = False) -> list[_Request]:
         """Admit ``reqs`` through :meth:`admit_core`: one prompt a forward (replayed when

@@ -199,3 +199,36 @@ def test_a_round_in_flight_is_not_charged_the_admissions(nudged, monkeypatch):
     dec.generate(PROMPTS, BUDGETS)
     assert launches.ahead > 5  # admissions did run with rounds in flight (8 prompts, 3 slots)
     assert all(r.seconds < 100 for r in dec.rounds), [r.seconds for r in dec.rounds]
+
+
+@pytest.mark.gpu
+def test_a_round_in_flight_keeps_its_device_time_across_an_admission(nudged_toy_target,
+                                                                      monkeypatch):
+    """On the GPU an admission's read waits for the rounds queued ahead of it. Their remaining
+    time stays theirs: every round is made to hold the device for a known time, and the rounds'
+    records add up to at least that many rounds of it, admissions mid-run (8 prompts, 3 slots)
+    or not. Charging the admissions their wall time loses about a round per admission."""
+    target = nudged_toy_target(max_slots=12, max_len=128, mixing=0.3, device="cuda")
+    dec = bind(target, None, _config(3, "on", cuda_graphs="on"))
+    dec.generate(PROMPTS, BUDGETS)  # captures
+    holds: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+    real_launch = dec.launch
+
+    def launch(active, ahead=0, **kw):
+        launched = real_launch(active, ahead, **kw)
+        begin, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        begin.record()
+        torch.cuda._sleep(10_000_000)  # behind the round's result copy: the round holds on
+        end.record()
+        holds.append((begin, end))
+        return launched
+
+    monkeypatch.setattr(dec, "launch", launch)
+    launches = _Launches(dec, monkeypatch)
+    dec.generate(PROMPTS, BUDGETS)
+    torch.cuda.synchronize()
+    assert launches.ahead > 5
+    held = [b.elapsed_time(e) / 1e3 for b, e in holds]
+    charged = sum(r.seconds for r in dec.rounds)
+    # the last hold may outlast the last commit
+    assert charged >= 0.95 * (sum(held) - max(held)), (charged, held)
