@@ -545,7 +545,8 @@ def _bind(
     buffers = DecoderBuffers.allocate(
         slot_capacity=plan.slot_capacity, num_draft_tokens=plan.num_draft_tokens,
         block_width=plan.block_width, vocab_size=plan.vocab_size, max_ctx=plan.max_ctx,
-        page_size=plan.page_size, entry=caps.context_entry, pool_dtype=pool_dtype,
+        page_size=plan.page_size, pages_per_slot=plan.pages_per_slot,
+        entry=caps.context_entry, pool_dtype=pool_dtype,
         with_draft_probs=plan.acceptance == "rejection" or plan.forced_base == "rejection",
         feature_width=len(caps.target_layer_ids) * target.hidden_size if plan.drafting else 0,
         record_margins=plan.record_margins,

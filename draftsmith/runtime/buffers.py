@@ -108,6 +108,7 @@ class DecoderBuffers(_RoundTensors):
         vocab_size: int,
         max_ctx: int,
         page_size: int,
+        pages_per_slot: int,
         entry: ContextEntrySpec,
         pool_dtype: torch.dtype,
         with_draft_probs: bool,
@@ -116,7 +117,8 @@ class DecoderBuffers(_RoundTensors):
         record_margins: bool = False,
         device: torch.device | str = "cpu",
     ) -> DecoderBuffers:
-        """Allocate every buffer once for ``slot_capacity`` requests.
+        """Allocate every buffer once for ``slot_capacity`` requests, ``pages_per_slot`` pages
+        of ``page_size`` entries per slot (the plan's, :func:`pages_per_slot` of ``max_ctx``).
 
         :raises PlanError: when the buffers would not fit in the device's memory (estimated
             before anything is allocated), naming ``runtime.max_batch`` and ``max_context``.
@@ -125,12 +127,12 @@ class DecoderBuffers(_RoundTensors):
             raise ShapeError(f"slot_capacity must be >= 1, got {slot_capacity}")
         dev = torch.device(device)
         c, k, w = slot_capacity, num_draft_tokens, max(block_width, 1)
-        pages = pages_per_slot(max_ctx, block_width, page_size)
+        pages = pages_per_slot
         num_slots = c + 1
         pool_shape = _pool_shape(entry, num_slots * pages, page_size)
         needed = buffer_bytes(
             slot_capacity=c, num_draft_tokens=k, block_width=block_width, vocab_size=vocab_size,
-            max_ctx=max_ctx, page_size=page_size, entry=entry, pool_dtype=pool_dtype,
+            page_size=page_size, pages_per_slot=pages, entry=entry, pool_dtype=pool_dtype,
             with_draft_probs=with_draft_probs, feature_width=feature_width,
             feature_dtype=feature_dtype)
         check_buffers_fit(needed, dev, slot_capacity=c, max_ctx=max_ctx, page_size=page_size)
@@ -243,14 +245,14 @@ def _pool_shape(entry: ContextEntrySpec, pages: int, page_size: int) -> tuple[in
 
 
 def buffer_bytes(*, slot_capacity: int, num_draft_tokens: int, block_width: int,
-                 vocab_size: int, max_ctx: int, page_size: int, entry: ContextEntrySpec,
+                 vocab_size: int, page_size: int, pages_per_slot: int, entry: ContextEntrySpec,
                  pool_dtype: torch.dtype, with_draft_probs: bool, feature_width: int = 0,
                  feature_dtype: torch.dtype = torch.float32) -> int:
     """Bytes :meth:`DecoderBuffers.allocate` takes for these arguments (the paged pool and the
     per-slot state), computed without allocating: what is checked against the device's memory
     at bind, and before any model loads."""
     c, k, w = slot_capacity, num_draft_tokens, max(block_width, 1)
-    pages = pages_per_slot(max_ctx, block_width, page_size)
+    pages = pages_per_slot
     num_slots = c + 1
     pool = math.prod(_pool_shape(entry, num_slots * pages, page_size))
     needed = pool * pool_dtype.itemsize + 8 * (num_slots * (pages + 1) + c * (k + w + 3))

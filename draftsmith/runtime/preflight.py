@@ -123,8 +123,8 @@ def _check_memory(config: SpecConfig, plan: DraftPlan, caps: DrafterCapabilities
             f"{device}; {_drafter_size_hint(config)}")
     needed = buffer_bytes(
         slot_capacity=plan.slot_capacity, num_draft_tokens=plan.num_draft_tokens,
-        block_width=plan.block_width, vocab_size=plan.vocab_size, max_ctx=plan.max_ctx,
-        page_size=plan.page_size, entry=caps.context_entry,
+        block_width=plan.block_width, vocab_size=plan.vocab_size, page_size=plan.page_size,
+        pages_per_slot=plan.pages_per_slot, entry=caps.context_entry,
         pool_dtype=getattr(torch, caps.dtype),
         with_draft_probs="rejection" in (plan.acceptance, plan.forced_base),
         feature_width=caps.num_captured_layers * target_hidden if plan.drafting else 0,

@@ -207,6 +207,9 @@ def _allocate(slot_capacity: int, **overrides: object) -> DecoderBuffers:
         slot_capacity=slot_capacity, num_draft_tokens=3, block_width=4, vocab_size=16,
         max_ctx=96, page_size=8, entry=ENTRY, pool_dtype=torch.float32, with_draft_probs=True)
     kwargs.update(overrides)
+    # the plan's page count for these sizes, as bind passes it
+    kwargs["pages_per_slot"] = buffers_module.pages_per_slot(
+        kwargs["max_ctx"], kwargs["block_width"], kwargs["page_size"])  # type: ignore[arg-type]
     return DecoderBuffers.allocate(**kwargs)  # type: ignore[arg-type]
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from draftsmith.contract import ContextCacheKind, ContextEntrySpec, DraftsmithError
-from draftsmith.runtime.buffers import DecoderBuffers
+from draftsmith.runtime.buffers import DecoderBuffers, pages_per_slot
 from draftsmith.runtime.paging import ContextPager, SlotManager
 
 ENTRY = ContextEntrySpec(kind=ContextCacheKind.PAGED_GQA_KV, num_layers=2, planes=2, heads=1,
@@ -19,8 +19,8 @@ ENTRY = ContextEntrySpec(kind=ContextCacheKind.PAGED_GQA_KV, num_layers=2, plane
 def _setup(mode: str, capacity=5, k=3, w=4, max_ctx=40, page=8):
     bufs = DecoderBuffers.allocate(
         slot_capacity=capacity, num_draft_tokens=k, block_width=w, vocab_size=16,
-        max_ctx=max_ctx, page_size=page, entry=ENTRY, pool_dtype=torch.float32,
-        with_draft_probs=False)
+        max_ctx=max_ctx, page_size=page, pages_per_slot=pages_per_slot(max_ctx, w, page),
+        entry=ENTRY, pool_dtype=torch.float32, with_draft_probs=False)
     return bufs, SlotManager(capacity, bufs.ctx_len), ContextPager(
         bufs, max_ctx=max_ctx, block_width=w, mode=mode)
 
@@ -140,6 +140,7 @@ def test_private_page_table_example():
     """Spec 4.2: max_ctx 64, W 8, P_sz 32, 2 slots plus the dummy."""
     bufs = DecoderBuffers.allocate(
         slot_capacity=2, num_draft_tokens=7, block_width=8, vocab_size=16, max_ctx=64,
-        page_size=32, entry=ENTRY, pool_dtype=torch.float32, with_draft_probs=False)
+        page_size=32, pages_per_slot=pages_per_slot(64, 8, 32), entry=ENTRY,
+        pool_dtype=torch.float32, with_draft_probs=False)
     assert bufs.page_table.tolist() == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
     assert bufs.cache.num_pages == 9
