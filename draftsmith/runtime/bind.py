@@ -363,14 +363,17 @@ def _prepare_selector(selector: TokenSelector, plan: DraftPlan, device: torch.de
 
 
 def _check_markov(drafter: Drafter, plan: DraftPlan) -> None:
-    caps = drafter.capabilities
+    """:class:`PlanError` unless the drafter's ``markov_head()`` weights are those the plan
+    runs: the head kind it declares (:attr:`DraftPlan.markov_kind`), over the vocabulary and
+    this rank's shard."""
+    declared = plan.markov_kind
     weights = drafter.markov_head()
-    if caps.markov_head is MarkovHeadKind.NONE:
+    if declared is MarkovHeadKind.NONE:
         if weights is not None:
             raise PlanError("the drafter returns Markov weights but declares markov_head = none")
         return
     if weights is None:
-        raise PlanError(f"the drafter declares a {caps.markov_head.value} Markov head but "
+        raise PlanError(f"the drafter declares a {declared.value} Markov head but "
                         "markov_head() returned None")
     if weights.vocab_size != plan.vocab_size:
         raise PlanError(
@@ -383,8 +386,8 @@ def _check_markov(drafter: Drafter, plan: DraftPlan) -> None:
             f"{weights.vocab_start + weights.shard_width}, this rank's shard is "
             f"{plan.vocab_start}..{plan.vocab_start + plan.shard_width} (V = S * TP needed)"
         )
-    if weights.kind is not caps.markov_head:
-        raise PlanError(f"the drafter declares a {caps.markov_head.value} head but returns "
+    if weights.kind is not declared:
+        raise PlanError(f"the drafter declares a {declared.value} head but returns "
                         f"{weights.kind.value} weights")
 
 
@@ -538,7 +541,7 @@ def _bind(
         raise PlanError(f"runtime.max_batch {plan.slot_capacity} exceeds the target's "
                         f"{max_slots} request slots; lower max_batch or load the target with "
                         "more slots")
-    target.set_capture_layers(caps.target_layer_ids)
+    target.set_capture_layers(plan.capture_layers)
     _prepare_selector(selector, plan, device)
 
     pool_dtype = getattr(torch, caps.dtype)
@@ -548,7 +551,7 @@ def _bind(
         page_size=plan.page_size, pages_per_slot=plan.pages_per_slot,
         entry=caps.context_entry, pool_dtype=pool_dtype,
         with_draft_probs=plan.acceptance == "rejection" or plan.forced_base == "rejection",
-        feature_width=len(caps.target_layer_ids) * target.hidden_size if plan.drafting else 0,
+        feature_width=len(plan.capture_layers) * target.hidden_size if plan.drafting else 0,
         record_margins=plan.record_margins,
         feature_dtype=target.input_embedding().dtype,
         device=device,

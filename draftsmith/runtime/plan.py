@@ -94,7 +94,7 @@ class DraftPlan(BaseModel):
     markov: Literal["none", "eager", "fused"]
     """Where the Markov chain runs."""
     markov_kind: MarkovHeadKind
-    """Head kind of the drafter."""
+    """Head kind the drafter declares; its ``markov_head()`` weights are checked against it."""
     markov_vocab: Literal["none", "full", "sharded"]
     """Whether the chain sees the full vocabulary or this rank's shard."""
     paging: Literal["eager", "fused"]
@@ -110,7 +110,7 @@ class DraftPlan(BaseModel):
     overlap: bool
     """Launch round ``t + 1`` before the host commits round ``t`` (``generate``)."""
     capture_layers: tuple[int, ...]
-    """Target layers captured for the drafter."""
+    """Target layers captured for the drafter (set on the target, sizing the feature buffer)."""
     confidence: Literal["none", "score-only", "scheduler"]
     """Confidence head use: none, scored only, or feeding the verify scheduler."""
     slot_capacity: int = Field(ge=1)
@@ -120,7 +120,7 @@ class DraftPlan(BaseModel):
     page_size: int = Field(ge=1)
     """``P_sz``."""
     pages_per_slot: int = Field(ge=1)
-    """``ceil((max_ctx + W) / P_sz)``."""
+    """``ceil((max_ctx + max(W, 1)) / P_sz)``: drafter context pages per slot (the buffers')."""
     device: str
     """Device the decoder runs on."""
     draft_tokens_mode: Literal["fixed", "auto"] = "fixed"

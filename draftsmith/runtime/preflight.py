@@ -127,7 +127,7 @@ def _check_memory(config: SpecConfig, plan: DraftPlan, caps: DrafterCapabilities
         pages_per_slot=plan.pages_per_slot, entry=caps.context_entry,
         pool_dtype=getattr(torch, caps.dtype),
         with_draft_probs="rejection" in (plan.acceptance, plan.forced_base),
-        feature_width=caps.num_captured_layers * target_hidden if plan.drafting else 0,
+        feature_width=len(plan.capture_layers) * target_hidden if plan.drafting else 0,
         feature_dtype=TARGET_DTYPES[config.target.dtype])
     check_buffers_fit(needed, device, slot_capacity=plan.slot_capacity, max_ctx=plan.max_ctx,
                       page_size=plan.page_size, besides=(weights, "drafter weights"))
