@@ -145,8 +145,8 @@ def _rank_main(args: argparse.Namespace) -> None:
         del dec
         dec, note = _load((dtype, batch, args.k, device, False), args.tp_graphs, say=say)
         report = _timed(dec, ids, batch, args.max_new_tokens)
-        add("tp2-spec-gather", batch, report,
-            (note + "; " if note else "") + "; ".join(dec.spec.plan.gather_fallbacks))
+        gathers = dec.spec.plan.decision("gather_fallbacks").value
+        add("tp2-spec-gather", batch, report, (note + "; " if note else "") + "; ".join(gathers))
         del dec
     dist.destroy_process_group()
     if rank != 0:

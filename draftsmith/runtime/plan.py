@@ -75,8 +75,6 @@ class DraftPlan(BaseModel):
     """``TP``."""
     tp_rank: int = Field(ge=0)
     """``rho``."""
-    selection_kind: str
-    """Registered selection strategy."""
     greedy: bool
     """True when token selection is deterministic argmax."""
     temperature: float = Field(ge=0.0)
@@ -89,14 +87,10 @@ class DraftPlan(BaseModel):
     """Forced mean accepted length (benchmarks; 0 off)."""
     vocab_parallel: bool
     """Select tokens from per-rank (value, index) pairs without gathering logits."""
-    gather_fallbacks: tuple[str, ...]
-    """Why full logits are gathered; empty when they never are."""
     markov: Literal["none", "eager", "fused"]
     """Where the Markov chain runs."""
     markov_kind: MarkovHeadKind
     """Head kind the drafter declares; its ``markov_head()`` weights are checked against it."""
-    markov_vocab: Literal["none", "full", "sharded"]
-    """Whether the chain sees the full vocabulary or this rank's shard."""
     paging: Literal["eager", "fused"]
     """Paging preparation and context store: eager references or fused kernels."""
     kernels: Literal["eager", "fused"]
@@ -132,8 +126,6 @@ class DraftPlan(BaseModel):
     """Under ``auto``: the measured round times the choice read."""
     acceptance_estimate: AcceptanceEstimate | None = None
     """Under ``auto``: the per-position acceptance the choice read, and its source."""
-    draft_tokens_choices: tuple[DraftTokensChoice, ...] = ()
-    """Under ``auto``: ``K`` for every profiled rows bucket, with its reason."""
     verify_schedule: Literal["all", "prefix", "top-budget", "width"] = "all"
     """``all`` drafts, or the prefixes the scheduler admits (``prefix``, ``top-budget``)."""
     verify_budget: int = Field(default=0, ge=0)
@@ -267,12 +259,12 @@ def make_plan(
     rules.decide_target_split(tp, head, inputs.target_layers, decide)
     vp = rules.decide_vocab_parallel(tp, head, target.vocab_size, sel, dp, decide)
     route = rules.decide_route(tp, head, vp, inputs.selection_route, dp, sel.greedy, decide)
-    gathers = rules.decide_gathers(tp, head, base, dp, route, inputs.allow_gather, decide)
+    rules.decide_gathers(tp, head, base, dp, route, inputs.allow_gather, decide)
     kern, kreason = rules.decide_kernels(inputs.kernels, inputs.device, fused_kernels_available,
                                          decide)
-    markov, mvocab = rules.decide_markov(caps, k, tp, head, fused=kern == "fused",
-                                         greedy=sel.greedy, vocab_parallel=vp[0], route=route,
-                                         kernels_reason=kreason, decide=decide)
+    markov = rules.decide_markov(caps, k, tp, head, fused=kern == "fused", greedy=sel.greedy,
+                                 vocab_parallel=vp[0], route=route, kernels_reason=kreason,
+                                 decide=decide)
     fusions = rules.decide_tp_fusions(caps, tp, decide)
     schedule, budget = decide_verify_schedule(
         inputs.verify_schedule, inputs.verify_budget, inputs.verify_costs,
@@ -290,14 +282,13 @@ def make_plan(
         family=caps.family, num_draft_tokens=k, block_width=w,
         block_convention=caps.block_convention, first_draft_slot=caps.first_draft_slot,
         vocab_size=target.vocab_size, shard_width=head.width, vocab_start=head.start,
-        tp_size=tp, tp_rank=rho, selection_kind=sel.kind, greedy=sel.greedy,
+        tp_size=tp, tp_rank=rho, greedy=sel.greedy,
         temperature=0.0 if sel.greedy else sel.temperature,
         acceptance=acceptance,  # type: ignore[arg-type]
         forced_base=base,  # type: ignore[arg-type]
-        force_accepted=inputs.force_accepted, vocab_parallel=vp[0], gather_fallbacks=gathers,
+        force_accepted=inputs.force_accepted, vocab_parallel=vp[0],
         markov=markov,  # type: ignore[arg-type]
         markov_kind=caps.markov_head,
-        markov_vocab=mvocab,  # type: ignore[arg-type]
         paging=kern,  # type: ignore[arg-type]
         kernels=kern,  # type: ignore[arg-type]
         tp_fusions=fusions, cuda_graphs=graphs, overlap=overlap, record_margins=margins,
@@ -310,7 +301,6 @@ def make_plan(
         draft_tokens_rows=auto.rows if auto is not None else 0,
         cost_profile=auto.profile if auto is not None else None,
         acceptance_estimate=auto.acceptance if auto is not None else None,
-        draft_tokens_choices=auto.choices if auto is not None else (),
         verify_schedule=schedule,  # type: ignore[arg-type]
         verify_budget=budget,
         verify_costs=inputs.verify_costs if scheduled else None,

@@ -149,9 +149,9 @@ def decide_route(tp: int, head: HeadLayout, vocab_parallel: tuple[bool, str],
 
 
 def decide_gathers(tp: int, head: HeadLayout, base: str, attention_dp: bool, route: Route,
-                   allow_gather: bool, decide: Decide) -> tuple[str, ...]:
+                   allow_gather: bool, decide: Decide) -> None:
     """``gather_fallbacks`` and ``acceptance_probs``: why full logits are gathered (``base``:
-    the acceptance rule)."""
+    the acceptance rule); recorded for the reader, read by no runtime component."""
     gathers: list[str] = []
     if tp > 1 and head.replicated:
         gathers.append(f"{head.reason}: every rank computes the full [rows, V] logits itself "
@@ -184,7 +184,6 @@ def decide_gathers(tp: int, head: HeadLayout, base: str, attention_dp: bool, rou
         decide("acceptance_probs", "local",
                "rejection sampling builds target_probs and draft_probs from the full logits "
                "this rank holds")
-    return tuple(gathers)
 
 
 def decide_kernels(requested: str, device: str, available: bool,
@@ -208,9 +207,9 @@ def decide_kernels(requested: str, device: str, available: bool,
 
 def decide_markov(caps: DrafterCapabilities, k: int, tp: int, head: HeadLayout, *, fused: bool,
                   greedy: bool, vocab_parallel: bool, route: Route, kernels_reason: str,
-                  decide: Decide) -> tuple[str, str]:
-    """``markov``, ``markov_vocab`` and ``draft_selection``: ``(where the chain runs, the
-    vocabulary it sees)``."""
+                  decide: Decide) -> str:
+    """``markov``, ``markov_vocab`` and ``draft_selection``: returns where the chain runs (the
+    vocabulary it sees is recorded for the reader: the chain follows its weights' shard)."""
     mk = caps.markov_head
     mvocab = "none"
     if mk is MarkovHeadKind.NONE:
@@ -248,7 +247,7 @@ def decide_markov(caps: DrafterCapabilities, k: int, tp: int, head: HeadLayout, 
         chain = ("; the Markov chain selects slot by slot, one exchange per slot"
                  if mvocab == "sharded" and route[0] != "local" else "")
         decide("draft_selection", route[0], f"drafts{chain}: {route[1]}")
-    return markov, mvocab
+    return markov
 
 
 def decide_tp_fusions(caps: DrafterCapabilities, tp: int, decide: Decide) -> frozenset[TPFusion]:

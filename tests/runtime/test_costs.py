@@ -220,12 +220,15 @@ def test_auto_measures_on_the_target_and_records_the_choice(nudged):
     assert all(t > 0 for row in prof.seconds for t in row) and "eager rounds" in prof.method
     assert plan.acceptance_estimate is not None
     assert "random weights" in plan.acceptance_estimate.source
-    assert [c.rows for c in plan.draft_tokens_choices] == [1, 2, 4]
-    chosen = plan.draft_tokens_choices[-1]
-    assert plan.num_draft_tokens == chosen.draft_tokens
+    # every bucket's choice is a decision; the plan runs the one of its rows bucket
+    choices = choose_draft_tokens(prof, plan.acceptance_estimate,
+                                  auto_k_max(dec.drafter.capabilities))
+    assert [c.rows for c in choices] == [1, 2, 4]
+    buckets = [d for d in plan.decisions if d.name.startswith("draft_tokens.rows_")]
+    assert [(d.value, d.reason) for d in buckets] == [(c.draft_tokens, c.reason) for c in choices]
+    chosen = plan.decision("draft_tokens.rows_4")
+    assert plan.num_draft_tokens == chosen.value
     assert chosen.reason in plan.decision("num_draft_tokens").reason
-    for c in plan.draft_tokens_choices:
-        assert plan.decision(f"draft_tokens.rows_{c.rows}").value == c.draft_tokens
     text = format_plan(plan)
     assert "cost_profile" in text and "acceptance_estimate" in text and "rows_2" in text
     # whatever was chosen, greedy output is plain greedy
@@ -253,7 +256,8 @@ def test_a_fixed_k_wins_over_the_cost_model(nudged):
     dec = bind(target, None, _config(3), profile=_favouring(0), acceptance=_acc(0.9))
     plan = dec.plan
     assert plan.num_draft_tokens == 3 and plan.draft_tokens_mode == "fixed"
-    assert plan.cost_profile is None and plan.draft_tokens_choices == ()
+    assert plan.cost_profile is None
+    assert not any(d.name.startswith("draft_tokens.rows_") for d in plan.decisions)
     assert "num_draft_tokens = 3 in the config" in plan.decision("num_draft_tokens").reason
 
 

@@ -105,9 +105,9 @@ def test_vocab_parallel_and_gather_decisions():
     vp = make_plan(_inputs(mapping=tp2), _caps(markov_rank=4), TOY)
     assert vp.vocab_parallel and vp.shard_width == 32 and vp.vocab_start == 32
     assert "SUM exchange" in vp.decision("vocab_parallel").reason
-    assert vp.markov_vocab == "sharded" and "pair exchange per slot" in vp.decision(
-        "markov_vocab").reason
-    assert vp.gather_fallbacks == ()
+    markov_vocab = vp.decision("markov_vocab")
+    assert markov_vocab.value == "sharded" and "pair exchange per slot" in markov_vocab.reason
+    assert vp.decision("gather_fallbacks").value == ()
     topk = make_plan(_inputs(mapping=tp2, selection=_sample(top_k=5)), _caps(), TOY)
     assert not topk.vocab_parallel and "top-k = 5 is enabled" in topk.decision("vocab_parallel").reason
     rej = make_plan(_inputs(mapping=tp2, selection=_sample()), _caps(), TOY)
@@ -229,16 +229,18 @@ def test_an_uneven_vocabulary_keeps_the_head_whole_and_says_why():
     assert (plan.shard_width, plan.vocab_start, plan.vocab_parallel) == (64, 0, False)
     assert plan.decision("target_head").value == "replicated"
     assert "V = 64 does not split into 3 even shards" in plan.decision("target_head").reason
-    assert len(plan.gather_fallbacks) == 1
-    assert "does not split into 3 even shards" in plan.gather_fallbacks[0]
+    gathers = plan.decision("gather_fallbacks").value
+    assert len(gathers) == 1 and "does not split into 3 even shards" in gathers[0]
     assert "does not split" in plan.decision("vocab_parallel").reason
     even = make_plan(_inputs(mapping=ParallelMapping(tp_size=2, tp_rank=1)), _caps(), TOY)
     assert (even.shard_width, even.vocab_start, even.vocab_parallel) == (32, 32, True)
-    assert even.decision("target_head").value == "sharded" and not even.gather_fallbacks
+    assert even.decision("target_head").value == "sharded"
+    assert not even.decision("gather_fallbacks").value
     # a target that kept its whole head at TP = 2 is planned as replicated, not as sharded
     whole = make_plan(_inputs(mapping=ParallelMapping(tp_size=2), head_shard=(0, 64)), _caps(),
                       TOY)
-    assert not whole.vocab_parallel and "was not sharded" in whole.gather_fallbacks[0]
+    assert not whole.vocab_parallel
+    assert "was not sharded" in whole.decision("gather_fallbacks").value[0]
     assert even.decision("target_layers").value == "whole"
     split = make_plan(_inputs(mapping=ParallelMapping(tp_size=2), target_layers="split"), _caps(),
                       TOY)
@@ -267,9 +269,11 @@ def test_the_plan_names_each_selection_route_under_tp(selection, target, draft, 
     assert plan.decision("target_selection").value == target
     assert plan.decision("draft_selection").value == draft
     assert plan.decision("acceptance_probs").value == probs
-    assert plan.markov_vocab == "sharded" and plan.decision("target_head").value == "sharded"
-    assert len(plan.gather_fallbacks) == len(gathers)
-    for got, want in zip(plan.gather_fallbacks, gathers, strict=True):
+    assert plan.decision("markov_vocab").value == "sharded"
+    assert plan.decision("target_head").value == "sharded"
+    recorded = plan.decision("gather_fallbacks").value
+    assert len(recorded) == len(gathers)
+    for got, want in zip(recorded, gathers, strict=True):
         assert got.startswith(want)
     one = plan_only(SpecConfig.from_dict({"num_draft_tokens": 3, "selection": selection}), TOY,
                     capabilities=_caps(markov_rank=4))

@@ -43,8 +43,8 @@ def test_tp2_decoder_equals_tp1(nudged_toy_target, family, selection):
     for plan, results in run_ranks(2, rank_fn):
         assert plan.vocab_parallel and plan.shard_width == 32
         if plan.markov != "none":
-            assert plan.markov_vocab == "sharded"
+            assert plan.decision("markov_vocab").value == "sharded"
         if selection["kind"] == "sample":
-            assert plan.acceptance == "rejection" and plan.gather_fallbacks
+            assert plan.acceptance == "rejection" and plan.decision("gather_fallbacks").value
         assert [r.tokens for r in results] == [r.tokens for r in want]
         assert [r.accepted_lengths for r in results] == [r.accepted_lengths for r in want]

@@ -93,10 +93,11 @@ def _tiny_rank(family: str, selection: dict[str, Any], vocab: int) -> dict[str, 
         "tokens": [r.tokens for r in report.results],
         "plain": [r.plain_tokens for r in report.results],
         "lengths": [r.accepted_lengths for r in report.results],
-        "vocab_parallel": plan.vocab_parallel, "gathers": plan.gather_fallbacks,
+        "vocab_parallel": plan.vocab_parallel, "gathers": plan.decision("gather_fallbacks").value,
         "head": plan.decision("target_head").value,
         "head_reason": plan.decision("target_head").reason,
-        "shard": (plan.vocab_start, plan.shard_width), "markov_vocab": plan.markov_vocab,
+        "shard": (plan.vocab_start, plan.shard_width),
+        "markov_vocab": plan.decision("markov_vocab").value,
         "target_widths": widths.target, "selection": widths.selection,
     }
 
