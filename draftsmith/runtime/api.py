@@ -36,7 +36,7 @@ from draftsmith.contract import (
     TargetInfo,
 )
 from draftsmith.parallel import active_collectives, rank_device
-from draftsmith.runtime.bind import bind, load_drafter
+from draftsmith.runtime.bind import auto_k_max, bind, load_drafter
 from draftsmith.runtime.buckets import bucket, row_buckets
 from draftsmith.runtime.config import SpecConfig, parse_device, read_config_file
 from draftsmith.runtime.costs import (
@@ -328,7 +328,8 @@ class Decoder:
         assert self._prior is not None and self._profile is not None and self._times is not None
         estimate = self._tally.estimate(self._prior)
         costs = self._times.corrected(self._profile)
-        choice = next(c for c in choose_draft_tokens(costs, estimate) if c.rows == rows)
+        k_max = auto_k_max(self.spec.drafter.capabilities)  # bind's limit: a profile may go past it
+        choice = next(c for c in choose_draft_tokens(costs, estimate, k_max) if c.rows == rows)
         self._chosen = (costs, estimate, choice)
         key = (rows, choice.draft_tokens)
         if key not in self._by_bucket:

@@ -235,3 +235,20 @@ def test_a_fixed_k_reports_no_prediction(nudged):
     report = decoder.generate_ids(PROMPT, 8, prompts=["p"], compare_plain=False)
     assert report.spec_rates is None and report.plain_rates is None
     assert report.to_dict()["cost_model"] == {"spec": None, "plain": None}
+
+
+def test_a_profile_past_the_drafters_block_never_chooses_past_it(nudged):
+    """A profile handed to ``bind`` may cover a larger ``K`` than the drafter's trained block
+    drafts; every later choice keeps to the drafter's limit, as bind's first one does."""
+    from draftsmith.runtime.bind import auto_k_max
+
+    config = _config()
+    spec = bind(nudged, None, config, acceptance=_acc(0.99),
+                profile=_profile([[10, 10, 10, 10, 10, 10]] * 3, rows=(1, 2, 4),
+                                 ks=(0, 1, 2, 4, 8, 16)))
+    limit = auto_k_max(spec.drafter.capabilities)
+    assert limit < 16 and spec.plan.num_draft_tokens == limit
+    decoder = Decoder(spec=spec, target=nudged, tokenizer=_Digits(), config=config)  # type: ignore[arg-type]
+    chosen = decoder.spec_for(1)
+    assert decoder._chosen is not None
+    assert chosen.plan.num_draft_tokens == decoder._chosen[2].draft_tokens == limit
