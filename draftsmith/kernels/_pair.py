@@ -29,6 +29,7 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
+from draftsmith.kernels._launch import block_size
 
 EXCHANGE_COLUMNS = 128
 """Width of the zero-padded fp32 staging row of the SUM exchange; ``2 * TP <= 128``."""
@@ -287,8 +288,8 @@ def launch_pair(kernel, scratch: PairScratch, lead_args: tuple, out: torch.Tenso
     counts, part_val, part_idx = bufs
     kernel[(rows, n_chunks)](
         *lead_args, out, out.stride(0), columns, vocab_start, slot, part_val, part_idx, counts,
-        tiles, n_chunks, BLOCK_C=max(128, triton.next_power_of_2(n_chunks)),
-        BLOCK_OUT=triton.next_power_of_2(columns), TREE=tree, num_warps=num_warps, **meta,
+        tiles, n_chunks, BLOCK_C=block_size(n_chunks, lo=128),
+        BLOCK_OUT=block_size(columns), TREE=tree, num_warps=num_warps, **meta,
     )
     return out
 

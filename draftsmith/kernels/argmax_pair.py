@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from draftsmith.kernels._launch import block_size
 from draftsmith.kernels._pair import (
     CANONICAL_NAN_BITS,
     EXCHANGE_COLUMNS,
@@ -120,8 +121,8 @@ def _launch_sizes(rows: int, shard_width: int, itemsize: int,
     else:
         block_bytes, unroll, tree = (1024 if nbytes < 4 << 20 else 2048), 8, True
         num_warps = 8 if nbytes >= 24 << 20 else 4
-    block = min(max(16, block_bytes // itemsize), max(16, triton.next_power_of_2(shard_width)))
-    unroll = min(unroll, triton.next_power_of_2(triton.cdiv(shard_width, block)))
+    block = block_size(shard_width, lo=16, hi=max(16, block_bytes // itemsize))
+    unroll = block_size(triton.cdiv(shard_width, block), hi=unroll)
     return block, unroll, num_warps, tree
 
 

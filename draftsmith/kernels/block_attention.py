@@ -19,6 +19,7 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
+from draftsmith.kernels._launch import block_size
 from draftsmith.kernels._softmax import _online_softmax
 
 _I64 = torch.int64
@@ -175,8 +176,8 @@ def block_attention(
     out = torch.empty(g, w, nh, hd, dtype=q.dtype, device=q.device)
     if g == 0:
         return out
-    block_m = max(16, triton.next_power_of_2(w * rep))
-    block_d = max(16, triton.next_power_of_2(hd))
+    block_m = block_size(w * rep, lo=16)
+    block_d = block_size(hd, lo=16)
     _block_attention_kernel[(g, nkv)](
         q, k, v, pool, block_tables, num_ctx, query_pos, out,
         w, hd, int(columns), pool.shape[3], block_tables.shape[1], float(scale),
@@ -185,7 +186,7 @@ def block_attention(
         pool.stride(0), pool.stride(1), pool.stride(2), pool.stride(3), block_tables.stride(0),
         out.stride(0), out.stride(1), out.stride(2),
         REP=rep, CAUSAL=bool(causal), WINDOW=int(window or 0), IEEE=q.dtype == torch.float32,
-        BLOCK_M=block_m, BLOCK_N=64, BLOCK_W=max(16, triton.next_power_of_2(w)),
+        BLOCK_M=block_m, BLOCK_N=64, BLOCK_W=block_size(w, lo=16),
         BLOCK_D=block_d, num_warps=4,
     )
     return out

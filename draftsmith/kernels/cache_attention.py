@@ -28,6 +28,7 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor, value_checks_enabled
 from draftsmith.contract.checks import FLOAT_DTYPES
+from draftsmith.kernels._launch import block_size
 from draftsmith.kernels._softmax import _online_softmax
 
 _I64 = torch.int64
@@ -151,7 +152,7 @@ def chunk_tokens(group: int, dtype: torch.dtype) -> tuple[int, int]:
     core products, which cost the same at 16 and 32 rows); 16 for fp32, whose exact products
     run as multiply-adds over every row of the tile (32 rows doubled the one-token step's
     attention on an H200: 15 to 29 us a layer at 8 rows, 2026-12-04)."""
-    group_p2 = triton.next_power_of_2(group)
+    group_p2 = block_size(group)
     block_m = max(16 if dtype == torch.float32 else 32, group_p2)
     return block_m // group_p2, block_m
 
@@ -197,7 +198,7 @@ def cache_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         if bool((by_row != by_row[:, :1]).any()):
             raise ShapeError(f"the {tokens_per_row} tokens of a row must read one slot")
     splits = triton.cdiv(int(columns), SPLIT)
-    block_d = max(16, triton.next_power_of_2(hd))
+    block_d = block_size(hd, lo=16)
     if splits > 1:
         m = torch.empty(n, nq, splits, dtype=torch.float32, device=q.device)
         l_sum = torch.empty_like(m)
@@ -213,7 +214,7 @@ def cache_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         hd, nq, tokens_per_row, chunks, float(scale),
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2), out.stride(0), out.stride(1),
-        GROUP=group, GROUP_P2=triton.next_power_of_2(group), CHUNK=chunk, SPLITS=splits,
+        GROUP=group, GROUP_P2=block_size(group), CHUNK=chunk, SPLITS=splits,
         SPLIT_COLS=SPLIT, IEEE=q.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, num_warps=4,
     )

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
+from draftsmith.kernels._launch import block_size, warps_for
 
 
 def _scatter_rows(pool, entries, dest_pages, dest_offsets, write_mask, skip) -> None:
@@ -110,10 +111,8 @@ def _store_context_kernel(
 
 def _store_launch_sizes(planes_heads: int, width: int) -> tuple[int, int, int]:
     """``(BLOCK_PH, BLOCK_W, num_warps)``: one program copies one layer of one entry."""
-    block_ph = triton.next_power_of_2(max(planes_heads, 1))
-    block_w = triton.next_power_of_2(max(width, 1))
-    elems = block_ph * block_w
-    return block_ph, block_w, 8 if elems >= 4096 else 4 if elems >= 1024 else 2
+    block_ph, block_w = block_size(planes_heads, lo=1), block_size(width, lo=1)
+    return block_ph, block_w, warps_for(block_ph * block_w, (1024, 4096), fewest=2)
 
 
 def _check_store(pool, entries, dest_pages, dest_offsets, write_mask, dest_shape) -> None:
@@ -140,7 +139,7 @@ def _launch_store(pool, entries, dest_pages, dest_offsets, write_mask, group: in
     _store_context_kernel[(t, num_layers)](
         pool, entries, dest_pages, dest_offsets, write_mask.view(torch.int8),
         group, num_layers, planes * heads, heads, width, *pool.stride(),
-        SHADOW_CHECK=group > 1, BLOCK_G=triton.next_power_of_2(max(group, 1)),
+        SHADOW_CHECK=group > 1, BLOCK_G=block_size(group, lo=1),
         BLOCK_PH=block_ph, BLOCK_W=block_w, num_warps=num_warps,
     )
 

@@ -29,6 +29,7 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
+from draftsmith.kernels._launch import block_size, or_dummy, row_stride
 from draftsmith.kernels.swiglu import silu_mul_reference
 
 
@@ -142,7 +143,7 @@ def decode_linear_blocks(n: int, k: int, dtype: torch.dtype, gated: bool = False
     else:
         block_n = 16 if n < 4096 else 32 if n < 16384 else 64
     block_k = 256 if gated or dtype == torch.float32 else 512
-    block_k = min(block_k, max(16, triton.next_power_of_2(k)))
+    block_k = block_size(k, lo=16, hi=block_k)
     stage = (BLOCK_M + block_n * (2 if gated else 1)) * block_k * dtype.itemsize
     return Blocks(block_n=block_n, block_k=block_k, num_warps=4,
                   num_stages=max(1, min(4, SHARED_BYTES // stage)))
@@ -186,10 +187,8 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         return out
     b = decode_linear_blocks(n, k, x.dtype, gated)
     _decode_linear_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, b.block_n))](
-        x, weight, bias if bias is not None else weight,
-        residual if residual is not None else out, out,
-        m, n, k, x.stride(0), weight.stride(0),
-        residual.stride(0) if residual is not None else 0, out.stride(0),
+        x, weight, or_dummy(bias, weight), or_dummy(residual, out), out,
+        m, n, k, x.stride(0), weight.stride(0), row_stride(residual), out.stride(0),
         HAS_BIAS=bias is not None, GATED=gated, RESIDUAL=residual is not None,
         IEEE=x.dtype == torch.float32,
         BLOCK_M=BLOCK_M, BLOCK_N=b.block_n, BLOCK_K=b.block_k, num_warps=b.num_warps,

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ConfigError, check_tensor
+from draftsmith.kernels._launch import block_size, or_dummy
 
 FORCED_POOL_SIZE = 65536
 """Number of fp32 uniforms in the forced-acceptance pool."""
@@ -109,7 +110,7 @@ def _forced_accept_kernel(
 
 def _forced_launch_sizes(rows: int) -> int:
     """``BLOCK`` rows per loop step of the single forced-acceptance program."""
-    return max(16, min(triton.next_power_of_2(max(rows, 1)), 1024))
+    return block_size(rows, lo=16, hi=1024)
 
 
 def forced_accept(
@@ -133,7 +134,7 @@ def forced_accept(
     g = num_accepted.shape[0]
     has_verify = verify_len is not None
     _forced_accept_kernel[(1,)](
-        num_accepted, verify_len if has_verify else num_accepted, pool, counter, g, base,
+        num_accepted, or_dummy(verify_len, num_accepted), pool, counter, g, base,
         fraction, num_draft_tokens, DRAWS=draws, HAS_VERIFY=has_verify,
         BLOCK=_forced_launch_sizes(g),
     )

@@ -61,6 +61,7 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
+from draftsmith.kernels._launch import block_size
 from draftsmith.kernels._pair import (
     PairScratch,
     canonical_nan,
@@ -395,7 +396,7 @@ def _launch_sizes(shard_groups: int, device: torch.device) -> tuple[int, int]:
     interpreter takes up to 4096 tokens (numpy per tile), fewer for a narrow shard."""
     if device.type == "cuda":
         return 256, 4
-    return min(256, max(4, triton.next_power_of_2(shard_groups))), 4
+    return block_size(shard_groups, lo=4, hi=256), 4
 
 
 PROGRAMS_PER_SM = 8

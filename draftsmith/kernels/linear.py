@@ -19,6 +19,7 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
+from draftsmith.kernels._launch import block_size, or_dummy, unit_rows
 
 
 def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -96,9 +97,9 @@ def _blocks(n: int, k: int) -> tuple[int, int, int, int, int]:
     """``(TILES, BLOCK_N, BLOCK_K, BLOCK_K2, num_warps)`` by the weight's shape only, never by
     the row count (they fix the order of each row's sum). ``K`` that is a power of two plus a
     small rest takes two tiles without padding (576 = 512 + 64, 1536 = 1024 + 512)."""
-    padded = max(16, triton.next_power_of_2(k))
+    padded = block_size(k, lo=16)
     head = min(padded, 1 << (k.bit_length() - 1)) if k > 16 else padded
-    rest = max(16, triton.next_power_of_2(k - head)) if k > head else 0
+    rest = block_size(k - head, lo=16) if k > head else 0
     if rest and head + rest < padded and head + rest <= MAX_TILE:
         tiles, block_k, block_k2, width = 2, head, rest, head + rest
     else:
@@ -135,9 +136,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         check_tensor("bias", bias, (n,), (x.dtype,))
     if weight.stride(1) != 1:
         weight = weight.contiguous()
-    rows = x.reshape(-1, k)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = unit_rows(x, k)
     m = int(rows.shape[0])
     if out is None:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -148,7 +147,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         tiles, block_n, block_k, block_k2, warps = _blocks(n, k)
         block_m = _rows_per_program(m, triton.cdiv(n, block_n))
         _linear_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m))](
-            rows, weight, bias if bias is not None else weight, out, m, n, k,
+            rows, weight, or_dummy(bias, weight), out, m, n, k,
             rows.stride(0), weight.stride(0), out.stride(0), HAS_BIAS=bias is not None,
             TILES=tiles, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
             BLOCK_K2=block_k2, num_warps=warps)

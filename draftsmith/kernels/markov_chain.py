@@ -25,6 +25,7 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
+from draftsmith.kernels._launch import block_size, or_dummy, row_stride
 from draftsmith.kernels._pair import merge_argmax_t, tile_argmax_t
 
 _I64 = torch.int64
@@ -208,8 +209,8 @@ def _markov_launch_sizes(
         block_g, block_s, block_r, num_warps = 64, 128, 64, 8
     if dtype == torch.float32:
         block_s, block_r = min(block_s, 64), 32
-    block_s = min(block_s, max(16, triton.next_power_of_2(max(shard, 1))))
-    block_r = min(block_r, max(16, triton.next_power_of_2(max(rank, 1))))
+    block_s = block_size(shard, lo=16, hi=block_s)
+    block_r = block_size(rank, lo=16, hi=block_r)
     return block_g, block_s, block_r, num_warps, 3
 
 
@@ -263,16 +264,16 @@ def markov_step(
     part_val = torch.empty((rows, num_tiles), dtype=torch.float32, device=dev)
     part_idx = torch.empty((rows, num_tiles), dtype=_I64, device=dev)
     _markov_step_kernel[(triton.cdiv(rows, block_g), num_tiles)](
-        base, prev, w1, w2, out_corrected if out_corrected is not None else base,
+        base, prev, w1, w2, or_dummy(out_corrected, base),
         part_val, part_idx, rows, shard, w1.shape[1], w1.shape[0], base.stride(0),
-        prev.stride(0), out_corrected.stride(0) if out_corrected is not None else 0, num_tiles,
+        prev.stride(0), row_stride(out_corrected), num_tiles,
         STORE=out_corrected is not None, IEEE=w2.dtype == torch.float32, REVERSE=bool(reverse),
         BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_R=block_r, num_warps=num_warps,
         num_stages=num_stages,
     )
     _markov_reduce_kernel[(rows,)](
         part_val, part_idx, pair_val, pair_idx, num_tiles, vocab_start, pair_idx.stride(0),
-        BLOCK_T=max(16, min(triton.next_power_of_2(num_tiles), 2048)),
+        BLOCK_T=block_size(num_tiles, lo=16, hi=2048),
     )
     return pair_val, pair_idx
 

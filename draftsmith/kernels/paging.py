@@ -16,6 +16,7 @@ import triton.language as tl
 
 from draftsmith.contract import DraftBlockPlacement, ShapeError, check_tensor
 from draftsmith.contract.checks import check_positive
+from draftsmith.kernels._launch import block_size
 
 _I64 = torch.int64
 
@@ -140,11 +141,7 @@ def _prepare_placement_kernel(
 
 def _placement_launch_sizes(k1: int, width: int, pages: int) -> tuple[int, int, int]:
     """``(BLOCK_K1, BLOCK_W, BLOCK_P)`` of the one-program-per-request kernel."""
-    return (
-        triton.next_power_of_2(max(k1, 1)),
-        triton.next_power_of_2(max(width, 1)),
-        max(16, min(triton.next_power_of_2(max(pages, 1)), 256)),
-    )
+    return block_size(k1, lo=1), block_size(width, lo=1), block_size(pages, lo=16, hi=256)
 
 
 def _check_placement_inputs(

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from draftsmith.contract import ShapeError
+from draftsmith.kernels._launch import block_size
 
 PHILOX_M0 = 0xD2511F53
 """Philox4x32 round multiplier applied to counter word 0."""
@@ -212,7 +213,7 @@ def philox_uniform(
                                                                               0)
     out = torch.empty(rows, n, dtype=torch.float32, device=seeds.device)
     if rows and n:
-        block = min(1024, max(16, triton.next_power_of_2(n)))
+        block = block_size(n, lo=16, hi=1024)
         _philox_uniform_kernel[(rows, triton.cdiv(n, block))](
             seeds.to(torch.int64).contiguous(), offsets, ids, out, n, *s_off, ids.stride(0),
             ids.stride(1), STREAM=stream, BLOCK=block, WIDE_MUL=seeds.is_cuda)

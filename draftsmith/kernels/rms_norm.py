@@ -4,7 +4,7 @@ The drafters' layers call these on every block forward and context projection; i
 each is a chain of six to ten elementwise kernels (upcast, square, mean, rsqrt, scale, downcast,
 weight; then the two RoPE products and their sum), which inside a captured round cost launch
 latency, not bandwidth. Owns ``rms_norm`` and ``head_norm_rope``, each beside its reference.
-Imports ``draftsmith.contract`` only.
+Imports ``draftsmith.contract`` and the kernels' launch helpers only.
 
 Numerics: the mean of squares is an fp32 sum in another order than torch's, so outputs may differ
 from the references by one rounding of the output dtype; every other step rounds where the
@@ -19,6 +19,7 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
+from draftsmith.kernels._launch import ROW_WARPS, block_size, unit_rows, warps_for
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -129,9 +130,8 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.d
     flat = positions.reshape(-1).contiguous()
     out = torch.empty(flat.shape[0], 2, 2 * half, dtype=dtype, device=positions.device)
     if flat.shape[0] and half:
-        block = triton.next_power_of_2(2 * half)
         _rope_cos_sin_kernel[(flat.shape[0],)](flat, inv_freq, out, half, float(scale),
-                                               BLOCK=block, num_warps=1)
+                                               BLOCK=block_size(2 * half), num_warps=1)
     out = out.view(*positions.shape, 2, 2 * half)
     return out[..., 0, :], out[..., 1, :]
 
@@ -186,11 +186,6 @@ def _head_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, HEADS, D, ep
     tl.store(out_ptr + t * s_ot + h * s_oh + d, out.to(odt), mask=ok)
 
 
-def _num_warps(block: int) -> int:
-    """Warps for one program over ``block`` elements."""
-    return 4 if block >= 2048 else 2 if block >= 512 else 1
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Kernel form of :func:`rms_norm_reference`: one launch for every row of ``x: [..., D]``
     (last dim contiguous); the output dtype is the reference's (``weight`` times ``x``)."""
@@ -198,16 +193,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         raise ShapeError(f"rms_norm needs float x [..., D >= 1], got {x.dtype} {tuple(x.shape)}")
     d = int(x.shape[-1])
     check_tensor("weight", weight, (d,), FLOAT_DTYPES, device=x.device)
-    rows = x.reshape(-1, d)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = unit_rows(x, d)
     out = torch.empty(rows.shape, dtype=torch.promote_types(x.dtype, weight.dtype),
                       device=x.device)
     if rows.shape[0]:
-        block = triton.next_power_of_2(d)
+        block = block_size(d)
         _rms_norm_kernel[(rows.shape[0],)](rows, weight, out, d, float(eps), rows.stride(0),
                                            out.stride(0), BLOCK_D=block,
-                                           num_warps=_num_warps(block))
+                                           num_warps=warps_for(block, ROW_WARPS))
     return out.view(x.shape)
 
 
@@ -221,19 +214,15 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     if x.dtype not in FLOAT_DTYPES or d == 0:
         raise ShapeError(f"add_rms_norm needs float x [..., D >= 1], got {x.dtype} "
                          f"{tuple(x.shape)}")
-    rows, res = x.reshape(-1, d), residual.reshape(-1, d)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    if res.stride(-1) != 1:
-        res = res.contiguous()
+    rows, res = unit_rows(x, d), unit_rows(residual, d)
     total = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
     out = torch.empty(rows.shape, dtype=torch.promote_types(x.dtype, weight.dtype),
                       device=x.device)
     if rows.shape[0]:
-        block = triton.next_power_of_2(d)
+        block = block_size(d)
         _add_rms_norm_kernel[(rows.shape[0],)](
             rows, res, weight, total, out, d, float(eps), rows.stride(0), res.stride(0),
-            total.stride(0), out.stride(0), BLOCK_D=block, num_warps=_num_warps(block))
+            total.stride(0), out.stride(0), BLOCK_D=block, num_warps=warps_for(block, ROW_WARPS))
     return total.view(x.shape), out.view(x.shape)
 
 
@@ -277,11 +266,11 @@ def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch
     else:
         check_tensor("out", out, tuple(x.shape), odt, device=x.device, unit_stride=True)
     if x.shape[0] and x.shape[1]:
-        block = triton.next_power_of_2(s["d"])
+        block = block_size(s["d"])
         _head_norm_rope_kernel[(x.shape[0], x.shape[1])](
             x, weight, cos, sin, out, x.shape[1], s["d"], float(eps), x.stride(0), x.stride(1),
             cos.stride(0), out.stride(0), out.stride(1), w_rows, s_wl, s_wh, cos_group,
-            BLOCK_D=block, NORM=True, num_warps=_num_warps(block))
+            BLOCK_D=block, NORM=True, num_warps=warps_for(block, ROW_WARPS))
     return out
 
 
@@ -307,11 +296,11 @@ def rotate_half_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     else:
         check_tensor("out", out, tuple(x.shape), x.dtype, device=x.device, unit_stride=True)
     if x.shape[0] and x.shape[1]:
-        block = triton.next_power_of_2(s["d"])
+        block = block_size(s["d"])
         _head_norm_rope_kernel[(x.shape[0], x.shape[1])](
             x, x, cos, sin, out, x.shape[1], s["d"], 0.0, x.stride(0), x.stride(1),
             cos.stride(0), out.stride(0), out.stride(1), 1, 0, 0, 1,
-            BLOCK_D=block, NORM=False, num_warps=_num_warps(block),
+            BLOCK_D=block, NORM=False, num_warps=warps_for(block, ROW_WARPS),
             enable_fp_fusion=False)  # no FMA: the two products round as the reference's do
     return out
 

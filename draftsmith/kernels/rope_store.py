@@ -6,7 +6,8 @@ normalises each head first) and writes the new keys and values at each token's s
 position. In torch that is a rotary table (several launches), the rotation, and two indexed
 writes a layer; here one program per token and head computes its angles from the position,
 rotates, and stores: the heads in place, keys and values into the cache too. Owns
-``rope_store`` beside its reference. Imports ``draftsmith.contract`` only.
+``rope_store`` beside its reference. Imports ``draftsmith.contract``, the references of
+``kernels.rms_norm`` and the kernels' launch helpers only.
 
 Numerics: the angles are ``position * inv_freq`` in fp32 as transformers computes them; cos and
 sin are rounded to the heads' dtype before use, and every product rounds where the reference
@@ -22,6 +23,7 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
+from draftsmith.kernels._launch import block_size, or_dummy, warps_for
 from draftsmith.kernels.rms_norm import (
     head_norm_rope_reference,
     rope_cos_sin_reference,
@@ -123,13 +125,13 @@ def rope_store(qkv: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tenso
                      contiguous=True)
     if s["R"] == 0:
         return
-    block = triton.next_power_of_2(s["hd"])
+    block = block_size(s["hd"])
     _rope_store_kernel[(s["R"], nq + nkv)](
-        qkv, positions.contiguous(), inv_freq, qk_norm if qk_norm is not None else qkv,
+        qkv, positions.contiguous(), inv_freq, or_dummy(qk_norm, qkv),
         keys, values, rows.contiguous(), nq, nkv, s["hd"], float(eps), float(scale),
         qkv.stride(0), qkv.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
-        BLOCK_D=block, NORM=qk_norm is not None, num_warps=1 if block <= 128 else 2,
+        BLOCK_D=block, NORM=qk_norm is not None, num_warps=warps_for(block, (256,)),
         enable_fp_fusion=False)  # no FMA: the two products round as the reference's do
 
 

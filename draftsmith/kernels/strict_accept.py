@@ -14,6 +14,7 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
+from draftsmith.kernels._launch import block_size, or_dummy
 from draftsmith.kernels._pair import PROGRAMS_PER_SM, PairScratch, sm_count, tile_argmax_t
 
 
@@ -158,9 +159,9 @@ def _launch_sizes(rows: int, k1: int, vocab: int,
     want_chunks = max(1, round(programs / max(rows, 1)))
     chunk = triton.cdiv(triton.cdiv(vocab, want_chunks), 64) * 64
     num_chunks = triton.cdiv(vocab, chunk)
-    block_v = max(16, min(2048 if small else 1024, triton.next_power_of_2(chunk)))
-    return (block_v, chunk, num_chunks, triton.next_power_of_2(max(k1, 1)),
-            max(2, triton.next_power_of_2(num_chunks)), 4 if small else 8)
+    block_v = block_size(chunk, lo=16, hi=2048 if small else 1024)
+    return (block_v, chunk, num_chunks, block_size(k1, lo=1), block_size(num_chunks, lo=2),
+            4 if small else 8)
 
 
 def _check_acceptance_inputs(
@@ -214,7 +215,7 @@ def strict_accept(
     counts, part_val, part_idx = bufs
     has_verify = verify_len is not None
     _strict_accept_kernel[(rows * num_chunks,)](
-        logits, drafts, verify_len if has_verify else drafts, accepted, num_accepted, part_val,
+        logits, drafts, or_dummy(verify_len, drafts), accepted, num_accepted, part_val,
         part_idx, counts, k1 - 1, vocab, chunk, num_chunks, HAS_VERIFY=has_verify,
         BLOCK_V=block_v, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=num_warps,
     )
@@ -234,8 +235,8 @@ def strict_accept_tokens(
     if g:
         has_verify = verify_len is not None
         _strict_accept_tokens_kernel[(g,)](
-            target_tokens, drafts, verify_len if has_verify else drafts, accepted, num_accepted,
-            k1 - 1, HAS_VERIFY=has_verify, BLOCK_R=triton.next_power_of_2(k1),
+            target_tokens, drafts, or_dummy(verify_len, drafts), accepted, num_accepted,
+            k1 - 1, HAS_VERIFY=has_verify, BLOCK_R=block_size(k1),
         )
     return accepted, num_accepted
 

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
+from draftsmith.kernels._launch import block_size, unit_rows, warps_for
 
 
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
@@ -42,15 +43,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         raise ShapeError(f"silu_mul needs [..., 2I], got {tuple(gate_up.shape)}")
     check_tensor("gate_up", gate_up, None, FLOAT_DTYPES)
     width = int(gate_up.shape[-1]) // 2
-    rows = gate_up.reshape(-1, 2 * width)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = unit_rows(gate_up, 2 * width)
     out = torch.empty(rows.shape[0], width, dtype=gate_up.dtype, device=gate_up.device)
     if rows.shape[0] and width:
-        block = min(1024, triton.next_power_of_2(width))
+        block = block_size(width, hi=1024)
         _silu_mul_kernel[(rows.shape[0], triton.cdiv(width, block))](
             rows, out, width, rows.stride(0), out.stride(0), BLOCK=block,
-            num_warps=4 if block >= 512 else 2)
+            num_warps=warps_for(block, (512,), fewest=2))
     return out.view(*gate_up.shape[:-1], width)
 
 
