@@ -4,8 +4,8 @@ and the gather of paged context entries. One implementation each; families compo
 RMSNorm follows the Hugging Face Qwen3 form: upcast to fp32, scale by
 ``rsqrt(mean(x^2) + eps)``, cast back, multiply by the weight in the input dtype. On a GPU the
 norm, and the per-head norm followed by RoPE, run as one fused kernel each
-(``draftsmith.kernels.rms_norm``): a drafter's block forward is launch-bound, and each eager norm
-is six to eight launches.
+(``draftsmith.kernels.rms_norm``, ``draftsmith.kernels.head_norm_rope``): a drafter's block
+forward is launch-bound, and each eager norm is six to eight launches.
 """
 
 from __future__ import annotations
@@ -23,17 +23,15 @@ from draftsmith.contract import (
     ShapeError,
     value_checks_enabled,
 )
+from draftsmith.kernels.add_rms_norm import add_rms_norm
 from draftsmith.kernels.block_attention import block_attention as fused_block_attention
 from draftsmith.kernels.block_attention import block_attention_reference, paged_columns
-from draftsmith.kernels.rms_norm import (
-    add_rms_norm,
-    head_norm_rope,
-    rms_norm_reference,
-    rope_cos_sin_reference,
-)
+from draftsmith.kernels.head_norm_rope import head_norm_rope
+from draftsmith.kernels.head_norm_rope import rotate_half_rope_reference as apply_rope_neox
 from draftsmith.kernels.rms_norm import rms_norm as fused_rms_norm
-from draftsmith.kernels.rms_norm import rope_cos_sin as fused_rope_cos_sin
-from draftsmith.kernels.rms_norm import rotate_half_rope_reference as apply_rope_neox
+from draftsmith.kernels.rms_norm import rms_norm_reference
+from draftsmith.kernels.rope_cos_sin import rope_cos_sin as fused_rope_cos_sin
+from draftsmith.kernels.rope_cos_sin import rope_cos_sin_reference
 from draftsmith.kernels.swiglu import silu_mul
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -7,7 +7,7 @@ position. In torch that is a rotary table (several launches), the rotation, and 
 writes a layer; here one program per token and head computes its angles from the position,
 rotates, and stores: the heads in place, keys and values into the cache too. Owns
 ``rope_store`` beside its reference. Imports ``draftsmith.contract``, the references of
-``kernels.rms_norm`` and the kernels' launch helpers only.
+``kernels.head_norm_rope`` and ``kernels.rope_cos_sin``, and the kernels' launch helpers only.
 
 Numerics: the angles are ``position * inv_freq`` in fp32 as transformers computes them; cos and
 sin are rounded to the heads' dtype before use, and every product rounds where the reference
@@ -24,11 +24,8 @@ import triton.language as tl
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
 from draftsmith.kernels._launch import block_size, or_dummy, warps_for
-from draftsmith.kernels.rms_norm import (
-    head_norm_rope_reference,
-    rope_cos_sin_reference,
-    rotate_half_rope_reference,
-)
+from draftsmith.kernels.head_norm_rope import head_norm_rope_reference, rotate_half_rope_reference
+from draftsmith.kernels.rope_cos_sin import rope_cos_sin_reference
 
 _I64 = torch.int64
 

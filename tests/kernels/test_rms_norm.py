@@ -10,14 +10,13 @@ import torch
 from draftsmith.contract import ShapeError
 from draftsmith.drafters.nn import apply_rope_neox, rope_cos_sin, rope_inv_freq
 from draftsmith.drafters.nn import rms_norm as drafter_rms_norm
-from draftsmith.kernels.rms_norm import (
+from draftsmith.kernels.head_norm_rope import (
     head_norm_rope,
     head_norm_rope_reference,
-    rms_norm,
-    rms_norm_reference,
     rotate_half_rope,
     rotate_half_rope_reference,
 )
+from draftsmith.kernels.rms_norm import rms_norm, rms_norm_reference
 
 SHAPES = [(1, 64), (7, 576), (33, 111), (5, 3, 96)]
 """Rows x width, a width that is not a power of two, and a leading batch of two dims."""
@@ -142,7 +141,7 @@ def test_head_norm_rope_per_head_and_per_layer_weights(device, dtype):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize(("device", "dtype"), _devices())
 def test_add_rms_norm_matches_reference(shape, device, dtype):
-    from draftsmith.kernels.rms_norm import add_rms_norm, add_rms_norm_reference
+    from draftsmith.kernels.add_rms_norm import add_rms_norm, add_rms_norm_reference
 
     g = torch.Generator().manual_seed(len(shape))
     x = torch.randn(shape, generator=g).to(device, dtype)

@@ -53,18 +53,16 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.contract import ConfigError, values_trusted
+from draftsmith.kernels.add_rms_norm import add_rms_norm, add_rms_norm_reference
 from draftsmith.kernels.cache_attention import cache_attention, cache_attention_reference
 from draftsmith.kernels.decode_linear import decode_linear, decode_linear_reference
-from draftsmith.kernels.rms_norm import (
-    add_rms_norm,
-    add_rms_norm_reference,
+from draftsmith.kernels.head_norm_rope import (
     head_norm_rope,
     head_norm_rope_reference,
-    rms_norm,
-    rms_norm_reference,
     rotate_half_rope,
     rotate_half_rope_reference,
 )
+from draftsmith.kernels.rms_norm import rms_norm, rms_norm_reference
 from draftsmith.kernels.rope_store import rope_store, rope_store_reference
 from draftsmith.kernels.swiglu import silu_mul, silu_mul_reference
 from draftsmith.runtime.targets.cpu_attention import cache_attention_cpu

@@ -1,0 +1,178 @@
+"""Per-head RMSNorm then rotate-half RoPE of query and key head rows, and the rotation alone,
+each in one launch of one kernel (``NORM`` picks the norm), beside their references.
+
+The layers call these on every block forward and context projection; in eager torch they are a
+chain of six to ten elementwise kernels (the norm's upcast, square, mean, rsqrt, scale,
+downcast and weight; then the two RoPE products and their sum). ``rotate_half_rope`` is the
+kernel's ``NORM = False`` launch, so the two share this file rather than a private kernel across
+two. Imports ``draftsmith.contract``, ``kernels.rms_norm`` (the norm's reference) and the kernels'
+launch helpers only.
+
+Numerics: the norm's mean of squares is an fp32 sum in another order than torch's, so
+``head_norm_rope`` may differ from its reference by one rounding of the output dtype; every other
+step rounds where the reference rounds (the normalised value to the input dtype, each product to
+the output dtype), and ``rotate_half_rope`` equals its reference bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from draftsmith.contract import ShapeError, check_tensor
+from draftsmith.contract.checks import FLOAT_DTYPES
+from draftsmith.kernels._launch import ROW_WARPS, block_size, warps_for
+from draftsmith.kernels.rms_norm import rms_norm_reference
+
+
+def rotate_half_rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                               out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotate-half RoPE (Hugging Face's ``rotate_half`` form; the drafters' ``apply_rope_neox``):
+    ``x: [..., n, d]``, ``cos, sin: [..., d]`` broadcast over the ``n`` heads:
+    ``x * cos + [-x2, x1] * sin``; written into ``out`` when given (which may be ``x``)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    result = x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    return result if out is None else out.copy_(result)
+
+
+def head_norm_rope_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                             cos: torch.Tensor, sin: torch.Tensor, cos_group: int = 1,
+                             out: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-head RMSNorm then rotate-half RoPE: ``x: [R, n, d]`` -> ``[R, n, d]``.
+
+    ``weight``: ``[d]`` (every head), ``[n, d]`` (per head) or ``[L, n, d]`` (row ``r`` uses
+    ``weight[r % L]``: rows that interleave ``L`` layers); ``cos, sin: [R / cos_group, d]``, row
+    ``r`` rotated by row ``r // cos_group`` (shared by its heads). Written into ``out`` when
+    given (which may be ``x``).
+    """
+    if weight.dim() == 3:
+        weight = weight.repeat(x.shape[0] // weight.shape[0], 1, 1)
+    if cos_group != 1:
+        cos, sin = cos.repeat_interleave(cos_group, 0), sin.repeat_interleave(cos_group, 0)
+    result = rotate_half_rope_reference(rms_norm_reference(x, weight, eps), cos, sin)
+    return result if out is None else out.copy_(result)
+
+
+@triton.jit
+def _head_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, HEADS, D, eps,
+                           s_xt, s_xh, s_ct, s_ot, s_oh, W_ROWS, s_wl, s_wh, COS_GROUP,
+                           BLOCK_D: tl.constexpr, NORM: tl.constexpr):
+    """Program ``(t, h)`` normalises head ``h`` of row ``t`` (unless ``NORM`` is false) and
+    rotates it (in place when ``out`` is ``x``: every value is loaded before any is stored)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    ok = d < D
+    half = D // 2
+    partner = tl.where(d < half, d + half, d - half)
+    row = x_ptr + t * s_xt + h * s_xh
+    x = tl.load(row + d, mask=ok, other=0.0)
+    xp = tl.load(row + partner, mask=ok, other=0.0)
+    hx = x.to(tl.float32)
+    odt = out_ptr.dtype.element_ty
+    if NORM:
+        inv = 1.0 / tl.sqrt(tl.sum(hx * hx, axis=0) / D + eps)
+        w_row = w_ptr + (t % W_ROWS) * s_wl + h * s_wh
+        w = tl.load(w_row + d, mask=ok, other=0.0).to(tl.float32)
+        wp = tl.load(w_row + partner, mask=ok, other=0.0).to(tl.float32)
+        # the normalised vector, rounded as the reference rounds it (input dtype, then weight)
+        y = (w * (hx * inv).to(x.dtype).to(tl.float32)).to(odt).to(tl.float32)
+        yp = (wp * (xp.to(tl.float32) * inv).to(x.dtype).to(tl.float32)).to(odt).to(tl.float32)
+    else:
+        y = hx
+        yp = xp.to(tl.float32)
+    rot = tl.where(d < half, -yp, yp)
+    c_row = (t // COS_GROUP) * s_ct
+    c = tl.load(cos_ptr + c_row + d, mask=ok, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + c_row + d, mask=ok, other=0.0).to(tl.float32)
+    out = (y * c).to(odt).to(tl.float32) + (rot * s).to(odt).to(tl.float32)
+    tl.store(out_ptr + t * s_ot + h * s_oh + d, out.to(odt), mask=ok)
+
+
+def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                   sin: torch.Tensor, cos_group: int = 1,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """Kernel form of :func:`head_norm_rope_reference`, one launch: ``x: [R, n, d]`` (head rows
+    with a contiguous last dim), ``weight`` ``[d]``, ``[n, d]`` or ``[L, n, d]``, ``cos, sin:
+    [R / cos_group, d]`` in the normalised dtype -> ``[R, n, d]``; written into ``out`` when given
+    (which may be ``x`` itself: in place)."""
+    s: dict[str, int] = {}
+    check_tensor("x", x, ("R", "n", "d"), FLOAT_DTYPES, s)
+    if weight.dim() == 1:
+        check_tensor("weight", weight, (s["d"],), FLOAT_DTYPES, s, x.device)
+        w_rows, s_wl, s_wh = 1, 0, 0
+    else:
+        check_tensor("weight", weight, (None,) * (weight.dim() - 2) + (s["n"], s["d"]),
+                     FLOAT_DTYPES, s, x.device)
+        w_rows = int(weight.shape[0]) if weight.dim() == 3 else 1
+        s_wl = weight.stride(0) if weight.dim() == 3 else 0
+        s_wh = weight.stride(-2)
+        if weight.dim() > 3 or s["R"] % w_rows or weight.stride(-1) != 1:
+            raise ShapeError(f"weight {tuple(weight.shape)} must be [d], [n, d] or [L, n, d] "
+                             f"with L dividing the {s['R']} rows")
+    if cos_group < 1 or s["R"] % cos_group:
+        raise ShapeError(f"cos_group {cos_group} must divide the {s['R']} rows")
+    check_tensor("cos", cos, (s["R"] // cos_group, s["d"]), FLOAT_DTYPES, s, x.device)
+    check_tensor("sin", sin, (s["R"] // cos_group, s["d"]), cos.dtype, s, x.device)
+    if s["d"] % 2:
+        raise ShapeError(f"rotate-half RoPE needs an even head width, got {s['d']}")
+    odt = torch.promote_types(x.dtype, weight.dtype)
+    if cos.dtype != odt:
+        raise ShapeError(f"cos and sin must be in the normalised dtype {odt} (x times weight), "
+                         f"got {cos.dtype}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    if out is None:
+        out = torch.empty(x.shape, dtype=odt, device=x.device)
+    else:
+        check_tensor("out", out, tuple(x.shape), odt, device=x.device, unit_stride=True)
+    if x.shape[0] and x.shape[1]:
+        block = block_size(s["d"])
+        _head_norm_rope_kernel[(x.shape[0], x.shape[1])](
+            x, weight, cos, sin, out, x.shape[1], s["d"], float(eps), x.stride(0), x.stride(1),
+            cos.stride(0), out.stride(0), out.stride(1), w_rows, s_wl, s_wh, cos_group,
+            BLOCK_D=block, NORM=True, num_warps=warps_for(block, ROW_WARPS))
+    return out
+
+
+def rotate_half_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """Kernel form of :func:`rotate_half_rope_reference` for head rows, one launch: ``x: [R, n,
+    d]`` (any row and head strides, a contiguous last dim), ``cos, sin: [R, d]`` in ``x``'s
+    dtype -> ``[R, n, d]``; written into ``out`` when given (which may be ``x``: in place).
+    Every product is rounded to ``x``'s dtype where the reference rounds it, so the result
+    equals the reference's bit for bit."""
+    s: dict[str, int] = {}
+    check_tensor("x", x, ("R", "n", "d"), FLOAT_DTYPES, s)
+    check_tensor("cos", cos, (s["R"], s["d"]), x.dtype, s, x.device)
+    check_tensor("sin", sin, (s["R"], s["d"]), x.dtype, s, x.device)
+    if s["d"] % 2:
+        raise ShapeError(f"rotate-half RoPE needs an even head width, got {s['d']}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    if out is None:
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    else:
+        check_tensor("out", out, tuple(x.shape), x.dtype, device=x.device, unit_stride=True)
+    if x.shape[0] and x.shape[1]:
+        block = block_size(s["d"])
+        _head_norm_rope_kernel[(x.shape[0], x.shape[1])](
+            x, x, cos, sin, out, x.shape[1], s["d"], 0.0, x.stride(0), x.stride(1),
+            cos.stride(0), out.stride(0), out.stride(1), 1, 0, 0, 1,
+            BLOCK_D=block, NORM=False, num_warps=warps_for(block, ROW_WARPS),
+            enable_fp_fusion=False)  # no FMA: the two products round as the reference's do
+    return out
+
+
+__all__ = [
+    "head_norm_rope",
+    "head_norm_rope_reference",
+    "rotate_half_rope",
+    "rotate_half_rope_reference",
+]

@@ -1,0 +1,63 @@
+"""RoPE's ``cos`` and ``sin`` tables of a batch of positions in one launch, beside its reference.
+
+The drafters build these tables on every block forward (``drafters.nn.rope_cos_sin``); in eager
+torch they are a product, a concatenation, two functions, two scalings and two casts. Imports
+``draftsmith.contract`` and the kernels' launch helpers only. Numerics: the angles are the
+reference's fp32 products; ``cos`` and ``sin`` are Triton's (``tl.cos``, ``tl.sin``), not torch's.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from draftsmith.contract import ShapeError, check_tensor
+from draftsmith.contract.checks import FLOAT_DTYPES
+from draftsmith.kernels._launch import block_size
+
+
+def rope_cos_sin_reference(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
+                           scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos, sin: [*positions.shape, 2 * len(inv_freq)]`` in ``dtype`` (HF layout: halves
+    repeated), from fp32 angles ``positions * inv_freq``; ``scale`` multiplies both."""
+    freqs = positions.float()[..., None] * inv_freq.to(positions.device)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+
+@triton.jit
+def _rope_cos_sin_kernel(pos_ptr, freq_ptr, out_ptr, HALF, scale, BLOCK: tl.constexpr):
+    """Program ``r``: cos then sin of position ``r`` over ``2 * HALF`` columns."""
+    r = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, BLOCK)
+    ok = j < 2 * HALF
+    pos = tl.load(pos_ptr + r).to(tl.float32)
+    freq = tl.load(freq_ptr + j % HALF, mask=ok, other=0.0)
+    angle = pos * freq
+    row = out_ptr + r * 4 * HALF
+    tl.store(row + j, (tl.cos(angle) * scale).to(out_ptr.dtype.element_ty), mask=ok)
+    tl.store(row + 2 * HALF + j, (tl.sin(angle) * scale).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
+                 scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel form of :func:`rope_cos_sin_reference` (one launch): ``cos`` and ``sin`` are views
+    of one ``[*positions.shape, 2, 2 * len(inv_freq)]`` buffer (rows strided, last dim
+    contiguous). ``positions`` int64, ``inv_freq`` fp32 on the same device."""
+    check_tensor("positions", positions, None, torch.int64)
+    check_tensor("inv_freq", inv_freq, ("half",), torch.float32, device=positions.device,
+                 contiguous=True)
+    if dtype not in FLOAT_DTYPES:
+        raise ShapeError(f"rope_cos_sin makes fp32, bf16 or fp16 tables, not {dtype}")
+    half = int(inv_freq.shape[0])
+    flat = positions.reshape(-1).contiguous()
+    out = torch.empty(flat.shape[0], 2, 2 * half, dtype=dtype, device=positions.device)
+    if flat.shape[0] and half:
+        _rope_cos_sin_kernel[(flat.shape[0],)](flat, inv_freq, out, half, float(scale),
+                                               BLOCK=block_size(2 * half), num_warps=1)
+    out = out.view(*positions.shape, 2, 2 * half)
+    return out[..., 0, :], out[..., 1, :]
+
+
+__all__ = ["rope_cos_sin", "rope_cos_sin_reference"]
