@@ -56,7 +56,7 @@ def head_norm_rope_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 @triton.jit
-def _head_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, HEADS, D, eps,
+def _head_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, D, eps,
                            s_xt, s_xh, s_ct, s_ot, s_oh, W_ROWS, s_wl, s_wh, COS_GROUP,
                            BLOCK_D: tl.constexpr, NORM: tl.constexpr):
     """Program ``(t, h)`` normalises head ``h`` of row ``t`` (unless ``NORM`` is false) and
@@ -133,7 +133,7 @@ def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch
     if x.shape[0] and x.shape[1]:
         block = block_size(s["d"])
         _head_norm_rope_kernel[(x.shape[0], x.shape[1])](
-            x, weight, cos, sin, out, x.shape[1], s["d"], float(eps), x.stride(0), x.stride(1),
+            x, weight, cos, sin, out, s["d"], float(eps), x.stride(0), x.stride(1),
             cos.stride(0), out.stride(0), out.stride(1), w_rows, s_wl, s_wh, cos_group,
             BLOCK_D=block, NORM=True, num_warps=warps_for(block, ROW_WARPS))
     return out
@@ -163,7 +163,7 @@ def rotate_half_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     if x.shape[0] and x.shape[1]:
         block = block_size(s["d"])
         _head_norm_rope_kernel[(x.shape[0], x.shape[1])](
-            x, x, cos, sin, out, x.shape[1], s["d"], 0.0, x.stride(0), x.stride(1),
+            x, x, cos, sin, out, s["d"], 0.0, x.stride(0), x.stride(1),
             cos.stride(0), out.stride(0), out.stride(1), 1, 0, 0, 1,
             BLOCK_D=block, NORM=False, num_warps=warps_for(block, ROW_WARPS),
             enable_fp_fusion=False)  # no FMA: the two products round as the reference's do
