@@ -15,15 +15,11 @@ CASES = [((3, 5), 7, 1.0), ((11,), 1, 1.0), ((2, 1, 3), 33, 0.7), ((4,), 64, 1.2
 """Positions' shape, frequencies (half the head width), scale."""
 
 
-def _devices():
-    out = [("cpu", torch.float32)]
-    if torch.cuda.is_available():
-        out += [("cuda", torch.float32), ("cuda", torch.bfloat16)]
-    return out
+GPU = [("cuda", torch.float32), ("cuda", torch.bfloat16)] if torch.cuda.is_available() else []
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize(("device", "dtype"), _devices())
+@pytest.mark.parametrize(("device", "dtype"), [("cpu", torch.float32), *GPU])
 def test_rope_cos_sin_matches_the_reference(case, device, dtype):
     shape, half, scale = case
     g = torch.Generator().manual_seed(half)
