@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _devices import DEVICE_DTYPES
 
 from draftsmith.contract import ShapeError
 from draftsmith.kernels.decode_linear import (
@@ -18,13 +19,6 @@ from draftsmith.kernels.decode_linear import (
 SHAPES = [(1, 37, 75), (5, 64, 576), (17, 100, 129), (16, 48, 40), (3, 1026, 600)]
 """Rows x output columns x input columns: below and above one tile of rows, widths that are
 not powers of two, one input tile and several."""
-
-
-def _devices():
-    out = [("cpu", torch.float32)]
-    if torch.cuda.is_available():
-        out += [("cuda", torch.float32), ("cuda", torch.bfloat16)]
-    return out
 
 
 def _tol(dtype):
@@ -41,7 +35,7 @@ def _inputs(m, n, k, device, dtype, seed):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize(("device", "dtype"), _devices())
+@pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
 def test_every_form_matches_the_reference(shape, device, dtype):
     m, n, k = shape
     x, w, b, r = _inputs(m, n, k, device, dtype, sum(shape))
@@ -57,7 +51,7 @@ def test_every_form_matches_the_reference(shape, device, dtype):
         torch.testing.assert_close(got, want, **_tol(dtype), msg=lambda m, kw=kwargs: f"{kw}: {m}")
 
 
-@pytest.mark.parametrize(("device", "dtype"), _devices())
+@pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
 def test_a_row_does_not_depend_on_the_rows_beside_it(device, dtype):
     """Verifying K + 1 tokens must round as decoding them one by one: each row alone, in a
     block of 8, and in a block of 21 (two tiles of rows) gives the same bits."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _devices import DEVICE_DTYPES
 
 from draftsmith.contract import ShapeError
 from draftsmith.drafters.nn import apply_rope_neox, rope_cos_sin, rope_inv_freq
@@ -22,19 +23,12 @@ SHAPES = [(1, 64), (7, 576), (33, 111), (5, 3, 96)]
 """Rows x width, a width that is not a power of two, and a leading batch of two dims."""
 
 
-def _devices():
-    out = [("cpu", torch.float32)]
-    if torch.cuda.is_available():
-        out += [("cuda", torch.float32), ("cuda", torch.bfloat16)]
-    return out
-
-
 def _tol(dtype):
     return dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize(("device", "dtype"), _devices())
+@pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
 def test_rms_norm_matches_reference(shape, device, dtype):
     g = torch.Generator().manual_seed(sum(shape))
     x = (torch.randn(shape, generator=g) * 3).to(device, dtype)
@@ -58,7 +52,7 @@ def test_rms_norm_strided_rows_and_empty():
 
 
 @pytest.mark.parametrize(("tokens", "heads", "width"), [(1, 9, 64), (13, 3, 64), (5, 2, 30)])
-@pytest.mark.parametrize(("device", "dtype"), _devices())
+@pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
 def test_head_norm_rope_matches_the_drafters_composition(tokens, heads, width, device, dtype):
     g = torch.Generator().manual_seed(tokens * heads + width)
     x = (torch.randn(tokens, heads, width, generator=g) * 2).to(device, dtype)
@@ -73,7 +67,7 @@ def test_head_norm_rope_matches_the_drafters_composition(tokens, heads, width, d
 
 
 @pytest.mark.parametrize(("tokens", "heads", "width"), [(1, 9, 64), (13, 3, 64), (5, 2, 30)])
-@pytest.mark.parametrize(("device", "dtype"), _devices())
+@pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
 def test_rotate_half_rope_equals_its_reference_in_place_on_packed_heads(tokens, heads, width,
                                                                        device, dtype):
     """The target's packed ``[q | k | v]`` rows: RoPE on the first ``heads`` heads in place,
@@ -104,7 +98,7 @@ def test_head_norm_rope_refuses_what_it_cannot_do():
         head_norm_rope(x, w, 1e-6, torch.ones(3, 8), torch.ones(3, 8))
 
 
-@pytest.mark.parametrize(("device", "dtype"), _devices())
+@pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
 def test_head_norm_rope_per_head_and_per_layer_weights(device, dtype):
     """Per-head weights ``[n, d]`` (q and k heads of one packed projection), and ``[L, n, d]``
     over rows that interleave L layers of one token (``cos_group = L``), written in place."""
@@ -139,7 +133,7 @@ def test_head_norm_rope_per_head_and_per_layer_weights(device, dtype):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize(("device", "dtype"), _devices())
+@pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
 def test_add_rms_norm_matches_reference(shape, device, dtype):
     from draftsmith.kernels.add_rms_norm import add_rms_norm, add_rms_norm_reference
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _devices import DEVICE_DTYPES
 
 from draftsmith.contract import ShapeError
 from draftsmith.kernels.rope_cos_sin import rope_cos_sin, rope_cos_sin_reference
@@ -15,11 +16,8 @@ CASES = [((3, 5), 7, 1.0), ((11,), 1, 1.0), ((2, 1, 3), 33, 0.7), ((4,), 64, 1.2
 """Positions' shape, frequencies (half the head width), scale."""
 
 
-GPU = [("cuda", torch.float32), ("cuda", torch.bfloat16)] if torch.cuda.is_available() else []
-
-
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize(("device", "dtype"), [("cpu", torch.float32), *GPU])
+@pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
 def test_rope_cos_sin_matches_the_reference(case, device, dtype):
     shape, half, scale = case
     g = torch.Generator().manual_seed(half)

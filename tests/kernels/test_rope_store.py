@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _devices import DEVICE_DTYPES
 
 from draftsmith.contract import ShapeError
 from draftsmith.kernels.rope_store import rope_store, rope_store_reference
@@ -15,15 +16,8 @@ CASES = [(3, 4, 2, 16, False, 1.0), (5, 6, 2, 24, True, 1.0), (1, 3, 3, 64, Fals
 """Tokens, query heads, key/value heads, head width, per-head norm, cos/sin scale."""
 
 
-def _devices():
-    out = [("cpu", torch.float32)]
-    if torch.cuda.is_available():
-        out += [("cuda", torch.float32), ("cuda", torch.bfloat16)]
-    return out
-
-
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize(("device", "dtype"), _devices())
+@pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
 def test_rope_store_matches_the_reference(case, device, dtype):
     r, nq, nkv, hd, norm, scale = case
     g = torch.Generator().manual_seed(r * hd)
