@@ -17,18 +17,16 @@ from draftsmith.kernels.cache_attention import (
     chunk_tokens,
 )
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
-
-def _case(n, nq, nkv, hd, slots, length, dtype=torch.float32, seed=0, strided=False):
+def _case(device: str, n, nq, nkv, hd, slots, length, dtype=torch.float32, seed=0, strided=False):
     gen = torch.Generator().manual_seed(seed)
-    keys = torch.randn(slots, nkv, length, hd, generator=gen).to(DEVICE, dtype)
-    values = torch.randn(slots, nkv, length, hd, generator=gen).to(DEVICE, dtype)
+    keys = torch.randn(slots, nkv, length, hd, generator=gen).to(device, dtype)
+    values = torch.randn(slots, nkv, length, hd, generator=gen).to(device, dtype)
     if strided:  # the queries as a view of a fused [q | k | v] projection, as the target makes it
-        q = torch.randn(n, nq + 2 * nkv, hd, generator=gen).to(DEVICE, dtype)[:, :nq]
+        q = torch.randn(n, nq + 2 * nkv, hd, generator=gen).to(device, dtype)[:, :nq]
     else:
-        q = torch.randn(n, nq, hd, generator=gen).to(DEVICE, dtype)
-    rows = torch.randint(0, slots, (n,), generator=gen).to(DEVICE)
+        q = torch.randn(n, nq, hd, generator=gen).to(device, dtype)
+    rows = torch.randint(0, slots, (n,), generator=gen).to(device)
     return q, keys, values, rows
 
 
@@ -39,10 +37,10 @@ def _case(n, nq, nkv, hd, slots, length, dtype=torch.float32, seed=0, strided=Fa
     (4, 4, 4, 16, 3, 64, 17, [16, 3, 0, 9]),
     (2, 8, 1, 24, 1, 520, 520, [519, 511]),
 ])
-def test_kernel_matches_the_reference(shape):
+def test_kernel_matches_the_reference(device, shape):
     n, nq, nkv, hd, slots, length, columns, positions = shape
-    q, keys, values, rows = _case(n, nq, nkv, hd, slots, length, strided=n == 5)
-    pos = torch.tensor(positions, device=DEVICE)
+    q, keys, values, rows = _case(device, n, nq, nkv, hd, slots, length, strided=n == 5)
+    pos = torch.tensor(positions, device=device)
     scale = hd ** -0.5
     want = cache_attention_reference(q, keys, values, rows, pos, columns, scale)
     got = cache_attention(q, keys, values, rows, pos, columns, scale)
@@ -50,10 +48,10 @@ def test_kernel_matches_the_reference(shape):
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
 
 
-def test_a_token_is_bit_identical_whatever_the_call():
+def test_a_token_is_bit_identical_whatever_the_call(device):
     """Splits past a token's position, its neighbours and their order change none of its bits."""
-    q, keys, values, rows = _case(6, 6, 2, 32, 3, 3 * SPLIT, seed=4)
-    pos = torch.tensor([5, SPLIT - 1, SPLIT, SPLIT + 7, 2 * SPLIT + 1, 0], device=DEVICE)
+    q, keys, values, rows = _case(device, 6, 6, 2, 32, 3, 3 * SPLIT, seed=4)
+    pos = torch.tensor([5, SPLIT - 1, SPLIT, SPLIT + 7, 2 * SPLIT + 1, 0], device=device)
     scale = 0.2
     wide = cache_attention(q, keys, values, rows, pos, 3 * SPLIT, scale)
     for n in range(6):
@@ -61,17 +59,17 @@ def test_a_token_is_bit_identical_whatever_the_call():
         alone = cache_attention(q[n : n + 1], keys, values, rows[n : n + 1], pos[n : n + 1],
                                 bound, scale)
         assert torch.equal(alone[0], wide[n]), n
-    order = torch.tensor([3, 0, 5, 1, 4, 2], device=DEVICE)
+    order = torch.tensor([3, 0, 5, 1, 4, 2], device=device)
     shuffled = cache_attention(q[order], keys, values, rows[order], pos[order], 3 * SPLIT, scale)
     assert torch.equal(shuffled, wide[order])
 
 
-def _rows_of(g, q, slots, length, gen):
+def _rows_of(device: str, g, q, slots, length, gen):
     """Slots and positions of ``g`` rows of ``q`` consecutive tokens each (a verification)."""
     slot = torch.randint(0, slots, (g,), generator=gen)
     start = torch.randint(0, length - q + 1, (g,), generator=gen)
-    rows = slot.repeat_interleave(q).to(DEVICE)
-    pos = (start[:, None] + torch.arange(q)).reshape(-1).to(DEVICE)
+    rows = slot.repeat_interleave(q).to(device)
+    pos = (start[:, None] + torch.arange(q)).reshape(-1).to(device)
     return rows, pos
 
 
@@ -82,11 +80,11 @@ def _rows_of(g, q, slots, length, gen):
     (4, 5, 4, 4, 16, 2, 70),    # one query head per key/value head: 32 tokens a chunk
     (2, 3, 16, 2, 24, 2, 530),  # eight query heads per key/value head
 ])
-def test_rows_of_tokens_match_the_reference_and_each_token_alone(shape):
+def test_rows_of_tokens_match_the_reference_and_each_token_alone(device, shape):
     g, q_len, nq, nkv, hd, slots, length = shape
     gen = torch.Generator().manual_seed(g * q_len)
-    q, keys, values, _ = _case(g * q_len, nq, nkv, hd, slots, length, strided=True, seed=3)
-    rows, pos = _rows_of(g, q_len, slots, length, gen)
+    q, keys, values, _ = _case(device, g * q_len, nq, nkv, hd, slots, length, strided=True, seed=3)
+    rows, pos = _rows_of(device, g, q_len, slots, length, gen)
     scale = hd ** -0.5
     got = cache_attention(q, keys, values, rows, pos, length, scale, tokens_per_row=q_len)
     want = cache_attention_reference(q, keys, values, rows, pos, length, scale)
@@ -108,24 +106,24 @@ def test_a_chunk_has_one_tile_height_per_group_and_dtype():
     assert chunk_tokens(3, fp32) == (4, 16) and chunk_tokens(16, fp32) == (1, 16)
 
 
-def test_bad_shapes_and_values_are_refused():
-    q, keys, values, rows = _case(2, 6, 4, 16, 2, 32)
-    pos = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+def test_bad_shapes_and_values_are_refused(device):
+    q, keys, values, rows = _case(device, 2, 6, 4, 16, 2, 32)
+    pos = torch.zeros(2, dtype=torch.int64, device=device)
     with pytest.raises(ShapeError, match="do not group"):
         cache_attention(q, keys, values, rows, pos, 32, 1.0)
-    q, keys, values, rows = _case(2, 4, 2, 16, 2, 32)
+    q, keys, values, rows = _case(device, 2, 4, 2, 16, 2, 32)
     with pytest.raises(ShapeError, match="columns 33"):
         cache_attention(q, keys, values, rows, pos, 33, 1.0)
     with pytest.raises(ShapeError):
         cache_attention(q, keys, values, rows[:1], pos, 32, 1.0)
     with pytest.raises(ShapeError, match="slot ids outside 0 .. 1"):
-        cache_attention(q, keys, values, torch.tensor([0, 2], device=DEVICE), pos, 32, 1.0)
+        cache_attention(q, keys, values, torch.tensor([0, 2], device=device), pos, 32, 1.0)
     with pytest.raises(ShapeError, match="positions must lie in 0 .. 15"):
-        cache_attention(q, keys, values, rows, torch.tensor([3, 16], device=DEVICE), 16, 1.0)
+        cache_attention(q, keys, values, rows, torch.tensor([3, 16], device=device), 16, 1.0)
     with pytest.raises(ShapeError, match="rows of tokens_per_row = 3"):
         cache_attention(q, keys, values, rows, pos, 32, 1.0, tokens_per_row=3)
     with pytest.raises(ShapeError, match="the 2 tokens of a row must read one slot"):
-        cache_attention(q, keys, values, torch.tensor([0, 1], device=DEVICE), pos, 32, 1.0,
+        cache_attention(q, keys, values, torch.tensor([0, 1], device=device), pos, 32, 1.0,
                         tokens_per_row=2)
 
 
@@ -134,8 +132,8 @@ def test_bad_shapes_and_values_are_refused():
 def test_on_a_gpu(dtype):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    q, keys, values, rows = _case(37, 9, 3, 64, 8, 1100, dtype=dtype, strided=True)
-    pos = torch.randint(0, 1100, (37,), device=DEVICE)
+    q, keys, values, rows = _case("cuda", 37, 9, 3, 64, 8, 1100, dtype=dtype, strided=True)
+    pos = torch.randint(0, 1100, (37,), device="cuda")
     want = cache_attention_reference(q, keys, values, rows, pos, 1100, 0.125)
     got = cache_attention(q, keys, values, rows, pos, 1100, 0.125)
     tol = 2e-2 if dtype == torch.bfloat16 else 2e-5
@@ -143,8 +141,8 @@ def test_on_a_gpu(dtype):
     alone = cache_attention(q[:1], keys, values, rows[:1], pos[:1], int(pos[0]) + 1, 0.125)
     assert torch.equal(alone[0], got[0])
     gen = torch.Generator().manual_seed(1)
-    rows, pos = _rows_of(5, 8, 8, 1100, gen)
-    q = q[:1].repeat(40, 1, 1) + torch.randn(40, 9, 64, generator=gen).to(DEVICE, dtype)
+    rows, pos = _rows_of("cuda", 5, 8, 8, 1100, gen)
+    q = q[:1].repeat(40, 1, 1) + torch.randn(40, 9, 64, generator=gen).to("cuda", dtype)
     packed = cache_attention(q, keys, values, rows, pos, 1100, 0.125, tokens_per_row=8)
     assert torch.equal(packed, cache_attention(q, keys, values, rows, pos, 1100, 0.125))
     want = cache_attention_reference(q, keys, values, rows, pos, 1100, 0.125)
