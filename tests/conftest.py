@@ -26,6 +26,17 @@ os.environ[LOAD_PLUGINS_ENV] = ""  # built-ins only, whatever is installed besid
 HAS_GPU = torch.cuda.is_available()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Where ``DRAFTSMITH_SMOLLM2_GGUF`` names SmolLM2's weights (a machine without network, such
+    as the GPU machine), convert them into the cache before collection: the tests that need the
+    real model then run instead of skipping for want of a conversion nobody asked for. Without
+    the variable nothing is downloaded or converted."""
+    from draftsmith.runtime.targets.smollm2 import GGUF_ENV, ensure_smollm2, smollm2_available
+
+    if os.environ.get(GGUF_ENV) and not smollm2_available():
+        ensure_smollm2()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip tests marked ``gpu`` when no CUDA device exists (reported as skipped, never silent)."""
     if HAS_GPU:

@@ -1,6 +1,7 @@
 """The real embedded target: SmolLM2-135M-Instruct with a random ``dspark-gqa`` drafter decodes
 exactly like transformers' greedy ``generate``. Skipped, with the reason, until ``make demo`` (or
-any first use) has converted the model into the cache."""
+any first use) has converted the model into the cache; with ``DRAFTSMITH_SMOLLM2_GGUF`` set, the
+suite converts it first (``tests/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from _e2e_helpers import first_turns
 
 from draftsmith.runtime.api import load_decoder
 from draftsmith.runtime.config import SpecConfig
-from draftsmith.runtime.targets.smollm2 import smollm2_available, smollm2_dir
+from draftsmith.runtime.targets.smollm2 import GGUF_ENV, smollm2_available, smollm2_dir
 
 pytestmark = pytest.mark.skipif(
     not smollm2_available(),
-    reason=f"SmolLM2-135M-Instruct is not converted in {smollm2_dir()} yet (run `make demo`)",
+    reason=f"SmolLM2-135M-Instruct is not converted in {smollm2_dir()} yet (run `make demo`, or "
+           f"set {GGUF_ENV} to its .gguf for the suite to convert it)",
 )
 
 MAX_NEW = 12
