@@ -22,7 +22,10 @@ def interrupt_at(point: str, argv: list[str], sig: signal.Signals, cwd: Path,
     The child sleeps at the point, so the signal lands between the two writes the point sits
     between, every time."""
     env = {**os.environ, PAUSE_ENV: point, "PYTHONPATH": str(ROOT)}
-    code = "import sys; from draftsmith.cli import main; sys.exit(main())"
+    # SIGINT raises KeyboardInterrupt in the child whatever it inherits: a suite started in the
+    # background of a shell without job control inherits SIGINT ignored, and Python keeps that
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from draftsmith.cli import main; sys.exit(main())")
     child = subprocess.Popen([sys.executable, "-c", code, *argv], cwd=cwd, env=env,
                              stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     lines = []
