@@ -178,8 +178,9 @@ def cache_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                  unit_stride=True)
     check_tensor("rows", rows, ("N",), _I64, s, q.device)
     check_tensor("positions", positions, ("N",), _I64, s, q.device)
-    if s["nq"] % s["nkv"]:
-        raise ShapeError(f"{s['nq']} query heads do not group over {s['nkv']} KV heads")
+    if not s["nq"] or not s["nkv"] or s["nq"] % s["nkv"]:
+        raise ShapeError(f"{s['nq']} query heads do not group over {s['nkv']} KV heads (each "
+                         "KV head serves one or more query heads)")
     if not 1 <= columns <= s["L"]:
         raise ShapeError(f"columns {columns} must be in 1 .. {s['L']} (the cache length)")
     if tokens_per_row < 1 or s["N"] % tokens_per_row:

@@ -116,8 +116,8 @@ def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch
         raise ShapeError(f"cos_group {cos_group} must divide the {s['R']} rows")
     check_tensor("cos", cos, (s["R"] // cos_group, s["d"]), FLOAT_DTYPES, s, x.device)
     check_tensor("sin", sin, (s["R"] // cos_group, s["d"]), cos.dtype, s, x.device)
-    if s["d"] % 2:
-        raise ShapeError(f"rotate-half RoPE needs an even head width, got {s['d']}")
+    if s["d"] % 2 or not s["d"]:
+        raise ShapeError(f"rotate-half RoPE needs an even, non-zero head width, got {s['d']}")
     odt = torch.promote_types(x.dtype, weight.dtype)
     if cos.dtype != odt:
         raise ShapeError(f"cos and sin must be in the normalised dtype {odt} (x times weight), "
@@ -150,8 +150,8 @@ def rotate_half_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     check_tensor("x", x, ("R", "n", "d"), FLOAT_DTYPES, s)
     check_tensor("cos", cos, (s["R"], s["d"]), x.dtype, s, x.device)
     check_tensor("sin", sin, (s["R"], s["d"]), x.dtype, s, x.device)
-    if s["d"] % 2:
-        raise ShapeError(f"rotate-half RoPE needs an even head width, got {s['d']}")
+    if s["d"] % 2 or not s["d"]:
+        raise ShapeError(f"rotate-half RoPE needs an even, non-zero head width, got {s['d']}")
     if x.stride(-1) != 1:
         x = x.contiguous()
     if cos.stride(-1) != 1 or sin.stride() != cos.stride():

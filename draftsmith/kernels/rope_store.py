@@ -114,9 +114,9 @@ def rope_store(qkv: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tenso
     check_tensor("inv_freq", inv_freq, (s["hd"] // 2,), torch.float32, device=qkv.device,
                  contiguous=True)
     nq, nkv = int(num_q_heads), s["nkv"]
-    if s["h"] != nq + 2 * nkv or s["hd"] % 2:
+    if s["h"] != nq + 2 * nkv or s["hd"] % 2 or not s["hd"]:
         raise ShapeError(f"qkv holds {s['h']} heads of width {s['hd']}; rope_store needs "
-                         f"{nq} + 2 x {nkv} heads of an even width")
+                         f"{nq} + 2 x {nkv} heads of an even, non-zero width")
     if qk_norm is not None:
         check_tensor("qk_norm", qk_norm, (nq + nkv, s["hd"]), qkv.dtype, device=qkv.device,
                      contiguous=True)

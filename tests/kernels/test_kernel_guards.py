@@ -57,3 +57,26 @@ def _placement_inputs(k1: int):
 def test_a_placement_needs_the_bonus_column() -> None:
     with pytest.raises(ShapeError, match="at least one column"):
         prepare_placement(**_placement_inputs(0))
+
+
+def test_rope_and_attention_over_no_head_width_or_no_heads_are_refused() -> None:
+    """A head width of 0, or no query / KV heads, is a ShapeError naming it, not a zero-sized
+    block that fails inside the launch."""
+    from draftsmith.kernels.cache_attention import cache_attention
+    from draftsmith.kernels.head_norm_rope import head_norm_rope, rotate_half_rope
+    from draftsmith.kernels.rope_store import rope_store
+
+    x, cs = torch.zeros(3, 2, 0), torch.zeros(3, 0)
+    with pytest.raises(ShapeError, match="even, non-zero head width, got 0"):
+        rotate_half_rope(x, cs, cs)
+    with pytest.raises(ShapeError, match="even, non-zero head width, got 0"):
+        head_norm_rope(x, torch.ones(0), 1e-6, cs, cs)
+    slots, length = 2, 8
+    cache = torch.zeros(slots, 1, length, 0)
+    rows, pos = torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(ShapeError, match="even, non-zero width"):
+        rope_store(torch.zeros(3, 4, 0), pos, torch.ones(0), cache, cache.clone(), rows, 2)
+    keys = torch.zeros(slots, 2, length, 16)
+    for nq, kv in ((0, keys), (4, keys[:, :0])):
+        with pytest.raises(ShapeError, match="do not group"):
+            cache_attention(torch.zeros(3, nq, 16), kv, kv.clone(), rows, pos, length, 1.0)

@@ -89,7 +89,7 @@ def test_rotate_half_rope_equals_its_reference_in_place_on_packed_heads(tokens, 
 def test_head_norm_rope_refuses_what_it_cannot_do():
     x, w = torch.randn(2, 3, 8), torch.ones(8)
     cos = torch.ones(2, 8)
-    with pytest.raises(ShapeError, match="even head width"):
+    with pytest.raises(ShapeError, match="even, non-zero head width"):
         head_norm_rope(torch.randn(2, 3, 7), torch.ones(7), 1e-6, torch.ones(2, 7),
                        torch.ones(2, 7))
     with pytest.raises(ShapeError, match="normalised dtype"):
