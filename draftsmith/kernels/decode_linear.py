@@ -17,6 +17,18 @@ depends on that
 row alone: every program multiplies :data:`BLOCK_M` rows with tiles fixed by the weight's shape,
 never by the row count, so verifying ``K + 1`` tokens rounds as decoding them one by one
 (checked bit for bit by the tests).
+
+Split of ``K`` (``Blocks.split_k > 1``, forced only: :func:`decode_linear_blocks` never splits
+until a GPU measurement says where it pays): with 16-32 output columns a program, a 1-8B
+layer's product launches ~200 programs on 132 SMs, each streaming the whole ``K``. Split, the
+launch runs ``parts`` programs per tile of output (:func:`split_parts`: whole ``K`` tiles per
+part, fixed by ``K``, ``block_k`` and ``split_k``), each writing its fp32 sums to a workspace
+(:func:`split_workspace`, one per device, reused across calls and CUDA graph replays); the
+last of a tile's programs to arrive (an ``acq_rel`` arrival count per tile, reset by that
+program) adds the parts in the order ``0, 1, ..`` and applies the same epilogue as the
+whole-``K`` kernel. The bits depend on neither the arrival order nor the row count, and repeat
+on every call; they differ from the whole-``K`` launch's (another order of the sum). With
+``split_k = 1`` the launch is the one-pass kernel, unchanged.
 """
 
 from __future__ import annotations
@@ -27,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from draftsmith.contract import ShapeError, check_tensor
+from draftsmith.contract import DraftsmithError, ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
 from draftsmith.kernels._launch import block_size, or_dummy, row_stride
 from draftsmith.kernels.swiglu import silu_mul_reference
@@ -36,7 +48,8 @@ from draftsmith.kernels.swiglu import silu_mul_reference
 def decode_linear_reference(x: torch.Tensor, weight: torch.Tensor,
                             bias: torch.Tensor | None = None, *, gated: bool = False,
                             residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                            out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                            out_dtype: torch.dtype | None = None,
+                            blocks: Blocks | None = None) -> torch.Tensor:
     """``x: [M, K]`` times ``weight: [N, K]`` (``bias: [N]``), with what surrounds it::
 
         y = x @ weight.T + bias                                  # [M, N]
@@ -45,7 +58,8 @@ def decode_linear_reference(x: torch.Tensor, weight: torch.Tensor,
 
     Every intermediate rounds to ``x``'s dtype; the result is then cast to ``out_dtype`` (an
     LM head's fp32 logits). ``out`` (``[M, N]`` or ``[M, N/2]``, may be ``residual`` itself)
-    receives the result when given.
+    receives the result when given. ``blocks`` (the kernel form's launch sizes) is accepted
+    and ignored, so the two forms stay interchangeable.
     """
     y = torch.nn.functional.linear(x, weight, bias)
     if gated:
@@ -57,31 +71,23 @@ def decode_linear_reference(x: torch.Tensor, weight: torch.Tensor,
 
 
 @triton.jit
-def _decode_linear_kernel(
-    x_ptr, w_ptr, b_ptr, r_ptr, out_ptr,
-    M, N, K, s_x, s_w, s_r, s_out,
-    HAS_BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """Program ``(m, n)``: output columns ``n * BLOCK_N ..`` of rows ``m * BLOCK_M ..``, the
-    products over ``K`` in tiles of ``BLOCK_K`` (``N`` counts output columns: with ``GATED``
-    the weight holds ``N`` gate rows, then ``N`` up rows). The programs of one column tile are
-    neighbours in launch order, so its weight tile is read from memory once for all rows.
+def _products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, k_lo, k_hi, s_x, s_w,
+              GATED: tl.constexpr, IEEE: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp32 ``[BLOCK_M, BLOCK_N]`` sums of rows ``rm`` of ``x`` times weight rows ``rn`` (and
+    the up rows ``N + rn`` when ``GATED``, else zeros) over input columns ``k_lo .. k_hi``, in
+    tiles of ``BLOCK_K`` from ``k_lo``: one fixed order per row, whatever the rows beside it.
     Both operands stream through the pipeline untouched: anything done to a tile of ``x``
     between its load and the product stalls the pipeline (measured: a norm applied there
     doubled the time of an 8B layer's ``[q | k | v]``)."""
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    m_ok = rm < M
-    n_ok = rn < N
     x_rows = x_ptr + rm.to(tl.int64)[:, None] * s_x
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * s_w
     u_rows = w_rows + N.to(tl.int64) * s_w
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_ok = (k0 + rk) < K
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k_ok = (k0 + rk) < k_hi
         xk = tl.load(x_rows + (k0 + rk)[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_rows + (k0 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
         if IEEE:
@@ -95,6 +101,16 @@ def _decode_linear_kernel(
                 acc_up = tl.dot(xk, tl.trans(u), acc_up, input_precision="ieee")
             else:
                 acc_up = tl.dot(xk, tl.trans(u), acc_up)
+    return acc, acc_up
+
+
+@triton.jit
+def _epilogue(acc, acc_up, rm, rn, m_ok, n_ok, x_ptr, b_ptr, r_ptr, out_ptr, s_r, s_out,
+              HAS_BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr):
+    """What follows the product, on its fp32 sums ``acc`` (``acc_up``: the up half when
+    ``GATED``), both ``[BLOCK_M, BLOCK_N]``: the bias, rounding to ``x``'s dtype, the gate, the
+    residual add, then the cast to ``out``'s dtype and the store of rows ``rm``, columns ``rn``.
+    One body for the whole-``K`` and the split-``K`` kernels, so they round alike."""
     odt = x_ptr.dtype.element_ty  # every step rounds to the input dtype
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -108,6 +124,81 @@ def _decode_linear_kernel(
         y = res.to(tl.float32) + y
     y = y.to(odt).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :], y, mask=ok)
+
+
+@triton.jit
+def _decode_linear_kernel(
+    x_ptr, w_ptr, b_ptr, r_ptr, out_ptr,
+    M, N, K, s_x, s_w, s_r, s_out,
+    HAS_BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Program ``(m, n)``: output columns ``n * BLOCK_N ..`` of rows ``m * BLOCK_M ..``, the
+    products over the whole ``K`` in tiles of ``BLOCK_K`` (``N`` counts output columns: with
+    ``GATED`` the weight holds ``N`` gate rows, then ``N`` up rows). The programs of one column
+    tile are neighbours in launch order, so its weight tile is read from memory once for all
+    rows."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < N
+    acc, acc_up = _products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, 0, K, s_x, s_w,
+                            GATED, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+    _epilogue(acc, acc_up, rm, rn, m_ok, n_ok, x_ptr, b_ptr, r_ptr, out_ptr, s_r, s_out,
+              HAS_BIAS, GATED, RESIDUAL)
+
+
+@triton.jit
+def _decode_linear_split_kernel(
+    x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, part_ptr, count_ptr,
+    M, N, K, K_PART, s_x, s_w, s_r, s_out,
+    HAS_BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, IEEE: tl.constexpr,
+    PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Program ``(m, n, s)``: the fp32 sums of tile ``(m, n)`` over input columns
+    ``s * K_PART .. (s + 1) * K_PART`` (``K_PART`` a multiple of ``BLOCK_K``), written to its
+    slot of the workspace ``part_ptr``: ``[tiles, PARTS, 1 or 2 (GATED), BLOCK_M, BLOCK_N]``
+    fp32, tile ``t = m * tiles_n + n``. Then it counts itself in ``count_ptr[t]`` (int32, zero
+    before the launch); the program that arrives last, whichever part it holds, adds the
+    ``PARTS`` slots in the order ``s = 0, 1, ..`` (so the bits never depend on arrival),
+    applies the epilogue and sets the count back to zero for the next launch or graph
+    replay."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    part = tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = rm < M
+    n_ok = rn < N
+    k_lo = part * K_PART
+    k_hi = tl.minimum(k_lo + K_PART, K)
+    acc, acc_up = _products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, k_lo, k_hi, s_x, s_w,
+                            GATED, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+    SLOT: tl.constexpr = BLOCK_M * BLOCK_N
+    WIDTH: tl.constexpr = 2 if GATED else 1
+    tile = pid_m * tl.num_programs(1) + pid_n
+    in_slot = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    slots = part_ptr + tile.to(tl.int64) * (PARTS * WIDTH * SLOT) + in_slot
+    tl.store(slots + part * (WIDTH * SLOT), acc)
+    if GATED:
+        tl.store(slots + part * (WIDTH * SLOT) + SLOT, acc_up)
+    # every thread's stores precede the count (the barrier), and the count's release publishes
+    # them to the program that reads them after its acquire
+    tl.debug_barrier()
+    arrived = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel")
+    if arrived == PARTS - 1:
+        tl.debug_barrier()
+        # ".cg": read the other programs' slots from L2, never a stale L1 line
+        acc = tl.load(slots, cache_modifier=".cg")
+        for s in tl.static_range(1, PARTS):
+            acc += tl.load(slots + s * (WIDTH * SLOT), cache_modifier=".cg")
+        if GATED:
+            acc_up = tl.load(slots + SLOT, cache_modifier=".cg")
+            for s in tl.static_range(1, PARTS):
+                acc_up += tl.load(slots + s * (WIDTH * SLOT) + SLOT, cache_modifier=".cg")
+        tl.store(count_ptr + tile, 0)
+        _epilogue(acc, acc_up, rm, rn, m_ok, n_ok, x_ptr, b_ptr, r_ptr, out_ptr, s_r, s_out,
+                  HAS_BIAS, GATED, RESIDUAL)
 
 
 SHARED_BYTES = 200 * 1024
@@ -127,6 +218,69 @@ class Blocks:
     block_k: int
     num_warps: int
     num_stages: int
+    split_k: int = 1
+    """Parts ``K`` is cut into, each a program of its own (1: one program streams the whole
+    ``K``); see :func:`split_parts` for the parts a launch runs."""
+
+    def __post_init__(self) -> None:
+        if self.split_k < 1:
+            raise ShapeError(f"Blocks.split_k counts parts of K, at least 1, not {self.split_k}")
+
+
+def split_parts(k: int, block_k: int, split_k: int) -> tuple[int, int]:
+    """``(parts, k_part)``: the ``K`` tiles of ``block_k`` dealt to at most ``split_k`` parts
+    of ``k_part`` input columns each (a whole number of tiles, the last part shorter), no part
+    empty: fixed by ``k``, ``block_k`` and ``split_k`` alone, never by the row count."""
+    tiles = triton.cdiv(k, block_k)
+    per_part = triton.cdiv(tiles, max(1, min(split_k, tiles)))
+    return triton.cdiv(tiles, per_part), per_part * block_k
+
+
+@dataclass
+class _Workspace:
+    """One device's split-``K`` scratch: fp32 partial sums and int32 arrival counts (zero
+    between launches: the last program of a tile resets its own)."""
+
+    partials: torch.Tensor
+    counts: torch.Tensor
+    retired: list[torch.Tensor]
+    """Outgrown buffers, kept alive: a CUDA graph captured with them still writes there."""
+
+
+_WORKSPACES: dict[torch.device, _Workspace] = {}
+
+
+def split_workspace(device: torch.device, floats: int, tiles: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(partials: [>= floats] float32, counts: [>= tiles] int32)`` on ``device``, shared by
+    every split-``K`` launch there and reused across calls and graph replays.
+
+    A buffer grows to the next power of two of what a launch needs, the counts zeroed once
+    when allocated; the outgrown ones stay allocated (a graph captured earlier still uses
+    them), so the memory held is under twice the largest need, in bytes
+    ``4 * tiles_m * tiles_n * parts * (2 if gated else 1) * BLOCK_M * block_n`` for partials
+    (Llama-3.1-8B's ``[q | k | v]`` at 16 rows in 8 parts of ``block_n = 32``: 3 MiB; a 128k
+    LM head at 16 rows in 8 parts: 66 MB) plus ``4 * tiles``. Launches on one stream share it
+    safely (one runs after the other); split launches that may overlap on two streams must not
+    run on one device. Growing during a CUDA graph capture is refused: the first call must be
+    eager (a warm-up), as it is for the kernel's compilation anyway.
+    """
+    ws = _WORKSPACES.get(device)
+    if ws is not None and ws.partials.numel() >= floats and ws.counts.numel() >= tiles:
+        return ws.partials, ws.counts
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise DraftsmithError(
+            f"decode_linear's split-K workspace on {device} must grow ({floats} floats, "
+            f"{tiles} counts) inside a CUDA graph capture: run the product once eagerly first")
+    retired = [] if ws is None else [*ws.retired, ws.partials, ws.counts]
+    have_f, have_t = (0, 0) if ws is None else (ws.partials.numel(), ws.counts.numel())
+    partials = ws.partials if ws is not None and have_f >= floats else torch.empty(
+        triton.next_power_of_2(floats), dtype=torch.float32, device=device)
+    counts = ws.counts if ws is not None and have_t >= tiles else torch.zeros(
+        triton.next_power_of_2(tiles), dtype=torch.int32, device=device)
+    retired = [t for t in retired if t is not partials and t is not counts]
+    _WORKSPACES[device] = _Workspace(partials, counts, retired)
+    return partials, counts
 
 
 def decode_linear_blocks(n: int, k: int, dtype: torch.dtype, gated: bool = False) -> Blocks:
@@ -151,14 +305,15 @@ def decode_linear_blocks(n: int, k: int, dtype: torch.dtype, gated: bool = False
 
 def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                   gated: bool = False, residual: torch.Tensor | None = None,
-                  out: torch.Tensor | None = None,
-                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+                  blocks: Blocks | None = None) -> torch.Tensor:
     """Kernel form of :func:`decode_linear_reference` (same arguments and result), one launch.
 
     ``x: [M, K]`` and ``weight: [N, K]`` share a dtype and have contiguous rows; ``residual``
     and ``out``: ``[M, N]`` (``[M, N/2]`` when ``gated``), ``out`` may be
     ``residual``; ``out_dtype`` (default ``x``'s) may be wider than ``x``'s dtype. Launch
-    sizes come from :func:`decode_linear_blocks`.
+    sizes come from :func:`decode_linear_blocks` unless ``blocks`` forces them (a benchmark's
+    sweep); with ``blocks.split_k > 1`` the launch uses the device's :func:`split_workspace`.
     """
     check_tensor("x", x, ("M", "K"), FLOAT_DTYPES, unit_stride=True)
     sizes = {"K": int(x.shape[1])}
@@ -185,7 +340,11 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         check_tensor("out", out, (m, n), (out_dtype,), device=x.device, unit_stride=True)
     if m == 0 or n == 0:
         return out
-    b = decode_linear_blocks(n, k, x.dtype, gated)
+    b = decode_linear_blocks(n, k, x.dtype, gated) if blocks is None else blocks
+    parts, k_part = split_parts(k, b.block_k, b.split_k)
+    if parts > 1:
+        _launch_split(x, weight, bias, residual, out, gated, b, parts, k_part)
+        return out
     _decode_linear_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, b.block_n))](
         x, weight, or_dummy(bias, weight), or_dummy(residual, out), out,
         m, n, k, x.stride(0), weight.stride(0), row_stride(residual), out.stride(0),
@@ -196,5 +355,24 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return out
 
 
+def _launch_split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  residual: torch.Tensor | None, out: torch.Tensor, gated: bool, b: Blocks,
+                  parts: int, k_part: int) -> None:
+    """:func:`decode_linear`'s split-``K`` launch (arguments checked there): ``parts``
+    programs per ``[BLOCK_M, block_n]`` tile of ``out: [M, N]``, each over ``k_part`` input
+    columns, on the device's shared :func:`split_workspace`."""
+    m, n, k = int(x.shape[0]), int(out.shape[1]), int(x.shape[1])
+    tiles_m, tiles_n = triton.cdiv(m, BLOCK_M), triton.cdiv(n, b.block_n)
+    floats = tiles_m * tiles_n * parts * (2 if gated else 1) * BLOCK_M * b.block_n
+    partials, counts = split_workspace(x.device, floats, tiles_m * tiles_n)
+    _decode_linear_split_kernel[(tiles_m, tiles_n, parts)](
+        x, weight, or_dummy(bias, weight), or_dummy(residual, out), out, partials, counts,
+        m, n, k, k_part, x.stride(0), weight.stride(0), row_stride(residual), out.stride(0),
+        HAS_BIAS=bias is not None, GATED=gated, RESIDUAL=residual is not None,
+        IEEE=x.dtype == torch.float32, PARTS=parts,
+        BLOCK_M=BLOCK_M, BLOCK_N=b.block_n, BLOCK_K=b.block_k, num_warps=b.num_warps,
+        num_stages=b.num_stages)
+
+
 __all__ = ["BLOCK_M", "Blocks", "decode_linear", "decode_linear_blocks",
-           "decode_linear_reference"]
+           "decode_linear_reference", "split_parts", "split_workspace"]
