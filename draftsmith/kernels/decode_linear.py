@@ -265,20 +265,30 @@ def split_workspace(device: torch.device, floats: int, tiles: int
     run on one device. Growing during a CUDA graph capture is refused: the first call must be
     eager (a warm-up), as it is for the kernel's compilation anyway.
     """
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     ws = _WORKSPACES.get(device)
-    if ws is not None and ws.partials.numel() >= floats and ws.counts.numel() >= tiles:
+    grow_partials = ws is None or ws.partials.numel() < floats
+    grow_counts = ws is None or ws.counts.numel() < tiles
+    if ws is not None and not (grow_partials or grow_counts):
         return ws.partials, ws.counts
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise DraftsmithError(
             f"decode_linear's split-K workspace on {device} must grow ({floats} floats, "
             f"{tiles} counts) inside a CUDA graph capture: run the product once eagerly first")
-    retired = [] if ws is None else [*ws.retired, ws.partials, ws.counts]
-    have_f, have_t = (0, 0) if ws is None else (ws.partials.numel(), ws.counts.numel())
-    partials = ws.partials if ws is not None and have_f >= floats else torch.empty(
-        triton.next_power_of_2(floats), dtype=torch.float32, device=device)
-    counts = ws.counts if ws is not None and have_t >= tiles else torch.zeros(
-        triton.next_power_of_2(tiles), dtype=torch.int32, device=device)
-    retired = [t for t in retired if t is not partials and t is not counts]
+    retired = [] if ws is None else list(ws.retired)
+    if grow_partials:
+        retired += [] if ws is None else [ws.partials]
+        partials = torch.empty(triton.next_power_of_2(max(floats, 1)), dtype=torch.float32,
+                               device=device)
+    else:
+        partials = ws.partials
+    if grow_counts:
+        retired += [] if ws is None else [ws.counts]
+        counts = torch.zeros(triton.next_power_of_2(max(tiles, 1)), dtype=torch.int32,
+                             device=device)
+    else:
+        counts = ws.counts
     _WORKSPACES[device] = _Workspace(partials, counts, retired)
     return partials, counts
 
@@ -298,9 +308,16 @@ def decode_linear_blocks(n: int, k: int, dtype: torch.dtype, gated: bool = False
         block_n = 16 if n < 4096 else 32 if n < 16384 else 64
     block_k = 256 if gated or dtype == torch.float32 else 512
     block_k = block_size(k, lo=16, hi=block_k)
-    stage = (BLOCK_M + block_n * (2 if gated else 1)) * block_k * dtype.itemsize
     return Blocks(block_n=block_n, block_k=block_k, num_warps=4,
-                  num_stages=max(1, min(4, SHARED_BYTES // stage)))
+                  num_stages=stages_for(block_n, block_k, dtype, gated))
+
+
+def stages_for(block_n: int, block_k: int, dtype: torch.dtype, gated: bool = False) -> int:
+    """Pipeline stages in flight for tiles of ``block_n`` weight rows (twice that when
+    ``gated``) and ``BLOCK_M`` rows of ``x`` by ``block_k`` columns: as many as fit in
+    :data:`SHARED_BYTES`, one to four."""
+    stage = (BLOCK_M + block_n * (2 if gated else 1)) * block_k * dtype.itemsize
+    return max(1, min(4, SHARED_BYTES // stage))
 
 
 def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -375,4 +392,4 @@ def _launch_split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 __all__ = ["BLOCK_M", "Blocks", "decode_linear", "decode_linear_blocks",
-           "decode_linear_reference", "split_parts", "split_workspace"]
+           "decode_linear_reference", "split_parts", "split_workspace", "stages_for"]
