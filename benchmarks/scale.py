@@ -19,11 +19,16 @@ drafter. For each shape, in one run:
 * ``recipe``: transformers' own forward with a ``StaticCache``, the one-token step captured in
   one CUDA graph (``benchmarks/e2e.py``'s ``StaticGraphRecipe``);
 * ``--gemms``: each of a layer's products alone (cuBLAS against draftsmith's few-row product
-  with its norm, add or gate) at 1, 8 and 32 rows against the weights' read floor;
+  with its norm, add or gate) at 1 to 64 rows against the weights' read floor; with
+  ``--sweep``, the few-row product's launch sizes (``block_n`` 16/32/64 x ``block_k`` 256/512 x
+  ``split_k`` 1/2/4/8, about 25 launches a product) at ``--sweep-rows`` (1 and 8), the best per
+  product and row count against the floor and the default, then a table of them all
+  (compile-bound: a few minutes a shape on an H200 with a cold Triton cache);
 * ``--profile``: the kernels of one eager plain step, by name.
 
     python benchmarks/scale.py --out $OUT                         # every shape
     python benchmarks/scale.py --shapes llama-1b --gemms --profile
+    python benchmarks/scale.py --shapes llama-1b llama-8b --gemms --sweep --families dflash
     python benchmarks/scale.py --smoke                            # a tiny shape on the CPU
 
 Writes ``scale.json`` (``rows``: shape, params_b, weight_gb, floor_ms, plain_ms,
@@ -244,14 +249,13 @@ def recipe(model: torch.nn.Module, args: argparse.Namespace) -> float:
     return seconds / args.new_tokens * 1e3
 
 
-def gemms(model: torch.nn.Module, bw: float, sweep: bool, say: Any) -> list[dict[str, Any]]:
+def gemms(model: torch.nn.Module, bw: float, sweep_rows: list[int] | None,
+          say: Any) -> list[dict[str, Any]]:
     """Each product of one layer (and the head) alone: cuBLAS against the few-row product with
-    what it carries, at 1, 8 and 32 rows, against reading its weight once; with ``sweep``,
-    every launch size of the few-row product at 1 and 8 rows, the best first."""
-    import itertools
-
-    import draftsmith.kernels.decode_linear as kernel
-    from draftsmith.kernels.decode_linear import Blocks, decode_linear, decode_linear_blocks
+    what it carries, at 1, 8, 16, 32 and 64 rows, against reading its weight once; with
+    ``sweep_rows``, :func:`sweep` of the product's launch sizes at those row counts, and a table
+    of the best per product and row count."""
+    from draftsmith.kernels.decode_linear import decode_linear, decode_linear_blocks
     from draftsmith.runtime.targets.hf_layers import LayerLoop
 
     loop = LayerLoop(model, row_stable=False)
@@ -264,7 +268,7 @@ def gemms(model: torch.nn.Module, bw: float, sweep: bool, say: Any) -> list[dict
         ("down+add", layer.down_proj.weight, dict(residual=True)),
         ("head (fp32 out)", head, dict(out_dtype=torch.float32)),
     ]
-    rows_out = []
+    rows_out, best = [], []
     for name, w, kw in cases:
         floor = w.numel() * w.element_size() / bw * 1e6
         n = w.shape[0] // 2 if kw.get("gated") else w.shape[0]
@@ -286,32 +290,84 @@ def gemms(model: torch.nn.Module, bw: float, sweep: bool, say: Any) -> list[dict
                 f"{_us(cublas)} ({_ratio(cublas, floor)}), few-row {_us(fused)} "
                 f"({_ratio(fused, floor)}) "
                 f"{decode_linear_blocks(n, w.shape[1], w.dtype, bool(kw.get('gated')))}")
-        if not sweep:
-            continue
-        found = []
-        for bn, bk, warps, stages in itertools.product((16, 32, 64), (128, 256, 512), (4, 8),
-                                                       (2, 4)):
-            if warps == 8 and bn != 64:
-                continue
-            blocks = Blocks(bn, bk, warps, stages)
-            times = []
-            kernel.decode_linear_blocks = lambda *a, b=blocks: b
-            for m in (1, 8):
-                x, extra = args(m)
-                try:
-                    times.append(graph_time_us(
-                        lambda x=x, w=w, e=extra: decode_linear(x, w, **e), w.device))
-                except Exception:  # noqa: BLE001 - a size the compiler refuses
-                    times.append(None)
-            kernel.decode_linear_blocks = decode_linear_blocks
-            if None not in times:
-                found.append((times, blocks))
-        found.sort(key=lambda t: t[0][0] + t[0][1])
-        for times, blocks in found[:4]:
-            say(f"    sweep {name}: 1 row {times[0]:7.1f} us ({times[0] / floor:.2f}x), 8 rows "
-                f"{times[1]:7.1f} us ({times[1] / floor:.2f}x): {blocks}")
-        rows_out.append(dict(product=name, sweep=[dict(us=t, blocks=str(b)) for t, b in found]))
+        if sweep_rows:
+            found = sweep(name, w, n, bool(kw.get("gated")), floor, args, sweep_rows, say)
+            best += found
+            rows_out.append(dict(product=name, sweep=found))
+    if best:
+        say("| product | rows | floor us | default us | best us | best / floor | "
+            "best / default | best launch |")
+        say("| --- " * 8 + "|")
+        for r in best:
+            say(f"| {r['product']} | {r['rows']} | {r['floor_us']:.1f} | {_us(r['default_us'])} | "
+                f"{_us(r['best_us'])} | {_ratio(r['best_us'], r['floor_us'])} | "
+                f"{_ratio(r['best_us'], r['default_us'] or float('nan'))} | {r['best']} |")
     return rows_out
+
+
+SWEEP_BLOCK_N = (16, 32, 64)
+SWEEP_BLOCK_K = (256, 512)
+SWEEP_SPLIT_K = (1, 2, 4, 8)
+"""The sweep's launch sizes: column tiles x ``K`` tiles x parts of ``K`` (4 warps, the stages
+that fit), about 25 launches a product with the default."""
+
+
+def sweep_candidates(n: int, k: int, dtype: torch.dtype, gated: bool) -> list[Any]:
+    """The default :class:`Blocks` of the product first, then :data:`SWEEP_BLOCK_N` x
+    :data:`SWEEP_BLOCK_K` x :data:`SWEEP_SPLIT_K`: ``K`` tiles no wider than ``K``'s power of
+    two, and no split that runs as many parts as a smaller one (``split_parts`` clamps to the
+    tiles of ``K``): each launch once."""
+    import itertools
+
+    import triton
+
+    from draftsmith.kernels.decode_linear import (
+        Blocks,
+        decode_linear_blocks,
+        split_parts,
+        stages_for,
+    )
+
+    found = [decode_linear_blocks(n, k, dtype, gated)]
+    seen = {(found[0].block_n, found[0].block_k, 1, found[0].num_stages)}
+    for bn, bk, split in itertools.product(SWEEP_BLOCK_N, SWEEP_BLOCK_K, SWEEP_SPLIT_K):
+        bk = min(bk, max(16, triton.next_power_of_2(k)))
+        stages = stages_for(bn, bk, dtype, gated)
+        key = (bn, bk, split_parts(k, bk, split)[0], stages)
+        if key not in seen:
+            seen.add(key)
+            found.append(Blocks(bn, bk, 4, stages, split))
+    return found
+
+
+def sweep(name: str, w: torch.Tensor, n: int, gated: bool, floor: float, args: Any,
+          rows: list[int], say: Any, timer: Any = graph_time_us) -> list[dict[str, Any]]:
+    """Every :func:`sweep_candidates` launch of product ``name`` (weight ``w: [N or 2N, K]``,
+    ``n`` output columns, ``args(m) -> (x, keywords)``) at each of ``rows``, each timed by
+    ``timer`` (a CUDA graph of 10 calls, 20 replays): per row count, the best launch against
+    the floor and the default, the runners-up, and every time (``sweep`` in the JSON)."""
+    from draftsmith.kernels.decode_linear import decode_linear
+
+    candidates = sweep_candidates(n, int(w.shape[1]), w.dtype, gated)
+    out = []
+    for m in rows:
+        x, extra = args(m)
+        times = [timer(lambda b=b, x=x, e=extra: decode_linear(x, w, **e, blocks=b), w.device,
+                       iters=20) for b in candidates]
+        ranked = sorted((t, i) for i, t in enumerate(times) if t is not None)
+        if not ranked:
+            say(f"    sweep {name} rows {m}: no launch could be timed")
+            continue
+        default = times[0]
+        for place, (t, i) in enumerate(ranked[:3]):
+            say(f"    sweep {name:<16} rows {m:>2}: {'best' if place == 0 else '    '} "
+                f"{t:7.1f} us ({t / floor:.2f}x floor, "
+                f"{_ratio(t, default or float('nan'))} default {_us(default)}): {candidates[i]}")
+        t, i = ranked[0]
+        out.append(dict(product=name, rows=m, floor_us=floor, default_us=default, best_us=t,
+                        best=str(candidates[i]),
+                        all=[dict(us=u, blocks=str(b)) for u, b in zip(times, candidates, strict=True)]))
+    return out
 
 
 def _us(v: float | None) -> str:
@@ -367,7 +423,11 @@ def main() -> int:
                         help="kernels of one eager step at these row counts (default 1)")
     parser.add_argument("--no-recipe", action="store_true")
     parser.add_argument("--sweep", action="store_true",
-                        help="with --gemms: time every launch size of the few-row product")
+                        help="with --gemms: time the few-row product's launch sizes (block_n, "
+                             "block_k, split_k) and print the best per product and row count")
+    parser.add_argument("--sweep-rows", nargs="+", type=int, default=[1, 8], metavar="ROWS",
+                        help="row counts of --sweep (each a compile of every launch: M = 1 and "
+                             "multiples of 16 are specialized)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--smoke", action="store_true", help="the tiny shape on the CPU")
     args = parser.parse_args()
@@ -394,7 +454,7 @@ def main() -> int:
         say(f"## {shape}: {row['params_b']:.2f} B parameters, {size / 1e9:.2f} GB, floor "
             f"{floor_ms:.3f} ms (built in {time.perf_counter() - t0:.1f} s)")
         if args.gemms and args.device == "cuda":
-            row["gemms"] = gemms(model, bw, args.sweep, say)
+            row["gemms"] = gemms(model, bw, args.sweep_rows if args.sweep else None, say)
         if args.profile is not None and args.device == "cuda":
             for batch in args.profile or [1]:
                 profile(model, batch, say)
