@@ -39,6 +39,7 @@ plain_vs_floor, spec_round_ms and spec_round_vs_plain per family, spec_tok_s, re
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -254,7 +255,8 @@ def gemms(model: torch.nn.Module, bw: float, sweep_rows: list[int] | None,
     """Each product of one layer (and the head) alone: cuBLAS against the few-row product with
     what it carries, at 1, 8, 16, 32 and 64 rows, against reading its weight once; with
     ``sweep_rows``, :func:`sweep` of the product's launch sizes at those row counts, and a table
-    of the best per product and row count."""
+    of the best per product and row count. Every timing cycles through
+    :func:`weight_copies`, so the weight streams from HBM."""
     from draftsmith.kernels.decode_linear import decode_linear, decode_linear_blocks
     from draftsmith.runtime.targets.hf_layers import LayerLoop
 
@@ -272,6 +274,7 @@ def gemms(model: torch.nn.Module, bw: float, sweep_rows: list[int] | None,
     for name, w, kw in cases:
         floor = w.numel() * w.element_size() / bw * 1e6
         n = w.shape[0] // 2 if kw.get("gated") else w.shape[0]
+        ws = weight_copies(w)
 
         def args(m: int, kw: dict = kw, n: int = n, w: torch.Tensor = w) -> tuple:
             x = torch.randn(m, w.shape[1], dtype=w.dtype, device=w.device)
@@ -282,8 +285,9 @@ def gemms(model: torch.nn.Module, bw: float, sweep_rows: list[int] | None,
 
         for m in (1, 8, 16, 32, 64):
             x, extra = args(m)
-            cublas = graph_time_us(lambda x=x, w=w: torch.nn.functional.linear(x, w), w.device)
-            fused = graph_time_us(lambda x=x, w=w, e=extra: decode_linear(x, w, **e), w.device)
+            nxt = itertools.cycle(ws).__next__
+            cublas = graph_time_us(lambda x=x, nxt=nxt: torch.nn.functional.linear(x, nxt()), w.device)
+            fused = graph_time_us(lambda x=x, e=extra, nxt=nxt: decode_linear(x, nxt(), **e), w.device)
             rows_out.append(dict(product=name, rows=m, floor_us=floor, cublas_us=cublas,
                                  fused_us=fused))
             say(f"  {name:<20} rows {m:>3}: floor {floor:8.1f} us, cuBLAS (product only) "
@@ -291,7 +295,7 @@ def gemms(model: torch.nn.Module, bw: float, sweep_rows: list[int] | None,
                 f"({_ratio(fused, floor)}) "
                 f"{decode_linear_blocks(n, w.shape[1], w.dtype, bool(kw.get('gated')))}")
         if sweep_rows:
-            found = sweep(name, w, n, bool(kw.get("gated")), floor, args, sweep_rows, say)
+            found = sweep(name, ws, n, bool(kw.get("gated")), floor, args, sweep_rows, say)
             best += found
             rows_out.append(dict(product=name, sweep=found))
     if best:
@@ -303,6 +307,17 @@ def gemms(model: torch.nn.Module, bw: float, sweep_rows: list[int] | None,
                 f"{_us(r['best_us'])} | {_ratio(r['best_us'], r['floor_us'])} | "
                 f"{_ratio(r['best_us'], r['default_us'] or float('nan'))} | {r['best']} |")
     return rows_out
+
+
+def weight_copies(w: torch.Tensor, calls: int = 10, at_least: int = 512 << 20
+                  ) -> list[torch.Tensor]:
+    """``w`` and copies of it, cycled by the ``calls`` calls of one timed graph, enough that
+    together they pass ``at_least`` bytes (2 to ``calls`` of them): each call reads its weight
+    from HBM, as a step's layers do. One weight called over and over stays in the L2 cache
+    (50 MB on an H100 / H200) and times a 1B layer's products below their floor."""
+    size = w.numel() * w.element_size()
+    count = max(2, min(calls, -(-at_least // max(size, 1))))
+    return [w] + [w.clone() for _ in range(count - 1)]
 
 
 SWEEP_BLOCK_N = (16, 32, 64)
@@ -317,8 +332,6 @@ def sweep_candidates(n: int, k: int, dtype: torch.dtype, gated: bool) -> list[An
     :data:`SWEEP_BLOCK_K` x :data:`SWEEP_SPLIT_K`: ``K`` tiles no wider than ``K``'s power of
     two, and no split that runs as many parts as a smaller one (``split_parts`` clamps to the
     tiles of ``K``): each launch once."""
-    import itertools
-
     import triton
 
     from draftsmith.kernels.decode_linear import (
@@ -340,20 +353,23 @@ def sweep_candidates(n: int, k: int, dtype: torch.dtype, gated: bool) -> list[An
     return found
 
 
-def sweep(name: str, w: torch.Tensor, n: int, gated: bool, floor: float, args: Any,
+def sweep(name: str, ws: list[torch.Tensor], n: int, gated: bool, floor: float, args: Any,
           rows: list[int], say: Any, timer: Any = graph_time_us) -> list[dict[str, Any]]:
-    """Every :func:`sweep_candidates` launch of product ``name`` (weight ``w: [N or 2N, K]``,
+    """Every :func:`sweep_candidates` launch of product ``name`` (weights ``ws``: copies of one
+    ``[N or 2N, K]``, cycled from call to call, see :func:`weight_copies`;
     ``n`` output columns, ``args(m) -> (x, keywords)``) at each of ``rows``, each timed by
     ``timer`` (a CUDA graph of 10 calls, 20 replays): per row count, the best launch against
     the floor and the default, the runners-up, and every time (``sweep`` in the JSON)."""
     from draftsmith.kernels.decode_linear import decode_linear
 
+    w = ws[0]
     candidates = sweep_candidates(n, int(w.shape[1]), w.dtype, gated)
     out = []
     for m in rows:
         x, extra = args(m)
-        times = [timer(lambda b=b, x=x, e=extra: decode_linear(x, w, **e, blocks=b), w.device,
-                       iters=20) for b in candidates]
+        nxt = itertools.cycle(ws).__next__
+        times = [timer(lambda b=b, x=x, e=extra, nxt=nxt: decode_linear(x, nxt(), **e, blocks=b),
+                       w.device, iters=20) for b in candidates]
         ranked = sorted((t, i) for i, t in enumerate(times) if t is not None)
         if not ranked:
             say(f"    sweep {name} rows {m}: no launch could be timed")
