@@ -18,9 +18,9 @@ row alone: every program multiplies :data:`BLOCK_M` rows with tiles fixed by the
 never by the row count, so verifying ``K + 1`` tokens rounds as decoding them one by one
 (checked bit for bit by the tests).
 
-Split of ``K`` (``Blocks.split_k > 1``, forced only: :func:`decode_linear_blocks` never splits
-until a GPU measurement says where it pays): with 16-32 output columns a program, a 1-8B
-layer's product launches ~200 programs on 132 SMs, each streaming the whole ``K``. Split, the
+Split of ``K`` (``Blocks.split_k > 1``; by default only where few tiles of output would leave
+SMs idle, :func:`decode_linear_blocks`): with 32 output columns a program, a 1B layer's
+``down`` product is 64 programs on 132 SMs, each streaming the whole ``K``. Split, the
 launch runs ``parts`` programs per tile of output (:func:`split_parts`: whole ``K`` tiles per
 part, fixed by ``K``, ``block_k`` and ``split_k``), each writing its fp32 sums to a workspace
 (:func:`split_workspace`, one per device, reused across calls and CUDA graph replays); the
@@ -293,23 +293,49 @@ def split_workspace(device: torch.device, floats: int, tiles: int
     return partials, counts
 
 
+SMS = 132
+"""Streaming multiprocessors of an H100 / H200, where the launch sizes were measured: a product
+of more programs than fit at once runs in waves."""
+
+LAYER_SIZE = 1 << 22
+"""Weights of at least this many elements (8 MB in bf16), with ``K >= 2048``, take the launch
+sizes measured on 1-8B layers; smaller ones (a 135M model's) keep the earlier rule."""
+
+
 def decode_linear_blocks(n: int, k: int, dtype: torch.dtype, gated: bool = False) -> Blocks:
     """Launch sizes for a weight of ``n`` output columns (``n`` gate and ``n`` up rows when
     ``gated``) and ``k`` input columns: fixed by the weight's shape and dtype, never by the row
     count (they fix the order of each row's sum).
 
-    From a sweep on an H200 (``benchmarks/scale.py --gemms --sweep``, Llama-3.1-8B and
-    Llama-3.2-1B layers, bf16, 1 and 8 rows): column tiles that give each product a few hundred
-    programs, ``K`` tiles of 512 columns (256 when two weight tiles share the pass) and four
-    stages in flight read a weight at 1.0-1.1x its floor from 28 MB up."""
+    From sweeps on an H200 (``benchmarks/scale.py --gemms --sweep``, Llama-3.2-1B and
+    Llama-3.1-8B layers, bf16, 1 and 8 rows, each weight streamed from HBM):
+
+    * a bf16 / fp16 layer weight (:data:`LAYER_SIZE`) takes 32 columns a program. When those
+      tiles fill under half of :data:`SMS` (a 1B model's ``o`` and ``down``, 64 tiles), ``K``
+      is split into parts of at least 2048 columns, up to two programs per SM (1B ``down``:
+      14.0 -> 12.1 us). ``K`` tiles are 256 wide where the programs outnumber the SMs (two fit
+      on one SM, so they run in one wave: 8B ``[q | k | v]``, 192 tiles, 18.5 -> 15.4 us), else
+      512;
+    * gated: 32 columns (two weight tiles a pass) up to ``n = 8192`` (1B: 21.9 -> 19.9 us), 64
+      above (8B: 56.2 us against 60.6), ``K`` tiles of 256;
+    * fp32 and small weights: 16 to 64 columns by ``n``, ``K`` tiles of 512 (256 in fp32).
+
+    Four stages in flight where they fit (:func:`stages_for`)."""
+    split = 1
     if gated:
-        block_n = 64 if n >= 8192 else 32
+        block_n, block_k = (64 if n > 8192 else 32), 256
+    elif dtype != torch.float32 and n * k >= LAYER_SIZE and k >= 2048:
+        block_n = 32
+        tiles = triton.cdiv(n, block_n)
+        if 2 * tiles <= SMS:
+            split = max(1, min(k // 2048, 2 * SMS // tiles))
+        block_k = 256 if tiles * split > SMS else 512
     else:
         block_n = 16 if n < 4096 else 32 if n < 16384 else 64
-    block_k = 256 if gated or dtype == torch.float32 else 512
+        block_k = 256 if dtype == torch.float32 else 512
     block_k = block_size(k, lo=16, hi=block_k)
     return Blocks(block_n=block_n, block_k=block_k, num_warps=4,
-                  num_stages=stages_for(block_n, block_k, dtype, gated))
+                  num_stages=stages_for(block_n, block_k, dtype, gated), split_k=split)
 
 
 def stages_for(block_n: int, block_k: int, dtype: torch.dtype, gated: bool = False) -> int:

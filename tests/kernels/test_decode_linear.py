@@ -80,8 +80,8 @@ def test_the_residual_may_be_the_output():
 
 
 def test_launch_sizes_follow_the_weight_not_the_rows():
-    small, large = decode_linear_blocks(2048, 2048, torch.bfloat16), \
-        decode_linear_blocks(49152, 4096, torch.bfloat16)
+    small, large = decode_linear_blocks(960, 576, torch.bfloat16), \
+        decode_linear_blocks(49152, 576, torch.bfloat16)
     assert small.block_n < large.block_n and BLOCK_M == 16
     gated = decode_linear_blocks(14336, 4096, torch.bfloat16, gated=True)
     stage = (BLOCK_M + 2 * gated.block_n) * gated.block_k * 2
@@ -206,12 +206,22 @@ def test_the_parts_of_k_depend_on_k_block_and_split_alone():
     assert split_parts(75, 32, 8) == (3, 32)
 
 
-def test_the_default_launch_never_splits_k():
-    """No default changes without a GPU measurement: every shape gets ``split_k = 1``."""
-    for n, k in ((576, 576), (3072, 2048), (2048, 8192), (6144, 4096), (49152, 4096)):
-        for dtype in (torch.float32, torch.bfloat16):
-            for gated in (False, True):
-                assert decode_linear_blocks(n, k, dtype, gated).split_k == 1
+def test_the_default_launch_splits_k_only_where_few_tiles_leave_sms_idle():
+    """Measured on an H200: a 1B model's ``down`` (64 tiles of 32 columns) splits in four
+    parts of 2048 columns; the 8B layers, small weights and fp32 keep the whole ``K``."""
+    down_1b = decode_linear_blocks(2048, 8192, torch.bfloat16)
+    assert (down_1b.block_n, down_1b.block_k, down_1b.split_k) == (32, 256, 4)
+    assert split_parts(8192, down_1b.block_k, down_1b.split_k) == (4, 2048)
+    for n, k in ((576, 576), (960, 576), (3072, 2048), (6144, 4096), (4096, 14336),
+                 (49152, 4096), (49152, 576)):
+        assert decode_linear_blocks(n, k, torch.bfloat16).split_k == 1, (n, k)
+    for n, k in ((576, 576), (2048, 8192), (49152, 4096)):
+        for gated in (False, True):
+            assert decode_linear_blocks(n, k, torch.float32, gated).split_k == 1
+    for n, k in ((2048, 2048), (2048, 6144), (2048, 8192), (1024, 16384)):
+        blocks = decode_linear_blocks(n, k, torch.bfloat16)
+        parts, k_part = split_parts(k, blocks.block_k, blocks.split_k)
+        assert k_part >= 2048 and parts * triton.cdiv(n, blocks.block_n) <= 2 * 132, (n, k)
     with pytest.raises(ShapeError, match="split_k"):
         Blocks(block_n=16, block_k=32, num_warps=4, num_stages=1, split_k=0)
 
