@@ -4,10 +4,10 @@ modules, per family the loop accepts: Llama (untied, tied, ``llama3`` and ``yarn
 (q/k/v biases), Qwen3 (per-head q/k norm) and Mistral. On the CPU the kernels run under Triton's
 interpreter (fp32); on a GPU in bf16 and fp32.
 
-Each case checks logits and captured features of a prefill and of a verified block against the
-modules, and that the block's features and logits are bit for bit those of its tokens decoded one
-at a time (a row's products, the head's with the final norm included, do not depend on the rows
-beside it). A RoPE whose frequencies change with the length
+Every norm weight is random. Each case checks logits and captured features of a prefill and of
+a verified block against the modules, and that the block's features and logits are bit for bit
+those of its tokens decoded one at a time (a row's products, the head's with the final norm
+included, do not depend on the rows beside it). A RoPE whose frequencies change with the length
 keeps the torch path, and the target's reason (which the plan records) says so."""
 
 from __future__ import annotations
@@ -37,9 +37,17 @@ CASES: dict[str, dict[str, Any]] = {
 
 
 def _pair(case: dict[str, Any], device: str, dtype: torch.dtype) -> tuple[HFTarget, HFTarget]:
-    """The same random model twice: through the layer loop and through transformers' modules."""
+    """The same random model twice: through the layer loop and through transformers' modules.
+    The norms' weights are random too (transformers starts them at ones, where a norm weight
+    applied twice, or not at all, would pass)."""
     def make() -> torch.nn.Module:
-        return make_tiny_causal_lm(num_layers=2, seed=7, dtype=dtype, **case).to(device)
+        model = make_tiny_causal_lm(num_layers=2, seed=7, dtype=dtype, **case)
+        g = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "norm" in name:
+                    param.copy_(torch.rand(param.shape, generator=g) + 0.5)
+        return model.to(device)
 
     fused = HFTarget(make(), layers="fused", interpret=device == "cpu")  # the kernels on a CPU
     modules = HFTarget(make(), layers="transformers")
