@@ -37,8 +37,9 @@ def test_rms_norm_matches_reference(shape, device, dtype):
     got = rms_norm(x, w, 1e-6)
     assert got.dtype == want.dtype and got.shape == want.shape
     torch.testing.assert_close(got, want, **_tol(dtype))
-    # the drafters' rms_norm is the reference (same rounding points)
-    assert torch.equal(drafter_rms_norm(x, w, 1e-6), want)
+    # the drafters' rms_norm is the kernel on a GPU, the reference elsewhere (the kernel's fp32
+    # sum runs in another order than torch's, so on a GPU only bf16 matches the reference)
+    assert torch.equal(drafter_rms_norm(x, w, 1e-6), got if x.is_cuda else want)
 
 
 def test_rms_norm_strided_rows_and_empty():
@@ -60,7 +61,8 @@ def test_head_norm_rope_matches_the_drafters_composition(tokens, heads, width, d
     positions = torch.randint(0, 5000, (tokens,), generator=g).to(device)
     cos, sin = rope_cos_sin(positions, rope_inv_freq(width, 10000.0).to(device), dtype)
     want = apply_rope_neox(drafter_rms_norm(x, w, 1e-6), cos, sin)
-    assert torch.equal(head_norm_rope_reference(x, w, 1e-6, cos, sin), want)
+    if not x.is_cuda:  # the drafters run the references there: the same rounding points
+        assert torch.equal(head_norm_rope_reference(x, w, 1e-6, cos, sin), want)
     got = head_norm_rope(x, w, 1e-6, cos, sin)
     assert got.dtype == want.dtype and got.shape == want.shape
     torch.testing.assert_close(got, want, **_tol(dtype))
