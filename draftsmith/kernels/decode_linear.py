@@ -250,14 +250,25 @@ class _Workspace:
 _WORKSPACES: dict[torch.device, _Workspace] = {}
 
 
+def _grown(old: torch.Tensor | None, need: int, dtype: torch.dtype, device: torch.device,
+           retired: list[torch.Tensor]) -> torch.Tensor:
+    """``old`` when it holds ``need`` elements, else a zeroed buffer of the next power of two
+    of ``need`` (``old`` then appended to ``retired``)."""
+    if old is not None and old.numel() >= need:
+        return old
+    if old is not None:
+        retired.append(old)
+    return torch.zeros(triton.next_power_of_2(max(need, 1)), dtype=dtype, device=device)
+
+
 def split_workspace(device: torch.device, floats: int, tiles: int
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(partials: [>= floats] float32, counts: [>= tiles] int32)`` on ``device``, shared by
     every split-``K`` launch there and reused across calls and graph replays.
 
-    A buffer grows to the next power of two of what a launch needs, the counts zeroed once
-    when allocated; the outgrown ones stay allocated (a graph captured earlier still uses
-    them), so the memory held is under twice the largest need, in bytes
+    A buffer grows to the next power of two of what a launch needs, zeroed when allocated; the
+    outgrown ones stay allocated (a graph captured earlier still uses them), so the memory held
+    is under twice the largest need, in bytes
     ``4 * tiles_m * tiles_n * parts * (2 if gated else 1) * BLOCK_M * block_n`` for partials
     (Llama-3.1-8B's ``[q | k | v]`` at 16 rows in 8 parts of ``block_n = 32``: 3 MiB; a 128k
     LM head at 16 rows in 8 parts: 66 MB) plus ``4 * tiles``. Launches on one stream share it
@@ -268,27 +279,15 @@ def split_workspace(device: torch.device, floats: int, tiles: int
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     ws = _WORKSPACES.get(device)
-    grow_partials = ws is None or ws.partials.numel() < floats
-    grow_counts = ws is None or ws.counts.numel() < tiles
-    if ws is not None and not (grow_partials or grow_counts):
+    if ws is not None and ws.partials.numel() >= floats and ws.counts.numel() >= tiles:
         return ws.partials, ws.counts
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise DraftsmithError(
             f"decode_linear's split-K workspace on {device} must grow ({floats} floats, "
             f"{tiles} counts) inside a CUDA graph capture: run the product once eagerly first")
     retired = [] if ws is None else list(ws.retired)
-    if grow_partials:
-        retired += [] if ws is None else [ws.partials]
-        partials = torch.empty(triton.next_power_of_2(max(floats, 1)), dtype=torch.float32,
-                               device=device)
-    else:
-        partials = ws.partials
-    if grow_counts:
-        retired += [] if ws is None else [ws.counts]
-        counts = torch.zeros(triton.next_power_of_2(max(tiles, 1)), dtype=torch.int32,
-                             device=device)
-    else:
-        counts = ws.counts
+    partials = _grown(None if ws is None else ws.partials, floats, torch.float32, device, retired)
+    counts = _grown(None if ws is None else ws.counts, tiles, torch.int32, device, retired)
     _WORKSPACES[device] = _Workspace(partials, counts, retired)
     return partials, counts
 
