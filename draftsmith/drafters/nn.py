@@ -28,6 +28,9 @@ from draftsmith.kernels.block_attention import block_attention as fused_block_at
 from draftsmith.kernels.block_attention import block_attention_reference, paged_columns
 from draftsmith.kernels.head_norm_rope import head_norm_rope
 from draftsmith.kernels.head_norm_rope import rotate_half_rope_reference as apply_rope_neox
+from draftsmith.kernels.latent_norm_rope import (
+    interleaved_rope_reference as apply_rope_interleaved,
+)
 from draftsmith.kernels.rms_norm import rms_norm as fused_rms_norm
 from draftsmith.kernels.rms_norm import rms_norm_reference
 from draftsmith.kernels.rope_cos_sin import rope_cos_sin as fused_rope_cos_sin
@@ -192,17 +195,6 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: tor
           and not records_grad(q, k, v, pool) else block_attention_reference)
     return fn(q, k, v, pool, placement.block_tables, placement.num_ctx, query_pos, columns,
               causal, window, q.shape[-1] ** -0.5)
-
-
-def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Adjacent-pair RoPE (MLA's rotary dims). ``x: [..., n, d]``; ``cos, sin: [..., d]`` in the HF
-    halves layout (only the first ``d/2`` columns are read)."""
-    half = x.shape[-1] // 2
-    c = cos[..., :half].unsqueeze(-2)
-    s = sin[..., :half].unsqueeze(-2)
-    x_even, x_odd = x[..., 0::2], x[..., 1::2]
-    out = torch.stack((x_even * c - x_odd * s, x_even * s + x_odd * c), dim=-1)
-    return out.flatten(-2)
 
 
 def context_columns(placement: DraftBlockPlacement) -> int:

@@ -567,6 +567,29 @@ def test_cuda_matches_cpu() -> None:
     assert ((got16 - want).norm() / want.norm()).item() < 1e-2
 
 
+@pytest.mark.parametrize("ctx_lens", [CTX_LENS, (0, 3)])
+def test_fused_paths_on_the_interpreter_match_the_torch_paths(monkeypatch, ctx_lens) -> None:
+    """The GPU code paths (fused latent norm and RoPE), forced on the CPU under Triton's
+    interpreter in fp32, equal the torch paths to fp32 rounding, with a static context width
+    and pages past the context poisoned."""
+    from draftsmith.drafters import nn as drafter_nn
+
+    cfg = make_config()
+    drafter = build(cfg, seed=16)
+    feats = torch.randn(9, cfg.feature_width, generator=torch.Generator().manual_seed(3))
+    positions = torch.tensor([0, 1, 2, 3, 5, 8, 13, 21, 3400])
+    scenario = Scenario(cfg, seed=17, ctx_lens=ctx_lens)
+    span = scenario.tables.shape[1] * PAGE_SIZE
+    scenario.placement = dataclasses.replace(scenario.placement, context_width=span)
+    results = []
+    for fused in (False, True):
+        monkeypatch.setattr(drafter_nn, "on_gpu", lambda t, fused=fused: fused)
+        results.append((drafter.project_context(feats, positions),
+                        scenario.run(drafter, fill=float("nan"))))
+    for want, got in zip(results[0], results[1], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_forward_block_rejects_mismatched_pool() -> None:
     cfg = make_config()
     drafter = build(cfg)

@@ -77,6 +77,7 @@ from draftsmith.drafters.nn import (
     context_columns,
     context_index,
     gather_context,
+    packing,
     rms_norm,
     rope_cos_sin,
 )
@@ -88,6 +89,8 @@ from draftsmith.drafters.tp import (
     row_parallel_shard,
     shard_range,
 )
+from draftsmith.kernels.latent_norm_rope import latent_norm_rope as fused_latent_norm_rope
+from draftsmith.kernels.latent_norm_rope import latent_norm_rope_reference
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +109,6 @@ def latent_norm_rope(
     latent: torch.Tensor,
     norm_weight: torch.Tensor,
     eps: float,
-    kv_lora_rank: int,
     cos: torch.Tensor,
     sin: torch.Tensor,
 ) -> torch.Tensor:
@@ -114,11 +116,15 @@ def latent_norm_rope(
 
     RMSNorm (``norm_weight: [kv_lora]`` or ``[n, kv_lora]``) over the first ``kv_lora`` dims
     only; interleaved RoPE (``cos, sin: [..., d_rope]``, broadcast over ``n``) on the last
-    ``d_rope`` dims.
+    ``d_rope`` dims. One fused launch on a GPU outside autograd
+    (:mod:`draftsmith.kernels.latent_norm_rope`), its reference otherwise.
     """
-    compressed = rms_norm(latent[..., :kv_lora_rank], norm_weight, eps)
-    rotated = apply_rope_interleaved(latent[..., kv_lora_rank:], cos, sin)
-    return torch.cat((compressed, rotated), dim=-1)
+    rows = latent.reshape(-1, *latent.shape[-2:])
+    cos, sin = cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])
+    fused = (packing(latent) and norm_weight.dtype == latent.dtype == cos.dtype == sin.dtype)
+    out = (fused_latent_norm_rope if fused else latent_norm_rope_reference)(
+        rows, norm_weight, eps, cos, sin)
+    return out.view(latent.shape)
 
 
 class _Linear(nn.Module):
@@ -186,8 +192,7 @@ class MLAAttention(nn.Module):
         """Latents of the block's own tokens: ``a: [G, W, H] -> [G, W, D_lat]``."""
         raw = self.kv_a_proj_with_mqa(a)[..., None, :]
         cfg = self.cfg
-        out = latent_norm_rope(raw, self.kv_a_layernorm.weight, cfg.rms_norm_eps,
-                               cfg.kv_lora_rank, cos, sin)
+        out = latent_norm_rope(raw, self.kv_a_layernorm.weight, cfg.rms_norm_eps, cos, sin)
         return out[..., 0, :]
 
     def forward(
@@ -471,8 +476,7 @@ class DSparkMLADrafter(nn.Module):
         t = ctx.shape[0]
         latent = F.linear(ctx, self._kv_a_stacked).view(t, cfg.num_layers, cfg.latent_width)
         cos, sin = self._cos_sin(positions)
-        latent = latent_norm_rope(latent, self._kv_a_norm_stacked, cfg.rms_norm_eps,
-                                  cfg.kv_lora_rank, cos, sin)
+        latent = latent_norm_rope(latent, self._kv_a_norm_stacked, cfg.rms_norm_eps, cos, sin)
         return latent.view(t, cfg.num_layers, 1, 1, cfg.latent_width)
 
     @torch.no_grad()
