@@ -51,6 +51,9 @@ ALLOW: dict[tuple[str, str], str] = {
     ("draftsmith.checkpoints", "*"): "data: the shipped checkpoint, read by path",
     ("draftsmith.__main__", "*"): "entry point: python -m draftsmith",
     ("draftsmith.cli.__main__", "*"): "entry point: python -m draftsmith.cli",
+    ("draftsmith.drafters.nn", "gather_context"):
+        "a plugin's building block for reading its paged context (docs/plugins.md); the "
+        "built-in families read the pages inside their attention kernels and references",
     ("draftsmith.kernels.markov_chain", "markov_chain_reference"):
         "the Markov chain's specification: tests compare chains of markov_step with it",
 }

@@ -28,6 +28,9 @@ from draftsmith.kernels.block_attention import block_attention as fused_block_at
 from draftsmith.kernels.block_attention import block_attention_reference, paged_columns
 from draftsmith.kernels.head_norm_rope import head_norm_rope
 from draftsmith.kernels.head_norm_rope import rotate_half_rope_reference as apply_rope_neox
+from draftsmith.kernels.latent_norm_rope import (
+    interleaved_rope_reference as apply_rope_interleaved,
+)
 from draftsmith.kernels.rms_norm import rms_norm as fused_rms_norm
 from draftsmith.kernels.rms_norm import rms_norm_reference
 from draftsmith.kernels.rope_cos_sin import rope_cos_sin as fused_rope_cos_sin
@@ -115,13 +118,21 @@ def packed_linear(owner: nn.Module, linears: tuple[nn.Linear, ...],
     return F.linear(x, weight, bias)
 
 
+def residual_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = x + residual`` and ``rms_norm(h, weight, eps)`` for ``x, residual: [..., D]``,
+    ``weight: [D]``: one fused launch on a GPU outside autograd."""
+    if (packing(x) and residual.dtype == x.dtype and weight.dim() == 1
+            and weight.dtype in FUSED_DTYPES):
+        return add_rms_norm(x, residual, weight, eps)
+    h = x + residual
+    return h, rms_norm(h, weight, eps)
+
+
 def residual_norm(norm: RMSNorm, x: torch.Tensor,
                   residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``h = x + residual`` and ``norm(h)``: one fused launch on a GPU outside autograd."""
-    if packing(x) and norm.weight.dim() == 1 and norm.weight.dtype in FUSED_DTYPES:
-        return add_rms_norm(x, residual, norm.weight, norm.eps)
-    h = x + residual
-    return h, norm(h)
+    """``h = x + residual`` and ``norm(h)`` (:func:`residual_rms_norm` with its weight)."""
+    return residual_rms_norm(x, residual, norm.weight, norm.eps)
 
 
 def packing(x: torch.Tensor) -> bool:
@@ -194,17 +205,6 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: tor
               causal, window, q.shape[-1] ** -0.5)
 
 
-def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Adjacent-pair RoPE (MLA's rotary dims). ``x: [..., n, d]``; ``cos, sin: [..., d]`` in the HF
-    halves layout (only the first ``d/2`` columns are read)."""
-    half = x.shape[-1] // 2
-    c = cos[..., :half].unsqueeze(-2)
-    s = sin[..., :half].unsqueeze(-2)
-    x_even, x_odd = x[..., 0::2], x[..., 1::2]
-    out = torch.stack((x_even * c - x_odd * s, x_even * s + x_odd * c), dim=-1)
-    return out.flatten(-2)
-
-
 def context_columns(placement: DraftBlockPlacement) -> int:
     """Context columns ``C`` that :func:`gather_context` returns: ``placement.context_width`` when
     set (static), else ``max(num_ctx)`` read back to the host (at least 1)."""
@@ -214,32 +214,21 @@ def context_columns(placement: DraftBlockPlacement) -> int:
     return max(int(num_ctx.max().item()) if num_ctx.numel() else 0, 1)
 
 
-def context_index(cache: PagedContextCache, placement: DraftBlockPlacement,
-                  columns: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Where the first ``columns`` context columns of each request sit in the paged pool, the
-    same for every layer: ``pages, offsets: [G, C] int64`` and ``valid: [G, C] bool`` (column
-    ``c < num_ctx``)."""
-    return paged_columns(placement.block_tables, placement.num_ctx, columns, cache.page_size)
-
-
 def gather_context(
     cache: PagedContextCache, placement: DraftBlockPlacement, layer: int,
     columns: int | None = None,
-    index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Read each request's advertised context of one layer out of the paged pool.
 
     Returns ``entries: [G, C, planes, heads, width]`` and ``valid: [G, C] bool`` (column
     ``c < num_ctx[b]``). ``C = placement.context_width`` when the runtime set that static bound
     (no host sync, CUDA-graph capturable), else ``max(num_ctx)`` (at least 1; one device-to-host
-    read). ``columns``, when given, is the ``C`` to use, and ``index`` the
-    :func:`context_index` of it: a caller that gathers every layer computes both once per
-    forward. Invalid columns hold whatever the page holds and must be masked by the caller.
+    read); ``columns``, when given, is the ``C`` to use. Invalid columns hold whatever the page
+    holds and must be masked by the caller.
     """
-    if index is None:
-        width = context_columns(placement) if columns is None else columns
-        index = context_index(cache, placement, width)
-    pages, offsets, valid = index
+    width = context_columns(placement) if columns is None else columns
+    pages, offsets, valid = paged_columns(placement.block_tables, placement.num_ctx, width,
+                                          cache.page_size)
     entries = cache.pool[layer][pages, :, :, offsets]  # [G, C, planes, heads, width]
     return entries, valid
 
@@ -253,10 +242,10 @@ __all__ = [
     "packed_linear",
     "packing",
     "residual_norm",
+    "residual_rms_norm",
     "apply_rope_interleaved",
     "apply_rope_neox",
     "context_columns",
-    "context_index",
     "gather_context",
     "rms_norm",
     "rope_cos_sin",

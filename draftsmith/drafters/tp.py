@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.contract import Collectives, ConfigError, ShapeError, check_tensor
-from draftsmith.drafters.nn import rms_norm
+from draftsmith.drafters.nn import residual_rms_norm, rms_norm
 
 
 def fc_split_columns(feature_width: int, tp_size: int, rank: int) -> tuple[int, int] | None:
@@ -110,10 +110,11 @@ def all_reduce_residual_rmsnorm_stock(
     collectives: Collectives,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The unfused twin of :func:`ar_residual_rmsnorm`: the projection's own all-reduce in the
-    activation dtype, then ``residual + out``, then the RMSNorm. Reduces ``partial`` in place."""
+    activation dtype, then ``residual + out`` and the RMSNorm (one fused launch on a GPU).
+    Reduces ``partial`` in place."""
     out = collectives.all_reduce(partial) if collectives.world_size > 1 else partial
-    new_residual = residual + out
-    return rms_norm(new_residual, weight, eps), new_residual
+    new_residual, normed = residual_rms_norm(out, residual, weight, eps)
+    return normed, new_residual
 
 
 def reduce_residual_rmsnorm(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -567,6 +568,98 @@ def test_cuda_matches_cpu() -> None:
     assert ((got16 - want).norm() / want.norm()).item() < 1e-2
 
 
+@pytest.mark.parametrize("ctx_lens", [CTX_LENS, (0, 3)])
+def test_fused_paths_on_the_interpreter_match_the_torch_paths(monkeypatch, ctx_lens) -> None:
+    """The GPU code paths (packed projections, fused norms, latent norm and RoPE, paged MLA
+    attention, SwiGLU gate), forced on the CPU under Triton's interpreter in fp32, equal the
+    torch paths to fp32 rounding, with a static context width and pages past the context
+    poisoned."""
+    from draftsmith.drafters import nn as drafter_nn
+
+    cfg = make_config()
+    drafter = build(cfg, seed=16)
+    feats = torch.randn(9, cfg.feature_width, generator=torch.Generator().manual_seed(3))
+    positions = torch.tensor([0, 1, 2, 3, 5, 8, 13, 21, 3400])
+    scenario = Scenario(cfg, seed=17, ctx_lens=ctx_lens)
+    span = scenario.tables.shape[1] * PAGE_SIZE
+    scenario.placement = dataclasses.replace(scenario.placement, context_width=span)
+    results = []
+    for fused in (False, True):
+        monkeypatch.setattr(drafter_nn, "on_gpu", lambda t, fused=fused: fused)
+        results.append((drafter.project_context(feats, positions),
+                        scenario.run(drafter, fill=float("nan"))))
+    for want, got in zip(results[0], results[1], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert "_packed_linear" in drafter.layers[0].self_attn.__dict__
+    assert "_packed_linear" in drafter.layers[1].mlp.__dict__
+
+
+LAUNCHES_PER_LAYER = 11
+"""GPU launches of one layer's block forward: the packed ``q_a``/``kv_a`` GEMM, the ``q_a`` norm,
+the latent norm and RoPE, ``q_b_proj``, the attention, ``o_proj``, two fused residual norms, the
+packed gate/up GEMM, the SwiGLU gate and ``down_proj``."""
+
+
+def _count_launches(monkeypatch, fn) -> int:
+    """Kernels ``fn()`` would launch on a GPU, counted on the CPU: every aten op that is not a
+    view or an allocation, and every Triton launch (the aten ops the interpreter issues inside a
+    launch are not counted)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from triton.runtime.interpreter import InterpretedFunction
+
+    not_kernels = {torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.detach,
+                   torch.ops.aten._unsafe_view, torch.ops.aten.promote_types}
+    count, inside = [0], [0]
+    launch = InterpretedFunction.run
+
+    def counted_launch(self, *args, **kwargs):
+        count[0] += 1
+        inside[0] += 1
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            inside[0] -= 1
+
+    class Kernels(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not inside[0] and not func.is_view and func.overloadpacket not in not_kernels:
+                count[0] += 1
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(InterpretedFunction, "run", counted_launch)
+    with Kernels():
+        fn()
+    return count[0]
+
+
+def test_gpu_path_launch_budget(monkeypatch) -> None:
+    """The round is launch-bound on a GPU: the forced GPU path of a block forward is at most
+    ``LAUNCHES_PER_LAYER`` launches a layer plus the RoPE tables and the first norm, and the
+    context projection at most five (fc, hidden_norm, the stacked kv_a GEMM, RoPE tables, the
+    latent norm and RoPE of every layer); the eager paths were about fifty and eighteen."""
+    from draftsmith.drafters import nn as drafter_nn
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("counts launches of Triton's CPU interpreter")
+    cfg = make_config(num_layers=3)
+    drafter = build(cfg, seed=18)
+    scenario = Scenario(cfg, seed=19)
+    scenario.placement = dataclasses.replace(scenario.placement,
+                                             context_width=scenario.tables.shape[1] * PAGE_SIZE)
+    cache = scenario.cache(drafter)
+    ids, positions = scenario.inputs.token_ids, scenario.inputs.positions
+    inputs = DraftBlockInputs(ids, positions, drafter.embed_block(ids, None))
+    feats, ctx_positions = torch.randn(5, cfg.feature_width), torch.arange(5)
+    monkeypatch.setattr(drafter_nn, "on_gpu", lambda t: True)
+    drafter.forward_block(inputs, scenario.placement, cache)  # packs the projections once
+    block = _count_launches(monkeypatch, lambda: drafter.forward_block(inputs, scenario.placement,
+                                                                       cache))
+    context = _count_launches(monkeypatch, lambda: drafter.project_context(feats,
+                                                                           ctx_positions))
+    assert block <= 2 + LAUNCHES_PER_LAYER * cfg.num_layers
+    assert context <= 5
+
+
 def test_forward_block_rejects_mismatched_pool() -> None:
     cfg = make_config()
     drafter = build(cfg)
@@ -654,6 +747,29 @@ def _fc_partials(feature_width: int) -> tuple[float, bool]:
     return (total - x @ w.T).abs().max().item(), True
 
 
+def _tp_fused_paths(fusions: frozenset[TPFusion]) -> tuple[torch.Tensor, ...]:
+    """On every rank: a TP drafter's context latents and block hidden on the torch paths, then
+    on the GPU code paths forced under Triton's interpreter (restored after: the rank process
+    serves later tests)."""
+    from draftsmith.drafters import nn as drafter_nn
+
+    cfg = make_config()
+    drafter = DSparkMLADrafter.from_tensors(cfg, random_mla_tensors(cfg, seed=24),
+                                            world_collectives(), fusions)
+    scenario = Scenario(cfg, seed=25)
+    feats = scenario.features[2]
+    positions = torch.arange(feats.shape[0])
+    real = drafter_nn.on_gpu
+    out: list[torch.Tensor] = []
+    try:
+        for fused in (False, True):
+            drafter_nn.on_gpu = lambda t, fused=fused: fused
+            out += [drafter.project_context(feats, positions), scenario.run(drafter)]
+    finally:
+        drafter_nn.on_gpu = real
+    return tuple(out)
+
+
 @pytest.fixture(scope="module", params=[2, 4, 8])
 def pool(request: pytest.FixtureRequest):
     with RankPool(request.param) as p:
@@ -673,6 +789,15 @@ def test_tp_matches_single_rank_with_fusions(pool: RankPool) -> None:
         # latents and hidden are replicated: bitwise identical on every rank
         assert torch.equal(r["latent_tp"], results[0]["latent_tp"])
         assert torch.equal(r["h_tp"], results[0]["h_tp"])
+
+
+@pytest.mark.parametrize("fusions", [frozenset(), ALL_FUSIONS])
+def test_tp_fused_paths_match_the_torch_paths(pool: RankPool, fusions) -> None:
+    """Heads and the MLP split over ranks: the GPU code paths (forced on the interpreter) equal
+    the torch paths on every rank, with and without the TP fusions."""
+    for latent, hidden, fused_latent, fused_hidden in pool.run(_tp_fused_paths, fusions):
+        torch.testing.assert_close(fused_latent, latent, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fused_hidden, hidden, rtol=1e-5, atol=1e-5)
 
 
 def test_tp_unsplit_fc_matches_single_rank_exactly(pool: RankPool) -> None:

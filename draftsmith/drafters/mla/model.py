@@ -15,6 +15,15 @@ Kimi-K3 MLA drafter of TensorRT-LLM:
   factor folded into cos/sin; the softmax scale is ``mscale^2 / sqrt(d_nope + d_rope)``;
 * the drafter ships its **own** embedding table; only the target's output head is shared.
 
+On a GPU outside autograd (the round is launch-bound, so launches are time) a layer is eleven
+launches: ``q_a_proj`` and ``kv_a_proj_with_mqa`` as one packed GEMM, the fused RMSNorm of
+``q_a``, the fused latent norm and RoPE (:mod:`draftsmith.kernels.latent_norm_rope`), ``q_b_proj``,
+the whole absorbed attention over the pages (:mod:`draftsmith.kernels.mla_attention`),
+``o_proj``, gate and up as one packed GEMM, the fused SwiGLU gate, ``down_proj``, and (unless
+the ``ar-residual-rmsnorm`` fusion is taken) each residual add fused with the norm after it; the
+context projection is five. Elsewhere the eager
+references run, which are the specification.
+
 Tensor parallelism: ``q_b_proj``/``kv_b_proj`` (by heads) and ``gate``/``up`` (by
 intermediate size) are column-parallel, ``o_proj``/``down_proj`` row-parallel; the low-rank
 ``*_a`` projections, norms, embedding and latent are replicated. The fusions of
@@ -72,11 +81,10 @@ from draftsmith.drafters.mla.config import (
 from draftsmith.drafters.mla.load import read_mla_checkpoint
 from draftsmith.drafters.nn import (
     RMSNorm,
-    apply_rope_interleaved,
     check_token_range,
     context_columns,
-    context_index,
-    gather_context,
+    packed_linear,
+    packing,
     rms_norm,
     rope_cos_sin,
 )
@@ -88,6 +96,11 @@ from draftsmith.drafters.tp import (
     row_parallel_shard,
     shard_range,
 )
+from draftsmith.kernels.latent_norm_rope import latent_norm_rope as fused_latent_norm_rope
+from draftsmith.kernels.latent_norm_rope import latent_norm_rope_reference
+from draftsmith.kernels.mla_attention import mla_attention as fused_mla_attention
+from draftsmith.kernels.mla_attention import mla_attention_reference
+from draftsmith.kernels.swiglu import silu_mul
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +119,6 @@ def latent_norm_rope(
     latent: torch.Tensor,
     norm_weight: torch.Tensor,
     eps: float,
-    kv_lora_rank: int,
     cos: torch.Tensor,
     sin: torch.Tensor,
 ) -> torch.Tensor:
@@ -114,11 +126,38 @@ def latent_norm_rope(
 
     RMSNorm (``norm_weight: [kv_lora]`` or ``[n, kv_lora]``) over the first ``kv_lora`` dims
     only; interleaved RoPE (``cos, sin: [..., d_rope]``, broadcast over ``n``) on the last
-    ``d_rope`` dims.
+    ``d_rope`` dims. One fused launch on a GPU outside autograd
+    (:mod:`draftsmith.kernels.latent_norm_rope`), its reference otherwise.
     """
-    compressed = rms_norm(latent[..., :kv_lora_rank], norm_weight, eps)
-    rotated = apply_rope_interleaved(latent[..., kv_lora_rank:], cos, sin)
-    return torch.cat((compressed, rotated), dim=-1)
+    rows = latent.reshape(-1, *latent.shape[-2:])
+    cos, sin = cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])
+    fused = (packing(latent) and norm_weight.dtype == latent.dtype == cos.dtype == sin.dtype)
+    out = (fused_latent_norm_rope if fused else latent_norm_rope_reference)(
+        rows, norm_weight, eps, cos, sin)
+    return out.view(latent.shape)
+
+
+def mla_attention(
+    q: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    latent: torch.Tensor,
+    kv_b: torch.Tensor,
+    pool: torch.Tensor,
+    placement: DraftBlockPlacement,
+    columns: int,
+    scale: float,
+) -> torch.Tensor:
+    """Absorbed MLA of a block over its paged latent context and itself: ``q: [G, W, n, d_nope +
+    d_rope]`` (rope slice not yet rotated), ``cos, sin: [G, W, d_rope]``, ``latent: [G, W,
+    D_lat]`` the block's own latents, ``kv_b: [n, d_nope + d_v, kv_lora]``, ``pool: [pages, 1, 1,
+    P_sz, D_lat]`` one layer's latents, of which the first ``columns`` columns below
+    ``placement.num_ctx`` are seen -> each head's values ``[G, W, n, d_v]``. One fused launch on a
+    GPU outside autograd (:mod:`draftsmith.kernels.mla_attention`), its reference otherwise."""
+    fused = packing(q) and cos.dtype == sin.dtype == latent.dtype == kv_b.dtype == q.dtype
+    fn = fused_mla_attention if fused else mla_attention_reference
+    return fn(q, cos, sin, latent, kv_b, pool, placement.block_tables, placement.num_ctx, columns,
+              scale)
 
 
 class _Linear(nn.Module):
@@ -159,7 +198,11 @@ class _SwiGLU(nn.Module):
         self.down_proj = _Linear(intermediate_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x: [..., H] -> [..., H]``."""
+        """``x: [..., H] -> [..., H]``; on a GPU outside autograd, one GEMM for gate and up and
+        one fused activation."""
+        if packing(x):
+            return self.down_proj(silu_mul(packed_linear(self, (self.gate_proj, self.up_proj),
+                                                         x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -182,50 +225,38 @@ class MLAAttention(nn.Module):
         self.o_proj = _Linear(num_local_heads * cfg.v_head_dim, h)
         self.softmax_scale = mla_softmax_scale(cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.rope)
 
-    def block_latent(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Latents of the block's own tokens: ``a: [G, W, H] -> [G, W, D_lat]``."""
-        raw = self.kv_a_proj_with_mqa(a)[..., None, :]
-        cfg = self.cfg
-        out = latent_norm_rope(raw, self.kv_a_layernorm.weight, cfg.rms_norm_eps,
-                               cfg.kv_lora_rank, cos, sin)
-        return out[..., 0, :]
-
     def forward(
         self,
         a: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        ctx_latent: torch.Tensor,
-        ctx_valid: torch.Tensor,
+        pool: torch.Tensor,
+        placement: DraftBlockPlacement,
+        columns: int,
     ) -> torch.Tensor:
         """Row-parallel partial of the attention output.
 
         ``a: [G, W, H]`` normed block input; ``cos, sin: [G, W, d_rope]`` at the block
-        positions; ``ctx_latent: [G, C, D_lat]`` and ``ctx_valid: [G, C] bool`` the gathered
-        context. Returns ``o_proj`` of this rank's heads: ``[G, W, H]`` (sum over ranks = output).
+        positions; ``pool: [pages, 1, 1, P_sz, D_lat]`` this layer's paged latents, of which each
+        request sees its first ``columns`` columns below ``placement.num_ctx``. Returns ``o_proj``
+        of this rank's heads: ``[G, W, H]`` (sum over ranks = output). On a GPU ``q_a_proj`` and
+        ``kv_a_proj_with_mqa`` (both read ``a``) are one packed GEMM.
         """
         cfg = self.cfg
         g, w, _ = a.shape
-        n, d_nope, kv_lora = self.num_local_heads, cfg.qk_nope_head_dim, cfg.kv_lora_rank
-        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(a)))
-        q = q.view(g, w, n, d_nope + cfg.qk_rope_head_dim)
-        q_nope, q_rope = q.split((d_nope, cfg.qk_rope_head_dim), dim=-1)
-        q_rope = apply_rope_interleaved(q_rope, cos, sin)
-        kv_b = self.kv_b_proj.weight.view(n, d_nope + cfg.v_head_dim, kv_lora)
-        w_kb, w_vb = kv_b[:, :d_nope], kv_b[:, d_nope:]
-        query = torch.cat((torch.einsum("gwhd,hdc->gwhc", q_nope, w_kb), q_rope), dim=-1)
-
-        # Columns past num_ctx hold whatever the page holds (maybe NaN): zero them, then mask.
-        ctx_latent = ctx_latent.masked_fill(~ctx_valid[..., None], 0)
-        keys = torch.cat((ctx_latent, self.block_latent(a, cos, sin)), dim=1)  # [G, C+W, D_lat]
-        visible = torch.cat(
-            (ctx_valid, torch.ones(g, w, dtype=torch.bool, device=a.device)), dim=1
-        )
-        scores = torch.einsum("gwhc,gtc->gwht", query.float(), keys.float()) * self.softmax_scale
-        scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out_latent = torch.einsum("gwht,gtc->gwhc", probs, keys[..., :kv_lora].float())
-        values = torch.einsum("gwhc,hvc->gwhv", out_latent.to(a.dtype), w_vb)
+        n = self.num_local_heads
+        if packing(a):
+            q_a, raw = packed_linear(self, (self.q_a_proj, self.kv_a_proj_with_mqa), a).split(
+                (cfg.q_lora_rank, cfg.latent_width), dim=-1)
+        else:
+            q_a, raw = self.q_a_proj(a), self.kv_a_proj_with_mqa(a)
+        q = self.q_b_proj(self.q_a_layernorm(q_a)).view(g, w, n, -1)
+        latent = latent_norm_rope(raw[..., None, :], self.kv_a_layernorm.weight, cfg.rms_norm_eps,
+                                  cos, sin)[..., 0, :]  # the block's own latents [G, W, D_lat]
+        kv_b = self.kv_b_proj.weight.view(n, cfg.qk_nope_head_dim + cfg.v_head_dim,
+                                          cfg.kv_lora_rank)
+        values = mla_attention(q, cos, sin, latent, kv_b, pool, placement, columns,
+                               self.softmax_scale)
         return self.o_proj(values.reshape(g, w, n * cfg.v_head_dim))
 
 
@@ -471,8 +502,7 @@ class DSparkMLADrafter(nn.Module):
         t = ctx.shape[0]
         latent = F.linear(ctx, self._kv_a_stacked).view(t, cfg.num_layers, cfg.latent_width)
         cos, sin = self._cos_sin(positions)
-        latent = latent_norm_rope(latent, self._kv_a_norm_stacked, cfg.rms_norm_eps,
-                                  cfg.kv_lora_rank, cos, sin)
+        latent = latent_norm_rope(latent, self._kv_a_norm_stacked, cfg.rms_norm_eps, cos, sin)
         return latent.view(t, cfg.num_layers, 1, 1, cfg.latent_width)
 
     @torch.no_grad()
@@ -521,11 +551,8 @@ class DSparkMLADrafter(nn.Module):
         residual = x
         a = rms_norm(x, layers[0].input_layernorm.weight, eps)
         columns = context_columns(placement)  # one host read (none when the width is static)
-        where = context_index(cache, placement, columns)  # the same for every layer
         for index, layer in enumerate(layers):
-            entries, valid = gather_context(cache, placement, index, columns, where)
-            ctx = entries.reshape(g, entries.shape[1], cfg.latent_width).to(self.dtype)
-            partial = layer.self_attn(a, cos, sin, ctx, valid)
+            partial = layer.self_attn(a, cos, sin, cache.pool[index], placement, columns)
             a, residual = reduce_residual_rmsnorm(
                 partial, residual, layer.post_attention_layernorm.weight, eps,
                 self.collectives, fused)

@@ -1,0 +1,112 @@
+"""mla_attention: the Triton kernel against its torch reference (interpreter on the CPU, fp32;
+fp32 and bf16 on a GPU) on odd head, latent and value widths, ragged contexts, shuffled pages,
+strided queries and cos/sin tables; pages past the context never read; and the reference
+against un-absorbed attention with per-head keys and values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _devices import DEVICE_DTYPES
+
+from draftsmith.contract import ShapeError
+from draftsmith.kernels.latent_norm_rope import interleaved_rope_reference
+from draftsmith.kernels.mla_attention import mla_attention, mla_attention_reference
+from draftsmith.kernels.rope_cos_sin import rope_cos_sin_reference
+
+SHAPES = [
+    # g, w, n, d_nope, d_rope, kv_lora, d_v, page, num_ctx, columns
+    (1, 8, 4, 16, 8, 32, 16, 16, [37], 64),          # the default dspark-mla widths
+    (3, 5, 3, 24, 6, 40, 10, 4, [0, 13, 70], 77),    # odd widths, an empty context
+    (2, 1, 1, 8, 2, 17, 20, 8, [1, 129], 130),       # one head, one query, one rotary pair
+    (2, 3, 2, 128, 64, 512, 128, 16, [40, 3], 48),   # DeepSeek's widths
+]
+
+
+def _case(device, dtype, g, w, n, d_nope, d_rope, kv_lora, d_v, page, num_ctx, columns, seed=0):
+    """Arguments of ``mla_attention`` (queries as a slice of wider rows, cos and sin as views of
+    one buffer, as the drafter makes them) but ``scale``."""
+    gen = torch.Generator().manual_seed(seed)
+    d_lat = kv_lora + d_rope
+    max_pages = -(-columns // page)
+    pages = g * max_pages + 3
+    pool = torch.randn(pages, 1, 1, page, d_lat, generator=gen).to(device, dtype)
+    tables = torch.randperm(pages, generator=gen)[: g * max_pages].view(g, max_pages)
+    q = torch.randn(g, w, n, d_nope + d_rope + 5, generator=gen)[..., 5:].to(device, dtype)
+    latent = torch.randn(g, w, d_lat, generator=gen).to(device, dtype)
+    kv_b = (torch.randn(n, d_nope + d_v, kv_lora, generator=gen) / kv_lora ** 0.5).to(device,
+                                                                                       dtype)
+    nctx = torch.tensor(num_ctx, dtype=torch.int64)
+    positions = nctx[:, None] + torch.arange(w)
+    inv_freq = 1.0 / (50.0 ** (torch.arange(0, d_rope, 2).float() / d_rope))
+    cos, sin = rope_cos_sin_reference(positions, inv_freq, dtype, scale=1.2)
+    trig = torch.stack((cos, sin), dim=2).to(device)  # [G, W, 2, d_rope], as rope_cos_sin lays out
+    return (q, trig[:, :, 0], trig[:, :, 1], latent, kv_b, pool, tables.to(device),
+            nctx.to(device), columns)
+
+
+def _tol(dtype):
+    return dict(atol=2e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
+def test_kernel_matches_the_reference(shape, device, dtype):
+    args = _case(device, dtype, *shape, seed=sum(shape[:7]))
+    scale = (shape[3] + shape[4]) ** -0.5
+    want = mla_attention_reference(*args, scale)
+    got = mla_attention(*args, scale)
+    g, w, n, d_v = shape[0], shape[1], shape[2], shape[6]
+    assert got.shape == want.shape == (g, w, n, d_v) and got.dtype == want.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), **_tol(dtype))
+
+
+def test_context_beyond_num_ctx_and_unused_pages_are_never_read(device):
+    """Poisoning every pool entry outside the advertised context changes nothing."""
+    args = list(_case(device, torch.float32, 2, 4, 3, 16, 8, 32, 16, 4, [6, 11], 16))
+    want = mla_attention(*args, 0.2)
+    pool, tables, nctx = args[5], args[6], args[7]
+    poisoned = torch.full_like(pool, float("nan"))
+    for b in range(2):
+        for c in range(int(nctx[b])):
+            p, o = int(tables[b, c // 4]), c % 4
+            poisoned[p, :, :, o] = pool[p, :, :, o]
+    args[5] = poisoned
+    assert torch.equal(mla_attention(*args, 0.2), want)
+    torch.testing.assert_close(mla_attention_reference(*args, 0.2), want, atol=2e-5, rtol=1e-5)
+
+
+def test_reference_is_unabsorbed_attention():
+    """Scores ``[q_nope @ W_kb ; rope(q_rope)] . latent`` equal per-head keys
+    ``[latent[:kv_lora] @ W_kb^T ; latent[kv_lora:]]`` against ``[q_nope ; rope(q_rope)]``, and
+    the output equals softmax-weighted per-head values ``latent[:kv_lora] @ W_vb^T``."""
+    d_nope, d_rope, kv_lora, d_v = 6, 4, 10, 7
+    q, cos, sin, latent, kv_b, pool, tables, nctx, columns = _case(
+        "cpu", torch.float64, 2, 3, 2, d_nope, d_rope, kv_lora, d_v, 4, [5, 0], 8, seed=3)
+    got = mla_attention_reference(q, cos, sin, latent, kv_b, pool, tables, nctx, columns, 0.3)
+    for b in range(2):
+        c = int(nctx[b])
+        ctx = latent.new_zeros(c, kv_lora + d_rope)
+        for i in range(c):
+            ctx[i] = pool[tables[b, i // 4], 0, 0, i % 4]
+        lat = torch.cat((ctx, latent[b]))  # [C + W, D_lat]
+        for h in range(2):
+            keys = torch.cat((lat[:, :kv_lora] @ kv_b[h, :d_nope].T, lat[:, kv_lora:]), -1)
+            values = lat[:, :kv_lora] @ kv_b[h, d_nope:].T
+            query = torch.cat((q[b, :, h, :d_nope], interleaved_rope_reference(
+                q[b, :, h, None, d_nope:], cos[b], sin[b])[:, 0]), -1)
+            want = torch.softmax(query @ keys.T * 0.3, -1) @ values
+            # the reference scores in fp32 whatever the inputs' dtype
+            torch.testing.assert_close(got[b, :, h], want, atol=1e-6, rtol=1e-5)
+
+
+def test_bad_shapes_are_refused():
+    args = list(_case("cpu", torch.float32, 1, 4, 2, 8, 4, 16, 8, 4, [3], 8))
+    with pytest.raises(ShapeError, match="d_rope"):  # latent rows one dim short of kv_lora + 2
+        mla_attention(*args[:3], args[3][..., :17], *args[4:], 1.0)
+    with pytest.raises(ShapeError, match="kv_b"):
+        mla_attention(*args[:4], args[4][:1], *args[5:], 1.0)
+    with pytest.raises(ShapeError, match="pool"):
+        mla_attention(*args[:5], args[5][..., :-1], *args[6:], 1.0)
+    with pytest.raises(ShapeError, match="dtype"):
+        mla_attention(*args[:3], args[3].double(), *args[4:], 1.0)
