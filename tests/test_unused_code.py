@@ -51,8 +51,6 @@ ALLOW: dict[tuple[str, str], str] = {
     ("draftsmith.checkpoints", "*"): "data: the shipped checkpoint, read by path",
     ("draftsmith.__main__", "*"): "entry point: python -m draftsmith",
     ("draftsmith.cli.__main__", "*"): "entry point: python -m draftsmith.cli",
-    ("draftsmith.kernels.markov_chain", "markov_chain_reference"):
-        "the Markov chain's specification: tests compare chains of markov_step with it",
 }
 """What the walk keeps although nothing in the package uses it, and why; ``"*"`` keeps a whole
 module. Every entry must name something that exists and that nothing else reaches."""

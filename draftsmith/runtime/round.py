@@ -100,7 +100,8 @@ class Round:
         probs = (torch.empty(g, k, plan.vocab_size, dtype=torch.float32, device=self.device)
                  if self.buffers.draft_probs is not None else None)
         drafts, _ = self.chain.run(logits.logits.view(g, k, -1), logits.vocab_start,
-                                   placement.bonus, key, hidden=hidden, probs_out=probs)
+                                   placement.bonus, key, hidden=hidden, probs_out=probs,
+                                   want_corrected=False)
         return drafts, probs, hidden
 
     def slot_probs(self, probs: torch.Tensor | None, view: BucketView) -> torch.Tensor | None:
