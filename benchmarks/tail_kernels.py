@@ -20,8 +20,8 @@ op/shape next to the default (carry a better pick into the helper by hand).
     python benchmarks/tail_kernels.py --out benchmarks/results   # also write the raw output there
     python benchmarks/tail_kernels.py --ops markov --order  # also time the w2 walk order
 
-The Markov chain is timed as the runtime runs it: ``K`` fused ``markov_step`` calls (two launches
-each), odd positions walking ``w2`` backwards.
+The Markov chain is timed as the runtime runs it: ``markov_chain``, one step launch per position,
+odd positions walking ``w2`` backwards.
 
 Every time is the median of ``--repeats`` windows (5 on the GPU) of ``--iters`` calls.
 
@@ -232,17 +232,18 @@ def measure(timer: Timer, op: str, shape: str, eager, fused, nbytes: float, bw: 
 
 def markov_chain(base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
                  alternate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """The greedy chain as ``runtime.markov.DraftChain`` runs it in fused mode: one
-    ``markov_step`` per position, the selected token fed forward, odd positions walking ``w2``
-    backwards (``alternate``) so each pass starts on the tiles still in L2."""
+    """The greedy chain as ``runtime.markov.DraftChain`` runs it in fused mode
+    (``mc.markov_chain``: odd positions walk ``w2`` backwards, so each pass starts on the tiles
+    still in L2); ``alternate=False``: the same steps, every one walking forward."""
+    if alternate:
+        return mc.markov_chain(base, anchor, w1, w2)
     rows, k, vocab = base.shape
     drafts = torch.empty((rows, k), dtype=torch.int64, device=base.device)
     corrected = torch.empty((rows, k, vocab), dtype=torch.float32, device=base.device)
     prev = anchor
     for j in range(k):
         _, prev = mc.markov_step(base[:, j], prev, w1, w2, 0, corrected[:, j],
-                                 reverse=alternate and j % 2 == 1)
-        drafts[:, j] = prev
+                                 out_idx=drafts[:, j])
     return drafts, corrected
 
 

@@ -21,8 +21,8 @@ replayed), and ratios:
 2. The greedy Markov chain, ``K = 6``, ``r = 256``, bf16 head, ``G`` in {1, 4, 32} requests:
    sharded (each rank its ``w2`` rows; per position ``markov_step`` on the shard + one pair
    exchange; and the runtime's ``DraftChain`` with the eager bias) vs the head replicated on
-   every rank (all-gather the ``[G, K, S]`` base logits once, then ``K`` fused full-vocabulary
-   ``markov_step`` calls, as ``DraftChain`` runs them on one rank).
+   every rank (all-gather the ``[G, K, S]`` base logits once, then the fused full-vocabulary
+   ``markov_chain``, as ``DraftChain`` runs it on one rank).
 3. dspark-mla, bf16, one layer of DeepSeek-V3 attention / MLP sizes (H 7168, 128 heads,
    q_lora 1536, kv_lora 512, I 18432, ``n_cap = 5``), ``W = 7``, 1024 context entries per
    request: ``forward_block`` and ``project_context`` with both TP fusions vs without.
@@ -73,6 +73,7 @@ from draftsmith.drafters.mla import (  # noqa: E402
 )
 from draftsmith.kernels.argmax_pair import EXCHANGE_COLUMNS  # noqa: E402
 from draftsmith.kernels.markov_chain import (  # noqa: E402
+    markov_chain,
     markov_chain_reference,
     markov_step,
     markov_step_reference,
@@ -212,16 +213,9 @@ def _bench_markov(groups: list[int], vocab: int, k: int, r: int, iters: int) -> 
     step = markov_step if cuda else markov_step_reference
 
     def chain_full(base, anchor, w1, w2):
-        """The full-vocabulary greedy chain from the fused step (odd positions walk ``w2``
-        backwards, as ``DraftChain`` does)."""
-        if not cuda:
-            return markov_chain_reference(base, anchor, w1, w2)
-        drafts = torch.empty(base.shape[:2], dtype=torch.int64, device=base.device)
-        prev = anchor
-        for j in range(base.shape[1]):
-            _, prev = markov_step(base[:, j], prev, w1, w2, 0, reverse=j % 2 == 1)
-            drafts[:, j] = prev
-        return drafts, None
+        """The full-vocabulary greedy chain as ``DraftChain`` runs it on one rank."""
+        chain = markov_chain if cuda else markov_chain_reference
+        return chain(base, anchor, w1, w2, store_corrected=False)
     gen = torch.Generator(device=dev).manual_seed(7)
     w1 = (torch.randn(vocab, r, device=dev, generator=gen) * 0.1).to(torch.bfloat16)
     w2 = (torch.randn(vocab, r, device=dev, generator=gen) * 0.1).to(torch.bfloat16)

@@ -54,8 +54,6 @@ ALLOW: dict[tuple[str, str], str] = {
     ("draftsmith.drafters.nn", "gather_context"):
         "a plugin's building block for reading its paged context (docs/plugins.md); the "
         "built-in families read the pages inside their attention kernels and references",
-    ("draftsmith.kernels.markov_chain", "markov_chain_reference"):
-        "the Markov chain's specification: tests compare chains of markov_step with it",
 }
 """What the walk keeps although nothing in the package uses it, and why; ``"*"`` keeps a whole
 module. Every entry must name something that exists and that nothing else reaches."""

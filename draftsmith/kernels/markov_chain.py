@@ -2,9 +2,9 @@
 
 Owns ``markov_bias_reference`` (the low-rank bias ``w1[prev] @ w2^T``), ``markov_step`` (one block
 position on one vocabulary shard: bias, fp32 sum with the base logits, and the order-T argmax
-pair) and ``markov_chain_reference`` (the greedy full-vocabulary chain over ``K`` positions, the
-specification of what the runtime composes from ``markov_step`` and the selection layer).
-Imports ``draftsmith.contract`` only.
+pair; the sharded chain exchanges these pairs between positions) and ``markov_chain`` (the greedy
+full-vocabulary chain over ``K`` positions: one step launch per position, the tokens written
+straight into the drafts), each beside its reference. Imports ``draftsmith.contract`` only.
 
 Precision (TensorRT-LLM form): base logits fp32 (bf16 is widened exactly), the bias rounded to
 the weight dtype then widened, the sum in fp32. The fused step computes the bias with its own
@@ -13,7 +13,8 @@ dot-product order, so it matches the torch chain at tolerance level, not bitwise
 The fused step streams ``w2`` once for all ``G`` rows: program ``(g_tile, s_tile)`` multiplies the
 gathered ``w1`` rows of its request tile with one ``[BLOCK_S, r]`` tile of ``w2`` on tensor cores,
 adds the base logits, optionally stores the corrected row, and reduces an order-T pair per
-(row, tile); a second tiny kernel reduces the tile pairs of each row.
+(row, tile); the program of a row tile that finishes last (an acq_rel arrival count, as in
+``_pair``'s chunk merge) reduces the tile pairs of its rows, so a position is one launch.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import triton.language as tl
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
 from draftsmith.kernels._launch import block_size, or_dummy, row_stride
-from draftsmith.kernels._pair import merge_argmax_t, tile_argmax_t
+from draftsmith.kernels._pair import PairScratch, merge_argmax_t, tile_argmax_t
 
 _I64 = torch.int64
 _BASES = (torch.float32, torch.bfloat16)
@@ -59,6 +60,7 @@ def markov_step_reference(
     out_corrected: torch.Tensor | None = None,
     *,
     reverse: bool = False,
+    out_idx: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One block position of the chain on one shard.
 
@@ -78,12 +80,16 @@ def markov_step_reference(
     if out_corrected is not None:
         out_corrected.copy_(z)
     local = torch.argmax(z, dim=-1)
-    return z.gather(1, local[:, None])[:, 0], local + vocab_start
+    idx = local + vocab_start
+    if out_idx is not None:
+        idx = out_idx.copy_(idx)
+    return z.gather(1, local[:, None])[:, 0], idx
 
 
 def markov_chain_reference(
-    base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+    base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, *,
+    store_corrected: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The greedy Markov chain over one block (DeepSpec ``VanillaMarkov``, TensorRT-LLM precision).
 
     ``base: [G, K, V]`` fp32 block logits, ``anchor: [G] int64`` (the bonus), ``w1, w2: [V, r]``::
@@ -93,8 +99,9 @@ def markov_chain_reference(
             z[:, j] = base[:, j] + markov_bias(prev)       fp32
             x[:, j] = argmax_T(z[:, j]);  prev = x[:, j]
 
-    Returns ``(drafts [G, K] int64, corrected [G, K, V] fp32)``. ``K == 0`` returns an empty
-    ``[G, 0]`` draft tensor and the ``base`` object itself.
+    Returns ``(drafts [G, K] int64, corrected [G, K, V] fp32)``, ``corrected`` ``None`` when
+    ``store_corrected`` is false (a greedy chain's caller that only needs the drafts). ``K == 0``
+    returns an empty ``[G, 0]`` draft tensor and the ``base`` object itself.
     """
     g, k, vocab = base.shape
     _check_width("base", vocab)
@@ -108,17 +115,24 @@ def markov_chain_reference(
         corrected[:, j] = z
         prev = torch.argmax(z, dim=-1)
         drafts[:, j] = prev
-    return drafts, corrected
+    return drafts, corrected if store_corrected else None
 
 
 @triton.jit
 def _markov_step_kernel(
-    base_ptr, prev_ptr, w1_ptr, w2_ptr, out_ptr, part_val_ptr, part_idx_ptr,
-    G, S, R, V, stride_base, stride_prev, stride_out, num_tiles,
+    base_ptr, prev_ptr, w1_ptr, w2_ptr, out_ptr, part_val_ptr, part_idx_ptr, count_ptr,
+    val_ptr, idx_ptr,
+    G, S, R, V, stride_base, stride_prev, stride_out, stride_val, stride_idx, num_tiles,
+    vocab_start,
     STORE: tl.constexpr, IEEE: tl.constexpr, REVERSE: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    """Stage 1: program ``(g_tile, s_tile)`` writes one order-T pair per row of its tile.
+    """Program ``(g_tile, s_tile)`` writes one order-T pair per row of its tile to the scratch
+    ``part_val, part_idx: [G, num_tiles]``, then counts itself in ``count_ptr[g_tile]`` (int32,
+    zero before the launch); the program that arrives last reduces each row's tile pairs in
+    increasing tile order (so the bits never depend on arrival), writes the row's pair
+    (``val_ptr``, global id at ``idx_ptr``) and sets the count back to zero for the next launch
+    or graph replay.
 
     Tile addresses are int32 offsets from per-program 64-bit bases (a tile spans far less than
     2**31 elements), which keeps the address arithmetic out of the register budget.
@@ -163,30 +177,30 @@ def _markov_step_kernel(
         out_tile = out_ptr + row_base[:, None] * stride_out + (s0 + cols)[None, :]
         tl.store(out_tile, z, mask=tile_ok)
     val, idx = tile_argmax_t(z, (s0 + cols)[None, :], tile_ok)
-    part = row_base * num_tiles + pid_s
-    tl.store(part_val_ptr + part, val, mask=row_ok)
-    tl.store(part_idx_ptr + part, idx, mask=row_ok)
-
-
-@triton.jit
-def _markov_reduce_kernel(
-    part_val_ptr, part_idx_ptr, val_ptr, idx_ptr, num_tiles, vocab_start, stride_idx,
-    BLOCK_T: tl.constexpr,
-):
-    """Stage 2: one program per row reduces its tile pairs in increasing tile order."""
-    g = tl.program_id(0).to(tl.int64)
-    best_val = tl.full((1,), float("-inf"), tl.float32)
-    best_tile = tl.full((1,), 2**62, tl.int64)
-    for t0 in range(0, num_tiles, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
-        ok = t < num_tiles
-        v = tl.load(part_val_ptr + g * num_tiles + t, mask=ok, other=float("-inf"))
-        val, tile = tile_argmax_t(v[None, :], t[None, :], ok[None, :])
-        best_val, best_tile = merge_argmax_t(best_val, best_tile, val, tile)
-    idx = tl.load(part_idx_ptr + g * num_tiles + best_tile)
-    one = tl.arange(0, 1)
-    tl.store(val_ptr + g + one, best_val)
-    tl.store(idx_ptr + g * stride_idx + one, idx + vocab_start)
+    parts = part_val_ptr + row_base * num_tiles
+    tl.store(parts + pid_s, val, mask=row_ok)
+    tl.store(part_idx_ptr + row_base * num_tiles + pid_s, idx, mask=row_ok)
+    # every thread's stores precede the count (the barrier), and the count's release publishes
+    # them to the program that reads them after its acquire
+    tl.debug_barrier()
+    arrived = tl.atomic_add(count_ptr + pid_g, 1, sem="acq_rel")
+    if arrived == num_tiles - 1:
+        tl.debug_barrier()
+        best_val = tl.full((BLOCK_G,), float("-inf"), tl.float32)
+        best_tile = tl.full((BLOCK_G,), 2**62, tl.int64)
+        for t0 in range(0, num_tiles, BLOCK_T):
+            t = t0 + tl.arange(0, BLOCK_T)
+            ok = row_ok[:, None] & (t < num_tiles)[None, :]
+            # ".cg": read the other programs' pairs from L2, never a stale L1 line
+            v = tl.load(parts[:, None] + t[None, :], mask=ok, other=float("-inf"),
+                        cache_modifier=".cg")
+            tile_val, tile = tile_argmax_t(v, t[None, :], ok)
+            best_val, best_tile = merge_argmax_t(best_val, best_tile, tile_val, tile)
+        best = tl.load(part_idx_ptr + row_base * num_tiles + best_tile, mask=row_ok, other=0,
+                       cache_modifier=".cg")
+        tl.store(val_ptr + row_base * stride_val, best_val, mask=row_ok)
+        tl.store(idx_ptr + row_base * stride_idx, best + vocab_start, mask=row_ok)
+        tl.store(count_ptr + pid_g, 0)
 
 
 def _markov_launch_sizes(
@@ -220,24 +234,28 @@ def _check_width(name: str, width: int) -> None:
         raise ShapeError(f"{name} has no vocabulary column; the chain needs at least one")
 
 
-def markov_step(
-    base: torch.Tensor,
-    prev: torch.Tensor,
-    w1: torch.Tensor,
-    w2: torch.Tensor,
-    vocab_start: int,
-    out_corrected: torch.Tensor | None = None,
-    *,
-    reverse: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused :func:`markov_step_reference` (tiled bias GEMM + add + pair, then a pair reduce;
-    ``reverse`` as in :func:`_markov_step_kernel`).
+def _reduce_block(block_g: int, num_tiles: int) -> int:
+    """``BLOCK_T``: tile pairs per row that the last program of a row tile reduces at once (a
+    ``[BLOCK_G, BLOCK_T]`` chunk of at most 4096 pairs)."""
+    return block_size(num_tiles, lo=16, hi=max(16, 4096 // block_g))
 
-    ``base: [G, S]`` fp32/bf16 and ``out_corrected: [G, S] fp32 | None`` may be row-strided
-    views (unit stride along ``S``); ``prev: [G] int64`` any stride; ``w1: [V, r]`` and
-    ``w2: [S, r]`` contiguous, same dtype. Pairs match the reference at tolerance level: values
-    ``assert_close``, indices equal away from near-ties.
-    """
+
+_ARRIVALS = PairScratch()
+"""Per-device arrival counts of the step kernel's row tiles (zero between launches)."""
+
+
+def _arrival_counts(device: torch.device, row_tiles: int) -> torch.Tensor:
+    """``[>= row_tiles] int32`` zeros that every step launch on ``device`` shares (the last
+    program of a row tile resets its count); a per-call zeroed buffer where the shared one
+    would have to grow inside a CUDA-graph capture."""
+    bufs = _ARRIVALS.get(device, row_tiles, 0)
+    if bufs is None:
+        return torch.zeros(row_tiles, dtype=torch.int32, device=device)
+    return bufs[0]
+
+
+def _check_step(base, prev, w1, w2, vocab_start, out_corrected, out_idx) -> dict[str, int]:
+    """Shapes, dtypes and strides of :func:`markov_step`'s arguments; returns the sizes."""
     s: dict[str, int] = {}
     check_tensor("base", base, ("G", "S"), _BASES, s, unit_stride=True)
     dev = base.device
@@ -248,38 +266,98 @@ def markov_step(
     if out_corrected is not None:
         check_tensor("out_corrected", out_corrected, ("G", "S"), torch.float32, s, dev,
                      unit_stride=True, distinct_rows=True)
+    if out_idx is not None:
+        check_tensor("out_idx", out_idx, ("G",), _I64, s, dev)
+        if s["G"] > 1 and out_idx.stride(0) == 0:
+            raise ShapeError("out_idx must give each row its own element (stride 0 found)")
     if not isinstance(vocab_start, int) or not 0 <= vocab_start <= s["V"] - s["S"]:
         raise ShapeError(
             f"vocab_start must be an int in 0..V-S = {s['V'] - s['S']} so the shard of {s['S']} "
             f"ids fits in the vocabulary of {s['V']}, got {vocab_start!r}"
         )
+    return s
+
+
+def markov_step(
+    base: torch.Tensor,
+    prev: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    vocab_start: int,
+    out_corrected: torch.Tensor | None = None,
+    *,
+    reverse: bool = False,
+    out_idx: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused :func:`markov_step_reference`: one launch (tiled bias GEMM + add + tile pairs, the
+    last program of each row tile reducing them; ``reverse`` as in :func:`_markov_step_kernel`).
+
+    ``base: [G, S]`` fp32/bf16 and ``out_corrected: [G, S] fp32 | None`` may be row-strided
+    views (unit stride along ``S``); ``prev: [G] int64`` and ``out_idx: [G] int64 | None`` any
+    stride; ``w1: [V, r]`` and ``w2: [S, r]`` contiguous, same dtype. Pairs match the reference
+    at tolerance level: values ``assert_close``, indices equal away from near-ties.
+    """
+    _check_step(base, prev, w1, w2, vocab_start, out_corrected, out_idx)
     rows, shard = base.shape
+    dev = base.device
     pair_val = torch.empty((rows,), dtype=torch.float32, device=dev)
-    pair_idx = torch.empty((rows,), dtype=_I64, device=dev)
+    pair_idx = torch.empty((rows,), dtype=_I64, device=dev) if out_idx is None else out_idx
     if rows == 0:
         return pair_val, pair_idx
     block_g, block_s, block_r, num_warps, num_stages = _markov_launch_sizes(
-        rows, shard, s["r"], w2.dtype)
+        rows, shard, w1.shape[1], w2.dtype)
     num_tiles = triton.cdiv(shard, block_s)
+    row_tiles = triton.cdiv(rows, block_g)
     part_val = torch.empty((rows, num_tiles), dtype=torch.float32, device=dev)
     part_idx = torch.empty((rows, num_tiles), dtype=_I64, device=dev)
-    _markov_step_kernel[(triton.cdiv(rows, block_g), num_tiles)](
-        base, prev, w1, w2, or_dummy(out_corrected, base),
-        part_val, part_idx, rows, shard, w1.shape[1], w1.shape[0], base.stride(0),
-        prev.stride(0), row_stride(out_corrected), num_tiles,
+    _markov_step_kernel[(row_tiles, num_tiles)](
+        base, prev, w1, w2, or_dummy(out_corrected, base), part_val, part_idx,
+        _arrival_counts(dev, row_tiles), pair_val, pair_idx,
+        rows, shard, w1.shape[1], w1.shape[0], base.stride(0), prev.stride(0),
+        row_stride(out_corrected), pair_val.stride(0), pair_idx.stride(0), num_tiles, vocab_start,
         STORE=out_corrected is not None, IEEE=w2.dtype == torch.float32, REVERSE=bool(reverse),
-        BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_R=block_r, num_warps=num_warps,
-        num_stages=num_stages,
-    )
-    _markov_reduce_kernel[(rows,)](
-        part_val, part_idx, pair_val, pair_idx, num_tiles, vocab_start, pair_idx.stride(0),
-        BLOCK_T=block_size(num_tiles, lo=16, hi=2048),
+        BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_R=block_r,
+        BLOCK_T=_reduce_block(block_g, num_tiles), num_warps=num_warps, num_stages=num_stages,
     )
     return pair_val, pair_idx
 
 
+def markov_chain(
+    base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, *,
+    store_corrected: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Fused :func:`markov_chain_reference`: one :func:`markov_step` launch per position, ``j``
+    reading its previous tokens from the draft column ``j - 1`` that the launch before wrote
+    (the anchor for ``j = 0``) and writing its tokens straight into column ``j``; odd
+    positions walk ``w2`` backwards (L2 reuse, same bits).
+
+    ``base: [G, K, V]`` fp32/bf16 (unit stride along ``V``), ``anchor: [G] int64``,
+    ``w1, w2: [V, r]`` contiguous, same dtype. Drafts equal the reference's away from
+    near-ties, corrected logits at tolerance level (the bias sums in another order); against
+    a chain of :func:`markov_step` calls both are bit for bit the same.
+    """
+    s: dict[str, int] = {}
+    check_tensor("base", base, ("G", "K", "V"), _BASES, s, unit_stride=True)
+    check_tensor("anchor", anchor, ("G",), _I64, s, base.device)
+    check_tensor("w1", w1, ("V", "r"), FLOAT_DTYPES, s, base.device)
+    check_tensor("w2", w2, ("V", "r"), w1.dtype, s, base.device)
+    g, k, _ = base.shape
+    drafts = torch.empty((g, k), dtype=_I64, device=base.device)
+    if k == 0:
+        return drafts, base
+    corrected = (torch.empty(base.shape, dtype=torch.float32, device=base.device)
+                 if store_corrected else None)
+    prev = anchor
+    for j in range(k):
+        markov_step(base[:, j], prev, w1, w2, 0, None if corrected is None else corrected[:, j],
+                    reverse=j % 2 == 1, out_idx=drafts[:, j])
+        prev = drafts[:, j]
+    return drafts, corrected
+
+
 __all__ = [
     "markov_bias_reference",
+    "markov_chain",
     "markov_chain_reference",
     "markov_step",
     "markov_step_reference",

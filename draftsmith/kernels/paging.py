@@ -16,7 +16,7 @@ import triton.language as tl
 
 from draftsmith.contract import DraftBlockPlacement, ShapeError, check_tensor
 from draftsmith.contract.checks import check_positive
-from draftsmith.kernels._launch import block_size
+from draftsmith.kernels._launch import block_size, or_dummy, row_stride
 
 _I64 = torch.int64
 
@@ -31,6 +31,7 @@ def prepare_placement_reference(
     width: int,
     page_size: int,
     dummy_slot: int,
+    block_ids: torch.Tensor | None = None,
 ) -> DraftBlockPlacement:
     """Advance the context of ``G`` generation requests and place their block.
 
@@ -51,7 +52,9 @@ def prepare_placement_reference(
         ctx_len[slot] = new_len for real slots;  ctx_len[dummy_slot] = 0
 
     ``block_tables = page_table[slots]``; the placement's ``cache_rows`` are the slots and its
-    ``rows_start`` is ``None``.
+    ``rows_start`` is ``None``. ``block_ids: [G, W'] int64 | None`` (the block's token ids, any
+    row stride): column 0 receives the bonus (the block's first token), the other columns are
+    left as they are.
     """
     g, k1 = accepted.shape
     dev = accepted.device
@@ -71,6 +74,8 @@ def prepare_placement_reference(
     real = ~is_dummy
     ctx_len[slots[real]] = new_len[real]
     ctx_len[dummy_slot] = 0
+    if block_ids is not None:
+        block_ids[:, 0] = bonus
     # every field is computed above from validated-by-construction shapes: skip re-validation
     return DraftBlockPlacement._trusted(
         slots=slots,
@@ -94,13 +99,14 @@ def prepare_placement_reference(
 def _prepare_placement_kernel(
     ctx_len_ptr, slot_ptr, accepted_ptr, num_ptr, table_ptr,
     bonus_ptr, qpos_ptr, cpos_ptr, mask_ptr, cols_ptr, pages_ptr, offs_ptr, num_ctx_ptr,
-    new_len_ptr, tables_out_ptr, slots_out_ptr, rows_out_ptr,
-    K1, W, P, max_ctx, page_size, dummy_slot,
-    BLOCK_K1: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_P: tl.constexpr,
+    new_len_ptr, tables_out_ptr, slots_out_ptr, rows_out_ptr, ids_ptr,
+    K1, W, P, max_ctx, page_size, dummy_slot, stride_ids,
+    IDS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     """One program per generation request. Each real slot belongs to one request, so the read of
     ``ctx_len[slot]`` and its update never race; dummy rows never read ``ctx_len`` and only ever
-    store 0 to the dummy's entry. A request's page-table row is its slot's."""
+    store 0 to the dummy's entry. A request's page-table row is its slot's. ``IDS``: the bonus
+    also goes to column 0 of the request's row of ``ids_ptr`` (the block's token ids)."""
     b = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + b)
     is_dummy = slot == dummy_slot
@@ -112,7 +118,10 @@ def _prepare_placement_kernel(
     j = tl.arange(0, BLOCK_K1)
     j_ok = j < K1
     bonus_col = tl.minimum(tl.maximum(n - 1, 0), K1 - 1)
-    tl.store(bonus_ptr + b, tl.load(accepted_ptr + b * K1 + bonus_col))
+    bonus = tl.load(accepted_ptr + b * K1 + bonus_col)
+    tl.store(bonus_ptr + b, bonus)
+    if IDS:
+        tl.store(ids_ptr + b * stride_ids, bonus)
     new_len = tl.minimum(c + n, max_ctx)
     ctx_pos = c + j
     write = j < n
@@ -146,7 +155,7 @@ def _placement_launch_sizes(k1: int, width: int, pages: int) -> tuple[int, int, 
 
 def _check_placement_inputs(
     ctx_len, batch_to_slot, accepted, num_accepted, page_table, max_ctx, width, page_size,
-    dummy_slot,
+    dummy_slot, block_ids,
 ) -> None:
     s: dict[str, int] = {}
     dev = ctx_len.device if isinstance(ctx_len, torch.Tensor) else None
@@ -163,6 +172,10 @@ def _check_placement_inputs(
     if type(dummy_slot) is not int or not 0 <= dummy_slot < s["num_slots"]:
         raise ShapeError(f"dummy_slot {dummy_slot!r} must be an int indexing ctx_len of "
                          f"{s['num_slots']} slots")
+    if block_ids is not None:
+        check_tensor("block_ids", block_ids, ("G", None), _I64, s, dev, distinct_rows=True)
+        if block_ids.shape[1] < 1:
+            raise ShapeError("block_ids needs a column 0 for the bonus")
 
 
 def prepare_placement(
@@ -175,12 +188,14 @@ def prepare_placement(
     width: int,
     page_size: int,
     dummy_slot: int,
+    block_ids: torch.Tensor | None = None,
 ) -> DraftBlockPlacement:
     """Fused :func:`prepare_placement_reference` (one kernel, including the copies of
-    ``batch_to_slot`` into ``slots`` and ``cache_rows``); bit-identical results and the same
-    in-place update of ``ctx_len``. The integer outputs are views of one int64 allocation."""
+    ``batch_to_slot`` into ``slots`` and ``cache_rows`` and of the bonus into ``block_ids``);
+    bit-identical results and the same in-place updates of ``ctx_len`` and ``block_ids``. The
+    integer outputs are views of one int64 allocation."""
     _check_placement_inputs(ctx_len, batch_to_slot, accepted, num_accepted, page_table,
-                            max_ctx, width, page_size, dummy_slot)
+                            max_ctx, width, page_size, dummy_slot, block_ids)
     p = page_table.shape[1]
     if p * page_size < max_ctx + width:
         raise ShapeError(
@@ -203,7 +218,8 @@ def prepare_placement(
         _prepare_placement_kernel[(g,)](
             ctx_len, batch_to_slot, accepted, num_accepted, page_table,
             bonus, qpos, cpos, mask.view(torch.int8), cols, pages, offs, num_ctx, new_len,
-            tables, slots, rows, k1, width, p, max_ctx, page_size, dummy_slot,
+            tables, slots, rows, or_dummy(block_ids, bonus), k1, width, p, max_ctx, page_size,
+            dummy_slot, row_stride(block_ids), IDS=block_ids is not None,
             BLOCK_K1=block_k1, BLOCK_W=block_w, BLOCK_P=block_p,
         )
     return DraftBlockPlacement._trusted(

@@ -66,7 +66,8 @@ class DecoderBuffers(_RoundTensors):
       ``seeds [C]``; ``result [C, K+3]`` (``[n, nan, accepted...]``, what the host reads;
       ``nan`` is 1 when a committed token came from logits holding NaN), followed, when margins
       are recorded, by ``K+1`` pairs ``(top-1 logit, top-1 minus top-2)`` as fp32 bit patterns;
-      ``block_ids [C, W]`` (the block's token ids, written by the drafting step);
+      ``block_ids [C, W]`` (the block's token ids: the mask token, filled once by the round,
+      and in column 0 the bonus, written by each placement);
       ``verify_tokens [C, K+1]`` (bonus and drafts) and ``verify_len [C]`` (admitted drafted
       positions), written by a scheduled round's drafting phase for its verify phase;
     * ``verify_count: [1] int64``: the token count ``T`` the drafting phase chose for the

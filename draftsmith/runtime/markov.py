@@ -25,7 +25,7 @@ from draftsmith.contract import (
     check_tensor,
     selector_extras,
 )
-from draftsmith.kernels.markov_chain import markov_bias_reference, markov_step
+from draftsmith.kernels.markov_chain import markov_bias_reference, markov_chain
 from draftsmith.kernels.philox import STREAM_DRAFT
 
 DRAFT_STREAM = STREAM_DRAFT
@@ -71,7 +71,8 @@ class DraftChain:
     """Selects ``K`` drafts per request from the block logits ``U: [G, K, S]``.
 
     ``mode`` is the plan's ``markov`` decision: ``none`` (no head: independent slots),
-    ``eager`` (torch bias + selector) or ``fused`` (greedy vanilla chain through ``markov_step``).
+    ``eager`` (torch bias + selector) or ``fused`` (greedy vanilla chain through
+    ``markov_chain``: one launch per position, on one rank).
     """
 
     def __init__(
@@ -137,14 +138,17 @@ class DraftChain:
         *,
         hidden: torch.Tensor | None = None,
         probs_out: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        want_corrected: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Drafts ``[G, K] int64`` and the logits they were selected from ``[G, K, S]``.
 
         ``base: [G, K, S]`` block logits of this rank's shard starting at ``vocab_start``;
         ``anchor: [G] int64`` (the bonus, Markov ``prev`` of slot 0); ``key``: seeds and the
         position of draft 0 (draft ``j`` samples at offset ``+ j``, stream 1); ``hidden: [G, K, H]``
         for gated / RNN heads; ``probs_out: [G, K, V] fp32`` receives ``q_j`` when given.
-        ``K == 0`` returns ``base`` itself and an empty ``[G, 0]`` draft tensor.
+        ``K == 0`` returns ``base`` itself and an empty ``[G, 0]`` draft tensor. With
+        ``want_corrected`` false a fused chain skips storing the corrected logits and returns
+        ``None`` for them (the other paths compute them anyway and return them).
         """
         self._check_inputs(base, vocab_start, anchor, hidden, probs_out)
         g, k, s = base.shape
@@ -165,25 +169,27 @@ class DraftChain:
                 drafts, probs = self._select_with_probs(flat, rows_key)
                 probs_out.copy_(probs.view(g, k, -1))
             return drafts.view(g, k), base
+        if self.mode == "fused" and self.collectives.world_size == 1:
+            store = want_corrected or probs_out is not None
+            drafts, corrected = markov_chain(base, anchor, self.weights.w1, self.weights.w2,
+                                             store_corrected=store)
+            if probs_out is not None:  # greedy: the one-hot of each corrected row's argmax
+                shard = LogitsShard(corrected.view(g * k, s), vocab_start, self.vocab_size)
+                probs_out.copy_(self.selector.probs(shard, self.collectives).view(g, k, -1))
+            return drafts, corrected
         corrected = torch.empty(g, k, s, dtype=torch.float32, device=base.device)
         prev, state, tokens = anchor, None, []
         for j in range(k):
             z = corrected[:, j]
             shard = LogitsShard(z, vocab_start, self.vocab_size)
-            if self.mode == "fused" and self.collectives.world_size == 1:
-                _, token = markov_step(base[:, j], prev, self.weights.w1, self.weights.w2,
-                                       vocab_start, z, reverse=j % 2 == 1)
-                if probs_out is not None:
-                    probs_out[:, j] = self.selector.probs(shard, self.collectives)
+            h = hidden[:, j] if hidden is not None else None
+            bias, state = markov_bias(self.weights, prev, h, state)
+            torch.add(base[:, j].float(), bias.float(), out=z)
+            if probs_out is None:
+                token = self.selector.select(shard, self._key(key, j), DRAFT_STREAM,
+                                             self.collectives)
             else:
-                h = hidden[:, j] if hidden is not None else None
-                bias, state = markov_bias(self.weights, prev, h, state)
-                torch.add(base[:, j].float(), bias.float(), out=z)
-                if probs_out is None:
-                    token = self.selector.select(shard, self._key(key, j), DRAFT_STREAM,
-                                                 self.collectives)
-                else:
-                    token, probs_out[:, j] = self._select_with_probs(shard, self._key(key, j))
+                token, probs_out[:, j] = self._select_with_probs(shard, self._key(key, j))
             tokens.append(token)
             prev = token
         return torch.stack(tokens, dim=1), corrected

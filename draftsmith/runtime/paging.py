@@ -142,15 +142,18 @@ class ContextPager:
     def place(
         self, batch_to_slot: torch.Tensor, accepted: torch.Tensor, num_accepted: torch.Tensor
     ) -> DraftBlockPlacement:
-        """Advance ``ctx_len`` by each row's ``n`` and place the next block.
+        """Advance ``ctx_len`` by each row's ``n`` and place the next block; each row's bonus
+        also becomes the block's first token, column 0 of ``block_ids`` (the other columns hold
+        the mask token the round filled them with once).
 
         ``batch_to_slot: [g] int64``, ``accepted: [g, K+1] int64``, ``num_accepted: [g] int64``.
         """
         fn = prepare_placement if self.mode == "fused" else prepare_placement_reference
+        g = batch_to_slot.shape[0]
         return fn(
             self.ctx_len, batch_to_slot.contiguous(), accepted.contiguous(),
             num_accepted.contiguous(), self.buffers.page_table, self.max_ctx, self.block_width,
-            self.page_size, self.buffers.dummy_slot,
+            self.page_size, self.buffers.dummy_slot, self.buffers.block_ids[:g],
         )
 
     def store(self, placement: DraftBlockPlacement, entries: torch.Tensor) -> None:

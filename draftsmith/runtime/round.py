@@ -42,12 +42,15 @@ class Round:
                  chain: DraftChain, acceptance: Acceptance, mask_token_id: int) -> None:
         self.plan, self.target, self.drafter = plan, target, drafter
         self.collectives, self.buffers, self.pager = collectives, buffers, pager
-        self.chain, self.acceptance, self.mask_token_id = chain, acceptance, mask_token_id
+        self.chain, self.acceptance = chain, acceptance
         self.device = buffers.ctx_len.device
         self.target_embedding = target.input_embedding()
         self.head = target.output_head()
         self.length = 0  # target positions per slot the rounds are prepared for (0: not yet)
         self.columns = torch.arange(plan.num_draft_tokens + 1, device=self.device)
+        # the block's token ids: the mask token past column 0, once (column 0, the bonus, is
+        # written by every placement: ContextPager.place)
+        buffers.block_ids.fill_(mask_token_id)
         self.schedule = ScheduledRound(self) if plan.drafting and plan.verify_schedule != "all" else None
 
     def run(self, g: int, width: int) -> None:
@@ -87,12 +90,12 @@ class Round:
     def draft(self, placement: DraftBlockPlacement, key: SamplingKey | None
               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Block forward, head, chain and selection: drafts ``[G, K]``, ``q`` ``[G, K, V]`` (for
-        rejection) and the draft slots' hidden states ``[G, K, H]`` (for a confidence head)."""
+        rejection) and the draft slots' hidden states ``[G, K, H]`` (for a confidence head).
+        ``placement`` comes from :meth:`ContextPager.place`, which wrote each row's bonus into
+        the block's token ids."""
         plan = self.plan
         g, k, first = placement.num_requests, plan.num_draft_tokens, plan.first_draft_slot
         ids = self.buffers.block_ids[:g]
-        ids.fill_(self.mask_token_id)
-        ids[:, 0] = placement.bonus
         emb = self.drafter.embed_block(ids, self.target_embedding)
         inputs = DraftBlockInputs(token_ids=ids, positions=placement.query_positions, embeddings=emb)
         hidden = self.drafter.forward_block(inputs, placement, self.buffers.cache)[:, first:first + k]
@@ -100,7 +103,8 @@ class Round:
         probs = (torch.empty(g, k, plan.vocab_size, dtype=torch.float32, device=self.device)
                  if self.buffers.draft_probs is not None else None)
         drafts, _ = self.chain.run(logits.logits.view(g, k, -1), logits.vocab_start,
-                                   placement.bonus, key, hidden=hidden, probs_out=probs)
+                                   placement.bonus, key, hidden=hidden, probs_out=probs,
+                                   want_corrected=False)
         return drafts, probs, hidden
 
     def slot_probs(self, probs: torch.Tensor | None, view: BucketView) -> torch.Tensor | None:

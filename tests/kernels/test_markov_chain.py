@@ -13,16 +13,18 @@ from torch import nn
 from draftsmith.contract import ShapeError
 from draftsmith.kernels.markov_chain import (
     markov_bias_reference,
+    markov_chain,
     markov_chain_reference,
     markov_step,
     markov_step_reference,
 )
 
 
-def markov_chain(base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                 alternate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """The greedy chain composed from the fused step as the runtime's ``DraftChain`` runs it:
-    odd positions walk ``w2`` backwards (``alternate``); row-strided base and corrected views."""
+def stepped_chain(base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                  alternate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The greedy chain composed from separate fused steps (as a sharded chain runs them, with
+    a pair exchange between positions): odd positions walk ``w2`` backwards (``alternate``);
+    row-strided base and corrected views."""
     rows, k, vocab = base.shape
     drafts = torch.empty((rows, k), dtype=torch.int64, device=base.device)
     if k == 0:
@@ -136,6 +138,65 @@ def test_fused_chain_matches_reference_cpu() -> None:
         assert torch.equal(before, after)
 
 
+class _CountingKernel:
+    """Stands in for ``_markov_step_kernel``: counts the launches (``kernel[grid](...)``)."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("rows,vocab,k", [(9, 111, 5), (37, 300, 3), (70, 257, 2)])
+def test_fused_chain_is_the_chained_steps_bit_for_bit_one_launch_each_cpu(
+    rows: int, vocab: int, k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``markov_chain`` launches the step kernel once per position, writes each position's
+    tokens straight into the drafts and feeds them forward: the drafts and corrected logits of
+    separate ``markov_step`` calls, bit for bit (a NaN and a tied row included), with or without
+    the corrected store; every row tile's arrival count is back at zero after each launch."""
+    from draftsmith.kernels import markov_chain as mc
+
+    w1, w2 = _head(vocab, 19, 50 + rows)
+    base = _base(rows, k, vocab, 51 + rows)
+    base[1, 0, :] = 3.0  # a row tied across every tile (anchor -1 below: no bias)
+    base[2, k - 1, vocab - 2] = float("nan")
+    anchor = _ids(rows, -1, vocab + 1, 52 + rows)
+    anchor[1] = -1
+    want = stepped_chain(base, anchor, w1, w2)
+    counting = _CountingKernel(mc._markov_step_kernel)
+    monkeypatch.setattr(mc, "_markov_step_kernel", counting)
+    got = markov_chain(base, anchor, w1, w2)
+    assert counting.launches == k
+    assert torch.equal(got[0], want[0]) and _same_bits(got[1], want[1])
+    assert got[0][1, 0] == 0 and got[0][2, k - 1] == vocab - 2
+    drafts, none = markov_chain(base, anchor, w1, w2, store_corrected=False)
+    assert none is None and torch.equal(drafts, want[0])
+    assert counting.launches == 2 * k
+    counts = mc._ARRIVALS.get(torch.device("cpu"), 1, 0)[0]
+    assert not counts.any()
+    ref_drafts, ref_none = markov_chain_reference(base, anchor, w1, w2, store_corrected=False)
+    assert ref_none is None and torch.equal(ref_drafts, markov_chain_reference(
+        base, anchor, w1, w2)[0])
+
+
+@pytest.mark.parametrize("step", [markov_step_reference, markov_step])
+def test_step_writes_its_ids_into_a_strided_column(step) -> None:
+    """``out_idx`` (a column of a drafts tensor) receives the pair's ids, returned as is."""
+    vocab, rows = 111, 7
+    w1, w2 = _head(vocab, 19, 60)
+    base = _base(rows, 1, vocab, 61)[:, 0].contiguous()
+    prev = _ids(rows, -1, vocab + 1, 62)
+    drafts = torch.full((rows, 3), -7, dtype=torch.int64)
+    val, idx = step(base, prev, w1, w2, 0, out_idx=drafts[:, 1])
+    want_val, want_idx = step(base, prev, w1, w2, 0)
+    assert idx.data_ptr() == drafts[:, 1].data_ptr()
+    assert torch.equal(drafts[:, 1], want_idx) and torch.equal(val, want_val)
+    assert (drafts[:, 0] == -7).all() and (drafts[:, 2] == -7).all()
+
+
 @pytest.mark.parametrize("rows", [20, 70])
 def test_fused_chain_row_tiles_cpu(rows: int) -> None:
     """Batches above 16 rows take the 32/64-row tiles (several row tiles at 70)."""
@@ -182,7 +243,7 @@ def test_tile_order_does_not_change_the_chain_cpu() -> None:
     base[1, 2, 17] = float("nan")
     base[1, 0, :] = 7.0  # anchor -1: no bias, a row tied across every tile; index 0 wins
     anchor = torch.tensor([3, -1, 299, 300, 150])
-    want = markov_chain(base, anchor, w1, w2, alternate=False)
+    want = stepped_chain(base, anchor, w1, w2, alternate=False)
     got = markov_chain(base, anchor, w1, w2)
     assert torch.equal(got[0], want[0]) and got[0][1, 0] == 0 and got[0][1, 2] == 17
     assert _same_bits(got[1], want[1])
@@ -270,6 +331,11 @@ def test_bad_inputs_raise() -> None:
         markov_step(base[:, 0, :50], anchor, w1, w2[:50].contiguous(), 70)
     with pytest.raises(ShapeError, match="unit stride"):
         markov_step(base[:, 0].T.contiguous().T, anchor, w1, w2, 0)
+    with pytest.raises(ShapeError, match="own element"):
+        markov_step(base[:, 0], anchor, w1, w2, 0, out_idx=torch.zeros(1, dtype=torch.int64)
+                    .expand(3))
+    with pytest.raises(ShapeError, match="w1"):
+        markov_chain(base, anchor, w1[:100].contiguous(), w2)
 
 
 # ------------------------------------------------------------------------------------- GPU
@@ -354,7 +420,7 @@ def test_gpu_tile_order_is_bit_identical(rows: int) -> None:
     w1, w2 = _head(vocab, rank, 35, torch.bfloat16, "cuda")
     base = _base(rows, k, vocab, 36, device="cuda")
     anchor = _ids(rows, -1, vocab + 1, 44, device="cuda")
-    want = markov_chain(base, anchor, w1, w2, alternate=False)
+    want = stepped_chain(base, anchor, w1, w2, alternate=False)
     got = markov_chain(base, anchor, w1, w2)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 

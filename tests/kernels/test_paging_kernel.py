@@ -172,6 +172,31 @@ def test_fused_placement_passes_the_contract_validation() -> None:
     assert p.write_mask.dtype == torch.bool and p.block_tables.shape == (7, table.shape[1])
 
 
+@pytest.mark.parametrize("rows,width", [(1, 7), (11, 3), (6, 1)])
+def test_the_bonus_lands_in_column_0_of_the_block_ids(rows: int, width: int) -> None:
+    """``block_ids`` (row-strided: a slice of a wider buffer) gets each row's bonus in column
+    0 from the kernel and the reference alike; its other columns and rows are untouched, and
+    the placement is the one without it."""
+    rng = torch.Generator().manual_seed(20 + rows)
+    table = private_page_table(16, 50, W, P_SZ)
+    slots, accepted, n = _step_inputs(0, rng, num_real=rows - rows // 3, num_pad=rows // 3,
+                                      dummy=15)
+    ctx = torch.randint(0, 40, (16,), generator=rng)
+    plain = prepare_placement(ctx.clone(), slots, accepted, n, table, 50, W, P_SZ, 15)
+    for fn in (prepare_placement, prepare_placement_reference):
+        wide = torch.full((rows + 2, width + 3), 99, dtype=torch.int64)
+        ids = wide[:rows, :width]
+        p = fn(ctx.clone(), slots, accepted, n, table, 50, W, P_SZ, 15, ids)
+        assert_same_placement(p, plain)
+        assert torch.equal(ids[:, 0], plain.bonus)
+        rest = wide.clone()
+        rest[:rows, 0] = 99
+        assert (rest == 99).all()
+    with pytest.raises(ShapeError, match="block_ids"):
+        prepare_placement(ctx.clone(), slots, accepted, n, table, 50, W, P_SZ, 15,
+                          torch.zeros(rows + 1, width, dtype=torch.int64))
+
+
 def test_bad_inputs_raise() -> None:
     table = private_page_table(3, 20, W, P_SZ)
     ctx = torch.zeros(3, dtype=torch.int64)

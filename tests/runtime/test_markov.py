@@ -49,6 +49,21 @@ def test_fused_chain_tokens_equal_reference(data):
     torch.testing.assert_close(corrected, want_corrected)
 
 
+def test_fused_chain_can_skip_the_corrected_store_and_writes_one_hot_probs(data):
+    """The round asks for drafts only (no corrected store); a greedy ``q`` is the one-hot of
+    each draft, whichever was asked."""
+    base, w, anchor = data
+    base = base[:, :3]
+    chain = DraftChain(w, GreedySelector(), SingleRank(), mode="fused", vocab_size=V)
+    drafts, _ = chain.run(base, 0, anchor, None)
+    lean, none = chain.run(base, 0, anchor, None, want_corrected=False)
+    assert none is None and torch.equal(lean, drafts)
+    probs = torch.full((G, 3, V), 0.5)
+    with_probs, _ = chain.run(base, 0, anchor, None, probs_out=probs, want_corrected=False)
+    assert torch.equal(with_probs, drafts)
+    assert torch.equal(probs, torch.nn.functional.one_hot(drafts, V).float())
+
+
 def test_k0_returns_base_object(data):
     base, w, anchor = data
     empty = base[:, :0]
