@@ -67,10 +67,15 @@ def truthy(value: Any, name: str = "flag") -> bool:
     return bool(value)
 
 
+_INT64_LIMIT = 2**63
+"""Sizes and ids become int64 tensor shapes and values: a larger config integer has no
+tensor (torch raises a TypeError when it unpacks one)."""
+
+
 def config_int(value: Any, name: str, minimum: int | None = None) -> int:
     """An integer config value (an integral float or a numeral string is accepted);
     :class:`CheckpointError` naming ``name`` and the value otherwise, or when it is below
-    ``minimum``."""
+    ``minimum`` or outside int64."""
     number: int | None = None
     if isinstance(value, bool):
         number = None
@@ -87,6 +92,8 @@ def config_int(value: Any, name: str, minimum: int | None = None) -> int:
         raise CheckpointError(f"config {name} is {value!r}; it must be an integer")
     if minimum is not None and number < minimum:
         raise CheckpointError(f"config {name} is {number}; it must be >= {minimum}")
+    if not -_INT64_LIMIT <= number < _INT64_LIMIT:
+        raise CheckpointError(f"config {name} is {number}; it must fit in 64 bits (below 2**63)")
     return number
 
 
