@@ -37,8 +37,8 @@ def test_rms_norm_matches_reference(shape, device, dtype):
     got = rms_norm(x, w, 1e-6)
     assert got.dtype == want.dtype and got.shape == want.shape
     torch.testing.assert_close(got, want, **_tol(dtype))
-    # the drafters' rms_norm is the kernel on a GPU, the reference elsewhere (the kernel's fp32
-    # sum runs in another order than torch's, so on a GPU only bf16 matches the reference)
+    # the drafters' rms_norm is this kernel on a GPU (its fp32 sum runs in another order than
+    # torch's) and the reference elsewhere
     assert torch.equal(drafter_rms_norm(x, w, 1e-6), got if x.is_cuda else want)
 
 
