@@ -3,7 +3,7 @@
 Owns ``markov_bias_reference`` (the low-rank bias ``w1[prev] @ w2^T``), ``markov_step`` (one block
 position on one vocabulary shard: bias, fp32 sum with the base logits, and the order-T argmax
 pair; the sharded chain exchanges these pairs between positions) and ``markov_chain`` (the greedy
-full-vocabulary chain over ``K`` positions: one step launch per position, the tokens written
+full-vocabulary chain over ``K`` positions: one step per position, the tokens written
 straight into the drafts), each beside its reference. Imports ``draftsmith.contract`` only.
 
 Precision (TensorRT-LLM form): base logits fp32 (bf16 is widened exactly), the bias rounded to
@@ -13,8 +13,10 @@ dot-product order, so it matches the torch chain at tolerance level, not bitwise
 The fused step streams ``w2`` once for all ``G`` rows: program ``(g_tile, s_tile)`` multiplies the
 gathered ``w1`` rows of its request tile with one ``[BLOCK_S, r]`` tile of ``w2`` on tensor cores,
 adds the base logits, optionally stores the corrected row, and reduces an order-T pair per
-(row, tile); the program of a row tile that finishes last (an acq_rel arrival count, as in
-``_pair``'s chunk merge) reduces the tile pairs of its rows, so a position is one launch.
+(row, tile); a second launch, one program per row, reduces the row's tile pairs. One launch with
+the last-arriving program reducing (an acq_rel count, as in ``_pair``'s chunk merge) was slower
+on an H200: a K = 7 chain at SmolLM2's vocabulary took 91 us against 57 us at one row, 108 against
+62 at eight (``markov-chain-ab_nvidia-h200_2026-12-04T1748Z.txt``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import triton.language as tl
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
 from draftsmith.kernels._launch import block_size, or_dummy, row_stride
-from draftsmith.kernels._pair import PairScratch, merge_argmax_t, tile_argmax_t
+from draftsmith.kernels._pair import merge_argmax_t, tile_argmax_t
 
 _I64 = torch.int64
 _BASES = (torch.float32, torch.bfloat16)
@@ -120,19 +122,12 @@ def markov_chain_reference(
 
 @triton.jit
 def _markov_step_kernel(
-    base_ptr, prev_ptr, w1_ptr, w2_ptr, out_ptr, part_val_ptr, part_idx_ptr, count_ptr,
-    val_ptr, idx_ptr,
-    G, S, R, V, stride_base, stride_prev, stride_out, stride_val, stride_idx, num_tiles,
-    vocab_start,
+    base_ptr, prev_ptr, w1_ptr, w2_ptr, out_ptr, part_val_ptr, part_idx_ptr,
+    G, S, R, V, stride_base, stride_prev, stride_out, num_tiles,
     STORE: tl.constexpr, IEEE: tl.constexpr, REVERSE: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
-    """Program ``(g_tile, s_tile)`` writes one order-T pair per row of its tile to the scratch
-    ``part_val, part_idx: [G, num_tiles]``, then counts itself in ``count_ptr[g_tile]`` (int32,
-    zero before the launch); the program that arrives last reduces each row's tile pairs in
-    increasing tile order (so the bits never depend on arrival), writes the row's pair
-    (``val_ptr``, global id at ``idx_ptr``) and sets the count back to zero for the next launch
-    or graph replay.
+    """Stage 1: program ``(g_tile, s_tile)`` writes one order-T pair per row of its tile.
 
     Tile addresses are int32 offsets from per-program 64-bit bases (a tile spans far less than
     2**31 elements), which keeps the address arithmetic out of the register budget.
@@ -177,30 +172,30 @@ def _markov_step_kernel(
         out_tile = out_ptr + row_base[:, None] * stride_out + (s0 + cols)[None, :]
         tl.store(out_tile, z, mask=tile_ok)
     val, idx = tile_argmax_t(z, (s0 + cols)[None, :], tile_ok)
-    parts = part_val_ptr + row_base * num_tiles
-    tl.store(parts + pid_s, val, mask=row_ok)
-    tl.store(part_idx_ptr + row_base * num_tiles + pid_s, idx, mask=row_ok)
-    # every thread's stores precede the count (the barrier), and the count's release publishes
-    # them to the program that reads them after its acquire
-    tl.debug_barrier()
-    arrived = tl.atomic_add(count_ptr + pid_g, 1, sem="acq_rel")
-    if arrived == num_tiles - 1:
-        tl.debug_barrier()
-        best_val = tl.full((BLOCK_G,), float("-inf"), tl.float32)
-        best_tile = tl.full((BLOCK_G,), 2**62, tl.int64)
-        for t0 in range(0, num_tiles, BLOCK_T):
-            t = t0 + tl.arange(0, BLOCK_T)
-            ok = row_ok[:, None] & (t < num_tiles)[None, :]
-            # ".cg": read the other programs' pairs from L2, never a stale L1 line
-            v = tl.load(parts[:, None] + t[None, :], mask=ok, other=float("-inf"),
-                        cache_modifier=".cg")
-            tile_val, tile = tile_argmax_t(v, t[None, :], ok)
-            best_val, best_tile = merge_argmax_t(best_val, best_tile, tile_val, tile)
-        best = tl.load(part_idx_ptr + row_base * num_tiles + best_tile, mask=row_ok, other=0,
-                       cache_modifier=".cg")
-        tl.store(val_ptr + row_base * stride_val, best_val, mask=row_ok)
-        tl.store(idx_ptr + row_base * stride_idx, best + vocab_start, mask=row_ok)
-        tl.store(count_ptr + pid_g, 0)
+    part = row_base * num_tiles + pid_s
+    tl.store(part_val_ptr + part, val, mask=row_ok)
+    tl.store(part_idx_ptr + part, idx, mask=row_ok)
+
+
+@triton.jit
+def _markov_reduce_kernel(
+    part_val_ptr, part_idx_ptr, val_ptr, idx_ptr, num_tiles, vocab_start, stride_idx,
+    BLOCK_T: tl.constexpr,
+):
+    """Stage 2: one program per row reduces its tile pairs in increasing tile order."""
+    g = tl.program_id(0).to(tl.int64)
+    best_val = tl.full((1,), float("-inf"), tl.float32)
+    best_tile = tl.full((1,), 2**62, tl.int64)
+    for t0 in range(0, num_tiles, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        ok = t < num_tiles
+        v = tl.load(part_val_ptr + g * num_tiles + t, mask=ok, other=float("-inf"))
+        val, tile = tile_argmax_t(v[None, :], t[None, :], ok[None, :])
+        best_val, best_tile = merge_argmax_t(best_val, best_tile, val, tile)
+    idx = tl.load(part_idx_ptr + g * num_tiles + best_tile)
+    one = tl.arange(0, 1)
+    tl.store(val_ptr + g + one, best_val)
+    tl.store(idx_ptr + g * stride_idx + one, idx + vocab_start)
 
 
 def _markov_launch_sizes(
@@ -232,26 +227,6 @@ def _check_width(name: str, width: int) -> None:
     """An empty vocabulary has no argmax (the fused reduce would read past its scratch)."""
     if width < 1:
         raise ShapeError(f"{name} has no vocabulary column; the chain needs at least one")
-
-
-def _reduce_block(block_g: int, num_tiles: int) -> int:
-    """``BLOCK_T``: tile pairs per row that the last program of a row tile reduces at once (a
-    ``[BLOCK_G, BLOCK_T]`` chunk of at most 4096 pairs)."""
-    return block_size(num_tiles, lo=16, hi=max(16, 4096 // block_g))
-
-
-_ARRIVALS = PairScratch()
-"""Per-device arrival counts of the step kernel's row tiles (zero between launches)."""
-
-
-def _arrival_counts(device: torch.device, row_tiles: int) -> torch.Tensor:
-    """``[>= row_tiles] int32`` zeros that every step launch on ``device`` shares (the last
-    program of a row tile resets its count); a per-call zeroed buffer where the shared one
-    would have to grow inside a CUDA-graph capture."""
-    bufs = _ARRIVALS.get(device, row_tiles, 0)
-    if bufs is None:
-        return torch.zeros(row_tiles, dtype=torch.int32, device=device)
-    return bufs[0]
 
 
 def _check_step(base, prev, w1, w2, vocab_start, out_corrected, out_idx) -> dict[str, int]:
@@ -289,8 +264,8 @@ def markov_step(
     reverse: bool = False,
     out_idx: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused :func:`markov_step_reference`: one launch (tiled bias GEMM + add + tile pairs, the
-    last program of each row tile reducing them; ``reverse`` as in :func:`_markov_step_kernel`).
+    """Fused :func:`markov_step_reference`: two launches (tiled bias GEMM + add + tile pairs,
+    then each row's pair reduce; ``reverse`` as in :func:`_markov_step_kernel`).
 
     ``base: [G, S]`` fp32/bf16 and ``out_corrected: [G, S] fp32 | None`` may be row-strided
     views (unit stride along ``S``); ``prev: [G] int64`` and ``out_idx: [G] int64 | None`` any
@@ -307,17 +282,19 @@ def markov_step(
     block_g, block_s, block_r, num_warps, num_stages = _markov_launch_sizes(
         rows, shard, w1.shape[1], w2.dtype)
     num_tiles = triton.cdiv(shard, block_s)
-    row_tiles = triton.cdiv(rows, block_g)
     part_val = torch.empty((rows, num_tiles), dtype=torch.float32, device=dev)
     part_idx = torch.empty((rows, num_tiles), dtype=_I64, device=dev)
-    _markov_step_kernel[(row_tiles, num_tiles)](
-        base, prev, w1, w2, or_dummy(out_corrected, base), part_val, part_idx,
-        _arrival_counts(dev, row_tiles), pair_val, pair_idx,
-        rows, shard, w1.shape[1], w1.shape[0], base.stride(0), prev.stride(0),
-        row_stride(out_corrected), pair_val.stride(0), pair_idx.stride(0), num_tiles, vocab_start,
+    _markov_step_kernel[(triton.cdiv(rows, block_g), num_tiles)](
+        base, prev, w1, w2, or_dummy(out_corrected, base),
+        part_val, part_idx, rows, shard, w1.shape[1], w1.shape[0], base.stride(0),
+        prev.stride(0), row_stride(out_corrected), num_tiles,
         STORE=out_corrected is not None, IEEE=w2.dtype == torch.float32, REVERSE=bool(reverse),
-        BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_R=block_r,
-        BLOCK_T=_reduce_block(block_g, num_tiles), num_warps=num_warps, num_stages=num_stages,
+        BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_R=block_r, num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    _markov_reduce_kernel[(rows,)](
+        part_val, part_idx, pair_val, pair_idx, num_tiles, vocab_start, pair_idx.stride(0),
+        BLOCK_T=block_size(num_tiles, lo=16, hi=2048),
     )
     return pair_val, pair_idx
 
@@ -326,7 +303,7 @@ def markov_chain(
     base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, *,
     store_corrected: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Fused :func:`markov_chain_reference`: one :func:`markov_step` launch per position, ``j``
+    """Fused :func:`markov_chain_reference`: one :func:`markov_step` per position, ``j``
     reading its previous tokens from the draft column ``j - 1`` that the launch before wrote
     (the anchor for ``j = 0``) and writing its tokens straight into column ``j``; odd
     positions walk ``w2`` backwards (L2 reuse, same bits).

@@ -72,7 +72,7 @@ class DraftChain:
 
     ``mode`` is the plan's ``markov`` decision: ``none`` (no head: independent slots),
     ``eager`` (torch bias + selector) or ``fused`` (greedy vanilla chain through
-    ``markov_chain``: one launch per position, on one rank).
+    ``markov_chain``: one step per position, on one rank).
     """
 
     def __init__(

@@ -150,13 +150,13 @@ class _CountingKernel:
 
 
 @pytest.mark.parametrize("rows,vocab,k", [(9, 111, 5), (37, 300, 3), (70, 257, 2)])
-def test_fused_chain_is_the_chained_steps_bit_for_bit_one_launch_each_cpu(
+def test_fused_chain_is_the_chained_steps_bit_for_bit_one_step_launch_each_cpu(
     rows: int, vocab: int, k: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``markov_chain`` launches the step kernel once per position, writes each position's
     tokens straight into the drafts and feeds them forward: the drafts and corrected logits of
     separate ``markov_step`` calls, bit for bit (a NaN and a tied row included), with or without
-    the corrected store; every row tile's arrival count is back at zero after each launch."""
+    the corrected store."""
     from draftsmith.kernels import markov_chain as mc
 
     w1, w2 = _head(vocab, 19, 50 + rows)
@@ -175,8 +175,6 @@ def test_fused_chain_is_the_chained_steps_bit_for_bit_one_launch_each_cpu(
     drafts, none = markov_chain(base, anchor, w1, w2, store_corrected=False)
     assert none is None and torch.equal(drafts, want[0])
     assert counting.launches == 2 * k
-    counts = mc._ARRIVALS.get(torch.device("cpu"), 1, 0)[0]
-    assert not counts.any()
     ref_drafts, ref_none = markov_chain_reference(base, anchor, w1, w2, store_corrected=False)
     assert ref_none is None and torch.equal(ref_drafts, markov_chain_reference(
         base, anchor, w1, w2)[0])
