@@ -43,6 +43,8 @@ class DraftBlockInputs(_Record):
     ``token_ids: [G, W] int64`` are ``[bonus, mask...]`` (bonus-silent) or ``[anchor, mask...]``
     (shift); ``positions: [G, W] int64`` their absolute RoPE positions; ``embeddings: [G, W, H]``
     the embedded block, produced by ``Drafter.embed_block`` (``None`` until then).
+    ``token_ids`` and ``positions`` are the runtime's buffers, reused across rounds (the mask
+    columns are filled once): a drafter reads them and never writes them.
     """
 
     token_ids: torch.Tensor

@@ -302,10 +302,15 @@ def run_probe(
         page_permutation=page_permutation,
         fill_seed=fill_seed,
     )
+    block_before = (batch.inputs.token_ids.clone(), batch.inputs.positions.clone())
     embeddings = drafter.embed_block(batch.inputs.token_ids, probe.target_embedding)
     inputs = replace(batch.inputs, embeddings=embeddings)
     pool_before = batch.cache.pool.clone()
     hidden = drafter.forward_block(inputs, batch.placement, batch.cache)
+    if not (torch.equal(block_before[0], inputs.token_ids)
+            and torch.equal(block_before[1], inputs.positions)):
+        fail("embed_block or forward_block wrote into the block's token ids or positions; they "
+             "are the runtime's buffers, reused across rounds, and must only be read")
     if head is None:
         head = OutputHead(weight=probe.head_weight, vocab_start=0, vocab_size=caps.vocab_size)
     if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3:

@@ -158,6 +158,12 @@ class _WritesPool(_Wrapped):
         return self.inner.forward_block(inputs, placement, cache)
 
 
+class _WritesTokenIds(_Wrapped):
+    def embed_block(self, token_ids, target_embedding):
+        token_ids[:, 1:] = 0
+        return self.inner.embed_block(token_ids, target_embedding)
+
+
 class _Bf16Logits(_Wrapped):
     def block_logits(self, hidden, head):
         shard = self.inner.block_logits(hidden, head)
@@ -409,6 +415,7 @@ def test_misnamed_family_fails() -> None:
     [
         (_Bf16Logits, "dtype float32"),
         (_WritesPool, "wrote into the context pool"),
+        (_WritesTokenIds, "wrote into the block's token ids"),
     ],
 )
 def test_shape_dtype_and_purity_violations_fail(wrapper, match: str) -> None:
