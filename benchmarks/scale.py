@@ -220,9 +220,12 @@ def decode(model: torch.nn.Module, args: argparse.Namespace, say: Any) -> dict[s
             f"({round_ms / row['plain_ms']:.2f}x a plain step), tau {tau:.2f}, "
             f"{tokens / seconds:.0f} tok/s (wall, prefill included)")
         if parts:
-            row["parts_" + family] = {name: ms for name, ms, _ in parts}
+            timed = [p for p in parts if " vs 1: " not in p[0]]
+            row["parts_" + family] = {name: ms for name, ms, _ in timed}
             say("    " + "; ".join(f"{name.strip()} {ms:.3f} ms ({n} kernels)"
-                                   for name, ms, n in parts))
+                                   for name, ms, n in timed))
+            say("    kernels the wider target forward adds: " + "; ".join(
+                name.split(": ", 1)[1] for name, _, _ in parts if " vs 1: " in name))
     row["spec_round_vs_plain"] = row[f"spec_round_vs_plain_{args.families[0]}"]
     row["spec_tok_s"] = row[f"spec_tok_s_{args.families[0]}"]
     return row
@@ -230,10 +233,12 @@ def decode(model: torch.nn.Module, args: argparse.Namespace, say: Any) -> dict[s
 
 def _round_parts(spec: Any, active: Any) -> list[tuple[str, float, int]]:
     """The round's parts, each captured and replayed alone on the live state (restored after):
-    ``benchmarks/round.py``'s split, its first ten rows."""
+    ``benchmarks/round.py``'s split, its first ten rows, then its count of the kernels the
+    verification's forward launches beyond the one-token forward's (named ``... vs 1: ...``)."""
     from round import _time_parts
 
-    return _time_parts(spec, *spec.bucket(active))[:10]
+    parts = _time_parts(spec, *spec.bucket(active))
+    return parts[:10] + [p for p in parts if " vs 1: " in p[0]]
 
 
 def recipe(model: torch.nn.Module, args: argparse.Namespace) -> float:
