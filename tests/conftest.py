@@ -11,8 +11,17 @@ subprocesses inherit it. A test about installed plugins sets the variable itself
 from __future__ import annotations
 
 import os
+import platform
+import sys
 
-import torch
+# The interpreter runs tl.dot as numpy's matmul. OpenBLAS's AVX2 kernels (chosen on AMD EPYC)
+# round a row by where it sits in their tile, so the row-independence checks of the products
+# fail there on the CPU for a reason that is OpenBLAS's, not a kernel's; its Sandybridge kernels
+# compute every row alike. OpenBLAS reads the variable when numpy loads: before torch imports it.
+if platform.machine().lower() in ("x86_64", "amd64") and "numpy" not in sys.modules:
+    os.environ.setdefault("OPENBLAS_CORETYPE", "Sandybridge")
+
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
