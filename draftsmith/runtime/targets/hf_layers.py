@@ -278,7 +278,10 @@ class LayerLoop:
             write_rows = write_rows.expand(n, q).reshape(-1).index_select(0, pick).view(-1, 1)
             x = self.decoder.embed_tokens(ids.reshape(-1).index_select(0, pick).view(-1, 1))
         rows_out = x.shape[0] * x.shape[1]
-        token_rows, token_pos = write_rows.reshape(-1), positions.reshape(-1)
+        # one contiguous copy of the slots a forward (an expanded row's are a stride-0 view,
+        # which each kernel taking them would copy again, two a layer)
+        token_rows = write_rows.reshape(-1).contiguous()
+        token_pos = positions.reshape(-1).contiguous()
         if per_token and self.few_rows(x, rows_out):
             h = self._few_rows(x.reshape(rows_out, -1), kv, token_rows, token_pos, width,
                                capture, captured, positions.shape)
