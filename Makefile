@@ -32,7 +32,7 @@ demo: $(STAMP)
 	$(VENV)/bin/draftsmith demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
