@@ -31,8 +31,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/draftsmith demo
 
+# two workers (the CI machine's two cores; most of the suite is the Triton interpreter, one
+# Python thread a test), each taking whole files, so a module's process group starts once
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
