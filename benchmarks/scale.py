@@ -24,11 +24,14 @@ drafter. For each shape, in one run:
   ``split_k`` 1/2/4/8, about 25 launches a product) at ``--sweep-rows`` (1 and 8), the best per
   product and row count against the floor and the default, then a table of them all
   (compile-bound: a few minutes a shape on an H200 with a cold Triton cache);
-* ``--profile``: the kernels of one eager plain step, by name.
+* ``--profile``: the kernels of one eager plain step, by name;
+* ``--few-rows launches persistent``: the decoding runs under each ``target.few_rows`` in turn
+  (the table shows the first; the others print after it, fields ``few_rows_<value>``).
 
     python benchmarks/scale.py --out $OUT                         # every shape
     python benchmarks/scale.py --shapes llama-1b --gemms --profile
     python benchmarks/scale.py --shapes llama-1b llama-8b --gemms --sweep --families dflash
+    python benchmarks/scale.py --shapes llama-1b llama-8b --few-rows launches persistent
     python benchmarks/scale.py --smoke                            # a tiny shape on the CPU
 
 Writes ``scale.json`` (``rows``: shape, params_b, weight_gb, floor_ms, plain_ms,
@@ -177,12 +180,14 @@ def _step_times(sd: Any, run: Any, at_step: Any = None) -> tuple[Any, list[float
     return out, [r.seconds * 1e3 for r in sd.rounds]
 
 
-def decode(model: torch.nn.Module, args: argparse.Namespace, say: Any) -> dict[str, Any]:
-    """Plain and speculative generations per drafter family on ``model``; step figures."""
+def decode(model: torch.nn.Module, args: argparse.Namespace, say: Any,
+           few_rows: str = "auto") -> dict[str, Any]:
+    """Plain and speculative generations per drafter family on ``model`` with ``target.few_rows
+    = few_rows``; step figures."""
     from draftsmith.runtime.api import load_decoder
     from draftsmith.runtime.targets.hf import HFTarget
 
-    target = HFTarget(model, max_slots=args.batch + 2)
+    target = HFTarget(model, max_slots=args.batch + 2, few_rows=few_rows)
     say(f"  target path: {target.layer_path}: {target.layer_path_reason}")
     g = torch.Generator().manual_seed(1)
     ids = [torch.randint(0, VOCAB, (args.prompt_len,), generator=g).tolist()
@@ -449,6 +454,10 @@ def main() -> int:
     parser.add_argument("--sweep-rows", nargs="+", type=int, default=[1, 8], metavar="ROWS",
                         help="row counts of --sweep (each a compile of every launch: M = 1 and "
                              "multiples of 16 are specialized)")
+    parser.add_argument("--few-rows", nargs="+", default=["auto"],
+                        choices=["auto", "launches", "persistent"],
+                        help="target.few_rows of the decoding runs; the first fills the table, "
+                             "each other is run and printed after it (fields few_rows_<value>)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--smoke", action="store_true", help="the tiny shape on the CPU")
     args = parser.parse_args()
@@ -479,8 +488,17 @@ def main() -> int:
         if args.profile is not None and args.device == "cuda":
             for batch in args.profile or [1]:
                 profile(model, batch, say)
-        row.update(decode(model, args, say))
+        row.update(decode(model, args, say, args.few_rows[0]))
         row["plain_vs_floor"] = row["plain_ms"] / floor_ms
+        for few_rows in args.few_rows[1:]:
+            other = decode(model, args, say, few_rows)
+            other["plain_vs_floor"] = other["plain_ms"] / floor_ms
+            row[f"few_rows_{few_rows}"] = other
+            say(f"  target.few_rows = {few_rows}: plain {other['plain_ms']:.3f} ms = "
+                f"{other['plain_vs_floor']:.2f}x floor ({args.few_rows[0]}: "
+                f"{row['plain_ms']:.3f} ms); "
+                + ", ".join(f"{f} round {other[f'spec_round_vs_plain_{f}']:.2f}x plain"
+                            for f in args.families))
         if not args.no_recipe and args.device == "cuda":
             try:
                 row["recipe_ms"] = recipe(model, args)

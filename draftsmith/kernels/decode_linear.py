@@ -172,11 +172,27 @@ def _decode_linear_split_kernel(
     n_ok = rn < N
     k_lo = part * K_PART
     k_hi = tl.minimum(k_lo + K_PART, K)
+    tile = pid_m * tl.num_programs(1) + pid_n
+    _split_part(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, part_ptr, count_ptr, tile, part, rm, rn,
+                m_ok, n_ok, N, k_lo, k_hi, s_x, s_w, s_r, s_out,
+                HAS_BIAS, GATED, RESIDUAL, IEEE, PARTS, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _split_part(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, part_ptr, count_ptr, tile, part, rm, rn,
+                m_ok, n_ok, N, k_lo, k_hi, s_x, s_w, s_r, s_out,
+                HAS_BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+                IEEE: tl.constexpr, PARTS: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Part ``part`` of output tile ``tile`` (rows ``rm``, columns ``rn``): its fp32 sums over
+    input columns ``k_lo .. k_hi`` to its workspace slot, its arrival counted, and the
+    epilogue of the whole tile by the last of the tile's ``PARTS`` programs (the parts added
+    in the order ``0, 1, ..``). Shared by the split-``K`` launch and the persistent layer tail
+    (:mod:`draftsmith.kernels.layer_tail`), so the two round alike."""
     acc, acc_up = _products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, k_lo, k_hi, s_x, s_w,
                             GATED, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
     SLOT: tl.constexpr = BLOCK_M * BLOCK_N
     WIDTH: tl.constexpr = 2 if GATED else 1
-    tile = pid_m * tl.num_programs(1) + pid_n
     in_slot = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     slots = part_ptr + tile.to(tl.int64) * (PARTS * WIDTH * SLOT) + in_slot
     tl.store(slots + part * (WIDTH * SLOT), acc)

@@ -182,6 +182,13 @@ class TargetConfig(_Strict):
     launch: about 11 launches a layer against transformers' 40), for Llama, Mistral, Qwen2 and
     Qwen3 stacks. ``transformers``: its own modules. ``auto``: ``fused`` on a GPU when the model
     allows it, ``transformers`` otherwise; the plan says which and why."""
+    few_rows: Literal["auto", "launches", "persistent"] = "auto"
+    """How ``fused`` layers run a forward of up to 16 tokens in bf16 or fp16 on a GPU (a
+    decoding step, a verification). ``launches``: eight launches a layer (two norms, four
+    products, RoPE with the cache writes, attention). ``persistent``: three (RoPE with the
+    cache writes, attention, and one persistent launch of one program per SM from ``o_proj``
+    through the next layer's ``[q | k | v]``, with grid-wide barriers between its products);
+    the same bits. ``auto``: ``launches``. The plan says which ran."""
 
     @field_validator("device")
     @classmethod

@@ -45,7 +45,12 @@ from draftsmith.runtime.buffers import available_bytes
 from draftsmith.runtime.targets.cpu_gemm import PackedLinear, use_packed
 from draftsmith.runtime.targets.hf_cache import StaticKV, row_cache
 from draftsmith.runtime.targets.hf_gemm import gemm_choice, use_row_stable
-from draftsmith.runtime.targets.hf_layers import LayerLoop, choose_layer_path, fused_blocker
+from draftsmith.runtime.targets.hf_layers import (
+    LayerLoop,
+    check_few_rows,
+    choose_layer_path,
+    fused_blocker,
+)
 from draftsmith.runtime.targets.hf_model import (
     check_supported,
     load_hf_model,
@@ -70,13 +75,16 @@ class HFTarget:
         (``auto``, ``torch`` or ``row-stable``; see :attr:`gemm`).
     :param layers: ``target.layers``: what runs the decoder layers (``auto``, ``fused`` or
         ``transformers``; see :attr:`layer_path`).
+    :param few_rows: ``target.few_rows``: how the loop's few-row path runs a layer (``auto``,
+        ``launches`` or ``persistent``; :class:`~.hf_layers.LayerLoop`).
     :param interpret: on the CPU, run the layer loop's GPU path (its Triton kernels, under the
         interpreter that ``TRITON_INTERPRET=1`` starts): how tests check that path without a GPU.
     """
 
     def __init__(self, model: torch.nn.Module, max_slots: int = 64, gemm: str = "auto",
-                 layers: str = "auto", interpret: bool = False) -> None:
+                 layers: str = "auto", interpret: bool = False, few_rows: str = "auto") -> None:
         require_transformers()
+        check_few_rows(few_rows)
         requested_layers = layers
         if interpret and not interpreted():
             raise ConfigError("HFTarget(interpret=True) runs Triton kernels on the CPU: set "
@@ -114,7 +122,7 @@ class HFTarget:
             requested_layers, fused_blocker(model, self.layers_split), self.device, self._gemm)
         self._use_gemm()
         if self._layer_path == "fused":
-            self._loop = LayerLoop(model, row_stable=self._gemm != "torch",
+            self._loop = LayerLoop(model, row_stable=self._gemm != "torch", few_rows=few_rows,
                                    interpret=interpret and self.device.type != "cuda")
             self.layer_path_reason += f"; {self._loop.products_reason}"
 
@@ -647,6 +655,7 @@ def load_hf_target(
     split_layers_over: int = 1,
     gemm: str = "auto",
     layers: str = "auto",
+    few_rows: str = "auto",
 ) -> tuple[HFTarget, Any]:
     """Load a local Hugging Face model directory as ``(HFTarget, tokenizer)``.
 
@@ -660,7 +669,8 @@ def load_hf_target(
     (:func:`~draftsmith.runtime.targets.hf_model.load_hf_model`).
     """
     model, tokenizer = load_hf_model(directory, dtype, device, split_layers_over)
-    return HFTarget(model, max_slots=max_slots, gemm=gemm, layers=layers), tokenizer
+    return (HFTarget(model, max_slots=max_slots, gemm=gemm, layers=layers, few_rows=few_rows),
+            tokenizer)
 
 
 __all__ = ["HFTarget", "load_hf_target"]

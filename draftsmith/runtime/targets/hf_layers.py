@@ -27,6 +27,13 @@ floor on an H200 from 28 MB up (``benchmarks/scale.py --gemms``), and a row's re
 depends on the rows beside it, so in bf16 too a verification rounds as decoding its tokens one
 by one.
 
+``target.few_rows = persistent`` runs the few-row path as three launches a layer: RoPE with the
+cache writes, attention, and one persistent launch of one program per SM from ``o_proj`` through
+the next layer's ``[q | k | v]``, grid-wide barriers between its products
+(:func:`~draftsmith.kernels.layer_tail.layer_tail`; the first layer's norm and ``[q | k | v]``
+stay two launches). Its products and norms run the same code with the same launch sizes as the
+eight launches, so a token's bits are the same either way.
+
 Every op but the GEMMs computes a row independently of the rows beside it (the per-token
 attention by construction: a token's bits do not depend on the other tokens, the bucket's width
 or the split count), and the GEMMs do wherever ``target.gemm`` runs the row-stable kernel (up to
@@ -62,6 +69,7 @@ from draftsmith.kernels.head_norm_rope import (
     rotate_half_rope,
     rotate_half_rope_reference,
 )
+from draftsmith.kernels.layer_tail import layer_tail, layer_tail_reference
 from draftsmith.kernels.rms_norm import rms_norm, rms_norm_reference
 from draftsmith.kernels.rope_store import rope_store, rope_store_reference
 from draftsmith.kernels.swiglu import silu_mul, silu_mul_reference
@@ -197,9 +205,13 @@ class LayerLoop:
         up to 32 rows on a GPU, the packed oneDNN product (:mod:`.cpu_gemm`) on the CPU.
     :param interpret: run the GPU path's kernels on CPU tensors (under Triton's interpreter,
         fp32, every dtype taking the few-row path): how the tests check the GPU path on a CPU.
+    :param few_rows: ``target.few_rows``: ``persistent`` runs the few-row path's layers as
+        three launches (:func:`~draftsmith.kernels.layer_tail.layer_tail`), ``launches`` or
+        ``auto`` as eight.
     """
 
-    def __init__(self, model: torch.nn.Module, row_stable: bool, interpret: bool = False) -> None:
+    def __init__(self, model: torch.nn.Module, row_stable: bool, interpret: bool = False,
+                 few_rows: str = "auto") -> None:
         config = model.config
         self.decoder = model.get_decoder()
         self.heads = int(config.num_attention_heads)
@@ -220,13 +232,23 @@ class LayerLoop:
         self.product_dtypes = (*FUSED_PRODUCT_DTYPES, torch.float32) if interpret \
             else FUSED_PRODUCT_DTYPES
         on_gpu = self.decoder.embed_tokens.weight.is_cuda or interpret
+        check_few_rows(few_rows)
+        blocker = persistent_blocker(model)
+        self.persistent = few_rows == "persistent" and blocker is None
+        """Whether few-row forwards run :func:`~draftsmith.kernels.layer_tail.layer_tail`."""
+        dtypes = ", ".join(str(d).removeprefix("torch.") for d in self.product_dtypes)
+        launches = (
+            "three launches a layer (RoPE with the cache writes, attention, and one persistent "
+            "launch from o_proj through the next layer's [q | k | v]; target.few_rows = "
+            "persistent)" if self.persistent else
+            "eight launches a layer, the residual adds and the gate inside the products" + (
+                f" (target.few_rows = persistent cannot run this model: {blocker})"
+                if few_rows == "persistent" else ""))
         self.products_reason = (
             "no few-row path: its kernels run on a GPU" if not on_gpu else
             f"no few-row path: RoPE type {rope_type!r} changes its frequencies with the length"
             if self.inv_freq is None else
-            f"few-row path (up to {FUSED_PRODUCT_ROWS} tokens, "
-            f"{', '.join(str(d).removeprefix('torch.') for d in self.product_dtypes)}): eight "
-            "launches a layer, the residual adds and the gate inside the products")
+            f"few-row path (up to {FUSED_PRODUCT_ROWS} tokens, {dtypes}): {launches}")
         """Which layer path decoding steps take, and why (for the plan)."""
 
     def _kernels(self, x: torch.Tensor) -> bool:
@@ -347,6 +369,9 @@ class LayerLoop:
         attend = (partial(cache_attention, tokens_per_row=shape[-1]) if kernels
                   else cache_attention_reference)
         assert self.inv_freq is not None  # few_rows() holds
+        if self.persistent:
+            return self._few_rows_persistent(h, kv, token_rows, token_pos, width, capture,
+                                             captured, shape)
         for i, layer in enumerate(self.layers):
             qkv = product(self._norm(h, layer.input_norm, kernels), layer.qkv_weight,
                           layer.qkv_bias)
@@ -361,6 +386,44 @@ class LayerLoop:
             act = product(self._norm(h, layer.post_norm, kernels), layer.gate_up_weight,
                           gated=True)
             h = product(act, layer.down_proj.weight, layer.down_proj.bias, residual=h)
+            if i in capture:
+                captured[i] = h.view(*shape, -1)
+        return h
+
+    def _few_rows_persistent(self, h: torch.Tensor, kv: StaticKV, token_rows: torch.Tensor,
+                             token_pos: torch.Tensor, width: int, capture: Sequence[int],
+                             captured: dict[int, torch.Tensor], shape: torch.Size
+                             ) -> torch.Tensor:
+        """:meth:`_few_rows` as three launches a layer: RoPE with the cache writes, attention,
+        then :func:`~draftsmith.kernels.layer_tail.layer_tail` from ``o_proj`` through the next
+        layer's norm and ``[q | k | v]`` (the first layer's are two launches before the loop)."""
+        nq, nkv, hd = self.heads, self.kv_heads, self.head_dim
+        rows = h.shape[0]
+        kernels = self._kernels(h)
+        tail = layer_tail if kernels else layer_tail_reference
+        store = rope_store if kernels else rope_store_reference
+        attend = (partial(cache_attention, tokens_per_row=shape[-1]) if kernels
+                  else cache_attention_reference)
+        first = self.layers[0]
+        qkv = (decode_linear if kernels else decode_linear_reference)(
+            self._norm(h, first.input_norm, kernels), first.qkv_weight, first.qkv_bias)
+        assert self.inv_freq is not None  # few_rows() holds
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            heads = qkv.view(rows, nq + 2 * nkv, hd)
+            store(heads, token_pos, self.inv_freq, kv.keys[i], kv.values[i], token_rows, nq,
+                  self.rope_scale, layer.qk_norm, layer.qk_eps)
+            with values_trusted():  # slots and positions the target made itself
+                out = attend(heads[:, :nq], kv.keys[i], kv.values[i], token_rows, token_pos,
+                             width, layer.scaling)
+            nxt = self.layers[i + 1] if i < last else None
+            h, qkv = tail(out.view(rows, nq * hd), h, layer.o_proj.weight, layer.o_proj.bias,
+                          layer.post_norm.weight, _eps(layer.post_norm), layer.gate_up_weight,
+                          layer.down_proj.weight, layer.down_proj.bias,
+                          None if nxt is None else nxt.input_norm.weight,
+                          0.0 if nxt is None else _eps(nxt.input_norm),
+                          None if nxt is None else nxt.qkv_weight,
+                          None if nxt is None else nxt.qkv_bias)
             if i in capture:
                 captured[i] = h.view(*shape, -1)
         return h
@@ -424,6 +487,31 @@ class LayerLoop:
             head_norm_rope_reference(heads, layer.qk_norm, layer.qk_eps, cos, sin, out=heads)
 
 
+FEW_ROWS_CHOICES = ("auto", "launches", "persistent")
+"""``target.few_rows`` values: how a few-row forward runs each layer (``auto``: ``launches``)."""
+
+
+def check_few_rows(value: str) -> None:
+    """:raises ConfigError: unless ``value`` is one of :data:`FEW_ROWS_CHOICES`."""
+    if value not in FEW_ROWS_CHOICES:
+        raise ConfigError(f"target.few_rows must be one of {', '.join(FEW_ROWS_CHOICES)}, "
+                          f"got {value!r}")
+
+
+def persistent_blocker(model: torch.nn.Module) -> str | None:
+    """Why :func:`~draftsmith.kernels.layer_tail.layer_tail` cannot run ``model``'s layers
+    (``None`` when it can): its norms' weights must share the projections' dtype."""
+    decoder = model.get_decoder()
+    dtype = decoder.embed_tokens.weight.dtype
+    for i, layer in enumerate(decoder.layers):
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            weight = getattr(getattr(layer, name, None), "weight", None)
+            if weight is None or weight.dtype != dtype:
+                return (f"layer {i}'s {name} weight is not {str(dtype).removeprefix('torch.')} "
+                        "like its projections")
+    return None
+
+
 def choose_layer_path(requested: str, blocker: str | None, device: torch.device,
                       gemm: str = "torch") -> tuple[str, str]:
     """``(path, reason)`` for ``target.layers = requested``: ``'fused'`` or ``'transformers'``.
@@ -456,5 +544,5 @@ def choose_layer_path(requested: str, blocker: str | None, device: torch.device,
                      "a quarter of transformers' launches a layer)")
 
 
-__all__ = ["FUSED_MODEL_TYPES", "LayerLoop", "choose_layer_path", "config_blocker",
-           "fused_blocker"]
+__all__ = ["FEW_ROWS_CHOICES", "FUSED_MODEL_TYPES", "LayerLoop", "check_few_rows",
+           "choose_layer_path", "config_blocker", "fused_blocker", "persistent_blocker"]

@@ -229,7 +229,7 @@ def load_target(
             )
     return load_hf_target(str(directory), dtype=dtype, device=device, max_slots=max_slots,
                           split_layers_over=tp_size if spec.split_layers else 1,
-                          gemm=spec.gemm, layers=spec.layers)
+                          gemm=spec.gemm, layers=spec.layers, few_rows=spec.few_rows)
 
 
 __all__ = [

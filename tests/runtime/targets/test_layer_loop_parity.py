@@ -7,8 +7,10 @@ interpreter (fp32); on a GPU in bf16 and fp32.
 Every norm weight is random. Each case checks logits and captured features of a prefill and of
 a verified block against the modules, and that the block's features and logits are bit for bit
 those of its tokens decoded one at a time (a row's products, the head's with the final norm
-included, do not depend on the rows beside it). A RoPE whose frequencies change with the length
-keeps the torch path, and the target's reason (which the plan records) says so."""
+included, do not depend on the rows beside it). ``target.few_rows = persistent`` (the layer tail
+in one persistent launch) passes the same checks, and on a GPU gives the eight launches' bits.
+A RoPE whose frequencies change with the length keeps the torch path, and the target's reason
+(which the plan records) says so."""
 
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def _pair(case: dict[str, Any], device: str, dtype: torch.dtype) -> tuple[HFTarget, HFTarget]:
+def _pair(case: dict[str, Any], device: str, dtype: torch.dtype,
+          few_rows: str = "auto") -> tuple[HFTarget, HFTarget]:
     """The same random model twice: through the layer loop and through transformers' modules.
     The norms' weights are random too (transformers starts them at ones, where a norm weight
     applied twice, or not at all, would pass)."""
@@ -49,7 +52,8 @@ def _pair(case: dict[str, Any], device: str, dtype: torch.dtype) -> tuple[HFTarg
                     param.copy_(torch.rand(param.shape, generator=g) + 0.5)
         return model.to(device)
 
-    fused = HFTarget(make(), layers="fused", interpret=device == "cpu")  # the kernels on a CPU
+    fused = HFTarget(make(), layers="fused", interpret=device == "cpu",  # the kernels on a CPU
+                     few_rows=few_rows)
     modules = HFTarget(make(), layers="transformers")
     for target in (fused, modules):
         target.set_capture_layers([-1, 0])
@@ -57,9 +61,12 @@ def _pair(case: dict[str, Any], device: str, dtype: torch.dtype) -> tuple[HFTarg
     return fused, modules
 
 
-def _check(case: dict[str, Any], device: str, dtype: torch.dtype) -> None:
-    fused, modules = _pair(case, device, dtype)
+def _check(case: dict[str, Any], device: str, dtype: torch.dtype,
+           few_rows: str = "auto") -> None:
+    fused, modules = _pair(case, device, dtype, few_rows)
     assert "few-row path" in fused.layer_path_reason, fused.layer_path_reason
+    assert fused._loop.persistent == (few_rows == "persistent")
+    assert ("three launches a layer" in fused.layer_path_reason) == fused._loop.persistent
     calls = []
     real = fused._loop._few_rows
 
@@ -90,13 +97,43 @@ def test_few_row_path_matches_transformers_on_the_cpu(name: str) -> None:
     _check(CASES[name], "cpu", torch.float32)
 
 
+PERSISTENT_CPU_CASES = ["qwen2-qkv-bias"]
+"""The persistent layers on the CPU (20 s a case under the interpreter): the family whose tail
+has a bias (``[q | k | v]``'s); what differs between the others happens outside the tail, and
+the GPU suite runs them all."""
+
+
+@pytest.mark.parametrize("name", PERSISTENT_CPU_CASES)
+def test_persistent_layers_match_transformers_on_the_cpu(name: str) -> None:
+    _check(CASES[name], "cpu", torch.float32, few_rows="persistent")
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("few_rows", ["launches", "persistent"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_few_row_path_matches_transformers_on_a_gpu(name: str, dtype: torch.dtype) -> None:
+def test_few_row_path_matches_transformers_on_a_gpu(name: str, dtype: torch.dtype,
+                                                     few_rows: str) -> None:
     if dtype == torch.float32:
         pytest.skip("fp32 keeps the row-stable GEMM between separate launches on a GPU")
-    _check(CASES[name], "cuda", dtype)
+    _check(CASES[name], "cuda", dtype, few_rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["llama", "qwen2-qkv-bias", "qwen3-qk-norm"])
+def test_persistent_layers_give_the_bits_of_eight_launches_on_a_gpu(name: str) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    launches, _ = _pair(CASES[name], "cuda", torch.bfloat16, "launches")
+    persistent, _ = _pair(CASES[name], "cuda", torch.bfloat16, "persistent")
+    g = torch.Generator().manual_seed(11)
+    prompt, block = (torch.randint(0, 512, (n,), generator=g).cuda() for n in (13, 6))
+    for target in (launches, persistent):
+        target.prefill([0], [prompt])
+    for call in (lambda t: t.verify([0], block[None]), lambda t: t.verify([0], block[None, :1])):
+        a, b = call(launches), call(persistent)
+        assert torch.equal(a.logits.logits, b.logits.logits)
+        assert torch.equal(a.features, b.features)
 
 
 def test_a_length_dependent_rope_keeps_the_torch_path_and_says_so() -> None:
