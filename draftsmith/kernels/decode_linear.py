@@ -73,7 +73,8 @@ def decode_linear_reference(x: torch.Tensor, weight: torch.Tensor,
 @triton.jit
 def _products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, k_lo, k_hi, s_x, s_w,
               GATED: tl.constexpr, IEEE: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              STAGES: tl.constexpr):
     """fp32 ``[BLOCK_M, BLOCK_N]`` sums of rows ``rm`` of ``x`` times weight rows ``rn`` (and
     the up rows ``N + rn`` when ``GATED``, else zeros) over input columns ``k_lo .. k_hi``, in
     tiles of ``BLOCK_K`` from ``k_lo``: one fixed order per row, whatever the rows beside it.
@@ -86,7 +87,7 @@ def _products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, k_lo, k_hi, s_x, s_w,
     u_rows = w_rows + N.to(tl.int64) * s_w
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=STAGES):
         k_ok = (k0 + rk) < k_hi
         xk = tl.load(x_rows + (k0 + rk)[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_rows + (k0 + rk)[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
@@ -131,7 +132,7 @@ def _decode_linear_kernel(
     x_ptr, w_ptr, b_ptr, r_ptr, out_ptr,
     M, N, K, s_x, s_w, s_r, s_out,
     HAS_BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Program ``(m, n)``: output columns ``n * BLOCK_N ..`` of rows ``m * BLOCK_M ..``, the
     products over the whole ``K`` in tiles of ``BLOCK_K`` (``N`` counts output columns: with
@@ -143,7 +144,7 @@ def _decode_linear_kernel(
     m_ok = rm < M
     n_ok = rn < N
     acc, acc_up = _products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, 0, K, s_x, s_w,
-                            GATED, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+                            GATED, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
     _epilogue(acc, acc_up, rm, rn, m_ok, n_ok, x_ptr, b_ptr, r_ptr, out_ptr, s_r, s_out,
               HAS_BIAS, GATED, RESIDUAL)
 
@@ -154,6 +155,7 @@ def _decode_linear_split_kernel(
     M, N, K, K_PART, s_x, s_w, s_r, s_out,
     HAS_BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, IEEE: tl.constexpr,
     PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
     """Program ``(m, n, s)``: the fp32 sums of tile ``(m, n)`` over input columns
     ``s * K_PART .. (s + 1) * K_PART`` (``K_PART`` a multiple of ``BLOCK_K``), written to its
@@ -175,7 +177,7 @@ def _decode_linear_split_kernel(
     tile = pid_m * tl.num_programs(1) + pid_n
     _split_part(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, part_ptr, count_ptr, tile, part, rm, rn,
                 m_ok, n_ok, N, k_lo, k_hi, s_x, s_w, s_r, s_out,
-                HAS_BIAS, GATED, RESIDUAL, IEEE, PARTS, BLOCK_M, BLOCK_N, BLOCK_K)
+                HAS_BIAS, GATED, RESIDUAL, IEEE, PARTS, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
 
 
 @triton.jit
@@ -183,14 +185,14 @@ def _split_part(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, part_ptr, count_ptr, tile, 
                 m_ok, n_ok, N, k_lo, k_hi, s_x, s_w, s_r, s_out,
                 HAS_BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
                 IEEE: tl.constexpr, PARTS: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
     """Part ``part`` of output tile ``tile`` (rows ``rm``, columns ``rn``): its fp32 sums over
     input columns ``k_lo .. k_hi`` to its workspace slot, its arrival counted, and the
     epilogue of the whole tile by the last of the tile's ``PARTS`` programs (the parts added
     in the order ``0, 1, ..``). Shared by the split-``K`` launch and the persistent layer tail
     (:mod:`draftsmith.kernels.layer_tail`), so the two round alike."""
     acc, acc_up = _products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, k_lo, k_hi, s_x, s_w,
-                            GATED, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+                            GATED, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
     SLOT: tl.constexpr = BLOCK_M * BLOCK_N
     WIDTH: tl.constexpr = 2 if GATED else 1
     in_slot = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
@@ -408,8 +410,8 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         m, n, k, x.stride(0), weight.stride(0), row_stride(residual), out.stride(0),
         HAS_BIAS=bias is not None, GATED=gated, RESIDUAL=residual is not None,
         IEEE=x.dtype == torch.float32,
-        BLOCK_M=BLOCK_M, BLOCK_N=b.block_n, BLOCK_K=b.block_k, num_warps=b.num_warps,
-        num_stages=b.num_stages)
+        BLOCK_M=BLOCK_M, BLOCK_N=b.block_n, BLOCK_K=b.block_k, STAGES=b.num_stages,
+        num_warps=b.num_warps, num_stages=b.num_stages)
     return out
 
 
@@ -428,8 +430,8 @@ def _launch_split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         m, n, k, k_part, x.stride(0), weight.stride(0), row_stride(residual), out.stride(0),
         HAS_BIAS=bias is not None, GATED=gated, RESIDUAL=residual is not None,
         IEEE=x.dtype == torch.float32, PARTS=parts,
-        BLOCK_M=BLOCK_M, BLOCK_N=b.block_n, BLOCK_K=b.block_k, num_warps=b.num_warps,
-        num_stages=b.num_stages)
+        BLOCK_M=BLOCK_M, BLOCK_N=b.block_n, BLOCK_K=b.block_k, STAGES=b.num_stages,
+        num_warps=b.num_warps, num_stages=b.num_stages)
 
 
 __all__ = ["BLOCK_M", "Blocks", "decode_linear", "decode_linear_blocks",

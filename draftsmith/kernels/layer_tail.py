@@ -48,7 +48,6 @@ from draftsmith.kernels.decode_linear import (
     decode_linear_reference,
     split_parts,
     split_workspace,
-    stages_for,
 )
 from draftsmith.kernels.rms_norm import rms_norm_reference, store_norm
 
@@ -135,7 +134,8 @@ def _norm_rows(h_ptr, w_ptr, xn_ptr, M, H, eps, BLOCK_H: tl.constexpr):
 def _product_phase(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, part_ptr, count_ptr, M, N, K, K_PART,
                    pid, grid, HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
                    RESIDUAL: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   STAGES: tl.constexpr):
     """One product over ``x: [M, K]`` (contiguous rows), ``out: [M, N]``: its ``tiles x PARTS``
     items dealt round-robin from ``pid`` over ``grid`` programs, the parts of one tile
     neighbours; whole-``K`` tiles run ``decode_linear``'s product and epilogue, parts its
@@ -149,7 +149,7 @@ def _product_phase(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, part_ptr, count_ptr, M, 
         n_ok = rn < N
         if PARTS == 1:
             acc, acc_up = _products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, 0, K, K, K,
-                                    GATED, IEEE, BLOCK_M, BLOCK_N, BLOCK_K)
+                                    GATED, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
             _epilogue(acc, acc_up, rm, rn, m_ok, n_ok, x_ptr, b_ptr, r_ptr, out_ptr, N, N,
                       HAS_BIAS, GATED, RESIDUAL)
         else:
@@ -158,7 +158,8 @@ def _product_phase(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, part_ptr, count_ptr, M, 
             k_hi = tl.minimum(k_lo + K_PART, K)
             _split_part(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, part_ptr, count_ptr, tile, part,
                         rm, rn, m_ok, n_ok, N, k_lo, k_hi, K, K, N, N,
-                        HAS_BIAS, GATED, RESIDUAL, IEEE, PARTS, BLOCK_M, BLOCK_N, BLOCK_K)
+                        HAS_BIAS, GATED, RESIDUAL, IEEE, PARTS, BLOCK_M, BLOCK_N, BLOCK_K,
+                        STAGES)
 
 
 @triton.jit
@@ -169,10 +170,10 @@ def _layer_tail_kernel(
     M, H, INTER, N_QKV, K_ATTN, post_eps, next_eps, KP_O, KP_GU, KP_D, KP_QKV,
     FIRST: tl.constexpr, LAST: tl.constexpr, ONE_LAUNCH: tl.constexpr,
     HAS_BO: tl.constexpr, HAS_BD: tl.constexpr, HAS_BQKV: tl.constexpr, IEEE: tl.constexpr,
-    BN_O: tl.constexpr, BK_O: tl.constexpr, P_O: tl.constexpr,
-    BN_GU: tl.constexpr, BK_GU: tl.constexpr, P_GU: tl.constexpr,
-    BN_D: tl.constexpr, BK_D: tl.constexpr, P_D: tl.constexpr,
-    BN_QKV: tl.constexpr, BK_QKV: tl.constexpr, P_QKV: tl.constexpr,
+    BN_O: tl.constexpr, BK_O: tl.constexpr, P_O: tl.constexpr, ST_O: tl.constexpr,
+    BN_GU: tl.constexpr, BK_GU: tl.constexpr, P_GU: tl.constexpr, ST_GU: tl.constexpr,
+    BN_D: tl.constexpr, BK_D: tl.constexpr, P_D: tl.constexpr, ST_D: tl.constexpr,
+    BN_QKV: tl.constexpr, BK_QKV: tl.constexpr, P_QKV: tl.constexpr, ST_QKV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Phases ``FIRST .. LAST`` of the tail (0: ``o`` + add into ``h1``; 1: norm, ``[gate |
@@ -185,7 +186,7 @@ def _layer_tail_kernel(
     if FIRST <= 0:
         _product_phase(attn_ptr, wo_ptr, bo_ptr, h_ptr, h1_ptr, part_ptr, count_ptr,
                        M, H, K_ATTN, KP_O, pid, grid, HAS_BO, False, True, IEEE, P_O,
-                       BLOCK_M, BN_O, BK_O)
+                       BLOCK_M, BN_O, BK_O, ST_O)
         if ONE_LAUNCH and LAST > 0:
             if PREFETCH > 0:
                 _prefetch(wgu_ptr, pid, INTER, H, KP_GU, True, P_GU, BN_GU, PREFETCH)
@@ -194,7 +195,7 @@ def _layer_tail_kernel(
         _norm_rows(h1_ptr, post_ptr, xn, M, H, post_eps, BLOCK_H)
         _product_phase(xn, wgu_ptr, wgu_ptr, h1_ptr, act_ptr, part_ptr, count_ptr,
                        M, INTER, H, KP_GU, pid, grid, False, True, False, IEEE, P_GU,
-                       BLOCK_M, BN_GU, BK_GU)
+                       BLOCK_M, BN_GU, BK_GU, ST_GU)
         if ONE_LAUNCH and LAST > 1:
             if PREFETCH > 0:
                 _prefetch(wd_ptr, pid, H, INTER, KP_D, False, P_D, BN_D, PREFETCH)
@@ -202,7 +203,7 @@ def _layer_tail_kernel(
     if FIRST <= 2 and LAST >= 2:
         _product_phase(act_ptr, wd_ptr, bd_ptr, h1_ptr, out_ptr, part_ptr, count_ptr,
                        M, H, INTER, KP_D, pid, grid, HAS_BD, False, True, IEEE, P_D,
-                       BLOCK_M, BN_D, BK_D)
+                       BLOCK_M, BN_D, BK_D, ST_D)
         if ONE_LAUNCH and LAST > 2:
             if PREFETCH > 0:
                 _prefetch(wqkv_ptr, pid, N_QKV, H, KP_QKV, False, P_QKV, BN_QKV, PREFETCH)
@@ -211,7 +212,7 @@ def _layer_tail_kernel(
         _norm_rows(out_ptr, next_ptr, xn, M, H, next_eps, BLOCK_H)
         _product_phase(xn, wqkv_ptr, bqkv_ptr, out_ptr, qkv_ptr, part_ptr, count_ptr,
                        M, N_QKV, H, KP_QKV, pid, grid, HAS_BQKV, False, False, IEEE, P_QKV,
-                       BLOCK_M, BN_QKV, BK_QKV)
+                       BLOCK_M, BN_QKV, BK_QKV, ST_QKV)
     if ONE_LAUNCH and LAST > FIRST:
         # the last program to leave sets the count back to zero: every program has passed
         # the last barrier by then, so none still reads it
@@ -311,8 +312,6 @@ def layer_tail(attn: torch.Tensor, h: torch.Tensor, o_weight: torch.Tensor,
     floats = max(triton.cdiv(n, b.block_n) * p * (2 if g else 1) * BLOCK_M * b.block_n
                  for (n, _, g), b, (p, _) in zip(plans, blocks, parts, strict=True))
     tiles = max(triton.cdiv(n, b.block_n) for (n, _, _), b in zip(plans, blocks, strict=True))
-    stages = min(stages_for(b.block_n, b.block_k, dtype, g)
-                 for (_, _, g), b in zip(plans, blocks, strict=True))
     partials, counts = split_workspace(device, floats, tiles)
     xn = torch.empty(grid, m, hidden, dtype=dtype, device=device)
     if not has_next:  # the [q | k | v] phase's sizes, never run
@@ -333,12 +332,16 @@ def layer_tail(attn: torch.Tensor, h: torch.Tensor, o_weight: torch.Tensor,
             HAS_BO=o_bias is not None, HAS_BD=down_bias is not None,
             HAS_BQKV=qkv_bias is not None, IEEE=dtype == torch.float32,
             BN_O=blocks[0].block_n, BK_O=blocks[0].block_k, P_O=parts[0][0],
+            ST_O=blocks[0].num_stages,
             BN_GU=blocks[1].block_n, BK_GU=blocks[1].block_k, P_GU=parts[1][0],
+            ST_GU=blocks[1].num_stages,
             BN_D=blocks[2].block_n, BK_D=blocks[2].block_k, P_D=parts[2][0],
+            ST_D=blocks[2].num_stages,
             BN_QKV=blocks[3].block_n, BK_QKV=blocks[3].block_k, P_QKV=parts[3][0],
+            ST_QKV=blocks[3].num_stages,
             BLOCK_M=BLOCK_M, BLOCK_H=block_size(hidden),
             PREFETCH=prefetch if one_launch else 0, num_warps=blocks[0].num_warps,
-            num_stages=stages)
+            num_stages=max(b.num_stages for b in blocks))
     return out, qkv
 
 
