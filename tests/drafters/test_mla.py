@@ -770,8 +770,10 @@ def _tp_fused_paths(fusions: frozenset[TPFusion]) -> tuple[torch.Tensor, ...]:
     return tuple(out)
 
 
-@pytest.fixture(scope="module", params=[2, 4, 8])
+@pytest.fixture(scope="module", params=[2, 8])
 def pool(request: pytest.FixtureRequest):
+    """Two ranks and eight (every head its own rank): 4 covered nothing these two do not, and
+    cost CI 45 s on two cores."""
     with RankPool(request.param) as p:
         yield p
 

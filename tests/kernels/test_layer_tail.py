@@ -48,9 +48,14 @@ SPLIT = [Blocks(16, 16, 4, 1, split_k=2), Blocks(16, 32, 4, 1, split_k=3),
 """Launch sizes that split every product's ``K`` (into 2-4 parts, the last shorter)."""
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+CASES = [(SHAPES[0], "default"), (SHAPES[1], "default"), (SHAPES[2], "default"),
+         (SHAPES[1], "no-next"), (SHAPES[0], "no-bias"), (SHAPES[1], "split"),
+         (SHAPES[2], "split")]
+"""Every shape whole, and each other form on one or two of them (the interpreter's time)."""
+
+
+@pytest.mark.parametrize(("shape", "form"), CASES)
 @pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
-@pytest.mark.parametrize("form", ["default", "no-next", "no-bias", "split"])
 def test_matches_the_reference(shape, device, dtype, form):
     args = _layer(*shape, device, dtype, seed=sum(shape), bias=form != "no-bias")
     if form == "no-next":
@@ -68,9 +73,9 @@ def test_matches_the_reference(shape, device, dtype, form):
 @pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
 @pytest.mark.parametrize("blocks", [None, SPLIT], ids=["whole-k", "split-k"])
 def test_a_row_is_the_same_whatever_rows_beside_it(device, dtype, blocks):
-    args = _layer(9, 64, 100, 96, 64, device, dtype, seed=3)
+    args = _layer(5, 40, 72, 56, 24, device, dtype, seed=3)
     h_out, qkv = layer_tail(**args, blocks=blocks)
-    for r in (0, 4, 8):
+    for r in (0, 4):
         one = dict(args, attn=args["attn"][r : r + 1].clone(), h=args["h"][r : r + 1].clone())
         h_r, qkv_r = layer_tail(**one, blocks=blocks)
         assert torch.equal(h_r[0], h_out[r]) and torch.equal(qkv_r[0], qkv[r]), r

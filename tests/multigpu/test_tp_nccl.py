@@ -51,7 +51,8 @@ ROWS = 10
 
 
 def _pool_params() -> list:
-    params = [pytest.param(("gloo", n), id=f"gloo{n}") for n in (2, 4, 8)]
+    # gloo at 2 and 8 ranks on the CPU (4 covered nothing they do not, and cost CI 25 s)
+    params = [pytest.param(("gloo", n), id=f"gloo{n}") for n in (2, 8)]
     for n in (2, 4, 8):
         marks = [pytest.mark.gpu, pytest.mark.skipif(
             torch.cuda.device_count() < n, reason=f"NCCL TP={n} needs {n} GPUs")]

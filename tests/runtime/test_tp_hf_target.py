@@ -306,11 +306,8 @@ def test_ranks_that_emit_different_tokens_fail_loudly(pool):
 
 # ---- SmolLM2-135M with the shipped drafter ---------------------------------------------------
 
-SMOL_PROMPTS = [
-    "What is 2 + 3?", "Name a primary colour.", "Write a haiku about rain.",
-    "What is the capital of France?", "Say hello in Spanish.", "List three fruits.",
-    "Why is the sky blue?", "Count from 1 to 5.",
-]
+SMOL_PROMPTS = ["What is 2 + 3?", "Write a haiku about rain.", "Why is the sky blue?",
+                "Count from 1 to 5."]
 SMOL_NEW = 16
 
 
@@ -336,7 +333,7 @@ def _smol_rank() -> dict[str, Any]:
 
 
 @pytest.mark.skipif(not smollm2_available(), reason="SmolLM2-135M is not in the draftsmith cache")
-def test_smollm2_tp2_equals_one_process_on_eight_prompts(pool):
+def test_smollm2_tp2_equals_one_process_on_four_prompts(pool):
     results = pool.run(_smol_rank)
     decoder = load_decoder(_smol_config(), collectives=SingleRank())
     want = decoder.generate(SMOL_PROMPTS, SMOL_NEW, compare_plain=False)
