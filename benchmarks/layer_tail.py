@@ -24,7 +24,6 @@ and writes ``layer_tail.txt`` / ``layer_tail.json`` to ``--out`` as it goes.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _timing import RunLog, copy_bandwidth, floor_us  # noqa: E402
+from _timing import RunLog, copy_bandwidth, floor_us, graph_time_us  # noqa: E402
 
 from draftsmith.kernels.decode_linear import decode_linear  # noqa: E402
 from draftsmith.kernels.layer_tail import layer_tail  # noqa: E402
@@ -71,30 +70,6 @@ def _separate(attn: torch.Tensor, h: torch.Tensor, p: dict) -> tuple[torch.Tenso
     return h2, qkv
 
 
-def _graph_us(step: Any, replays: int = 30) -> float:
-    """Median microseconds of one replay of ``step`` (all layers) captured in a CUDA graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
-
-
 def _shape(name: str, args: argparse.Namespace, log: RunLog, bw: float) -> None:
     """Every variant of one shape at every row count: a table, and a row each in ``log``."""
     hidden, inter, n_qkv, k_attn = SHAPES[name]
@@ -123,7 +98,8 @@ def _shape(name: str, args: argparse.Namespace, log: RunLog, bw: float) -> None:
                 got = fn(layers[0])
                 torch.cuda.synchronize()
                 equal = all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
-                us = _graph_us(lambda fn=fn: [fn(p) for p in layers]) / count
+                us = graph_time_us(lambda fn=fn: [fn(p) for p in layers], "cuda", iters=30,
+                                   calls_per_graph=1) / count
             except Exception as exc:  # noqa: BLE001 - a variant that fails is reported
                 log.say(f"| {rows} | {variant} | failed: {type(exc).__name__}: "
                         f"{str(exc).splitlines()[0][:120]} | | | |")

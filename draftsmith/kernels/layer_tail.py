@@ -119,6 +119,16 @@ def _prefetch(w_ptr, pid, N, K, K_PART, GATED: tl.constexpr, PARTS: tl.constexpr
 
 
 @triton.jit
+def _next_phase(bar_ptr, target, w_ptr, pid, N, K, K_PART, GATED: tl.constexpr,
+                PARTS: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr):
+    """Between two phases of one launch: :func:`_prefetch` of the next phase's weight ``w``
+    (when ``PREFETCH``), then :func:`_grid_barrier` up to ``target`` arrivals."""
+    if PREFETCH > 0:
+        _prefetch(w_ptr, pid, N, K, K_PART, GATED, PARTS, BLOCK_N, PREFETCH)
+    _grid_barrier(bar_ptr, target)
+
+
+@triton.jit
 def _norm_rows(h_ptr, w_ptr, xn_ptr, M, H, eps, BLOCK_H: tl.constexpr):
     """RMSNorm of rows ``0 .. M - 1`` of ``h: [M, H]`` into the program's scratch ``xn: [M,
     H]``, then a barrier of the program's threads (the product reads what others wrote)."""
@@ -188,26 +198,23 @@ def _layer_tail_kernel(
                        M, H, K_ATTN, KP_O, pid, grid, HAS_BO, False, True, IEEE, P_O,
                        BLOCK_M, BN_O, BK_O, ST_O)
         if ONE_LAUNCH and LAST > 0:
-            if PREFETCH > 0:
-                _prefetch(wgu_ptr, pid, INTER, H, KP_GU, True, P_GU, BN_GU, PREFETCH)
-            _grid_barrier(bar_ptr, (1 - FIRST) * grid)
+            _next_phase(bar_ptr, (1 - FIRST) * grid, wgu_ptr, pid, INTER, H, KP_GU, True, P_GU,
+                        BN_GU, PREFETCH)
     if FIRST <= 1 and LAST >= 1:
         _norm_rows(h1_ptr, post_ptr, xn, M, H, post_eps, BLOCK_H)
         _product_phase(xn, wgu_ptr, wgu_ptr, h1_ptr, act_ptr, part_ptr, count_ptr,
                        M, INTER, H, KP_GU, pid, grid, False, True, False, IEEE, P_GU,
                        BLOCK_M, BN_GU, BK_GU, ST_GU)
         if ONE_LAUNCH and LAST > 1:
-            if PREFETCH > 0:
-                _prefetch(wd_ptr, pid, H, INTER, KP_D, False, P_D, BN_D, PREFETCH)
-            _grid_barrier(bar_ptr, (2 - FIRST) * grid)
+            _next_phase(bar_ptr, (2 - FIRST) * grid, wd_ptr, pid, H, INTER, KP_D, False, P_D,
+                        BN_D, PREFETCH)
     if FIRST <= 2 and LAST >= 2:
         _product_phase(act_ptr, wd_ptr, bd_ptr, h1_ptr, out_ptr, part_ptr, count_ptr,
                        M, H, INTER, KP_D, pid, grid, HAS_BD, False, True, IEEE, P_D,
                        BLOCK_M, BN_D, BK_D, ST_D)
         if ONE_LAUNCH and LAST > 2:
-            if PREFETCH > 0:
-                _prefetch(wqkv_ptr, pid, N_QKV, H, KP_QKV, False, P_QKV, BN_QKV, PREFETCH)
-            _grid_barrier(bar_ptr, (3 - FIRST) * grid)
+            _next_phase(bar_ptr, (3 - FIRST) * grid, wqkv_ptr, pid, N_QKV, H, KP_QKV, False,
+                        P_QKV, BN_QKV, PREFETCH)
     if LAST >= 3:
         _norm_rows(out_ptr, next_ptr, xn, M, H, next_eps, BLOCK_H)
         _product_phase(xn, wqkv_ptr, bqkv_ptr, out_ptr, qkv_ptr, part_ptr, count_ptr,

@@ -27,6 +27,7 @@ def test_plugins_lists_builtins(capsys: pytest.CaptureFixture[str]) -> None:
         ('[drafter]\nfamily = "medusa"\n', "drafter.family: unknown drafter family 'medusa'; "
                                            "valid: dflash, dspark-gqa, dspark-mla"),
     ],
+    ids=["unknown-key", "negative-k", "unknown-family"],
 )
 def test_config_validate_rejects_with_one_line(tmp_path: Path, text: str, field: str) -> None:
     path = tmp_path / "bad.toml"

@@ -359,30 +359,19 @@ class LayerLoop:
                   token_pos: torch.Tensor, width: int, capture: Sequence[int],
                   captured: dict[int, torch.Tensor], shape: torch.Size) -> torch.Tensor:
         """The decoder over ``h: [R, H_t]`` (the embedded tokens; token ``r`` at slot
-        ``token_rows[r]``, position ``token_pos[r]``), eight launches a layer; returns the
-        residual stream after the last layer ``[R, H_t]`` (before the final norm)."""
-        nq, nkv, hd = self.heads, self.kv_heads, self.head_dim
-        rows = h.shape[0]
+        ``token_rows[r]``, position ``token_pos[r]``), eight launches a layer (three with
+        :attr:`persistent`); returns the residual stream after the last layer ``[R, H_t]``
+        (before the final norm)."""
         kernels = self._kernels(h)
         product = decode_linear if kernels else decode_linear_reference
-        store = rope_store if kernels else rope_store_reference
-        attend = (partial(cache_attention, tokens_per_row=shape[-1]) if kernels
-                  else cache_attention_reference)
-        assert self.inv_freq is not None  # few_rows() holds
         if self.persistent:
             return self._few_rows_persistent(h, kv, token_rows, token_pos, width, capture,
                                              captured, shape)
         for i, layer in enumerate(self.layers):
             qkv = product(self._norm(h, layer.input_norm, kernels), layer.qkv_weight,
                           layer.qkv_bias)
-            heads = qkv.view(rows, nq + 2 * nkv, hd)
-            store(heads, token_pos, self.inv_freq, kv.keys[i], kv.values[i], token_rows, nq,
-                  self.rope_scale, layer.qk_norm, layer.qk_eps)
-            with values_trusted():  # slots and positions the target made itself
-                out = attend(heads[:, :nq], kv.keys[i], kv.values[i], token_rows, token_pos,
-                             width, layer.scaling)
-            h = product(out.view(rows, nq * hd), layer.o_proj.weight, layer.o_proj.bias,
-                        residual=h)
+            out = self._rope_attend(i, layer, qkv, kv, token_rows, token_pos, width, shape)
+            h = product(out, layer.o_proj.weight, layer.o_proj.bias, residual=h)
             act = product(self._norm(h, layer.post_norm, kernels), layer.gate_up_weight,
                           gated=True)
             h = product(act, layer.down_proj.weight, layer.down_proj.bias, residual=h)
@@ -397,27 +386,16 @@ class LayerLoop:
         """:meth:`_few_rows` as three launches a layer: RoPE with the cache writes, attention,
         then :func:`~draftsmith.kernels.layer_tail.layer_tail` from ``o_proj`` through the next
         layer's norm and ``[q | k | v]`` (the first layer's are two launches before the loop)."""
-        nq, nkv, hd = self.heads, self.kv_heads, self.head_dim
-        rows = h.shape[0]
         kernels = self._kernels(h)
         tail = layer_tail if kernels else layer_tail_reference
-        store = rope_store if kernels else rope_store_reference
-        attend = (partial(cache_attention, tokens_per_row=shape[-1]) if kernels
-                  else cache_attention_reference)
         first = self.layers[0]
         qkv = (decode_linear if kernels else decode_linear_reference)(
             self._norm(h, first.input_norm, kernels), first.qkv_weight, first.qkv_bias)
-        assert self.inv_freq is not None  # few_rows() holds
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            heads = qkv.view(rows, nq + 2 * nkv, hd)
-            store(heads, token_pos, self.inv_freq, kv.keys[i], kv.values[i], token_rows, nq,
-                  self.rope_scale, layer.qk_norm, layer.qk_eps)
-            with values_trusted():  # slots and positions the target made itself
-                out = attend(heads[:, :nq], kv.keys[i], kv.values[i], token_rows, token_pos,
-                             width, layer.scaling)
+            out = self._rope_attend(i, layer, qkv, kv, token_rows, token_pos, width, shape)
             nxt = self.layers[i + 1] if i < last else None
-            h, qkv = tail(out.view(rows, nq * hd), h, layer.o_proj.weight, layer.o_proj.bias,
+            h, qkv = tail(out, h, layer.o_proj.weight, layer.o_proj.bias,
                           layer.post_norm.weight, _eps(layer.post_norm), layer.gate_up_weight,
                           layer.down_proj.weight, layer.down_proj.bias,
                           None if nxt is None else nxt.input_norm.weight,
@@ -427,6 +405,26 @@ class LayerLoop:
             if i in capture:
                 captured[i] = h.view(*shape, -1)
         return h
+
+    def _rope_attend(self, i: int, layer: _Layer, qkv: torch.Tensor, kv: StaticKV,
+                     token_rows: torch.Tensor, token_pos: torch.Tensor, width: int,
+                     shape: torch.Size) -> torch.Tensor:
+        """Layer ``i``'s RoPE with both cache writes, then its attention, on the few-row path:
+        ``qkv: [R, (n_q + 2 n_kv) hd]`` in, the attention output ``[R, n_q hd]`` out."""
+        nq, nkv, hd = self.heads, self.kv_heads, self.head_dim
+        rows = qkv.shape[0]
+        kernels = self._kernels(qkv)
+        assert self.inv_freq is not None  # few_rows() holds
+        heads = qkv.view(rows, nq + 2 * nkv, hd)
+        (rope_store if kernels else rope_store_reference)(
+            heads, token_pos, self.inv_freq, kv.keys[i], kv.values[i], token_rows, nq,
+            self.rope_scale, layer.qk_norm, layer.qk_eps)
+        attend = (partial(cache_attention, tokens_per_row=shape[-1]) if kernels
+                  else cache_attention_reference)
+        with values_trusted():  # slots and positions the target made itself
+            out = attend(heads[:, :nq], kv.keys[i], kv.values[i], token_rows, token_pos,
+                         width, layer.scaling)
+        return out.view(rows, nq * hd)
 
     def logits(self, h: torch.Tensor, head: torch.nn.Linear) -> torch.Tensor:
         """fp32 logits ``[R, S]`` of the un-normed ``h: [R, H_t]`` (:meth:`forward` with
