@@ -58,31 +58,8 @@ def pytest_configure(config: pytest.Config) -> None:
         ensure_smollm2()
 
 
-SLOW_FILES = (
-    "runtime/test_tp_hf_target.py", "drafters/test_mla.py", "runtime/test_rank_agreement.py",
-    "runtime/targets/test_layer_loop_parity.py", "runtime/test_decoder.py",
-    "kernels/test_gumbel_pair_shards.py", "training/test_no_data_loss.py",
-    "kernels/test_linear.py", "multigpu/test_tp_nccl.py", "kernels/test_decode_linear.py",
-    "kernels/test_strict_accept.py", "drafters/test_published_configs.py",
-    "kernels/test_gumbel_pair.py", "drafters/test_export.py", "e2e/test_readme_api.py",
-    "e2e/test_shipped_dflash_zlab.py", "test_plugin_isolation.py",
-    "drafters/test_derived_family.py",
-)
-"""The files that took longest on the CI machine (2026-12-04, two cores, 25 to 190 s each),
-slowest first. ``make test``'s two workers take whole files in collection order (``--dist
-loadfile``): these go first, so that neither worker is left alone with one at the end."""
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put :data:`SLOW_FILES` first (each file's tests in their order), then skip tests marked
-    ``gpu`` when no CUDA device exists (reported as skipped, never silent)."""
-    rank = {name: i for i, name in enumerate(SLOW_FILES)}
-
-    def slowness(item: pytest.Item) -> int:
-        path = item.nodeid.split("::")[0].removeprefix("tests/")
-        return rank.get(path, len(SLOW_FILES))
-
-    items.sort(key=slowness)  # stable: the rest keep their order
+    """Skip tests marked ``gpu`` when no CUDA device exists (reported as skipped, never silent)."""
     if HAS_GPU:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine)")

@@ -30,7 +30,7 @@ def test_kernel_matches_the_reference(device, m, n, k, with_bias):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("m", [1, 2, 7, 8, 9, 23])
+@pytest.mark.parametrize("m", [1, 2, 7, 8, 9, 17])
 def test_each_row_is_bit_identical_at_any_row_count(device, m):
     x, w, b = _data(device, 24, 40, 70, seed=3)
     rows = sorted({0, m // 2, m - 1})  # the first, a middle and the last row, each alone
