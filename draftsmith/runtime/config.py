@@ -187,8 +187,9 @@ class TargetConfig(_Strict):
     decoding step, a verification). ``launches``: eight launches a layer (two norms, four
     products, RoPE with the cache writes, attention). ``persistent``: three (RoPE with the
     cache writes, attention, and one persistent launch of one program per SM from ``o_proj``
-    through the next layer's ``[q | k | v]``, with grid-wide barriers between its products);
-    the same bits. ``auto``: ``launches``. The plan says which ran."""
+    through the next layer's ``[q | k | v]``, with grid-wide barriers between its products),
+    built to round as ``launches`` does (the same product and norm code and launch sizes; not
+    yet run on a GPU). ``auto``: ``launches``. The plan says which ran."""
 
     @field_validator("device")
     @classmethod

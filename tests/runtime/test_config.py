@@ -99,6 +99,7 @@ def test_overrides_use_dotted_keys(tmp_path: Path) -> None:
         ({"selection": {"kind": "sample", "topk": 3}}, "selection.topk: unknown key; valid keys:"),
         ({"parallel": {"tp_size": 2, "tp_rank": 2}}, "parallel: tp_rank 2 must be < tp_size 2"),
         ({"bogus": 1}, "unknown key 'bogus'; valid keys: drafter, num_draft_tokens"),
+        ({"target": {"few_rows": "fast"}}, "target.few_rows:"),
     ],
 )
 def test_bad_values_name_the_field(data: dict, message: str) -> None:
