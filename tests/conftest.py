@@ -38,6 +38,11 @@ if ONE_THREAD and os.environ.get("OMP_NUM_THREADS") == "1":
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from _fast_interpreter import install  # noqa: E402
+
+    install()
+
 import pytest  # noqa: E402
 
 from draftsmith.runtime.registry import LOAD_PLUGINS_ENV  # noqa: E402

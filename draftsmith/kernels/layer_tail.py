@@ -16,13 +16,15 @@ shares its arithmetic with (``decode_linear``'s product, epilogue and split of `
 Numerics: every product and norm runs the code of :func:`~draftsmith.kernels.decode_linear.
 decode_linear` and :func:`~draftsmith.kernels.rms_norm.rms_norm` with the launch sizes
 :func:`~draftsmith.kernels.decode_linear.decode_linear_blocks` gives each weight, so a row's
-result depends on that row alone and the bits equal those of the eight separate launches
-(checked on the GPU).
+result depends on that row alone and the bits should equal those of the eight separate
+launches (a GPU test compares them).
 
 The barrier: each program counts its arrival in one int32 of the device's workspace and waits
 until every program of the grid has arrived; the last program to leave sets the count back to
 zero, so each launch and graph replay starts from zero. It needs every program resident at
-once: the grid is the device's SM count and a program takes at most one SM's shared memory.
+once: the grid is the device's SM count, a program takes at most one SM's shared memory, and
+the launch is cooperative, so the driver refuses a grid that would not fit. A barrier that still
+never fills traps after :data:`SPIN_LIMIT` reads (a CUDA error, not a hang).
 Under Triton's interpreter, whose programs run one after another, the phases run as separate
 launches of the same kernel (``one_launch = False``), without the barrier.
 """
@@ -60,7 +62,7 @@ def layer_tail_reference(attn: torch.Tensor, h: torch.Tensor, o_weight: torch.Te
                          qkv_bias: torch.Tensor | None = None, *,
                          one_launch: bool | None = None, grid: int | None = None,
                          blocks: Sequence[Blocks] | None = None, prefetch: int = 0,
-                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         cooperative: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(h_out [M, H_t], qkv [M, N_qkv] or None)`` of the attention output ``attn: [M, n_q *
     hd]`` and the residual stream ``h: [M, H_t]``::
 
@@ -71,8 +73,8 @@ def layer_tail_reference(attn: torch.Tensor, h: torch.Tensor, o_weight: torch.Te
 
     Each step rounds as :func:`~draftsmith.kernels.decode_linear.decode_linear_reference` and
     :func:`~draftsmith.kernels.rms_norm.rms_norm_reference` do. The kernel form's launch
-    arguments (``one_launch``, ``grid``, ``blocks``, ``prefetch``) are accepted and ignored, so
-    the two forms stay interchangeable."""
+    arguments (``one_launch``, ``grid``, ``blocks``, ``prefetch``, ``cooperative``) are accepted
+    and ignored, so the two forms stay interchangeable."""
     h1 = decode_linear_reference(attn, o_weight, o_bias, residual=h)
     act = decode_linear_reference(rms_norm_reference(h1, post_norm, post_eps), gate_up_weight,
                                   gated=True)
@@ -84,15 +86,27 @@ def layer_tail_reference(attn: torch.Tensor, h: torch.Tensor, o_weight: torch.Te
                                           qkv_weight, qkv_bias)
 
 
+SPIN_LIMIT = tl.constexpr(1 << 22)
+"""Reads of the arrival count after which a waiting program traps (seconds on an H200, where a
+barrier takes microseconds): a barrier that can never fill aborts the launch with a CUDA error
+instead of hanging the process."""
+
+
 @triton.jit
 def _grid_barrier(bar_ptr, target):
     """Wait until the grid's arrival count at ``bar_ptr`` reaches ``target`` after adding this
-    program's arrival: every thread's writes before it are seen by every program after it."""
+    program's arrival: every thread's writes before it are seen by every program after it.
+    Traps after :data:`SPIN_LIMIT` reads short of ``target``."""
     tl.debug_barrier()
     tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
     seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-    while seen < target:
+    spins = 0
+    while (seen < target) & (spins < SPIN_LIMIT):
         seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
+        spins += 1
+    if seen < target:
+        tl.inline_asm_elementwise("trap; mov.u32 $0, $1;", "=r,r", [seen], dtype=tl.int32,
+                                  is_pure=False, pack=1)
     tl.debug_barrier()
 
 
@@ -255,7 +269,8 @@ def layer_tail(attn: torch.Tensor, h: torch.Tensor, o_weight: torch.Tensor,
                next_eps: float = 0.0, qkv_weight: torch.Tensor | None = None,
                qkv_bias: torch.Tensor | None = None, *, one_launch: bool | None = None,
                grid: int | None = None, blocks: Sequence[Blocks] | None = None,
-               prefetch: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+               prefetch: int = 0,
+               cooperative: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Kernel form of :func:`layer_tail_reference` (same arguments and result): one
     persistent launch of ``grid`` programs (default :func:`tail_grid`) on a GPU, or its four
     phases as separate launches (``one_launch = False``; the default off a GPU).
@@ -267,7 +282,10 @@ def layer_tail(attn: torch.Tensor, h: torch.Tensor, o_weight: torch.Tensor,
     test's split of ``K``; one ``num_warps`` for all), else each weight's
     :func:`~draftsmith.kernels.decode_linear.decode_linear_blocks`. ``prefetch`` (a power of
     two, at least 64; 0: none) input columns of each weight row of a program's first item in
-    the next phase are requested into L2 before each barrier (one launch only)."""
+    the next phase are requested into L2 before each barrier (one launch only).
+    ``cooperative``: one launch goes to the driver as a cooperative launch, which refuses a
+    grid whose programs cannot all be resident at once (an error, where the barrier would
+    wait forever)."""
     check_tensor("h", h, ("M", "H"), FLOAT_DTYPES, contiguous=True)
     dtype, device = h.dtype, h.device
     m, hidden = int(h.shape[0]), int(h.shape[1])
@@ -348,7 +366,8 @@ def layer_tail(attn: torch.Tensor, h: torch.Tensor, o_weight: torch.Tensor,
             ST_QKV=blocks[3].num_stages,
             BLOCK_M=BLOCK_M, BLOCK_H=block_size(hidden),
             PREFETCH=prefetch if one_launch else 0, num_warps=blocks[0].num_warps,
-            num_stages=max(b.num_stages for b in blocks))
+            num_stages=max(b.num_stages for b in blocks),
+            launch_cooperative_grid=one_launch and cooperative)
     return out, qkv
 
 

@@ -50,8 +50,10 @@ def _run_snippet(snippet: str) -> tuple[dict, str]:
 
 
 def _cli_tokens(capsys, *argv: str) -> list[int]:
+    """The tokens ``draftsmith generate`` prints (without its plain-decoding comparison, which
+    the snippet's own ``report.exact`` already covers)."""
     capsys.readouterr()
-    assert main(["generate", "--json", *argv]) == 0
+    assert main(["generate", "--json", "--no-compare", *argv]) == 0
     (result,) = json.loads(capsys.readouterr().out)["results"]
     return result["tokens"]
 

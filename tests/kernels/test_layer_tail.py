@@ -2,10 +2,14 @@
 launches it replaces: odd shapes, biases, with and without the next layer's ``[q | k | v]``,
 split ``K`` products; every row bit for bit the same whatever the rows beside it; on a GPU in
 bf16, bit for bit the eight-launch few-row path (``rms_norm`` and ``decode_linear``), the one
-launch the same as its phases launched apart, on every call and graph replay. fp32 on the CPU
+launch the same as its phases launched apart, on every call and graph replay; a grid that
+cannot be resident refused at the launch, a barrier that never fills trapped. fp32 on the CPU
 (the interpreter, phases apart), fp32 and bf16 on a GPU."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,7 +17,7 @@ from _devices import DEVICE_DTYPES
 
 from draftsmith.contract import ShapeError
 from draftsmith.kernels.decode_linear import Blocks, decode_linear, decode_linear_blocks
-from draftsmith.kernels.layer_tail import layer_tail, layer_tail_reference
+from draftsmith.kernels.layer_tail import layer_tail, layer_tail_reference, tail_grid
 from draftsmith.kernels.rms_norm import rms_norm
 
 SHAPES = [(1, 40, 72, 56, 24), (5, 64, 100, 96, 64), (16, 48, 40, 80, 48)]
@@ -143,3 +147,45 @@ def test_graph_replays_repeat_the_bits():
         torch.cuda.synchronize()
         for h_out, qkv in outs:
             assert torch.equal(h_out, want_h) and torch.equal(qkv, want_qkv)
+
+
+@pytest.mark.gpu
+def test_a_grid_that_cannot_be_resident_is_refused_not_waited_on():
+    """A cooperative launch of more programs than fit on the device at once fails at the
+    launch; the device still runs the next launch."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    args = _layer(8, 2048, 8192, 3072, 2048, "cuda", torch.bfloat16, seed=6)
+    want_h, want_qkv = layer_tail(**args)
+    with pytest.raises(RuntimeError):
+        layer_tail(**args, grid=4 * tail_grid(torch.device("cuda")))
+        torch.cuda.synchronize()
+    h_out, qkv = layer_tail(**args)
+    assert torch.equal(h_out, want_h) and torch.equal(qkv, want_qkv)
+
+
+_HANG = """
+import torch
+from draftsmith.kernels.layer_tail import layer_tail, tail_grid
+g = torch.Generator().manual_seed(0)
+def w(n, k):
+    return (torch.randn(n, k, generator=g) / k ** 0.5).to("cuda", torch.bfloat16)
+norm = torch.ones(2048, dtype=torch.bfloat16, device="cuda")
+attn, h = w(8, 2048), w(8, 2048)
+layer_tail(attn, h, w(2048, 2048), None, norm, 1e-6, w(16384, 2048), w(2048, 8192), None,
+           grid=4 * tail_grid(torch.device("cuda")), cooperative=False)
+torch.cuda.synchronize()
+print("returned")
+"""
+
+
+@pytest.mark.gpu
+def test_a_barrier_that_never_fills_traps_instead_of_hanging():
+    """Without the cooperative launch, programs that wait on others that cannot start trap
+    after SPIN_LIMIT reads: the process fails with a CUDA error in seconds."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    proc = subprocess.run([sys.executable, "-c", _HANG], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode != 0 and "returned" not in proc.stdout, proc.stdout + proc.stderr
+    assert "CUDA" in proc.stderr or "cuda" in proc.stderr, proc.stderr[-2000:]
