@@ -8,6 +8,10 @@ weight (``docs/benchmarks.md``). Here one grid of one program per SM runs the fo
 turn, each phase's tiles dealt round-robin to the programs, with a grid-wide barrier between
 phases instead of a kernel boundary. Each program normalises the rows itself into its own
 scratch before a normed product (``M`` rows of ``H``, a few KB), so no phase is a norm alone.
+On an H200 it gives the separate launches' bits but is slower than they are (a barrier costs
+what a kernel boundary does, and the norms sit in series with the products;
+``docs/benchmarks.md``), so the few-row path runs it only when asked
+(``target.few_rows = persistent``).
 
 Owns ``layer_tail`` beside its reference. Imports ``draftsmith.contract`` and the kernels it
 shares its arithmetic with (``decode_linear``'s product, epilogue and split of ``K``;

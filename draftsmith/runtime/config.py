@@ -188,8 +188,9 @@ class TargetConfig(_Strict):
     products, RoPE with the cache writes, attention). ``persistent``: three (RoPE with the
     cache writes, attention, and one persistent launch of one program per SM from ``o_proj``
     through the next layer's ``[q | k | v]``, with grid-wide barriers between its products),
-    built to round as ``launches`` does (the same product and norm code and launch sizes; not
-    yet run on a GPU). ``auto``: ``launches``. The plan says which ran."""
+    with the same bits as ``launches`` but slower on an H200 (a 1B layer's tail 51 against 50
+    us at one token, 63 against 50 at eight; ``docs/benchmarks.md``). ``auto``: ``launches``.
+    The plan says which ran."""
 
     @field_validator("device")
     @classmethod

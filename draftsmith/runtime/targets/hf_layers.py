@@ -32,8 +32,8 @@ cache writes, attention, and one persistent launch of one program per SM from ``
 the next layer's ``[q | k | v]``, grid-wide barriers between its products
 (:func:`~draftsmith.kernels.layer_tail.layer_tail`; the first layer's norm and ``[q | k | v]``
 stay two launches). Its products and norms run the same code with the same launch sizes as the
-eight launches, so a token's bits should be the same either way (the GPU tests check it; they
-have not yet run on a GPU).
+eight launches, so a token's bits are the same either way (the GPU tests check it). On an H200
+it is slower than the eight launches (``docs/benchmarks.md``), so ``auto`` means ``launches``.
 
 Every op but the GEMMs computes a row independently of the rows beside it (the per-token
 attention by construction: a token's bits do not depend on the other tokens, the bucket's width
