@@ -62,7 +62,6 @@ from draftsmith.runtime.paging import ContextPager, SlotManager
 from draftsmith.runtime.plan import DraftPlan
 from draftsmith.runtime.requests import GenerationResult, _Request, make_requests
 from draftsmith.runtime.round import Round
-from draftsmith.runtime.round_ops import top2
 
 _I64 = torch.int64
 
@@ -440,9 +439,10 @@ class SpecDecoder:
                                 features=features)
         result = self._adm_result[:rows]
         result[:, 0] = first
-        result[:, 1] = self.round.any_nan(out.logits.logits)
-        if plan.record_margins:
-            result[:, 2:] = top2(out.logits.logits).view(torch.int32).to(_I64)
+        nan, top2 = self.round.summary(out.logits.logits)
+        result[:, 1] = nan
+        if top2 is not None:
+            result[:, 2:] = top2.view(torch.int32).to(_I64)
 
     def _start(self, r: _Request, token: int, nan: bool, margin: tuple, t0: float) -> None:
         """Commit an admitted request's first token (or its NaN failure)."""
@@ -491,9 +491,8 @@ class SpecDecoder:
             slot_ids, first_tokens=first, positions=lengths.to(self.device),
             seeds=torch.tensor([r.seed for r in reqs], dtype=_I64, device=self.device),
             features=out.features[ends] if self.plan.drafting else None)
-        nan = self.round.any_nan(last)
-        margins = (top2(last).tolist() if self.plan.record_margins
-                   else [()] * len(reqs))
+        nan, top2 = self.round.summary(last)
+        margins = top2.tolist() if top2 is not None else [()] * len(reqs)
         for r, (tok, bad), margin in zip(reqs, torch.stack((first, nan), 1).tolist(), margins,
                                          strict=True):
             self._start(r, tok, bool(bad), tuple(margin), t0)

@@ -23,12 +23,14 @@ from draftsmith.contract import (
     TargetModel,
     values_trusted,
 )
+from draftsmith.kernels.logit_summary import logit_summary, logit_summary_reference
+from draftsmith.kernels.round_commit import round_commit, round_commit_reference
 from draftsmith.runtime.acceptance import Acceptance
 from draftsmith.runtime.buffers import BucketView, DecoderBuffers
 from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager
 from draftsmith.runtime.plan import DraftPlan
-from draftsmith.runtime.round_ops import scatter_rows, top2, unpack
+from draftsmith.runtime.round_ops import scatter_rows, unpack
 from draftsmith.runtime.round_scheduled import ScheduledRound
 
 _I64 = torch.int64
@@ -44,6 +46,9 @@ class Round:
         self.collectives, self.buffers, self.pager = collectives, buffers, pager
         self.chain, self.acceptance = chain, acceptance
         self.device = buffers.ctx_len.device
+        fused = plan.kernels == "fused"
+        self._summarize = logit_summary if fused else logit_summary_reference
+        self._commit = round_commit if fused else round_commit_reference
         self.target_embedding = target.input_embedding()
         self.head = target.output_head()
         self.length = 0  # target positions per slot the rounds are prepared for (0: not yet)
@@ -129,26 +134,24 @@ class Round:
         key = None if plan.greedy else SamplingKey(view.seeds, starts)
         accepted, n = self.acceptance.accept(out.logits, drafts, key, draft_probs=draft_probs,
                                              verify_len=verify_len, rows=rows)
-        # columns past q keep an earlier round's values: every reader stops at n <= q
-        view.accepted[:, :q].copy_(accepted)
-        view.num_accepted.copy_(n)
         if plan.drafting:
             scatter_rows(view.features[:, :q], out.features, rows)
-        torch.add(starts, n, out=view.target_len)
-        # a committed token chosen from logits holding NaN ends its request (checked by the host)
-        nan_rows = unpack(self.any_nan(out.logits.logits), rows, g * q).view(g, q)
-        view.result[:, 0] = n
-        view.result[:, 1] = (nan_rows * (self.columns[:q] < n[:, None])).amax(-1)
-        view.result[:, 2 : q + 2] = accepted
-        if plan.record_margins:  # fp32 bit patterns, so the one read carries them
-            bits = unpack(top2(out.logits.logits).view(torch.int32).to(_I64), rows, g * q)
-            view.result[:, k + 3 : k + 3 + 2 * q] = bits.view(g, 2 * q)
+        # a committed token chosen from logits holding NaN ends its request (checked by the
+        # host); the margins go out as fp32 bit patterns, so the one read carries them
+        nan, margins = self.summary(out.logits.logits)
+        nan = unpack(nan, rows, g * q)
+        margins = None if margins is None else unpack(margins, rows, g * q)
+        # columns past q keep an earlier round's values: every reader stops at n <= q
+        self._commit(accepted, n, starts, nan, margins, view.accepted, view.num_accepted,
+                     view.target_len, view.result, k + 3)
 
-    def any_nan(self, logits: torch.Tensor) -> torch.Tensor:
-        """``[rows] int64``: 1 where a row of this rank's logits ``[rows, S]`` holds NaN, summed
-        over the ranks (a NaN wins selection, as in ``torch.argmax``)."""
-        nan = torch.isnan(logits).any(-1).to(_I64)
-        return self.collectives.all_reduce(nan) if self.plan.tp_size > 1 else nan
+    def summary(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(nan [rows] int64, top2 [rows, 2] fp32 | None)`` of this rank's logits ``[rows,
+        S]``: 1 where a row holds NaN, summed over the ranks (a NaN wins selection, as in
+        ``torch.argmax``), and with ``record_margins`` each row's winning logit and margin
+        (:func:`~draftsmith.kernels.logit_summary.logit_summary`, one launch)."""
+        nan, top2 = self._summarize(logits, self.plan.record_margins)
+        return (self.collectives.all_reduce(nan) if self.plan.tp_size > 1 else nan), top2
 
 
 __all__ = ["Round"]

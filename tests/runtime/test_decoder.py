@@ -271,17 +271,18 @@ def test_a_round_reads_the_device_once(target):
     assert reads["n"] == 2 * steps["n"]
 
 
-@pytest.mark.parametrize("overlap", ["off", "on"])
+@pytest.mark.parametrize("overlap,kernels", [("off", "auto"), ("on", "auto"), ("on", "fused")])
 @pytest.mark.parametrize("k", [0, 3])
 def test_a_nan_in_the_targets_logits_ends_that_request_with_an_error(target, greedy_oracle,
-                                                                     monkeypatch, k, overlap):
+                                                                     monkeypatch, k, overlap,
+                                                                     kernels):
     """A NaN wins selection (argmax order T: a NaN beats every number), so a committed token
     chosen from logits holding NaN would be meaningless: that request ends with
     ``finish_reason == "error"`` before the token, the others decode exactly. A NaN in a row the
     round does not commit is harmless."""
     from draftsmith.contract import LogitsShard, TargetOutput
 
-    dec = bind(target, None, _config("dspark-gqa", k, overlap=overlap))
+    dec = bind(target, None, _config("dspark-gqa", k, overlap=overlap, kernels=kernels))
     real = target.forward_rows
     calls = {"n": 0}
 
@@ -334,12 +335,14 @@ def test_a_nan_in_the_prefill_logits_ends_the_request_before_its_first_token(tar
     assert dec.slots.num_free == dec.plan.slot_capacity
 
 
+@pytest.mark.parametrize("kernels", ["auto", "fused"])
 @pytest.mark.parametrize("k", [0, 3])
-def test_recorded_margins_are_the_targets_top2_at_each_token(nudged, k):
+def test_recorded_margins_are_the_targets_top2_at_each_token(nudged, k, kernels):
     """With margins recorded (the default on one rank), every generated token carries the
-    target's winning logit and its margin over the runner-up, as a fresh forward computes them."""
+    target's winning logit and its margin over the runner-up, as a fresh forward computes them
+    (the round's summary and commit in torch, or as the two kernels)."""
     target, _oracle = nudged
-    dec = bind(target, None, _config("dspark-gqa", k))
+    dec = bind(target, None, _config("dspark-gqa", k, kernels=kernels))
     assert dec.plan.record_margins
     results = dec.generate(PROMPTS[:3], BUDGETS[:3])
     for prompt, res in zip(PROMPTS, results, strict=False):
