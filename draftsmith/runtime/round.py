@@ -33,8 +33,6 @@ from draftsmith.runtime.plan import DraftPlan
 from draftsmith.runtime.round_ops import scatter_rows, unpack
 from draftsmith.runtime.round_scheduled import ScheduledRound
 
-_I64 = torch.int64
-
 
 class Round:
     """The round over rows ``0 .. g-1`` of the bind-time buffers."""
