@@ -165,8 +165,9 @@ def _breakdown(dec, ids: list[list[int]], max_new: int, say) -> None:
                 f"mean {sum(v) / len(v) * 1e3:.3f} ms")
 
 
-def _graph_ms(fn, iters: int = 50) -> float:
-    """Milliseconds per replay of ``fn`` captured alone in a CUDA graph."""
+def _captured(fn) -> torch.cuda.CUDAGraph:
+    """``fn`` run once on a side stream (warm), then captured alone in a CUDA graph and
+    replayed once."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -176,6 +177,25 @@ def _graph_ms(fn, iters: int = 50) -> float:
     with torch.cuda.graph(graph):
         fn()
     graph.replay()
+    return graph
+
+
+def _graph_kernel_us(fn, iters: int = 20) -> dict[str, tuple[int, float]]:
+    """Per kernel name: launches and device microseconds per call of ``fn``, captured in a
+    CUDA graph and profiled over ``iters`` replays (the kernels' own time, not the gaps between
+    them)."""
+    graph = _captured(fn)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            graph.replay()
+        torch.cuda.synchronize()
+    return {e.key: (e.count // iters, e.self_device_time_total / iters)
+            for e in prof.key_averages() if e.device_type.name == "CUDA"}
+
+
+def _graph_ms(fn, iters: int = 50) -> float:
+    """Milliseconds per replay of ``fn`` captured alone in a CUDA graph."""
+    graph = _captured(fn)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(iters):
@@ -267,11 +287,21 @@ def _time_parts(spec, g: int, width: int) -> list[tuple[str, float, int]]:
         for q in (k + 1, 1) for which in (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
     ]
     parts = [(name, _graph_ms(fn), _kernel_count(fn)) for name, fn in fns]
-    wide = _kernels(lambda: spec.target.forward_rows(tokens, starts, width))
-    narrow = _kernels(lambda: spec.target.forward_rows(tokens[:, :1], starts, width))
-    extra = {name: wide.get(name, 0) - narrow.get(name, 0) for name in {*wide, *narrow}}
-    parts += [(f"  target {k + 1} vs 1: {n:+d}x {name[:60]}", 0.0, 0)
-              for name, n in sorted(extra.items(), key=lambda kv: -abs(kv[1])) if n][:12]
+    # where the verification's forward spends more than the one-token forward: launches and
+    # device time per kernel name, from profiled replays of each captured alone
+    wide = _graph_kernel_us(lambda: spec.target.forward_rows(tokens, starts, width))
+    narrow = _graph_kernel_us(lambda: spec.target.forward_rows(tokens[:, :1], starts, width))
+    none = (0, 0.0)
+    extra = {name: (wide.get(name, none)[0] - narrow.get(name, none)[0],
+                    wide.get(name, none)[1] - narrow.get(name, none)[1])
+             for name in {*wide, *narrow}}
+    parts += [(f"  target {k + 1} vs 1: {n:+d}x {us:+.1f} us {name[:60]}", 0.0, 0)
+              for name, (n, us) in sorted(extra.items(), key=lambda kv: -abs(kv[1][1]))
+              if n or abs(us) >= 0.5][:12]
+    # the whole round's kernels by device time (``round kernel:`` rows)
+    whole = _graph_kernel_us(lambda: spec.round_core(g, width))
+    parts += [(f"  round kernel: {us:7.1f} us {n:3d}x {name[:70]}", 0.0, 0)
+              for name, (n, us) in sorted(whole.items(), key=lambda kv: -kv[1][1])[:20]]
     parts += [(f"whole round at width {w}", _graph_ms(lambda w=w: spec.round_core(g, w)), 0)
               for w in spec._widths if w >= width]
     for t, v in zip((b.ctx_len, b.target_len, b.accepted, b.num_accepted, b.features,

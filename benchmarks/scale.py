@@ -225,12 +225,15 @@ def decode(model: torch.nn.Module, args: argparse.Namespace, say: Any,
             f"({round_ms / row['plain_ms']:.2f}x a plain step), tau {tau:.2f}, "
             f"{tokens / seconds:.0f} tok/s (wall, prefill included)")
         if parts:
-            timed = [p for p in parts if " vs 1: " not in p[0]]
+            timed = [p for p in parts if " vs 1: " not in p[0] and "round kernel: " not in p[0]]
             row["parts_" + family] = {name: ms for name, ms, _ in timed}
             say("    " + "; ".join(f"{name.strip()} {ms:.3f} ms ({n} kernels)"
                                    for name, ms, n in timed))
             say("    kernels the wider target forward adds: " + "; ".join(
                 name.split(": ", 1)[1] for name, _, _ in parts if " vs 1: " in name))
+            for name, _, _ in parts:
+                if "round kernel: " in name:
+                    say("    " + name.strip())
     row["spec_round_vs_plain"] = row[f"spec_round_vs_plain_{args.families[0]}"]
     row["spec_tok_s"] = row[f"spec_tok_s_{args.families[0]}"]
     return row
@@ -238,12 +241,13 @@ def decode(model: torch.nn.Module, args: argparse.Namespace, say: Any,
 
 def _round_parts(spec: Any, active: Any) -> list[tuple[str, float, int]]:
     """The round's parts, each captured and replayed alone on the live state (restored after):
-    ``benchmarks/round.py``'s split, its first ten rows, then its count of the kernels the
-    verification's forward launches beyond the one-token forward's (named ``... vs 1: ...``)."""
+    ``benchmarks/round.py``'s split, its first ten rows, then the kernels the verification's
+    forward launches or spends time on beyond the one-token forward's (named ``... vs 1:
+    ...``) and the round's costliest kernels (``round kernel: ...``)."""
     from round import _time_parts
 
     parts = _time_parts(spec, *spec.bucket(active))
-    return parts[:10] + [p for p in parts if " vs 1: " in p[0]]
+    return parts[:10] + [p for p in parts if " vs 1: " in p[0] or "round kernel: " in p[0]]
 
 
 def recipe(model: torch.nn.Module, args: argparse.Namespace) -> float:
