@@ -7,8 +7,9 @@ each costing a captured round launch latency rather than bandwidth. Imports
 ``draftsmith.contract`` only.
 
 Numerics: exact. The largest and second largest values are found by comparisons, so they are
-the same numbers ``torch.topk(row, 2)`` returns, and the margin is their fp32 difference; a row
-with a NaN reports NaN for both (a NaN wins selection, as in ``torch.argmax``).
+the same numbers ``torch.topk(row, 2)`` returns (a winning zero may come back with the other
+sign), and the margin is their fp32 difference; a row with a NaN reports NaN for both (a NaN
+wins selection, as in ``torch.argmax``).
 """
 
 from __future__ import annotations
