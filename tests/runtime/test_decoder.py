@@ -96,6 +96,25 @@ def test_sampled_decoder_equals_reference_loop(target, family, acceptance):
     assert [r.tokens for r in again] != [r.tokens for r in results[:2]]
 
 
+def test_fused_kernels_decode_what_the_references_decode_sampled(target):
+    """Rejection-sampled rounds with the Triton kernels (the interpreter here: placement, chain
+    selection, acceptance, the round's summary and commit) emit the tokens, accepted lengths
+    and margins of the torch references from the same draws."""
+    sel = {"kind": "sample", "temperature": 0.9, "acceptance": "rejection"}
+    runs = []
+    for kernels in ("eager", "fused"):
+        dec = bind(target, None, _config("dspark-gqa", 3, sel, kernels=kernels))
+        assert dec.plan.kernels == kernels
+        runs.append(dec.generate(PROMPTS[:2], [10, 7], seeds=[4, 5]))
+    eager, fused = runs
+    assert [r.tokens for r in fused] == [r.tokens for r in eager]
+    assert [r.accepted_lengths for r in fused] == [r.accepted_lengths for r in eager]
+    for a, b in zip(fused, eager, strict=True):
+        torch.testing.assert_close(torch.tensor(a.margins), torch.tensor(b.margins), rtol=0,
+                                   atol=0)
+    assert max(n for r in fused for n in r.accepted_lengths) > 1
+
+
 def test_page_permutation_changes_no_output(target):
     sel = {"kind": "sample", "temperature": 1.0}
     first = bind(target, None, _config("dspark-gqa", 3, sel))
