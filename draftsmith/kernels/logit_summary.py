@@ -35,7 +35,8 @@ def logit_summary_reference(
 
     (a tie gives margin 0, a NaN leads; ``S = 1`` gives margin ``+inf``). ``top2`` is ``None``
     unless ``margins``. Two max passes, the winner masked between them and put back
-    (``logits`` is left as it was), instead of ``topk``'s radix select.
+    (``logits`` is left as it was), instead of ``topk``'s radix select, which took 0.58 ms of a
+    1024-row verify round of SmolLM2's vocabulary on an H200 (``benchmarks/rows.py``).
     """
     nan = torch.isnan(logits).any(-1).to(_I64)
     if not margins:

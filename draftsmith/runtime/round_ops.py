@@ -1,6 +1,5 @@
 """Small tensor steps the round and the admission share: the moves between a packed verify's
-token rows and the ``[G, Q]`` block. Hot path: must
-not import pluggy, the registry or bind.
+token rows and the ``[G, Q]`` block. Hot path: must not import pluggy, the registry or bind.
 """
 
 from __future__ import annotations

@@ -108,6 +108,9 @@ def test_decode_prefers_lowest_rank_and_nan() -> None:
         [0.0, -0.0, 10.0, 0.0, 20.0, -1.0],  # -0.0 == +0.0 -> rank 0
     ])
     assert decode_pairs(g, 3).tolist() == [0, 10, 0, 0]
+    # one rank: its own pair's id, whatever its value (a NaN or -inf included)
+    assert decode_pairs(g, 1).tolist() == [0, 0, 0, 0]
+    assert decode_pairs(g[:, 2:], 1).tolist() == [10, 10, 10, 10]
 
 
 def test_shard_layout_is_checked() -> None:
