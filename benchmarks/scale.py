@@ -26,7 +26,8 @@ drafter. For each shape, in one run:
   (compile-bound: a few minutes a shape on an H200 with a cold Triton cache);
 * ``--profile``: the kernels of one eager plain step, by name;
 * ``--few-rows launches persistent``: the decoding runs under each ``target.few_rows`` in turn
-  (the table shows the first; the others print after it, fields ``few_rows_<value>``).
+  (the table shows the first; the others print after it, fields ``few_rows_<value>``);
+  ``--pdl auto off`` the same for ``target.pdl`` (fields ``pdl_<value>``).
 
     python benchmarks/scale.py --out $OUT                         # every shape
     python benchmarks/scale.py --shapes llama-1b --gemms --profile
@@ -181,13 +182,13 @@ def _step_times(sd: Any, run: Any, at_step: Any = None) -> tuple[Any, list[float
 
 
 def decode(model: torch.nn.Module, args: argparse.Namespace, say: Any,
-           few_rows: str = "auto") -> dict[str, Any]:
+           few_rows: str = "auto", pdl: str = "auto") -> dict[str, Any]:
     """Plain and speculative generations per drafter family on ``model`` with ``target.few_rows
-    = few_rows``; step figures."""
+    = few_rows`` and ``target.pdl = pdl``; step figures."""
     from draftsmith.runtime.api import load_decoder
     from draftsmith.runtime.targets.hf import HFTarget
 
-    target = HFTarget(model, max_slots=args.batch + 2, few_rows=few_rows)
+    target = HFTarget(model, max_slots=args.batch + 2, few_rows=few_rows, pdl=pdl)
     say(f"  target path: {target.layer_path}: {target.layer_path_reason}")
     g = torch.Generator().manual_seed(1)
     ids = [torch.randint(0, VOCAB, (args.prompt_len,), generator=g).tolist()
@@ -462,6 +463,9 @@ def main() -> int:
                         choices=["auto", "launches", "persistent"],
                         help="target.few_rows of the decoding runs; the first fills the table, "
                              "each other is run and printed after it (fields few_rows_<value>)")
+    parser.add_argument("--pdl", nargs="+", default=["auto"], choices=["auto", "off"],
+                        help="target.pdl of the decoding runs, as --few-rows (fields "
+                             "pdl_<value>)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--smoke", action="store_true", help="the tiny shape on the CPU")
     args = parser.parse_args()
@@ -492,15 +496,16 @@ def main() -> int:
         if args.profile is not None and args.device == "cuda":
             for batch in args.profile or [1]:
                 profile(model, batch, say)
-        row.update(decode(model, args, say, args.few_rows[0]))
+        row.update(decode(model, args, say, args.few_rows[0], args.pdl[0]))
         row["plain_vs_floor"] = row["plain_ms"] / floor_ms
-        for few_rows in args.few_rows[1:]:
-            other = decode(model, args, say, few_rows)
+        others = ([("few_rows", v, dict(few_rows=v, pdl=args.pdl[0])) for v in args.few_rows[1:]]
+                  + [("pdl", v, dict(few_rows=args.few_rows[0], pdl=v)) for v in args.pdl[1:]])
+        for field, value, settings in others:
+            other = decode(model, args, say, **settings)
             other["plain_vs_floor"] = other["plain_ms"] / floor_ms
-            row[f"few_rows_{few_rows}"] = other
-            say(f"  target.few_rows = {few_rows}: plain {other['plain_ms']:.3f} ms = "
-                f"{other['plain_vs_floor']:.2f}x floor ({args.few_rows[0]}: "
-                f"{row['plain_ms']:.3f} ms); "
+            row[f"{field}_{value}"] = other
+            say(f"  target.{field} = {value}: plain {other['plain_ms']:.3f} ms = "
+                f"{other['plain_vs_floor']:.2f}x floor (first run: {row['plain_ms']:.3f} ms); "
                 + ", ".join(f"{f} round {other[f'spec_round_vs_plain_{f}']:.2f}x plain"
                             for f in args.families))
         if not args.no_recipe and args.device == "cuda":

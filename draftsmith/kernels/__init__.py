@@ -6,6 +6,9 @@ May import ``contract`` only. The only layer that imports triton.
 from __future__ import annotations
 
 import os
+from functools import cache
+
+import torch
 
 
 def interpreted() -> bool:
@@ -14,4 +17,26 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-__all__ = ["interpreted"]
+@cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def pdl_on(asked: bool, tensor: torch.Tensor) -> bool:
+    """Whether a launch on ``tensor``'s device runs with programmatic dependent launch (PDL):
+    ``asked``, a CUDA tensor, and a device of compute capability 9.0 or above (Hopper's
+    ``griddepcontrol``). Elsewhere (the CPU, Triton's interpreter, older GPUs) the launch is an
+    ordinary one, with the same bits.
+
+    Under PDL the next kernel's programs may start while this one's finish: each program of a
+    PDL kernel waits (``_launch.pdl_start``) before it reads what an earlier kernel wrote or writes
+    anything, so the order of every read and write is the stream's; only work that reads
+    nothing an earlier kernel writes (an L2 prefetch of a weight) runs before the wait."""
+    if not (asked and tensor.is_cuda):
+        return False
+    index = tensor.device.index if tensor.device.index is not None \
+        else torch.cuda.current_device()
+    return _capability(index) >= (9, 0)
+
+
+__all__ = ["interpreted", "pdl_on"]

@@ -1,5 +1,6 @@
 """Launch plumbing every kernel file shares: power-of-two block sizes, warps by block size, the
-dummy pointer of an absent optional tensor, and inputs flattened to rows.
+dummy pointer of an absent optional tensor, inputs flattened to rows, and programmatic dependent
+launch.
 
 Each kernel's own tuning (which clamps, which thresholds) stays in its file's named size
 helper; this module only spells the arithmetic those helpers repeat. Imports triton and torch
@@ -9,9 +10,12 @@ only.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 def block_size(n: int, lo: int = 0, hi: int | None = None) -> int:
@@ -52,3 +56,28 @@ def unit_rows(x: torch.Tensor, width: int) -> torch.Tensor:
     already has one, else a contiguous copy)."""
     rows = x.reshape(-1, width)
     return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def pdl_kwargs(on: bool) -> dict[str, Any]:
+    """The launch option of a kernel launched with PDL (:func:`~draftsmith.kernels.pdl_on`), else none."""
+    return {"launch_pdl": True} if on else {}
+
+
+@triton.jit
+def pdl_start(PDL: tl.constexpr, RELEASE: tl.constexpr):
+    """Under ``PDL``: with ``RELEASE``, let the next kernel's programs start now (a small
+    kernel, so they can prefetch their weights while it runs); then wait until every earlier
+    kernel has finished and its writes are visible. Every program must call it before its
+    first read of another kernel's output and before any write."""
+    if PDL:
+        if RELEASE:
+            gdc_launch_dependents()
+        gdc_wait()
+
+
+@triton.jit
+def pdl_release(PDL: tl.constexpr):
+    """Under ``PDL``: let the next kernel's programs start (its programs then wait for this
+    kernel to finish before reading anything it writes)."""
+    if PDL:
+        gdc_launch_dependents()

@@ -28,7 +28,8 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor, value_checks_enabled
 from draftsmith.contract.checks import FLOAT_DTYPES
-from draftsmith.kernels._launch import block_size
+from draftsmith.kernels import pdl_on
+from draftsmith.kernels._launch import block_size, pdl_kwargs, pdl_start
 from draftsmith.kernels._softmax import _online_softmax
 
 _I64 = torch.int64
@@ -41,7 +42,8 @@ _BLOCK_N = 64
 
 def cache_attention_reference(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                               rows: torch.Tensor, positions: torch.Tensor, columns: int,
-                              scale: float, tokens_per_row: int = 1) -> torch.Tensor:
+                              scale: float, tokens_per_row: int = 1, *,
+                              pdl: bool = False) -> torch.Tensor:
     """Attention of ``q: [N, nq, hd]`` over a static cache ``keys, values: [S, nkv, L, hd]``.
 
     Token ``n`` reads slot ``rows[n]`` (``rows: [N] int64``) at columns
@@ -49,6 +51,7 @@ def cache_attention_reference(q: torch.Tensor, keys: torch.Tensor, values: torch
     ``h`` uses key/value head ``h // (nq / nkv)``. Softmax of ``scale * q . k`` in fp32;
     returns ``[N, nq, hd]`` in ``q``'s dtype. ``tokens_per_row`` states how the kernel may
     share reads (rows of that many tokens on one slot); each token's result is the same.
+    ``pdl`` (the kernel form's launch option) is accepted and ignored.
     """
     n, nq, hd = q.shape
     nkv = keys.shape[1]
@@ -69,12 +72,13 @@ def _cache_attention_kernel(
     s_qn, s_qh, s_ks, s_kh, s_kl, s_vs, s_vh, s_vl, s_on, s_oh,
     GROUP: tl.constexpr, GROUP_P2: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
     SPLIT_COLS: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program ``(chunk, kv head, split)``: up to ``CHUNK`` tokens of one row (one slot) times
     the ``GROUP`` query heads of that key/value head, over the split's columns up to each
     token's position (one split: the output; else partials). Tile row ``m`` is token
     ``m // GROUP_P2`` of the chunk, query head ``m % GROUP_P2`` of the group."""
+    pdl_start(PDL, True)
     chunk = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
     sp = tl.program_id(2)
@@ -124,9 +128,10 @@ def _cache_attention_kernel(
 
 @triton.jit
 def _combine_kernel(out_ptr, m_ptr, l_ptr, acc_ptr, HD, NQ, s_on, s_oh,
-                    SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
+                    SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     """Program ``(token, query head)``: the splits' partials folded in split order (splits past
     the token's position hold exact zeros and a -1e30 max, so they change no bit)."""
+    pdl_start(PDL, True)
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
@@ -159,7 +164,8 @@ def chunk_tokens(group: int, dtype: torch.dtype) -> tuple[int, int]:
 
 def cache_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                     rows: torch.Tensor, positions: torch.Tensor, columns: int,
-                    scale: float, tokens_per_row: int = 1) -> torch.Tensor:
+                    scale: float, tokens_per_row: int = 1, *,
+                    pdl: bool = False) -> torch.Tensor:
     """Kernel form of :func:`cache_attention_reference` (same arguments and result).
 
     ``tokens_per_row``: ``Q``, with ``N = G * Q`` tokens row-major whose row's ``Q`` tokens
@@ -169,7 +175,8 @@ def cache_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     too. ``columns`` is a static bound on every position plus one (it sets the number of splits,
     not the result). The slot ids and positions are range-checked with a read back to the host,
     except inside :func:`~draftsmith.contract.values_trusted` and during a CUDA-graph capture,
-    where nothing is read back.
+    where nothing is read back. ``pdl``: as :func:`~draftsmith.kernels.rms_norm.rms_norm`'s,
+    for both launches.
     """
     s: dict[str, int] = {}
     check_tensor("q", q, ("N", "nq", "hd"), FLOAT_DTYPES, s, unit_stride=True)
@@ -210,6 +217,7 @@ def cache_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     group = nq // nkv
     chunk, block_m = chunk_tokens(group, q.dtype)
     chunks = triton.cdiv(tokens_per_row, chunk)
+    on = pdl_on(pdl, q)
     _cache_attention_kernel[(n // tokens_per_row * chunks, nkv, splits)](
         q, keys, values, rows, positions, out, m, l_sum, acc,
         hd, nq, tokens_per_row, chunks, float(scale),
@@ -217,11 +225,12 @@ def cache_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         values.stride(0), values.stride(1), values.stride(2), out.stride(0), out.stride(1),
         GROUP=group, GROUP_P2=block_size(group), CHUNK=chunk, SPLITS=splits,
         SPLIT_COLS=SPLIT, IEEE=q.dtype == torch.float32,
-        BLOCK_M=block_m, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, num_warps=4,
-    )
+        BLOCK_M=block_m, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, PDL=on, num_warps=4,
+        **pdl_kwargs(on))
     if splits > 1:
         _combine_kernel[(n, nq)](out, m, l_sum, acc, hd, nq, out.stride(0), out.stride(1),
-                                 SPLITS=splits, BLOCK_D=block_d, num_warps=1)
+                                 SPLITS=splits, BLOCK_D=block_d, PDL=on, num_warps=1,
+                                 **pdl_kwargs(on))
     return out
 
 

@@ -34,6 +34,7 @@ on every call; they differ from the whole-``K`` launch's (another order of the s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -41,7 +42,15 @@ import triton.language as tl
 
 from draftsmith.contract import DraftsmithError, ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
-from draftsmith.kernels._launch import block_size, or_dummy, row_stride
+from draftsmith.kernels import pdl_on
+from draftsmith.kernels._launch import (
+    block_size,
+    or_dummy,
+    pdl_kwargs,
+    pdl_release,
+    pdl_start,
+    row_stride,
+)
 from draftsmith.kernels.swiglu import silu_mul_reference
 
 
@@ -49,7 +58,8 @@ def decode_linear_reference(x: torch.Tensor, weight: torch.Tensor,
                             bias: torch.Tensor | None = None, *, gated: bool = False,
                             residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
                             out_dtype: torch.dtype | None = None,
-                            blocks: Blocks | None = None) -> torch.Tensor:
+                            blocks: Blocks | None = None, pdl: bool = False,
+                            prefetch: int = 0) -> torch.Tensor:
     """``x: [M, K]`` times ``weight: [N, K]`` (``bias: [N]``), with what surrounds it::
 
         y = x @ weight.T + bias                                  # [M, N]
@@ -58,8 +68,8 @@ def decode_linear_reference(x: torch.Tensor, weight: torch.Tensor,
 
     Every intermediate rounds to ``x``'s dtype; the result is then cast to ``out_dtype`` (an
     LM head's fp32 logits). ``out`` (``[M, N]`` or ``[M, N/2]``, may be ``residual`` itself)
-    receives the result when given. ``blocks`` (the kernel form's launch sizes) is accepted
-    and ignored, so the two forms stay interchangeable.
+    receives the result when given. ``blocks``, ``pdl`` and ``prefetch`` (the kernel form's
+    launch options) are accepted and ignored, so the two forms stay interchangeable.
     """
     y = torch.nn.functional.linear(x, weight, bias)
     if gated:
@@ -128,23 +138,51 @@ def _epilogue(acc, acc_up, rm, rn, m_ok, n_ok, x_ptr, b_ptr, r_ptr, out_ptr, s_r
 
 
 @triton.jit
+def _prefetch_l2(w_ptr, rn, n_ok, N, k_lo, k_hi, s_w, GATED: tl.constexpr, TILES: tl.constexpr,
+                 LINES: tl.constexpr, LINE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Ask L2 for the first ``TILES`` weight tiles of the program (rows ``rn``, and ``N + rn``
+    when ``GATED``; input columns from ``k_lo``, below ``k_hi``): one ``prefetch.global.L2`` a
+    line of ``LINE`` elements, ``LINES`` lines a tile row. Reads nothing into registers and
+    writes nothing: under PDL it runs before the wait, while the kernel before still runs."""
+    cols = tl.arange(0, LINES) * LINE
+    rows = w_ptr + rn.to(tl.int64)[:, None] * s_w
+    for t in tl.static_range(TILES):
+        k = k_lo + t * BLOCK_K + cols
+        ok = n_ok[:, None] & (k < k_hi)[None, :]
+        ptrs = tl.where(ok, rows + k[None, :], w_ptr)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+        if GATED:
+            ptrs = tl.where(ok, rows + N.to(tl.int64) * s_w + k[None, :], w_ptr)
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
+                                      [ptrs], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _decode_linear_kernel(
     x_ptr, w_ptr, b_ptr, r_ptr, out_ptr,
     M, N, K, s_x, s_w, s_r, s_out,
     HAS_BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+    PDL: tl.constexpr, PF_TILES: tl.constexpr, PF_LINES: tl.constexpr, PF_LINE: tl.constexpr,
 ):
     """Program ``(m, n)``: output columns ``n * BLOCK_N ..`` of rows ``m * BLOCK_M ..``, the
     products over the whole ``K`` in tiles of ``BLOCK_K`` (``N`` counts output columns: with
     ``GATED`` the weight holds ``N`` gate rows, then ``N`` up rows). The programs of one column
     tile are neighbours in launch order, so its weight tile is read from memory once for all
-    rows."""
+    rows. Under ``PDL`` the program prefetches its first ``PF_TILES`` weight tiles, waits for
+    the kernel before, and lets the next one start once its products are done."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_ok = rm < M
     n_ok = rn < N
+    if PDL and PF_TILES > 0:
+        _prefetch_l2(w_ptr, rn, n_ok, N, 0, K, s_w, GATED, PF_TILES, PF_LINES, PF_LINE,
+                     BLOCK_K)
+    pdl_start(PDL, False)
     acc, acc_up = _products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, 0, K, s_x, s_w,
                             GATED, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+    pdl_release(PDL)
     _epilogue(acc, acc_up, rm, rn, m_ok, n_ok, x_ptr, b_ptr, r_ptr, out_ptr, s_r, s_out,
               HAS_BIAS, GATED, RESIDUAL)
 
@@ -155,7 +193,8 @@ def _decode_linear_split_kernel(
     M, N, K, K_PART, s_x, s_w, s_r, s_out,
     HAS_BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, IEEE: tl.constexpr,
     PARTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, PDL: tl.constexpr, PF_TILES: tl.constexpr, PF_LINES: tl.constexpr,
+    PF_LINE: tl.constexpr,
 ):
     """Program ``(m, n, s)``: the fp32 sums of tile ``(m, n)`` over input columns
     ``s * K_PART .. (s + 1) * K_PART`` (``K_PART`` a multiple of ``BLOCK_K``), written to its
@@ -164,7 +203,7 @@ def _decode_linear_split_kernel(
     before the launch); the program that arrives last, whichever part it holds, adds the
     ``PARTS`` slots in the order ``s = 0, 1, ..`` (so the bits never depend on arrival),
     applies the epilogue and sets the count back to zero for the next launch or graph
-    replay."""
+    replay. ``PDL`` and the prefetch: as the whole-``K`` kernel's, over the part's columns."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     part = tl.program_id(2)
@@ -175,9 +214,13 @@ def _decode_linear_split_kernel(
     k_lo = part * K_PART
     k_hi = tl.minimum(k_lo + K_PART, K)
     tile = pid_m * tl.num_programs(1) + pid_n
+    if PDL and PF_TILES > 0:
+        _prefetch_l2(w_ptr, rn, n_ok, N, k_lo, k_hi, s_w, GATED, PF_TILES, PF_LINES, PF_LINE,
+                     BLOCK_K)
+    pdl_start(PDL, False)
     _split_part(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, part_ptr, count_ptr, tile, part, rm, rn,
                 m_ok, n_ok, N, k_lo, k_hi, s_x, s_w, s_r, s_out,
-                HAS_BIAS, GATED, RESIDUAL, IEEE, PARTS, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+                HAS_BIAS, GATED, RESIDUAL, IEEE, PARTS, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, PDL)
 
 
 @triton.jit
@@ -185,14 +228,17 @@ def _split_part(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, part_ptr, count_ptr, tile, 
                 m_ok, n_ok, N, k_lo, k_hi, s_x, s_w, s_r, s_out,
                 HAS_BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
                 IEEE: tl.constexpr, PARTS: tl.constexpr, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+                PDL: tl.constexpr):
     """Part ``part`` of output tile ``tile`` (rows ``rm``, columns ``rn``): its fp32 sums over
     input columns ``k_lo .. k_hi`` to its workspace slot, its arrival counted, and the
     epilogue of the whole tile by the last of the tile's ``PARTS`` programs (the parts added
     in the order ``0, 1, ..``). Shared by the split-``K`` launch and the persistent layer tail
-    (:mod:`draftsmith.kernels.layer_tail`), so the two round alike."""
+    (:mod:`draftsmith.kernels.layer_tail`), so the two round alike. ``PDL``: let the next
+    kernel start once the products are done."""
     acc, acc_up = _products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, k_lo, k_hi, s_x, s_w,
                             GATED, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+    pdl_release(PDL)
     SLOT: tl.constexpr = BLOCK_M * BLOCK_N
     WIDTH: tl.constexpr = 2 if GATED else 1
     in_slot = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
@@ -366,7 +412,8 @@ def stages_for(block_n: int, block_k: int, dtype: torch.dtype, gated: bool = Fal
 def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                   gated: bool = False, residual: torch.Tensor | None = None,
                   out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-                  blocks: Blocks | None = None) -> torch.Tensor:
+                  blocks: Blocks | None = None, pdl: bool = False,
+                  prefetch: int = 0) -> torch.Tensor:
     """Kernel form of :func:`decode_linear_reference` (same arguments and result), one launch.
 
     ``x: [M, K]`` and ``weight: [N, K]`` share a dtype and have contiguous rows; ``residual``
@@ -374,6 +421,12 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     ``residual``; ``out_dtype`` (default ``x``'s) may be wider than ``x``'s dtype. Launch
     sizes come from :func:`decode_linear_blocks` unless ``blocks`` forces them (a benchmark's
     sweep); with ``blocks.split_k > 1`` the launch uses the device's :func:`split_workspace`.
+
+    ``pdl``: launch with programmatic dependent launch where the device has it
+    (:func:`~draftsmith.kernels.pdl_on`): each program first asks L2 for its first
+    ``prefetch`` weight tiles (the weight depends on no earlier kernel), then waits for the
+    kernel before; the next kernel may start once every program's products are done. The bits
+    are the same either way.
     """
     check_tensor("x", x, ("M", "K"), FLOAT_DTYPES, unit_stride=True)
     sizes = {"K": int(x.shape[1])}
@@ -402,8 +455,12 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         return out
     b = decode_linear_blocks(n, k, x.dtype, gated) if blocks is None else blocks
     parts, k_part = split_parts(k, b.block_k, b.split_k)
+    on = pdl_on(pdl, x)
+    line = max(1, 128 // x.element_size())  # elements of a 128-byte line
+    pf = dict(PDL=on, PF_TILES=max(0, int(prefetch)) if on else 0,
+              PF_LINES=max(1, b.block_k // line), PF_LINE=line, **pdl_kwargs(on))
     if parts > 1:
-        _launch_split(x, weight, bias, residual, out, gated, b, parts, k_part)
+        _launch_split(x, weight, bias, residual, out, gated, b, parts, k_part, pf)
         return out
     _decode_linear_kernel[(triton.cdiv(m, BLOCK_M), triton.cdiv(n, b.block_n))](
         x, weight, or_dummy(bias, weight), or_dummy(residual, out), out,
@@ -411,16 +468,17 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         HAS_BIAS=bias is not None, GATED=gated, RESIDUAL=residual is not None,
         IEEE=x.dtype == torch.float32,
         BLOCK_M=BLOCK_M, BLOCK_N=b.block_n, BLOCK_K=b.block_k, STAGES=b.num_stages,
-        num_warps=b.num_warps, num_stages=b.num_stages)
+        num_warps=b.num_warps, num_stages=b.num_stages, **pf)
     return out
 
 
 def _launch_split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                   residual: torch.Tensor | None, out: torch.Tensor, gated: bool, b: Blocks,
-                  parts: int, k_part: int) -> None:
+                  parts: int, k_part: int, pf: dict[str, Any]) -> None:
     """:func:`decode_linear`'s split-``K`` launch (arguments checked there): ``parts``
     programs per ``[BLOCK_M, block_n]`` tile of ``out: [M, N]``, each over ``k_part`` input
-    columns, on the device's shared :func:`split_workspace`."""
+    columns, on the device's shared :func:`split_workspace`; ``pf``: the PDL and prefetch
+    launch options."""
     m, n, k = int(x.shape[0]), int(out.shape[1]), int(x.shape[1])
     tiles_m, tiles_n = triton.cdiv(m, BLOCK_M), triton.cdiv(n, b.block_n)
     floats = tiles_m * tiles_n * parts * (2 if gated else 1) * BLOCK_M * b.block_n
@@ -431,7 +489,7 @@ def _launch_split(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         HAS_BIAS=bias is not None, GATED=gated, RESIDUAL=residual is not None,
         IEEE=x.dtype == torch.float32, PARTS=parts,
         BLOCK_M=BLOCK_M, BLOCK_N=b.block_n, BLOCK_K=b.block_k, STAGES=b.num_stages,
-        num_warps=b.num_warps, num_stages=b.num_stages)
+        num_warps=b.num_warps, num_stages=b.num_stages, **pf)
 
 
 __all__ = ["BLOCK_M", "Blocks", "decode_linear", "decode_linear_blocks",

@@ -187,7 +187,7 @@ def _product_phase(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, part_ptr, count_ptr, M, 
             _split_part(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, part_ptr, count_ptr, tile, part,
                         rm, rn, m_ok, n_ok, N, k_lo, k_hi, K, K, N, N,
                         HAS_BIAS, GATED, RESIDUAL, IEEE, PARTS, BLOCK_M, BLOCK_N, BLOCK_K,
-                        STAGES)
+                        STAGES, False)
 
 
 @triton.jit

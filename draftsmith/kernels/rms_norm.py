@@ -20,14 +20,25 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
-from draftsmith.kernels._launch import ROW_WARPS, block_size, unit_rows, warps_for
+from draftsmith.kernels import pdl_on
+from draftsmith.kernels._launch import (
+    ROW_WARPS,
+    block_size,
+    pdl_kwargs,
+    pdl_start,
+    unit_rows,
+    warps_for,
+)
 
 
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                       pdl: bool = False) -> torch.Tensor:
     """``x: [..., D]`` normalised over the last dim in fp32, cast back to ``x``'s dtype, times
     ``weight: [D]`` (Qwen3 / Llama RMSNorm)::
 
         y = weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)
+
+    ``pdl`` (the kernel form's launch option) is accepted and ignored.
     """
     dtype = x.dtype
     h = x.float()
@@ -48,8 +59,10 @@ def store_norm(x, w_ptr, out_ptr, d, ok, D, eps):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, eps, s_x, s_out, BLOCK_D: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, eps, s_x, s_out, BLOCK_D: tl.constexpr,
+                     PDL: tl.constexpr):
     """Program ``r`` normalises row ``r``."""
+    pdl_start(PDL, True)
     r = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     ok = d < D
@@ -57,9 +70,12 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, eps, s_x, s_out, BLOCK_D: tl.cons
     store_norm(x, w_ptr, out_ptr + r * s_out, d, ok, D, eps)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
+             pdl: bool = False) -> torch.Tensor:
     """Kernel form of :func:`rms_norm_reference`: one launch for every row of ``x: [..., D]``
-    (last dim contiguous); the output dtype is the reference's (``weight`` times ``x``)."""
+    (last dim contiguous); the output dtype is the reference's (``weight`` times ``x``).
+    ``pdl``: launch with programmatic dependent launch where the device has it
+    (:func:`~draftsmith.kernels.pdl_on`), letting the next kernel start at once."""
     if x.ndim < 1 or x.shape[-1] == 0 or x.dtype not in FLOAT_DTYPES:
         raise ShapeError(f"rms_norm needs float x [..., D >= 1], got {x.dtype} {tuple(x.shape)}")
     d = int(x.shape[-1])
@@ -69,9 +85,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
                       device=x.device)
     if rows.shape[0]:
         block = block_size(d)
+        on = pdl_on(pdl, x)
         _rms_norm_kernel[(rows.shape[0],)](rows, weight, out, d, float(eps), rows.stride(0),
-                                           out.stride(0), BLOCK_D=block,
-                                           num_warps=warps_for(block, ROW_WARPS))
+                                           out.stride(0), BLOCK_D=block, PDL=on,
+                                           num_warps=warps_for(block, ROW_WARPS),
+                                           **pdl_kwargs(on))
     return out.view(x.shape)
 
 

@@ -23,7 +23,14 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
-from draftsmith.kernels._launch import block_size, or_dummy, warps_for
+from draftsmith.kernels import pdl_on
+from draftsmith.kernels._launch import (
+    block_size,
+    or_dummy,
+    pdl_kwargs,
+    pdl_start,
+    warps_for,
+)
 from draftsmith.kernels.head_norm_rope import head_norm_rope_reference, rotate_half_rope_reference
 from draftsmith.kernels.rope_cos_sin import rope_cos_sin_reference
 
@@ -33,13 +40,15 @@ _I64 = torch.int64
 def rope_store_reference(qkv: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
                          keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
                          num_q_heads: int, scale: float = 1.0,
-                         qk_norm: torch.Tensor | None = None, eps: float = 0.0) -> None:
+                         qk_norm: torch.Tensor | None = None, eps: float = 0.0, *,
+                         pdl: bool = False) -> None:
     """In place: ``qkv: [R, nq + 2 nkv, hd]`` (``nq = num_q_heads``) holds each token's query,
     key and value heads. Query and key heads are normalised per head by ``qk_norm: [nq + nkv,
     hd]`` when given (Qwen3), then rotated (rotate-half RoPE at angles ``positions[r] *
     inv_freq``, cos and sin times ``scale`` in the heads' dtype) in place; the rotated keys and
     the values are also written to ``keys, values: [S, nkv, L, hd]`` at slot
-    ``rows[r]``, column ``positions[r]`` (``positions, rows: [R] int64``)."""
+    ``rows[r]``, column ``positions[r]`` (``positions, rows: [R] int64``). ``pdl`` (the kernel
+    form's launch option) is accepted and ignored."""
     nkv = (qkv.shape[1] - num_q_heads) // 2
     heads = qkv[:, : num_q_heads + nkv]
     cos, sin = rope_cos_sin_reference(positions, inv_freq, qkv.dtype, scale)
@@ -55,9 +64,10 @@ def rope_store_reference(qkv: torch.Tensor, positions: torch.Tensor, inv_freq: t
 def _rope_store_kernel(qkv_ptr, pos_ptr, freq_ptr, nw_ptr, k_ptr, v_ptr, rows_ptr,
                        NQ, NKV, D, eps, scale,
                        s_t, s_h, s_ks, s_kh, s_kl, s_vs, s_vh, s_vl,
-                       BLOCK_D: tl.constexpr, NORM: tl.constexpr):
+                       BLOCK_D: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
     """Program ``(t, h)``: head ``h`` of token ``t``, rotated in place (``h >= NQ``: key head
     ``h - NQ``, also written to the cache, with its value head copied beside it)."""
+    pdl_start(PDL, True)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
@@ -96,8 +106,10 @@ def _rope_store_kernel(qkv_ptr, pos_ptr, freq_ptr, nw_ptr, k_ptr, v_ptr, rows_pt
 def rope_store(qkv: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
                keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor,
                num_q_heads: int, scale: float = 1.0,
-               qk_norm: torch.Tensor | None = None, eps: float = 0.0) -> None:
+               qk_norm: torch.Tensor | None = None, eps: float = 0.0, *,
+               pdl: bool = False) -> None:
     """Kernel form of :func:`rope_store_reference` (same arguments and effect), one launch.
+    ``pdl``: as :func:`~draftsmith.kernels.rms_norm.rms_norm`'s.
 
     ``qkv`` needs a contiguous last dim (rows and heads may be strided); ``keys`` and
     ``values`` too; ``inv_freq: [hd / 2] float32``; ``qk_norm`` contiguous. Slots and
@@ -123,13 +135,14 @@ def rope_store(qkv: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tenso
     if s["R"] == 0:
         return
     block = block_size(s["hd"])
+    on = pdl_on(pdl, qkv)
     _rope_store_kernel[(s["R"], nq + nkv)](
         qkv, positions.contiguous(), inv_freq, or_dummy(qk_norm, qkv),
         keys, values, rows.contiguous(), nq, nkv, s["hd"], float(eps), float(scale),
         qkv.stride(0), qkv.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
-        BLOCK_D=block, NORM=qk_norm is not None, num_warps=warps_for(block, (256,)),
-        enable_fp_fusion=False)  # no FMA: the two products round as the reference's do
+        BLOCK_D=block, NORM=qk_norm is not None, PDL=on, num_warps=warps_for(block, (256,)),
+        enable_fp_fusion=False, **pdl_kwargs(on))  # no FMA: the two products round as the reference's do
 
 
 __all__ = ["rope_store", "rope_store_reference"]

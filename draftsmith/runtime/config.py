@@ -191,6 +191,12 @@ class TargetConfig(_Strict):
     with the same bits as ``launches`` but slower on an H200 (a 1B layer's tail 51 against 50
     us at one token, 63 against 50 at eight; ``docs/benchmarks.md``). ``auto``: ``launches``.
     The plan says which ran."""
+    pdl: Literal["auto", "off"] = "auto"
+    """Programmatic dependent launch between the eight launches of ``few_rows = launches``: the
+    next kernel's programs start while the one before finishes, and a product's first weight
+    tiles stream into L2 while the norm, RoPE or attention before it runs; the bits are the
+    same. ``auto``: on GPUs of compute capability 9.0 and above (Hopper, Blackwell); ``off``:
+    plain launches. The plan says which ran."""
 
     @field_validator("device")
     @classmethod

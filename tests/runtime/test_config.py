@@ -100,6 +100,7 @@ def test_overrides_use_dotted_keys(tmp_path: Path) -> None:
         ({"parallel": {"tp_size": 2, "tp_rank": 2}}, "parallel: tp_rank 2 must be < tp_size 2"),
         ({"bogus": 1}, "unknown key 'bogus'; valid keys: drafter, num_draft_tokens"),
         ({"target": {"few_rows": "fast"}}, "target.few_rows:"),
+        ({"target": {"pdl": "on"}}, "target.pdl:"),
     ],
 )
 def test_bad_values_name_the_field(data: dict, message: str) -> None:

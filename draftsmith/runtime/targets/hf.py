@@ -48,6 +48,7 @@ from draftsmith.runtime.targets.hf_gemm import gemm_choice, use_row_stable
 from draftsmith.runtime.targets.hf_layers import (
     LayerLoop,
     check_few_rows,
+    check_pdl,
     choose_layer_path,
     fused_blocker,
 )
@@ -77,14 +78,17 @@ class HFTarget:
         ``transformers``; see :attr:`layer_path`).
     :param few_rows: ``target.few_rows``: how the loop's few-row path runs a layer (``auto``,
         ``launches`` or ``persistent``; :class:`~.hf_layers.LayerLoop`).
+    :param pdl: ``target.pdl``: ``auto`` or ``off`` (:class:`~.hf_layers.LayerLoop`).
     :param interpret: on the CPU, run the layer loop's GPU path (its Triton kernels, under the
         interpreter that ``TRITON_INTERPRET=1`` starts): how tests check that path without a GPU.
     """
 
     def __init__(self, model: torch.nn.Module, max_slots: int = 64, gemm: str = "auto",
-                 layers: str = "auto", interpret: bool = False, few_rows: str = "auto") -> None:
+                 layers: str = "auto", interpret: bool = False, few_rows: str = "auto",
+                 pdl: str = "auto") -> None:
         require_transformers()
         check_few_rows(few_rows)
+        check_pdl(pdl)
         requested_layers = layers
         if interpret and not interpreted():
             raise ConfigError("HFTarget(interpret=True) runs Triton kernels on the CPU: set "
@@ -123,6 +127,7 @@ class HFTarget:
         self._use_gemm()
         if self._layer_path == "fused":
             self._loop = LayerLoop(model, row_stable=self._gemm != "torch", few_rows=few_rows,
+                                   pdl=pdl,
                                    interpret=interpret and self.device.type != "cuda")
             self.layer_path_reason += f"; {self._loop.products_reason}"
 
@@ -656,6 +661,7 @@ def load_hf_target(
     gemm: str = "auto",
     layers: str = "auto",
     few_rows: str = "auto",
+    pdl: str = "auto",
 ) -> tuple[HFTarget, Any]:
     """Load a local Hugging Face model directory as ``(HFTarget, tokenizer)``.
 
@@ -669,8 +675,8 @@ def load_hf_target(
     (:func:`~draftsmith.runtime.targets.hf_model.load_hf_model`).
     """
     model, tokenizer = load_hf_model(directory, dtype, device, split_layers_over)
-    return (HFTarget(model, max_slots=max_slots, gemm=gemm, layers=layers, few_rows=few_rows),
-            tokenizer)
+    return (HFTarget(model, max_slots=max_slots, gemm=gemm, layers=layers, few_rows=few_rows,
+                     pdl=pdl), tokenizer)
 
 
 __all__ = ["HFTarget", "load_hf_target"]

@@ -27,6 +27,13 @@ floor on an H200 from 28 MB up (``benchmarks/scale.py --gemms``), and a row's re
 depends on the rows beside it, so in bf16 too a verification rounds as decoding its tokens one
 by one.
 
+On a GPU of compute capability 9.0 and above the eight launches are programmatically dependent
+(``target.pdl = auto``; :func:`~draftsmith.kernels.pdl_on`): a norm, RoPE or attention
+lets the next kernel's programs start at once, and a product's programs ask L2 for their first
+weight tiles (:data:`PREFETCH_AFTER_SMALL`) before they wait for it; a product lets the next
+kernel start once its products are done. Every program waits before it reads another kernel's
+output or writes anything, so the bits are those of plain launches (the GPU tests check it).
+
 ``target.few_rows = persistent`` runs the few-row path as three launches a layer: RoPE with the
 cache writes, attention, and one persistent launch of one program per SM from ``o_proj`` through
 the next layer's ``[q | k | v]``, grid-wide barriers between its products
@@ -61,6 +68,7 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.contract import ConfigError, values_trusted
+from draftsmith.kernels import pdl_on
 from draftsmith.kernels.add_rms_norm import add_rms_norm, add_rms_norm_reference
 from draftsmith.kernels.cache_attention import cache_attention, cache_attention_reference
 from draftsmith.kernels.decode_linear import decode_linear, decode_linear_reference
@@ -209,10 +217,12 @@ class LayerLoop:
     :param few_rows: ``target.few_rows``: ``persistent`` runs the few-row path's layers as
         three launches (:func:`~draftsmith.kernels.layer_tail.layer_tail`), ``launches`` or
         ``auto`` as eight.
+    :param pdl: ``target.pdl``: ``auto`` launches the eight with programmatic dependent launch
+        where the GPU has it (compute capability 9.0 and above), ``off`` never.
     """
 
     def __init__(self, model: torch.nn.Module, row_stable: bool, interpret: bool = False,
-                 few_rows: str = "auto") -> None:
+                 few_rows: str = "auto", pdl: str = "auto") -> None:
         config = model.config
         self.decoder = model.get_decoder()
         self.heads = int(config.num_attention_heads)
@@ -234,15 +244,24 @@ class LayerLoop:
             else FUSED_PRODUCT_DTYPES
         on_gpu = self.decoder.embed_tokens.weight.is_cuda or interpret
         check_few_rows(few_rows)
+        check_pdl(pdl)
         blocker = persistent_blocker(model)
         self.persistent = few_rows == "persistent" and blocker is None
         """Whether few-row forwards run :func:`~draftsmith.kernels.layer_tail.layer_tail`."""
+        self.pdl = (not self.persistent and pdl == "auto"
+                    and pdl_on(True, self.decoder.embed_tokens.weight))
+        """Whether the few-row path's kernels run with programmatic dependent launch."""
+        self.prefetch_after_small = PREFETCH_AFTER_SMALL
+        self.prefetch_after_product = PREFETCH_AFTER_PRODUCT
         dtypes = ", ".join(str(d).removeprefix("torch.") for d in self.product_dtypes)
         launches = (
             "three launches a layer (RoPE with the cache writes, attention, and one persistent "
             "launch from o_proj through the next layer's [q | k | v]; target.few_rows = "
             "persistent)" if self.persistent else
             "eight launches a layer, the residual adds and the gate inside the products" + (
+                ", each launch programmatically dependent on the one before (PDL: the next "
+                "product's programs prefetch their weights while a norm, RoPE or attention "
+                "runs)" if self.pdl else "") + (
                 f" (target.few_rows = persistent cannot run this model: {blocker})"
                 if few_rows == "persistent" else ""))
         self.products_reason = (
@@ -368,14 +387,19 @@ class LayerLoop:
         if self.persistent:
             return self._few_rows_persistent(h, kv, token_rows, token_pos, width, capture,
                                              captured, shape)
+        pdl = self._pdl(h)
+        # the weight of a product after a small kernel streams into L2 while that one runs
+        after_small = dict(pdl=True, prefetch=self.prefetch_after_small) if pdl else {}
+        after_product = dict(pdl=True, prefetch=self.prefetch_after_product) if pdl else {}
         for i, layer in enumerate(self.layers):
-            qkv = product(self._norm(h, layer.input_norm, kernels), layer.qkv_weight,
-                          layer.qkv_bias)
+            qkv = product(self._norm(h, layer.input_norm, kernels, pdl), layer.qkv_weight,
+                          layer.qkv_bias, **after_small)
             out = self._rope_attend(i, layer, qkv, kv, token_rows, token_pos, width, shape)
-            h = product(out, layer.o_proj.weight, layer.o_proj.bias, residual=h)
-            act = product(self._norm(h, layer.post_norm, kernels), layer.gate_up_weight,
-                          gated=True)
-            h = product(act, layer.down_proj.weight, layer.down_proj.bias, residual=h)
+            h = product(out, layer.o_proj.weight, layer.o_proj.bias, residual=h, **after_small)
+            act = product(self._norm(h, layer.post_norm, kernels, pdl), layer.gate_up_weight,
+                          gated=True, **after_small)
+            h = product(act, layer.down_proj.weight, layer.down_proj.bias, residual=h,
+                        **after_product)
             if i in capture:
                 captured[i] = h.view(*shape, -1)
         return h
@@ -417,10 +441,11 @@ class LayerLoop:
         kernels = self._kernels(qkv)
         assert self.inv_freq is not None  # few_rows() holds
         heads = qkv.view(rows, nq + 2 * nkv, hd)
+        pdl = {"pdl": True} if self._pdl(qkv) else {}
         (rope_store if kernels else rope_store_reference)(
             heads, token_pos, self.inv_freq, kv.keys[i], kv.values[i], token_rows, nq,
-            self.rope_scale, layer.qk_norm, layer.qk_eps)
-        attend = (partial(cache_attention, tokens_per_row=shape[-1]) if kernels
+            self.rope_scale, layer.qk_norm, layer.qk_eps, **pdl)
+        attend = (partial(cache_attention, tokens_per_row=shape[-1], **pdl) if kernels
                   else cache_attention_reference)
         with values_trusted():  # slots and positions the target made itself
             out = attend(heads[:, :nq], kv.keys[i], kv.values[i], token_rows, token_pos,
@@ -433,8 +458,10 @@ class LayerLoop:
         own)."""
         kernels = self._kernels(h)
         product = decode_linear if kernels else decode_linear_reference
-        return product(self._norm(h, self.decoder.norm, kernels), head.weight, head.bias,
-                       out_dtype=torch.float32)
+        pdl = self._pdl(h)
+        return product(self._norm(h, self.decoder.norm, kernels, pdl), head.weight, head.bias,
+                       out_dtype=torch.float32,
+                       **(dict(pdl=True, prefetch=self.prefetch_after_small) if pdl else {}))
 
     def _block_attention(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                          rows: torch.Tensor | None, mask: torch.Tensor,
@@ -459,9 +486,16 @@ class LayerLoop:
         out = out.view(n, nkv, group, q, hd).permute(0, 3, 1, 2, 4).reshape(n * q, nq * hd)
         return out if pick is None else out.index_select(0, pick)
 
+    def _pdl(self, x: torch.Tensor) -> bool:
+        """Whether the few-row path's kernels on ``x`` launch with PDL (:attr:`pdl`)."""
+        return self.pdl and x.is_cuda
+
     @staticmethod
-    def _norm(h: torch.Tensor, norm: torch.nn.Module, kernels: bool) -> torch.Tensor:
-        return (rms_norm if kernels else rms_norm_reference)(h, norm.weight, _eps(norm))
+    def _norm(h: torch.Tensor, norm: torch.nn.Module, kernels: bool,
+              pdl: bool = False) -> torch.Tensor:
+        if not kernels:
+            return rms_norm_reference(h, norm.weight, _eps(norm))
+        return rms_norm(h, norm.weight, _eps(norm), pdl=pdl)
 
     @staticmethod
     def _add_norm(x: torch.Tensor, residual: torch.Tensor, norm: torch.nn.Module,
@@ -484,6 +518,27 @@ class LayerLoop:
             head_norm_rope(heads, layer.qk_norm, layer.qk_eps, cos, sin, out=heads)
         else:
             head_norm_rope_reference(heads, layer.qk_norm, layer.qk_eps, cos, sin, out=heads)
+
+
+PREFETCH_AFTER_SMALL = 1
+"""Weight tiles each program of a product asks L2 for before its PDL wait, where the kernel
+before is a norm, RoPE or attention (HBM idle meanwhile). On an H100 one tile was the fastest of
+0, 1 and 2 by under 1% (llama-1b plain 1.081 ms against 1.084 with none, 1.088 with two; PDL off
+1.161; ``benchmarks/results/pdl-ab_nvidia-h100_2026-12-05T1148Z.txt``): PDL's overlap of the
+launches gives nearly all of the gain."""
+
+PREFETCH_AFTER_PRODUCT = 0
+"""The same after another product (``down`` after ``[gate | up]``), which streams its own weight
+meanwhile; one tile there was no faster (qwen3-1.7b 1.657 against 1.653 ms, same file)."""
+
+PDL_CHOICES = ("auto", "off")
+"""``target.pdl`` values."""
+
+
+def check_pdl(value: str) -> None:
+    """:raises ConfigError: unless ``value`` is one of :data:`PDL_CHOICES`."""
+    if value not in PDL_CHOICES:
+        raise ConfigError(f"target.pdl must be one of {', '.join(PDL_CHOICES)}, got {value!r}")
 
 
 FEW_ROWS_CHOICES = ("auto", "launches", "persistent")
@@ -543,5 +598,5 @@ def choose_layer_path(requested: str, blocker: str | None, device: torch.device,
                      "a quarter of transformers' launches a layer)")
 
 
-__all__ = ["FEW_ROWS_CHOICES", "FUSED_MODEL_TYPES", "LayerLoop", "check_few_rows",
-           "choose_layer_path", "config_blocker", "fused_blocker", "persistent_blocker"]
+__all__ = ["FEW_ROWS_CHOICES", "FUSED_MODEL_TYPES", "PDL_CHOICES", "LayerLoop", "check_few_rows",
+           "check_pdl", "choose_layer_path", "config_blocker", "fused_blocker", "persistent_blocker"]

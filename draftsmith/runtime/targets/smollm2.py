@@ -229,7 +229,8 @@ def load_target(
             )
     return load_hf_target(str(directory), dtype=dtype, device=device, max_slots=max_slots,
                           split_layers_over=tp_size if spec.split_layers else 1,
-                          gemm=spec.gemm, layers=spec.layers, few_rows=spec.few_rows)
+                          gemm=spec.gemm, layers=spec.layers, few_rows=spec.few_rows,
+                          pdl=spec.pdl)
 
 
 __all__ = [

@@ -39,7 +39,7 @@ CASES: dict[str, dict[str, Any]] = {
 
 
 def _pair(case: dict[str, Any], device: str, dtype: torch.dtype,
-          few_rows: str = "auto") -> tuple[HFTarget, HFTarget]:
+          few_rows: str = "auto", pdl: str = "auto") -> tuple[HFTarget, HFTarget]:
     """The same random model twice: through the layer loop and through transformers' modules.
     The norms' weights are random too (transformers starts them at ones, where a norm weight
     applied twice, or not at all, would pass)."""
@@ -53,7 +53,7 @@ def _pair(case: dict[str, Any], device: str, dtype: torch.dtype,
         return model.to(device)
 
     fused = HFTarget(make(), layers="fused", interpret=device == "cpu",  # the kernels on a CPU
-                     few_rows=few_rows)
+                     few_rows=few_rows, pdl=pdl)
     modules = HFTarget(make(), layers="transformers")
     for target in (fused, modules):
         target.set_capture_layers([-1, 0])
@@ -128,12 +128,30 @@ def test_persistent_layers_give_the_bits_of_eight_launches_on_a_gpu(name: str) -
         pytest.skip("needs a GPU")
     launches, _ = _pair(CASES[name], "cuda", torch.bfloat16, "launches")
     persistent, _ = _pair(CASES[name], "cuda", torch.bfloat16, "persistent")
+    _same_bits(launches, persistent)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["llama", "qwen2-qkv-bias", "qwen3-qk-norm"])
+def test_pdl_gives_the_bits_of_plain_launches_on_a_gpu(name: str) -> None:
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs a GPU of compute capability 9.0 or above")
+    with_pdl, _ = _pair(CASES[name], "cuda", torch.bfloat16, "launches", "auto")
+    plain, _ = _pair(CASES[name], "cuda", torch.bfloat16, "launches", "off")
+    assert with_pdl._loop.pdl and not plain._loop.pdl
+    assert "programmatically dependent" in with_pdl.layer_path_reason
+    _same_bits(with_pdl, plain)
+
+
+def _same_bits(a_target: HFTarget, b_target: HFTarget) -> None:
+    """A prefill, then the verification of a 6-token block and of one token: the same logits
+    and captured features, bit for bit."""
     g = torch.Generator().manual_seed(11)
     prompt, block = (torch.randint(0, 512, (n,), generator=g).cuda() for n in (13, 6))
-    for target in (launches, persistent):
+    for target in (a_target, b_target):
         target.prefill([0], [prompt])
     for call in (lambda t: t.verify([0], block[None]), lambda t: t.verify([0], block[None, :1])):
-        a, b = call(launches), call(persistent)
+        a, b = call(a_target), call(b_target)
         assert torch.equal(a.logits.logits, b.logits.logits)
         assert torch.equal(a.features, b.features)
 
