@@ -672,8 +672,11 @@ def load_hf_target(
 
     Raises :class:`ConfigError` when the directory or its ``config.json`` is missing, when the
     model is not a supported causal LM, or when its heads do not split over ``N`` ranks
-    (:func:`~draftsmith.runtime.targets.hf_model.load_hf_model`).
+    (:func:`~draftsmith.runtime.targets.hf_model.load_hf_model`), and for a ``few_rows`` or
+    ``pdl`` it does not know, before anything loads.
     """
+    check_few_rows(few_rows)
+    check_pdl(pdl)
     model, tokenizer = load_hf_model(directory, dtype, device, split_layers_over)
     return (HFTarget(model, max_slots=max_slots, gemm=gemm, layers=layers, few_rows=few_rows,
                      pdl=pdl), tokenizer)

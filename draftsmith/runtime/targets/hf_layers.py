@@ -251,8 +251,6 @@ class LayerLoop:
         self.pdl = (not self.persistent and pdl == "auto"
                     and pdl_on(True, self.decoder.embed_tokens.weight))
         """Whether the few-row path's kernels run with programmatic dependent launch."""
-        self.prefetch_after_small = PREFETCH_AFTER_SMALL
-        self.prefetch_after_product = PREFETCH_AFTER_PRODUCT
         dtypes = ", ".join(str(d).removeprefix("torch.") for d in self.product_dtypes)
         launches = (
             "three launches a layer (RoPE with the cache writes, attention, and one persistent "
@@ -389,8 +387,8 @@ class LayerLoop:
                                              captured, shape)
         pdl = self._pdl(h)
         # the weight of a product after a small kernel streams into L2 while that one runs
-        after_small = dict(pdl=True, prefetch=self.prefetch_after_small) if pdl else {}
-        after_product = dict(pdl=True, prefetch=self.prefetch_after_product) if pdl else {}
+        after_small = dict(pdl=True, prefetch=PREFETCH_AFTER_SMALL) if pdl else {}
+        after_product = dict(pdl=True, prefetch=PREFETCH_AFTER_PRODUCT) if pdl else {}
         for i, layer in enumerate(self.layers):
             qkv = product(self._norm(h, layer.input_norm, kernels, pdl), layer.qkv_weight,
                           layer.qkv_bias, **after_small)
@@ -461,7 +459,7 @@ class LayerLoop:
         pdl = self._pdl(h)
         return product(self._norm(h, self.decoder.norm, kernels, pdl), head.weight, head.bias,
                        out_dtype=torch.float32,
-                       **(dict(pdl=True, prefetch=self.prefetch_after_small) if pdl else {}))
+                       **(dict(pdl=True, prefetch=PREFETCH_AFTER_SMALL) if pdl else {}))
 
     def _block_attention(self, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                          rows: torch.Tensor | None, mask: torch.Tensor,

@@ -528,3 +528,11 @@ def test_the_fused_layer_loop_on_a_gpu(architecture, dtype) -> None:
     reference_kernels = sum(e.count for e in prof.key_averages()
                             if e.device_type.name == "CUDA")
     assert fused_kernels * 2 < reference_kernels, (fused_kernels, reference_kernels)
+
+
+@pytest.mark.parametrize(("option", "value"), [("pdl", "on"), ("few_rows", "fast")])
+def test_load_hf_target_refuses_an_unknown_option_before_it_reads_the_directory(
+        tmp_path, option: str, value: str) -> None:
+    # the directory does not exist: a refusal naming the option came before any load
+    with pytest.raises(ConfigError, match=f"target.{option} must be one of"):
+        load_hf_target(str(tmp_path / "absent"), **{option: value})
