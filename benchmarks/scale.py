@@ -27,7 +27,8 @@ drafter. For each shape, in one run:
 * ``--profile``: the kernels of one eager plain step, by name;
 * ``--few-rows launches persistent``: the decoding runs under each ``target.few_rows`` in turn
   (the table shows the first; the others print after it, fields ``few_rows_<value>``);
-  ``--pdl auto off`` the same for ``target.pdl`` (fields ``pdl_<value>``).
+  ``--pdl auto off`` the same for ``target.pdl`` (fields ``pdl_<value>``), ``--round-pdl auto
+  off`` for ``runtime.pdl`` (the Markov chain's launches; fields ``round_pdl_<value>``).
 
     python benchmarks/scale.py --out $OUT                         # every shape
     python benchmarks/scale.py --shapes llama-1b --gemms --profile
@@ -146,7 +147,8 @@ def _tokenizer() -> Any:
                            decode=lambda ids, skip_special_tokens=True: "")
 
 
-def _config(family: str, k: int, accepted: int, batch: int, device: str) -> Any:
+def _config(family: str, k: int, accepted: int, batch: int, device: str,
+            round_pdl: str = "auto") -> Any:
     from draftsmith.runtime.config import SpecConfig
 
     return SpecConfig.from_dict({
@@ -154,7 +156,7 @@ def _config(family: str, k: int, accepted: int, batch: int, device: str) -> Any:
         "num_draft_tokens": k,
         "selection": {"kind": "greedy"},
         "target": {"model": "random", "dtype": "bfloat16", "device": device},
-        "runtime": {"max_batch": batch, "max_context": 1024,
+        "runtime": {"max_batch": batch, "max_context": 1024, "pdl": round_pdl,
                     "force_accepted": float(accepted - 1) if k else 0.0},
     })
 
@@ -182,9 +184,9 @@ def _step_times(sd: Any, run: Any, at_step: Any = None) -> tuple[Any, list[float
 
 
 def decode(model: torch.nn.Module, args: argparse.Namespace, say: Any,
-           few_rows: str = "auto", pdl: str = "auto") -> dict[str, Any]:
+           few_rows: str = "auto", pdl: str = "auto", round_pdl: str = "auto") -> dict[str, Any]:
     """Plain and speculative generations per drafter family on ``model`` with ``target.few_rows
-    = few_rows`` and ``target.pdl = pdl``; step figures."""
+    = few_rows``, ``target.pdl = pdl`` and ``runtime.pdl = round_pdl``; step figures."""
     from draftsmith.runtime.api import load_decoder
     from draftsmith.runtime.targets.hf import HFTarget
 
@@ -195,7 +197,8 @@ def decode(model: torch.nn.Module, args: argparse.Namespace, say: Any,
            for _ in range(args.prompts)]
     row: dict[str, Any] = {}
     for family in args.families:
-        dec = load_decoder(_config(family, args.k, args.accepted, args.batch, args.device),
+        dec = load_decoder(_config(family, args.k, args.accepted, args.batch, args.device,
+                                   round_pdl),
                            target=target, tokenizer=_tokenizer())
         for sd in (dec.spec, dec.plain):  # one cache size for both: no graph goes stale
             sd.prepare_for(ids, args.new_tokens)
@@ -466,6 +469,9 @@ def main() -> int:
     parser.add_argument("--pdl", nargs="+", default=["auto"], choices=["auto", "off"],
                         help="target.pdl of the decoding runs, as --few-rows (fields "
                              "pdl_<value>)")
+    parser.add_argument("--round-pdl", nargs="+", default=["auto"], choices=["auto", "off"],
+                        help="runtime.pdl of the decoding runs, as --few-rows (fields "
+                             "round_pdl_<value>)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--smoke", action="store_true", help="the tiny shape on the CPU")
     args = parser.parse_args()
@@ -496,18 +502,23 @@ def main() -> int:
         if args.profile is not None and args.device == "cuda":
             for batch in args.profile or [1]:
                 profile(model, batch, say)
-        row.update(decode(model, args, say, args.few_rows[0], args.pdl[0]))
+        first = dict(few_rows=args.few_rows[0], pdl=args.pdl[0], round_pdl=args.round_pdl[0])
+        row.update(decode(model, args, say, **first))
         row["plain_vs_floor"] = row["plain_ms"] / floor_ms
-        others = ([("few_rows", v, dict(few_rows=v, pdl=args.pdl[0])) for v in args.few_rows[1:]]
-                  + [("pdl", v, dict(few_rows=args.few_rows[0], pdl=v)) for v in args.pdl[1:]])
+        others = [(field, v, {**first, field: v})
+                  for field, values in (("few_rows", args.few_rows), ("pdl", args.pdl),
+                                        ("round_pdl", args.round_pdl))
+                  for v in values[1:]]
         for field, value, settings in others:
             other = decode(model, args, say, **settings)
             other["plain_vs_floor"] = other["plain_ms"] / floor_ms
             row[f"{field}_{value}"] = other
-            say(f"  target.{field} = {value}: plain {other['plain_ms']:.3f} ms = "
+            name = "runtime.pdl" if field == "round_pdl" else f"target.{field}"
+            say(f"  {name} = {value}: plain {other['plain_ms']:.3f} ms = "
                 f"{other['plain_vs_floor']:.2f}x floor (first run: {row['plain_ms']:.3f} ms); "
-                + ", ".join(f"{f} round {other[f'spec_round_vs_plain_{f}']:.2f}x plain"
-                            for f in args.families))
+                + ", ".join(f"{f} round {other[f'spec_round_ms_{f}']:.3f} ms = "
+                            f"{other[f'spec_round_vs_plain_{f}']:.2f}x plain (first run: "
+                            f"{row[f'spec_round_ms_{f}']:.3f} ms)" for f in args.families))
         if not args.no_recipe and args.device == "cuda":
             try:
                 row["recipe_ms"] = recipe(model, args)

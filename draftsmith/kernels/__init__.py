@@ -22,6 +22,17 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+def has_pdl(device: torch.device | str) -> bool:
+    """Whether launches on ``device`` can be programmatically dependent: a CUDA device of
+    compute capability 9.0 or above (Hopper's ``griddepcontrol``), on a host where CUDA is
+    available."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _capability(index) >= (9, 0)
+
+
 def pdl_on(asked: bool, tensor: torch.Tensor) -> bool:
     """Whether a launch on ``tensor``'s device runs with programmatic dependent launch (PDL):
     ``asked``, a CUDA tensor, and a device of compute capability 9.0 or above (Hopper's
@@ -32,11 +43,7 @@ def pdl_on(asked: bool, tensor: torch.Tensor) -> bool:
     PDL kernel waits (``_launch.pdl_start``) before it reads what an earlier kernel wrote or writes
     anything, so the order of every read and write is the stream's; only work that reads
     nothing an earlier kernel writes (an L2 prefetch of a weight) runs before the wait."""
-    if not (asked and tensor.is_cuda):
-        return False
-    index = tensor.device.index if tensor.device.index is not None \
-        else torch.cuda.current_device()
-    return _capability(index) >= (9, 0)
+    return asked and tensor.is_cuda and has_pdl(tensor.device)
 
 
-__all__ = ["interpreted", "pdl_on"]
+__all__ = ["has_pdl", "interpreted", "pdl_on"]

@@ -28,7 +28,8 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
-from draftsmith.kernels._launch import block_size, or_dummy, row_stride
+from draftsmith.kernels import pdl_on
+from draftsmith.kernels._launch import block_size, or_dummy, pdl_kwargs, pdl_start, row_stride
 from draftsmith.kernels._pair import merge_argmax_t, tile_argmax_t
 
 _I64 = torch.int64
@@ -63,6 +64,7 @@ def markov_step_reference(
     *,
     reverse: bool = False,
     out_idx: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One block position of the chain on one shard.
 
@@ -73,10 +75,10 @@ def markov_step_reference(
     ``(pair_val [G] fp32, pair_idx [G] int64)`` with ``pair_idx`` global
     (``vocab_start + argmax_T(z)``), ready for a cross-shard pair reduction.
 
-    ``reverse`` is the fused step's ``w2`` tile order, which never changes the result; the
-    reference has no tiles and takes it only so the two signatures agree.
+    ``reverse`` is the fused step's ``w2`` tile order, which never changes the result, and
+    ``pdl`` its launch option; the reference takes them only so the two signatures agree.
     """
-    del reverse
+    del reverse, pdl
     _check_width("base", base.shape[-1])
     z = base.float() + markov_bias_reference(w1, w2, prev)
     if out_corrected is not None:
@@ -90,7 +92,7 @@ def markov_step_reference(
 
 def markov_chain_reference(
     base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, *,
-    store_corrected: bool = True,
+    store_corrected: bool = True, pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The greedy Markov chain over one block (DeepSpec ``VanillaMarkov``, TensorRT-LLM precision).
 
@@ -103,8 +105,10 @@ def markov_chain_reference(
 
     Returns ``(drafts [G, K] int64, corrected [G, K, V] fp32)``, ``corrected`` ``None`` when
     ``store_corrected`` is false (a greedy chain's caller that only needs the drafts). ``K == 0``
-    returns an empty ``[G, 0]`` draft tensor and the ``base`` object itself.
+    returns an empty ``[G, 0]`` draft tensor and the ``base`` object itself. ``pdl`` (the
+    kernel form's launch option) is accepted and ignored.
     """
+    del pdl
     g, k, vocab = base.shape
     _check_width("base", vocab)
     drafts = torch.empty((g, k), dtype=_I64, device=base.device)
@@ -126,6 +130,7 @@ def _markov_step_kernel(
     G, S, R, V, stride_base, stride_prev, stride_out, num_tiles,
     STORE: tl.constexpr, IEEE: tl.constexpr, REVERSE: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
     """Stage 1: program ``(g_tile, s_tile)`` writes one order-T pair per row of its tile.
 
@@ -136,6 +141,9 @@ def _markov_step_kernel(
     increasing id order): a chain that alternates the direction from one position to the next
     starts each pass on the tiles the previous pass read last, which are still in L2. The tile
     pairs land at the same places either way, so the result does not depend on it.
+
+    ``ONE_CHUNK`` (``R <= BLOCK_R``): the ``w2`` tile is one load, issued before the program
+    waits for the previous position's tokens under ``PDL`` (a weight: no kernel writes it).
     """
     pid_g = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -144,26 +152,40 @@ def _markov_step_kernel(
     s0 = pid_s * BLOCK_S
     rows = pid_g * BLOCK_G + tl.arange(0, BLOCK_G)
     row_ok = rows < G
-    prev = tl.load(prev_ptr + rows.to(tl.int64) * stride_prev, mask=row_ok, other=-1)
-    in_vocab = row_ok & (prev >= 0) & (prev < V)
-    w1_rows = w1_ptr + tl.where(in_vocab, prev, 0).to(tl.int64) * R
     cols = tl.arange(0, BLOCK_S)
     col_ok = s0 + cols < S
     w2_tile = w2_ptr + s0.to(tl.int64) * R
+    if ONE_CHUNK:
+        rr = tl.arange(0, BLOCK_R)
+        r_ok = rr < R
+        b = tl.load(w2_tile + (cols[None, :] * R + rr[:, None]),
+                    mask=r_ok[:, None] & col_ok[None, :], other=0.0)
+    pdl_start(PDL, True)
+    prev = tl.load(prev_ptr + rows.to(tl.int64) * stride_prev, mask=row_ok, other=-1)
+    in_vocab = row_ok & (prev >= 0) & (prev < V)
+    w1_rows = w1_ptr + tl.where(in_vocab, prev, 0).to(tl.int64) * R
     row_base = rows.to(tl.int64)
     tile_ok = row_ok[:, None] & col_ok[None, :]
     acc = tl.zeros((BLOCK_G, BLOCK_S), tl.float32)
-    for r0 in range(0, R, BLOCK_R):
-        rr = r0 + tl.arange(0, BLOCK_R)
-        r_ok = rr < R
+    if ONE_CHUNK:
         a = tl.load(w1_rows[:, None] + rr[None, :], mask=in_vocab[:, None] & r_ok[None, :],
                     other=0.0)
-        b = tl.load(w2_tile + (cols[None, :] * R + rr[:, None]),
-                    mask=r_ok[:, None] & col_ok[None, :], other=0.0)
         if IEEE:
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
+    else:
+        for r0 in range(0, R, BLOCK_R):
+            rr = r0 + tl.arange(0, BLOCK_R)
+            r_ok = rr < R
+            a = tl.load(w1_rows[:, None] + rr[None, :], mask=in_vocab[:, None] & r_ok[None, :],
+                        other=0.0)
+            b = tl.load(w2_tile + (cols[None, :] * R + rr[:, None]),
+                        mask=r_ok[:, None] & col_ok[None, :], other=0.0)
+            if IEEE:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
     bias = acc.to(w2_ptr.dtype.element_ty).to(tl.float32)
     base_tile = base_ptr + row_base[:, None] * stride_base + (s0 + cols)[None, :]
     x = tl.load(base_tile, mask=tile_ok, other=float("-inf"))
@@ -180,9 +202,10 @@ def _markov_step_kernel(
 @triton.jit
 def _markov_reduce_kernel(
     part_val_ptr, part_idx_ptr, val_ptr, idx_ptr, num_tiles, vocab_start, stride_idx,
-    BLOCK_T: tl.constexpr,
+    BLOCK_T: tl.constexpr, PDL: tl.constexpr,
 ):
     """Stage 2: one program per row reduces its tile pairs in increasing tile order."""
+    pdl_start(PDL, True)
     g = tl.program_id(0).to(tl.int64)
     best_val = tl.full((1,), float("-inf"), tl.float32)
     best_tile = tl.full((1,), 2**62, tl.int64)
@@ -263,9 +286,13 @@ def markov_step(
     *,
     reverse: bool = False,
     out_idx: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused :func:`markov_step_reference`: two launches (tiled bias GEMM + add + tile pairs,
-    then each row's pair reduce; ``reverse`` as in :func:`_markov_step_kernel`).
+    then each row's pair reduce; ``reverse`` as in :func:`_markov_step_kernel`). ``pdl``: both
+    launch with programmatic dependent launch where the device has it
+    (:func:`~draftsmith.kernels.pdl_on`): each lets the next start at once, and the step's
+    programs load their ``w2`` tile before they wait for the previous tokens; same bits.
 
     ``base: [G, S]`` fp32/bf16 and ``out_corrected: [G, S] fp32 | None`` may be row-strided
     views (unit stride along ``S``); ``prev: [G] int64`` and ``out_idx: [G] int64 | None`` any
@@ -284,24 +311,25 @@ def markov_step(
     num_tiles = triton.cdiv(shard, block_s)
     part_val = torch.empty((rows, num_tiles), dtype=torch.float32, device=dev)
     part_idx = torch.empty((rows, num_tiles), dtype=_I64, device=dev)
+    on = pdl_on(pdl, base)
     _markov_step_kernel[(triton.cdiv(rows, block_g), num_tiles)](
         base, prev, w1, w2, or_dummy(out_corrected, base),
         part_val, part_idx, rows, shard, w1.shape[1], w1.shape[0], base.stride(0),
         prev.stride(0), row_stride(out_corrected), num_tiles,
         STORE=out_corrected is not None, IEEE=w2.dtype == torch.float32, REVERSE=bool(reverse),
-        BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_R=block_r, num_warps=num_warps,
-        num_stages=num_stages,
+        BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_R=block_r, ONE_CHUNK=w1.shape[1] <= block_r,
+        PDL=on, num_warps=num_warps, num_stages=num_stages, **pdl_kwargs(on),
     )
     _markov_reduce_kernel[(rows,)](
         part_val, part_idx, pair_val, pair_idx, num_tiles, vocab_start, pair_idx.stride(0),
-        BLOCK_T=block_size(num_tiles, lo=16, hi=2048),
+        BLOCK_T=block_size(num_tiles, lo=16, hi=2048), PDL=on, **pdl_kwargs(on),
     )
     return pair_val, pair_idx
 
 
 def markov_chain(
     base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, *,
-    store_corrected: bool = True,
+    store_corrected: bool = True, pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Fused :func:`markov_chain_reference`: one :func:`markov_step` per position, ``j``
     reading its previous tokens from the draft column ``j - 1`` that the launch before wrote
@@ -311,7 +339,9 @@ def markov_chain(
     ``base: [G, K, V]`` fp32/bf16 (unit stride along ``V``), ``anchor: [G] int64``,
     ``w1, w2: [V, r]`` contiguous, same dtype. Drafts equal the reference's away from
     near-ties, corrected logits at tolerance level (the bias sums in another order); against
-    a chain of :func:`markov_step` calls both are bit for bit the same.
+    a chain of :func:`markov_step` calls both are bit for bit the same. ``pdl``: every launch
+    as :func:`markov_step`'s, so a position's programs are on the SMs with their ``w2`` tiles
+    loaded when the previous position's tokens land.
     """
     s: dict[str, int] = {}
     check_tensor("base", base, ("G", "K", "V"), _BASES, s, unit_stride=True)
@@ -327,7 +357,7 @@ def markov_chain(
     prev = anchor
     for j in range(k):
         markov_step(base[:, j], prev, w1, w2, 0, None if corrected is None else corrected[:, j],
-                    reverse=j % 2 == 1, out_idx=drafts[:, j])
+                    reverse=j % 2 == 1, out_idx=drafts[:, j], pdl=pdl)
         prev = drafts[:, j]
     return drafts, corrected
 

@@ -231,6 +231,7 @@ def _plan_inputs(config: SpecConfig, mapping: ParallelMapping, device: str,
         max_context=rt.max_context,
         page_size=rt.page_size,
         kernels=rt.kernels,
+        pdl=rt.pdl,
         cuda_graphs=rt.cuda_graphs,
         overlap=rt.overlap,
         force_accepted=rt.force_accepted,
@@ -560,7 +561,8 @@ def _bind(
     pager = ContextPager(buffers, max_ctx=plan.max_ctx, block_width=max(plan.block_width, 1),
                          mode=plan.paging)
     chain = DraftChain(drafter.markov_head() if plan.markov != "none" else None, selector,
-                       collectives, mode=plan.markov, vocab_size=plan.vocab_size)
+                       collectives, mode=plan.markov, vocab_size=plan.vocab_size,
+                       pdl=plan.round_pdl)
     acceptance = Acceptance(
         rule=plan.forced_base, force_accepted=plan.force_accepted,
         num_draft_tokens=plan.num_draft_tokens, selector=selector, collectives=collectives,

@@ -72,7 +72,8 @@ class DraftChain:
 
     ``mode`` is the plan's ``markov`` decision: ``none`` (no head: independent slots),
     ``eager`` (torch bias + selector) or ``fused`` (greedy vanilla chain through
-    ``markov_chain``: one step per position, on one rank).
+    ``markov_chain``: one step per position, on one rank). ``pdl``: the fused chain's launches
+    are programmatically dependent (the plan's ``round_pdl``).
     """
 
     def __init__(
@@ -83,6 +84,7 @@ class DraftChain:
         *,
         mode: Literal["none", "eager", "fused"],
         vocab_size: int,
+        pdl: bool = False,
     ) -> None:
         if (weights is None) != (mode == "none"):
             raise ShapeError(f"markov mode {mode!r} does not match weights {weights is not None}")
@@ -96,6 +98,7 @@ class DraftChain:
         self.collectives = collectives
         self.mode = mode
         self.vocab_size = vocab_size
+        self.pdl = pdl
 
     def _key(self, key: SamplingKey | None, j: int) -> SamplingKey | None:
         if key is None:
@@ -172,7 +175,7 @@ class DraftChain:
         if self.mode == "fused" and self.collectives.world_size == 1:
             store = want_corrected or probs_out is not None
             drafts, corrected = markov_chain(base, anchor, self.weights.w1, self.weights.w2,
-                                             store_corrected=store)
+                                             store_corrected=store, pdl=self.pdl)
             if probs_out is not None:  # greedy: the one-hot of each corrected row's argmax
                 shard = LogitsShard(corrected.view(g * k, s), vocab_start, self.vocab_size)
                 probs_out.copy_(self.selector.probs(shard, self.collectives).view(g, k, -1))

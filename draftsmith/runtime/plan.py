@@ -95,6 +95,9 @@ class DraftPlan(BaseModel):
     """Paging preparation and context store: eager references or fused kernels."""
     kernels: Literal["eager", "fused"]
     """Acceptance kernels dispatch."""
+    round_pdl: bool = False
+    """The round's own kernels (the fused Markov chain) launch with programmatic dependent
+    launch."""
     tp_fusions: frozenset[TPFusion]
     """Drafter TP fusions taken."""
     record_margins: bool
@@ -169,6 +172,7 @@ class PlanInputs(BaseModel):
     max_context: int
     page_size: int
     kernels: Literal["auto", "fused", "eager"]
+    pdl: Literal["auto", "off"] = "auto"
     cuda_graphs: Literal["auto", "on", "off"] | bool
     force_accepted: float
     overlap: Literal["auto", "on", "off"] | bool = "auto"
@@ -265,6 +269,7 @@ def make_plan(
     markov = rules.decide_markov(caps, k, tp, head, fused=kern == "fused", greedy=sel.greedy,
                                  vocab_parallel=vp[0], route=route, kernels_reason=kreason,
                                  decide=decide)
+    round_pdl = rules.decide_round_pdl(inputs.pdl, kern, inputs.device, markov, decide)
     fusions = rules.decide_tp_fusions(caps, tp, decide)
     schedule, budget = decide_verify_schedule(
         inputs.verify_schedule, inputs.verify_budget, inputs.verify_costs,
@@ -291,6 +296,7 @@ def make_plan(
         markov_kind=caps.markov_head,
         paging=kern,  # type: ignore[arg-type]
         kernels=kern,  # type: ignore[arg-type]
+        round_pdl=round_pdl,
         tp_fusions=fusions, cuda_graphs=graphs, overlap=overlap, record_margins=margins,
         capture_layers=tuple(caps.target_layer_ids),
         confidence="scheduler" if scheduled else plan_confidence(caps),  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from draftsmith.contract import (
     TargetInfo,
     TPFusion,
 )
+from draftsmith.kernels import has_pdl
 from draftsmith.runtime.head_layout import HeadLayout
 from draftsmith.selection.eligibility import vocab_parallel_eligibility
 
@@ -248,6 +249,26 @@ def decide_markov(caps: DrafterCapabilities, k: int, tp: int, head: HeadLayout, 
                  if mvocab == "sharded" and route[0] != "local" else "")
         decide("draft_selection", route[0], f"drafts{chain}: {route[1]}")
     return markov
+
+
+def decide_round_pdl(requested: str, kernels: str, device: str, markov: str,
+                     decide: Decide) -> bool:
+    """``round_pdl``: whether the round's own kernels (the fused Markov chain) launch with
+    programmatic dependent launch."""
+    if requested == "off":
+        return decide("round_pdl", False, "runtime.pdl = 'off': plain launches")
+    if kernels != "fused":
+        return decide("round_pdl", False, "eager kernels: torch launches its own")
+    if not has_pdl(device):
+        return decide("round_pdl", False, f"{device} has no programmatic dependent launch "
+                      "(compute capability 9.0 and above): plain launches")
+    if markov != "fused":
+        return decide("round_pdl", False, f"the Markov chain runs {markov}: no fused chain "
+                      "to launch with PDL")
+    return decide("round_pdl", True, "runtime.pdl = 'auto' on compute capability 9.0 and "
+                  "above: the Markov chain's launches are programmatically dependent (each "
+                  "position's programs load their w2 tile while the previous position's tokens "
+                  "are reduced; same bits)")
 
 
 def decide_tp_fusions(caps: DrafterCapabilities, tp: int, decide: Decide) -> frozenset[TPFusion]:

@@ -440,3 +440,30 @@ def test_gpu_graph_replay_equals_eager() -> None:
     graph.replay()
     fresh = markov_chain(base, anchor, w1, w2)
     assert torch.equal(captured[0], fresh[0]) and torch.equal(captured[1], fresh[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rank", [16, 256])
+@pytest.mark.parametrize("rows", [1, 8, 37])
+def test_gpu_pdl_gives_the_bits_of_plain_launches(rows: int, rank: int) -> None:
+    """Under programmatic dependent launch each step loads its ``w2`` tile before it waits for
+    the previous position's tokens (rank 16: one chunk; 256: the loop waits first): the drafts
+    and corrected rows equal plain launches', eagerly and over graph replays on new logits (a
+    step that read its tokens before the wait would draft from the last replay's)."""
+    vocab, k = 49157, 7
+    w1, w2 = _head(vocab, rank, 51, torch.bfloat16, "cuda")
+    base = _base(rows, k, vocab, 52, device="cuda")
+    anchor = _ids(rows, 0, vocab, 53, device="cuda")
+    want = markov_chain(base, anchor, w1, w2)
+    got = markov_chain(base, anchor, w1, w2, pdl=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = markov_chain(base, anchor, w1, w2, pdl=True)
+    for seed in range(54, 58):
+        base.copy_(_base(rows, k, vocab, seed, device="cuda"))
+        anchor.copy_(_ids(rows, 0, vocab, seed, device="cuda"))
+        graph.replay()
+        plain = markov_chain(base, anchor, w1, w2)
+        assert torch.equal(captured[0], plain[0]) and torch.equal(captured[1], plain[1]), seed

@@ -369,3 +369,21 @@ def test_bind_reads_drafter_capture_layers_and_loads_family():
     assert target.capture_layers == (0, 2)
     assert dec.plan.family == "dspark-gqa" and dec.plan.markov == "eager"
     assert dec.plan == plan_only(cfg, TOY, capabilities=dec.drafter.capabilities)
+
+
+def test_round_pdl_is_decided_with_a_reason(monkeypatch):
+    from draftsmith.runtime import plan_rules
+
+    cpu = make_plan(_inputs(), _caps(markov_rank=4), TOY)
+    assert not cpu.round_pdl and "eager kernels" in cpu.decision("round_pdl").reason
+    monkeypatch.setattr(plan_rules, "has_pdl", lambda device: False)
+    old = make_plan(_inputs(device="cuda"), _caps(markov_rank=4), TOY)
+    assert not old.round_pdl and "compute capability 9.0" in old.decision("round_pdl").reason
+    monkeypatch.setattr(plan_rules, "has_pdl", lambda device: device.startswith("cuda"))
+    hopper = make_plan(_inputs(device="cuda"), _caps(markov_rank=4), TOY)
+    assert hopper.markov == "fused" and hopper.round_pdl
+    assert "programmatically dependent" in hopper.decision("round_pdl").reason
+    off = make_plan(_inputs(device="cuda", pdl="off"), _caps(markov_rank=4), TOY)
+    assert not off.round_pdl and "runtime.pdl = 'off'" in off.decision("round_pdl").reason
+    no_head = make_plan(_inputs(device="cuda"), _caps(), TOY)
+    assert not no_head.round_pdl and "no fused chain" in no_head.decision("round_pdl").reason
