@@ -258,7 +258,8 @@ def decide_round_pdl(requested: str, kernels: str, device: str, markov: str,
     if requested == "off":
         return decide("round_pdl", False, "runtime.pdl = 'off': plain launches")
     if kernels != "fused":
-        return decide("round_pdl", False, "eager kernels: torch launches its own")
+        return decide("round_pdl", False, "eager kernels (the torch references): no Triton "
+                      "launch to make programmatically dependent")
     if not has_pdl(device):
         return decide("round_pdl", False, f"{device} has no programmatic dependent launch "
                       "(compute capability 9.0 and above): plain launches")
