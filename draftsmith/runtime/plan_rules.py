@@ -261,8 +261,9 @@ def decide_round_pdl(requested: str, kernels: str, device: str, markov: str,
         return decide("round_pdl", False, "eager kernels (the torch references): no Triton "
                       "launch to make programmatically dependent")
     if not has_pdl(device):
-        return decide("round_pdl", False, f"{device} has no programmatic dependent launch "
-                      "(compute capability 9.0 and above): plain launches")
+        return decide("round_pdl", False, f"no GPU of compute capability 9.0 or above at "
+                      f"{device} on this host (programmatic dependent launch needs one): plain "
+                      "launches")
     if markov != "fused":
         return decide("round_pdl", False, f"the Markov chain runs {markov}: no fused chain "
                       "to launch with PDL")

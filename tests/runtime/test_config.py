@@ -101,6 +101,7 @@ def test_overrides_use_dotted_keys(tmp_path: Path) -> None:
         ({"bogus": 1}, "unknown key 'bogus'; valid keys: drafter, num_draft_tokens"),
         ({"target": {"few_rows": "fast"}}, "target.few_rows:"),
         ({"target": {"pdl": "on"}}, "target.pdl:"),
+        ({"runtime": {"pdl": "on"}}, "runtime.pdl:"),
     ],
 )
 def test_bad_values_name_the_field(data: dict, message: str) -> None:
