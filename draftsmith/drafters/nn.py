@@ -19,13 +19,17 @@ from torch import nn
 
 from draftsmith.contract import (
     DraftBlockPlacement,
+    OutputHead,
     PagedContextCache,
     ShapeError,
     value_checks_enabled,
 )
+from draftsmith.kernels import in_pdl_scope
+from draftsmith.kernels._launch import unit_rows
 from draftsmith.kernels.add_rms_norm import add_rms_norm
 from draftsmith.kernels.block_attention import block_attention as fused_block_attention
 from draftsmith.kernels.block_attention import block_attention_reference, paged_columns
+from draftsmith.kernels.decode_linear import decode_linear
 from draftsmith.kernels.head_norm_rope import head_norm_rope
 from draftsmith.kernels.head_norm_rope import rotate_half_rope_reference as apply_rope_neox
 from draftsmith.kernels.latent_norm_rope import (
@@ -35,10 +39,17 @@ from draftsmith.kernels.rms_norm import rms_norm as fused_rms_norm
 from draftsmith.kernels.rms_norm import rms_norm_reference
 from draftsmith.kernels.rope_cos_sin import rope_cos_sin as fused_rope_cos_sin
 from draftsmith.kernels.rope_cos_sin import rope_cos_sin_reference
-from draftsmith.kernels.swiglu import silu_mul
+from draftsmith.kernels.swiglu import silu_mul, silu_mul_reference
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 """What the fused kernels take; other dtypes (the float64 toy target) run the reference."""
+FEW_ROWS = 16
+"""Rows (``G * W``) up to which a drafter's products run the few-row kernel
+(:func:`~draftsmith.kernels.decode_linear.decode_linear`) on a GPU, as the target's do: a batch-1
+block's products are each a few microseconds of launch and ramp, and cuBLAS adds a launch for
+the gate and one for the cast of fp32 logits. More rows run cuBLAS."""
+FEW_ROW_DTYPES = (torch.bfloat16, torch.float16)
+"""The dtypes of the few-row products (fp32 keeps cuBLAS, as the target's decoding does)."""
 T = TypeVar("T")
 
 
@@ -74,7 +85,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     reference otherwise."""
     if (on_gpu(x) and not records_grad(x, weight) and weight.dim() == 1 and x.dtype in FUSED_DTYPES
             and weight.dtype in FUSED_DTYPES):
-        return fused_rms_norm(x, weight, eps)
+        return fused_rms_norm(x, weight, eps, pdl=in_pdl_scope())
     return rms_norm_reference(x, weight, eps)
 
 
@@ -105,7 +116,7 @@ def packed(owner: nn.Module, name: str, sources: tuple[torch.Tensor, ...],
 
 def packed_linear(owner: nn.Module, linears: tuple[nn.Linear, ...],
                   x: torch.Tensor) -> torch.Tensor:
-    """``cat([lin(x) for lin in linears], -1)`` as one GEMM over the weights concatenated
+    """``cat([lin(x) for lin in linears], -1)`` as one product over the weights concatenated
     (kept on ``owner``, see :func:`packed`)."""
     params = tuple(p for lin in linears for p in (lin.weight, lin.bias) if p is not None)
 
@@ -115,7 +126,61 @@ def packed_linear(owner: nn.Module, linears: tuple[nn.Linear, ...],
         return torch.cat([lin.weight.detach() for lin in linears]), bias
 
     weight, bias = packed(owner, "_packed_linear", params, build)
-    return F.linear(x, weight, bias)
+    return product(x, weight, bias)
+
+
+def few_rows(x: torch.Tensor) -> bool:
+    """Whether a product of ``x: [..., K]`` runs the few-row kernel: :func:`packing` holds,
+    ``x`` is bf16 or fp16 (:data:`FEW_ROW_DTYPES`) and has at most :data:`FEW_ROWS` rows."""
+    return (packing(x) and x.dtype in FEW_ROW_DTYPES and x.dim() >= 1
+            and x.numel() <= FEW_ROWS * x.shape[-1])
+
+
+def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+            gated: bool = False, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``x: [..., K] @ weight.T (+ bias)`` -> ``[..., N]`` for ``weight: [N, K]``; ``gated``:
+    ``silu(g) * u`` of ``[g | u]`` (no bias), ``[..., N/2]``; written in ``out_dtype`` (default
+    ``x``'s). At few rows (:func:`few_rows`) one launch of the few-row kernel (the gate and the
+    wider output inside it; with PDL inside a :func:`~draftsmith.kernels.pdl_scope`, its
+    programs prefetch a weight tile while the kernel before finishes), else ``F.linear``
+    followed by the gate and the cast."""
+    if few_rows(x):
+        rows = unit_rows(x, x.shape[-1])
+        pdl = in_pdl_scope()
+        out = decode_linear(rows, weight, bias, gated=gated, out_dtype=out_dtype, pdl=pdl,
+                            prefetch=1 if pdl else 0)
+        return out.view(*x.shape[:-1], out.shape[-1])
+    y = F.linear(x, weight, bias)
+    if gated:
+        y = (silu_mul if packing(y) else silu_mul_reference)(y)
+    return y if out_dtype is None else y.to(out_dtype)
+
+
+def packed_swiglu(owner: nn.Module, gate: nn.Linear, up: nn.Linear, down: nn.Linear,
+                  x: torch.Tensor) -> torch.Tensor:
+    """``down(silu(gate(x)) * up(x))`` (no biases) as two products: ``[gate | up]`` with the
+    gate applied (its weight packed on ``owner``, see :func:`packed`), then ``down``."""
+    params = (gate.weight, up.weight)
+    weight = packed(owner, "_packed_gate_up", params,
+                    lambda: torch.cat([w.detach() for w in params]))
+    return linear(down, product(x, weight, gated=True))
+
+
+def head_logits(head: OutputHead, hidden: torch.Tensor) -> torch.Tensor:
+    """fp32 logits ``[rows, S]`` of ``head``'s shard for ``hidden: [rows, H]`` (cast to the
+    head's dtype first): at few rows the few-row kernel writes them in fp32 (no cast launch),
+    unless the target gives its own product (:attr:`OutputHead.product`); else
+    :meth:`OutputHead.project`, then the cast."""
+    x = hidden.to(head.weight.dtype)
+    if head.product is None and few_rows(x):
+        return product(x, head.weight, out_dtype=torch.float32)
+    return head.project(x).float()
+
+
+def linear(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``lin(x)``, through :func:`product` where :func:`packing` holds (autograd and the CPU
+    keep the module's own call)."""
+    return product(x, lin.weight, lin.bias) if packing(x) else lin(x)
 
 
 def residual_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
@@ -124,7 +189,7 @@ def residual_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
     ``weight: [D]``: one fused launch on a GPU outside autograd."""
     if (packing(x) and residual.dtype == x.dtype and weight.dim() == 1
             and weight.dtype in FUSED_DTYPES):
-        return add_rms_norm(x, residual, weight, eps)
+        return add_rms_norm(x, residual, weight, eps, pdl=in_pdl_scope())
     h = x + residual
     return h, rms_norm(h, weight, eps)
 
@@ -151,11 +216,10 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x: [..., H]`` -> ``[..., H]``; on a GPU without autograd, one GEMM for gate and up
-        and one fused activation."""
+        """``x: [..., H]`` -> ``[..., H]``; on a GPU without autograd, :func:`packed_swiglu`
+        (gate and up as one product, the activation fused after it or, at few rows, inside it)."""
         if packing(x):
-            return self.down_proj(silu_mul(packed_linear(self, (self.gate_proj, self.up_proj),
-                                                         x)))
+            return packed_swiglu(self, self.gate_proj, self.up_proj, self.down_proj, x)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -175,7 +239,7 @@ def rope_cos_sin(
     if (on_gpu(positions) and dtype in FUSED_DTYPES and not torch.is_grad_enabled()
             and inv_freq.dtype == torch.float32):
         return fused_rope_cos_sin(positions, inv_freq.to(positions.device).contiguous(), dtype,
-                                  scale)
+                                  scale, pdl=in_pdl_scope())
     return rope_cos_sin_reference(positions, inv_freq, dtype, scale)
 
 
@@ -202,7 +266,7 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: tor
     fn = (fused_block_attention if on_gpu(q) and q.dtype in FUSED_DTYPES
           and not records_grad(q, k, v, pool) else block_attention_reference)
     return fn(q, k, v, pool, placement.block_tables, placement.num_ctx, query_pos, columns,
-              causal, window, q.shape[-1] ** -0.5)
+              causal, window, q.shape[-1] ** -0.5, pdl=in_pdl_scope())
 
 
 def context_columns(placement: DraftBlockPlacement) -> int:

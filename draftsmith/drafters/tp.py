@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.contract import Collectives, ConfigError, ShapeError, check_tensor
-from draftsmith.drafters.nn import residual_rms_norm, rms_norm
+from draftsmith.drafters.nn import product, residual_rms_norm, rms_norm
 
 
 def fc_split_columns(feature_width: int, tp_size: int, rank: int) -> tuple[int, int] | None:
@@ -154,7 +154,7 @@ def context_projection(
     x = features.to(fc_weight.dtype)
     if columns is None:
         check_tensor("features", features, (None, int(fc_weight.shape[1])))
-        return rms_norm(F.linear(x, fc_weight), norm_weight, eps)
+        return rms_norm(product(x, fc_weight), norm_weight, eps)
     lo, hi = columns
     if hi - lo != fc_weight.shape[1] or features.dim() != 2 or features.shape[1] < hi:
         raise ShapeError(

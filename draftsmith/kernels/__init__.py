@@ -5,7 +5,9 @@ May import ``contract`` only. The only layer that imports triton.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from functools import cache
 
 import torch
@@ -46,4 +48,26 @@ def pdl_on(asked: bool, tensor: torch.Tensor) -> bool:
     return asked and tensor.is_cuda and has_pdl(tensor.device)
 
 
-__all__ = ["has_pdl", "interpreted", "pdl_on"]
+_SCOPE = [0]
+
+
+@contextlib.contextmanager
+def pdl_scope(on: bool) -> Iterator[None]:
+    """Within this block (when ``on``), the drafters' fused helpers launch their kernels with
+    programmatic dependent launch (:func:`in_pdl_scope`): the runtime wraps a round's drafting
+    in it under the plan's ``round_pdl``. Launches made outside it (training, evaluation, a
+    plugin calling the helpers itself) are ordinary ones."""
+    _SCOPE[0] += bool(on)
+    try:
+        yield
+    finally:
+        _SCOPE[0] -= bool(on)
+
+
+def in_pdl_scope() -> bool:
+    """Whether a :func:`pdl_scope` that asked for PDL is open (the helpers still launch with
+    PDL only where :func:`pdl_on` holds)."""
+    return _SCOPE[0] > 0
+
+
+__all__ = ["has_pdl", "in_pdl_scope", "interpreted", "pdl_on", "pdl_scope"]

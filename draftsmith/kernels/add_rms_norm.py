@@ -13,22 +13,33 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
-from draftsmith.kernels._launch import ROW_WARPS, block_size, unit_rows, warps_for
+from draftsmith.kernels import pdl_on
+from draftsmith.kernels._launch import (
+    ROW_WARPS,
+    block_size,
+    pdl_kwargs,
+    pdl_start,
+    unit_rows,
+    warps_for,
+)
 from draftsmith.kernels.rms_norm import rms_norm_reference, store_norm
 
 
 def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                           eps: float, *, pdl: bool = False
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """``h = x + residual`` (rounded to their dtype) and ``rms_norm_reference(h)``: a pre-norm
-    block's residual add and the next norm. ``x, residual: [..., D]``, ``weight: [D]``."""
+    block's residual add and the next norm. ``x, residual: [..., D]``, ``weight: [D]``.
+    ``pdl`` (the kernel form's launch option) is accepted and ignored."""
     h = x + residual
     return h, rms_norm_reference(h, weight, eps)
 
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, D, eps, s_x, s_r, s_s, s_out,
-                         BLOCK_D: tl.constexpr):
+                         BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     """Program ``r``: row ``r`` of ``x + residual``, stored, and its norm."""
+    pdl_start(PDL, True)
     r = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     ok = d < D
@@ -40,9 +51,10 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, D, eps, s_x, s_r
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float, *, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel form of :func:`add_rms_norm_reference` (one launch): ``x, residual: [..., D]`` of
-    one dtype with a contiguous last dim, ``weight: [D]``."""
+    one dtype with a contiguous last dim, ``weight: [D]``. ``pdl``: launch with programmatic
+    dependent launch where the device has it (:func:`~draftsmith.kernels.pdl_on`)."""
     d = int(x.shape[-1]) if x.ndim else 0
     check_tensor("weight", weight, (d,), FLOAT_DTYPES, device=x.device)
     check_tensor("residual", residual, tuple(x.shape), x.dtype, device=x.device)
@@ -55,9 +67,11 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                       device=x.device)
     if rows.shape[0]:
         block = block_size(d)
+        on = pdl_on(pdl, x)
         _add_rms_norm_kernel[(rows.shape[0],)](
             rows, res, weight, total, out, d, float(eps), rows.stride(0), res.stride(0),
-            total.stride(0), out.stride(0), BLOCK_D=block, num_warps=warps_for(block, ROW_WARPS))
+            total.stride(0), out.stride(0), BLOCK_D=block, PDL=on,
+            num_warps=warps_for(block, ROW_WARPS), **pdl_kwargs(on))
     return total.view(x.shape), out.view(x.shape)
 
 

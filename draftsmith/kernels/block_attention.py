@@ -19,7 +19,8 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
-from draftsmith.kernels._launch import block_size
+from draftsmith.kernels import pdl_on
+from draftsmith.kernels._launch import block_size, pdl_kwargs, pdl_start
 from draftsmith.kernels._softmax import _online_softmax
 
 _I64 = torch.int64
@@ -57,9 +58,10 @@ def paged_columns(block_tables: torch.Tensor, num_ctx: torch.Tensor, columns: in
 def block_attention_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Tensor,
     block_tables: torch.Tensor, num_ctx: torch.Tensor, query_pos: torch.Tensor, columns: int,
-    causal: bool, window: int | None, scale: float,
+    causal: bool, window: int | None, scale: float, *, pdl: bool = False,
 ) -> torch.Tensor:
-    """Attention of a block over its paged context and itself.
+    """Attention of a block over its paged context and itself (``pdl``, the kernel form's
+    launch option, is accepted and ignored).
 
     ``q: [G, W, nh, hd]``, ``k, v: [G, W, nkv, hd]`` (the block's keys and values),
     ``pool: [pages, 2, nkv, P_sz, hd]`` (one layer's paged context: plane 0 keys, plane 1
@@ -104,8 +106,10 @@ def _block_attention_kernel(
     s_page, s_plane, s_ph, s_off, s_tg, s_og, s_ow, s_oh,
     REP: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program ``(b, kv_head)``: the ``W * REP`` query rows of that KV head's query heads."""
+    pdl_start(PDL, True)
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
     m = tl.arange(0, BLOCK_M)
@@ -153,10 +157,12 @@ def _block_attention_kernel(
 def block_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Tensor,
     block_tables: torch.Tensor, num_ctx: torch.Tensor, query_pos: torch.Tensor, columns: int,
-    causal: bool, window: int | None, scale: float,
+    causal: bool, window: int | None, scale: float, *, pdl: bool = False,
 ) -> torch.Tensor:
     """Kernel form of :func:`block_attention_reference` (same arguments, ``[G, W, nh, hd]`` in
-    ``q``'s dtype); every tensor needs a contiguous last dim. Reads nothing back to the host."""
+    ``q``'s dtype); every tensor needs a contiguous last dim. Reads nothing back to the host.
+    ``pdl``: launch with programmatic dependent launch where the device has it
+    (:func:`~draftsmith.kernels.pdl_on`)."""
     s: dict[str, int] = {}
     check_tensor("q", q, ("G", "W", "nh", "hd"), FLOAT_DTYPES, s, unit_stride=True)
     check_tensor("k", k, ("G", "W", "nkv", "hd"), q.dtype, s, q.device, unit_stride=True)
@@ -178,6 +184,7 @@ def block_attention(
         return out
     block_m = block_size(w * rep, lo=16)
     block_d = block_size(hd, lo=16)
+    on = pdl_on(pdl, q)
     _block_attention_kernel[(g, nkv)](
         q, k, v, pool, block_tables, num_ctx, query_pos, out,
         w, hd, int(columns), pool.shape[3], block_tables.shape[1], float(scale),
@@ -187,7 +194,7 @@ def block_attention(
         out.stride(0), out.stride(1), out.stride(2),
         REP=rep, CAUSAL=bool(causal), WINDOW=int(window or 0), IEEE=q.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=64, BLOCK_W=block_size(w, lo=16),
-        BLOCK_D=block_d, num_warps=4,
+        BLOCK_D=block_d, PDL=on, num_warps=4, **pdl_kwargs(on),
     )
     return out
 

@@ -22,7 +22,8 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
-from draftsmith.kernels._launch import ROW_WARPS, block_size, warps_for
+from draftsmith.kernels import pdl_on
+from draftsmith.kernels._launch import ROW_WARPS, block_size, pdl_kwargs, pdl_start, warps_for
 from draftsmith.kernels.rms_norm import rms_norm_reference
 
 
@@ -39,8 +40,10 @@ def rotate_half_rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
 
 def head_norm_rope_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
                              cos: torch.Tensor, sin: torch.Tensor, cos_group: int = 1,
-                             out: torch.Tensor | None = None) -> torch.Tensor:
-    """Per-head RMSNorm then rotate-half RoPE: ``x: [R, n, d]`` -> ``[R, n, d]``.
+                             out: torch.Tensor | None = None, *,
+                             pdl: bool = False) -> torch.Tensor:
+    """Per-head RMSNorm then rotate-half RoPE: ``x: [R, n, d]`` -> ``[R, n, d]``; ``pdl`` (the
+    kernel form's launch option) is accepted and ignored.
 
     ``weight``: ``[d]`` (every head), ``[n, d]`` (per head) or ``[L, n, d]`` (row ``r`` uses
     ``weight[r % L]``: rows that interleave ``L`` layers); ``cos, sin: [R / cos_group, d]``, row
@@ -58,9 +61,10 @@ def head_norm_rope_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
 @triton.jit
 def _head_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, D, eps,
                            s_xt, s_xh, s_ct, s_ot, s_oh, W_ROWS, s_wl, s_wh, COS_GROUP,
-                           BLOCK_D: tl.constexpr, NORM: tl.constexpr):
+                           BLOCK_D: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
     """Program ``(t, h)`` normalises head ``h`` of row ``t`` (unless ``NORM`` is false) and
     rotates it (in place when ``out`` is ``x``: every value is loaded before any is stored)."""
+    pdl_start(PDL, True)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
@@ -93,11 +97,12 @@ def _head_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, D, eps,
 
 def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
                    sin: torch.Tensor, cos_group: int = 1,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
+                   out: torch.Tensor | None = None, *, pdl: bool = False) -> torch.Tensor:
     """Kernel form of :func:`head_norm_rope_reference`, one launch: ``x: [R, n, d]`` (head rows
     with a contiguous last dim), ``weight`` ``[d]``, ``[n, d]`` or ``[L, n, d]``, ``cos, sin:
     [R / cos_group, d]`` in the normalised dtype -> ``[R, n, d]``; written into ``out`` when given
-    (which may be ``x`` itself: in place)."""
+    (which may be ``x`` itself: in place). ``pdl``: launch with programmatic dependent launch
+    where the device has it (:func:`~draftsmith.kernels.pdl_on`)."""
     s: dict[str, int] = {}
     check_tensor("x", x, ("R", "n", "d"), FLOAT_DTYPES, s)
     if weight.dim() == 1:
@@ -132,10 +137,12 @@ def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch
         check_tensor("out", out, tuple(x.shape), odt, device=x.device, unit_stride=True)
     if x.shape[0] and x.shape[1]:
         block = block_size(s["d"])
+        on = pdl_on(pdl, x)
         _head_norm_rope_kernel[(x.shape[0], x.shape[1])](
             x, weight, cos, sin, out, s["d"], float(eps), x.stride(0), x.stride(1),
             cos.stride(0), out.stride(0), out.stride(1), w_rows, s_wl, s_wh, cos_group,
-            BLOCK_D=block, NORM=True, num_warps=warps_for(block, ROW_WARPS))
+            BLOCK_D=block, NORM=True, PDL=on, num_warps=warps_for(block, ROW_WARPS),
+            **pdl_kwargs(on))
     return out
 
 
@@ -165,7 +172,7 @@ def rotate_half_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         _head_norm_rope_kernel[(x.shape[0], x.shape[1])](
             x, x, cos, sin, out, s["d"], 0.0, x.stride(0), x.stride(1),
             cos.stride(0), out.stride(0), out.stride(1), 1, 0, 0, 1,
-            BLOCK_D=block, NORM=False, num_warps=warps_for(block, ROW_WARPS),
+            BLOCK_D=block, NORM=False, PDL=False, num_warps=warps_for(block, ROW_WARPS),
             enable_fp_fusion=False)  # no FMA: the two products round as the reference's do
     return out
 

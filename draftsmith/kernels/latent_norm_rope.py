@@ -22,7 +22,8 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
-from draftsmith.kernels._launch import ROW_WARPS, block_size, warps_for
+from draftsmith.kernels import pdl_on
+from draftsmith.kernels._launch import ROW_WARPS, block_size, pdl_kwargs, pdl_start, warps_for
 from draftsmith.kernels.rms_norm import rms_norm_reference, store_norm
 
 
@@ -41,8 +42,10 @@ def interleaved_rope_reference(x: torch.Tensor, cos: torch.Tensor,
 
 
 def latent_norm_rope_reference(latent: torch.Tensor, weight: torch.Tensor, eps: float,
-                               cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Normalise and rotate latent rows: ``latent: [R, n, D_lat] -> [R, n, D_lat]``.
+                               cos: torch.Tensor, sin: torch.Tensor, *,
+                               pdl: bool = False) -> torch.Tensor:
+    """Normalise and rotate latent rows: ``latent: [R, n, D_lat] -> [R, n, D_lat]``; ``pdl``
+    (the kernel form's launch option) is accepted and ignored.
 
     RMSNorm (``weight: [kv_lora]`` for every one of the ``n`` rows of a token, or ``[n, kv_lora]``:
     one per row, as a stack of layers) over the first ``kv_lora`` dims; interleaved RoPE
@@ -58,9 +61,10 @@ def latent_norm_rope_reference(latent: torch.Tensor, weight: torch.Tensor, eps: 
 @triton.jit
 def _latent_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, KV_LORA, HALF, eps,
                              s_xr, s_xn, s_wn, s_c, s_or, s_on,
-                             BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr):
+                             BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr):
     """Program ``(r, j)``: row ``j`` of token ``r``, normed over ``KV_LORA`` dims and its
     ``2 * HALF`` rotary dims turned pair by pair."""
+    pdl_start(PDL, True)
     r = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1).to(tl.int64)
     row = x_ptr + r * s_xr + j * s_xn
@@ -85,11 +89,12 @@ def _latent_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, KV_LORA, H
 
 
 def latent_norm_rope(latent: torch.Tensor, weight: torch.Tensor, eps: float,
-                     cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+                     cos: torch.Tensor, sin: torch.Tensor, *, pdl: bool = False) -> torch.Tensor:
     """Kernel form of :func:`latent_norm_rope_reference`, one launch: ``latent: [R, n, D_lat]``
     (any row strides, a contiguous last dim), ``weight: [kv_lora]`` or ``[n, kv_lora]``, ``cos,
     sin: [R, d_rope]`` (an even ``d_rope >= 2``), all in one dtype -> a new contiguous
-    ``[R, n, D_lat]``."""
+    ``[R, n, D_lat]``. ``pdl``: launch with programmatic dependent launch where the device has
+    it (:func:`~draftsmith.kernels.pdl_on`)."""
     s: dict[str, int] = {}
     check_tensor("latent", latent, ("R", "n", "D_lat"), FLOAT_DTYPES, s, unit_stride=True)
     check_tensor("weight", weight, (None,) * (weight.dim() - 1) + ("kv_lora",), latent.dtype, s,
@@ -109,12 +114,14 @@ def latent_norm_rope(latent: torch.Tensor, weight: torch.Tensor, eps: float,
     out = torch.empty(latent.shape, dtype=latent.dtype, device=latent.device)
     if s["R"] and s["n"]:
         block = block_size(s["kv_lora"])
+        on = pdl_on(pdl, latent)
         _latent_norm_rope_kernel[(s["R"], s["n"])](
             latent, weight, cos, sin, out, s["kv_lora"], rope // 2, float(eps),
             latent.stride(0), latent.stride(1), weight.stride(0) if weight.dim() == 2 else 0,
             cos.stride(0), out.stride(0), out.stride(1), BLOCK_L=block,
-            BLOCK_R=block_size(rope // 2), num_warps=warps_for(block, ROW_WARPS),
-            enable_fp_fusion=False)  # no FMA: the rotation's products round as the reference's
+            BLOCK_R=block_size(rope // 2), PDL=on, num_warps=warps_for(block, ROW_WARPS),
+            enable_fp_fusion=False,  # no FMA: the rotation's products round as the reference's
+            **pdl_kwargs(on))
     return out
 
 

@@ -28,7 +28,8 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
-from draftsmith.kernels._launch import block_size
+from draftsmith.kernels import pdl_on
+from draftsmith.kernels._launch import block_size, pdl_kwargs, pdl_start
 from draftsmith.kernels._softmax import _dot, _online_softmax
 from draftsmith.kernels.block_attention import paged_columns
 from draftsmith.kernels.latent_norm_rope import interleaved_rope_reference
@@ -39,9 +40,10 @@ _I64 = torch.int64
 def mla_attention_reference(
     q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, latent: torch.Tensor,
     kv_b: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, num_ctx: torch.Tensor,
-    columns: int, scale: float,
+    columns: int, scale: float, *, pdl: bool = False,
 ) -> torch.Tensor:
-    """Absorbed MLA of a block over its paged latent context and itself.
+    """Absorbed MLA of a block over its paged latent context and itself (``pdl``, the kernel
+    form's launch option, is accepted and ignored).
 
     ``q: [G, W, n, d_nope + d_rope]`` this rank's heads' queries (``q_b_proj`` output, the rope
     slice not yet rotated); ``cos, sin: [G, W, d_rope]`` at the block positions (Hugging Face
@@ -81,7 +83,7 @@ def _mla_attention_kernel(
     s_qg, s_qw, s_qh, s_cg, s_cw, s_lg, s_lw, s_kh, s_kr, s_page, s_off, s_tg,
     s_og, s_ow, s_oh,
     IEEE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program ``(b, h)``: the ``W`` block queries of head ``h`` of request ``b``.
 
@@ -89,6 +91,7 @@ def _mla_attention_kernel(
     ``q_nope @ W_kb``, the rest the rotated rope slice, so one product against a latent tile
     scores all of it, and the same tile serves as the values (its rope columns are dropped
     before ``W_vb``)."""
+    pdl_start(PDL, True)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     dt = q_ptr.dtype.element_ty
@@ -176,11 +179,13 @@ def _launch_sizes(w: int, d_lat: int, d_nope: int, d_v: int) -> dict[str, int]:
 def mla_attention(
     q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, latent: torch.Tensor,
     kv_b: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, num_ctx: torch.Tensor,
-    columns: int, scale: float,
+    columns: int, scale: float, *, pdl: bool = False,
 ) -> torch.Tensor:
     """Kernel form of :func:`mla_attention_reference` (same arguments; ``[G, W, n, d_v]`` in
     ``q``'s dtype), one launch; every tensor needs a contiguous last dim, and ``q``, ``cos``,
-    ``sin``, ``latent`` and ``kv_b`` one dtype. Reads nothing back to the host."""
+    ``sin``, ``latent`` and ``kv_b`` one dtype. Reads nothing back to the host. ``pdl``: launch
+    with programmatic dependent launch where the device has it
+    (:func:`~draftsmith.kernels.pdl_on`)."""
     s: dict[str, int] = {}
     check_tensor("q", q, ("G", "W", "n", "qk"), FLOAT_DTYPES, s, unit_stride=True)
     check_tensor("latent", latent, ("G", "W", "D_lat"), q.dtype, s, q.device, unit_stride=True)
@@ -206,6 +211,7 @@ def mla_attention(
     out = torch.empty(g, w, n, d_v, dtype=q.dtype, device=q.device)
     if g == 0 or n == 0 or w == 0:
         return out
+    on = pdl_on(pdl, q)
     _mla_attention_kernel[(g, n)](
         q, cos, sin, latent, kv_b, pool, block_tables, num_ctx, out,
         w, d_nope, s["kv_lora"], s["D_lat"], d_v, int(columns), s["P_sz"], s["max_pages"],
@@ -214,8 +220,9 @@ def mla_attention(
         latent.stride(0), latent.stride(1), kv_b.stride(0), kv_b.stride(1),
         pool.stride(0), pool.stride(3), block_tables.stride(0),
         out.stride(0), out.stride(1), out.stride(2),
-        IEEE=q.dtype == torch.float32, **_launch_sizes(w, s["D_lat"], d_nope, d_v),
+        IEEE=q.dtype == torch.float32, **_launch_sizes(w, s["D_lat"], d_nope, d_v), PDL=on,
         enable_fp_fusion=False,  # no FMA: the query's rotation rounds as the reference's
+        **pdl_kwargs(on),
     )
     return out
 

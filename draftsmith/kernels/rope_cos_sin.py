@@ -14,21 +14,26 @@ import triton.language as tl
 
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
-from draftsmith.kernels._launch import block_size
+from draftsmith.kernels import pdl_on
+from draftsmith.kernels._launch import block_size, pdl_kwargs, pdl_start
 
 
 def rope_cos_sin_reference(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
-                           scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                           scale: float = 1.0, *,
+                           pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``cos, sin: [*positions.shape, 2 * len(inv_freq)]`` in ``dtype`` (HF layout: halves
-    repeated), from fp32 angles ``positions * inv_freq``; ``scale`` multiplies both."""
+    repeated), from fp32 angles ``positions * inv_freq``; ``scale`` multiplies both. ``pdl``
+    (the kernel form's launch option) is accepted and ignored."""
     freqs = positions.float()[..., None] * inv_freq.to(positions.device)
     emb = torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 
 
 @triton.jit
-def _rope_cos_sin_kernel(pos_ptr, freq_ptr, out_ptr, HALF, scale, BLOCK: tl.constexpr):
+def _rope_cos_sin_kernel(pos_ptr, freq_ptr, out_ptr, HALF, scale, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr):
     """Program ``r``: cos then sin of position ``r`` over ``2 * HALF`` columns."""
+    pdl_start(PDL, True)
     r = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, BLOCK)
     ok = j < 2 * HALF
@@ -41,10 +46,12 @@ def _rope_cos_sin_kernel(pos_ptr, freq_ptr, out_ptr, HALF, scale, BLOCK: tl.cons
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
-                 scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                 scale: float = 1.0, *, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel form of :func:`rope_cos_sin_reference` (one launch): ``cos`` and ``sin`` are views
     of one ``[*positions.shape, 2, 2 * len(inv_freq)]`` buffer (rows strided, last dim
-    contiguous). ``positions`` int64, ``inv_freq`` fp32 on the same device."""
+    contiguous). ``positions`` int64, ``inv_freq`` fp32 on the same device. ``pdl``: launch
+    with programmatic dependent launch where the device has it
+    (:func:`~draftsmith.kernels.pdl_on`)."""
     check_tensor("positions", positions, None, torch.int64)
     check_tensor("inv_freq", inv_freq, ("half",), torch.float32, device=positions.device,
                  contiguous=True)
@@ -54,8 +61,10 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.d
     flat = positions.reshape(-1).contiguous()
     out = torch.empty(flat.shape[0], 2, 2 * half, dtype=dtype, device=positions.device)
     if flat.shape[0] and half:
+        on = pdl_on(pdl, positions)
         _rope_cos_sin_kernel[(flat.shape[0],)](flat, inv_freq, out, half, float(scale),
-                                               BLOCK=block_size(2 * half), num_warps=1)
+                                               BLOCK=block_size(2 * half), PDL=on,
+                                               num_warps=1, **pdl_kwargs(on))
     out = out.view(*positions.shape, 2, 2 * half)
     return out[..., 0, :], out[..., 1, :]
 

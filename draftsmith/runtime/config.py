@@ -232,11 +232,12 @@ class RuntimeOptions(_Strict):
     are the same either way; a request that ends in round ``t`` has round ``t + 1`` computed
     for it and thrown away."""
     pdl: Literal["auto", "off"] = "auto"
-    """Programmatic dependent launch between the round's own kernels (the greedy Markov chain's
-    two launches a position): each kernel's programs start while the one before finishes and
-    wait for its writes before they read them, so the bits are the same. ``auto``: with fused
-    kernels on GPUs of compute capability 9.0 and above; ``off``: plain launches. The plan
-    says which ran (``round_pdl``); the target's own launches follow ``target.pdl``."""
+    """Programmatic dependent launch between the round's drafting kernels (the built-in
+    drafters' products, norms, RoPE and attention, and the greedy Markov chain's two launches a
+    position): each kernel's programs start while the one before finishes and wait for its
+    writes before they read them, so the bits are the same. ``auto``: with fused kernels on
+    GPUs of compute capability 9.0 and above; ``off``: plain launches. The plan says which ran
+    (``round_pdl``); the target's own launches follow ``target.pdl``."""
     force_accepted: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
     """Benchmarks only: override the accepted count; 0 disables. Finite."""
     allow_gather: bool = True

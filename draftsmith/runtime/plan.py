@@ -269,7 +269,7 @@ def make_plan(
     markov = rules.decide_markov(caps, k, tp, head, fused=kern == "fused", greedy=sel.greedy,
                                  vocab_parallel=vp[0], route=route, kernels_reason=kreason,
                                  decide=decide)
-    round_pdl = rules.decide_round_pdl(inputs.pdl, kern, inputs.device, markov, decide)
+    round_pdl = rules.decide_round_pdl(inputs.pdl, kern, inputs.device, k, decide)
     fusions = rules.decide_tp_fusions(caps, tp, decide)
     schedule, budget = decide_verify_schedule(
         inputs.verify_schedule, inputs.verify_budget, inputs.verify_costs,

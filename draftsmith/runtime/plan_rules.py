@@ -251,10 +251,10 @@ def decide_markov(caps: DrafterCapabilities, k: int, tp: int, head: HeadLayout, 
     return markov
 
 
-def decide_round_pdl(requested: str, kernels: str, device: str, markov: str,
+def decide_round_pdl(requested: str, kernels: str, device: str, k: int,
                      decide: Decide) -> bool:
-    """``round_pdl``: whether the round's own kernels (the fused Markov chain) launch with
-    programmatic dependent launch."""
+    """``round_pdl``: whether the round's drafting kernels (the drafter's products, norms and
+    attention, and the fused Markov chain) launch with programmatic dependent launch."""
     if requested == "off":
         return decide("round_pdl", False, "runtime.pdl = 'off': plain launches")
     if kernels != "fused":
@@ -264,13 +264,12 @@ def decide_round_pdl(requested: str, kernels: str, device: str, markov: str,
         return decide("round_pdl", False, f"no GPU of compute capability 9.0 or above at "
                       f"{device} on this host (programmatic dependent launch needs one): plain "
                       "launches")
-    if markov != "fused":
-        return decide("round_pdl", False, f"the Markov chain runs {markov}: no fused chain "
-                      "to launch with PDL")
+    if k == 0:
+        return decide("round_pdl", False, "K = 0: no drafting kernels to launch with PDL")
     return decide("round_pdl", True, "runtime.pdl = 'auto' on compute capability 9.0 and "
-                  "above: the Markov chain's launches are programmatically dependent (each "
-                  "position's programs load their w2 tile while the previous position's tokens "
-                  "are reduced; same bits)")
+                  "above: the drafting kernels launch programmatically dependent (each one's "
+                  "programs start while the one before finishes: a product's load a weight tile, "
+                  "the Markov chain's their w2 tile; same bits)")
 
 
 def decide_tp_fusions(caps: DrafterCapabilities, tp: int, decide: Decide) -> frozenset[TPFusion]:

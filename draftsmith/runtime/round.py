@@ -23,6 +23,7 @@ from draftsmith.contract import (
     TargetModel,
     values_trusted,
 )
+from draftsmith.kernels import pdl_scope
 from draftsmith.kernels.logit_summary import logit_summary, logit_summary_reference
 from draftsmith.kernels.round_commit import round_commit, round_commit_reference
 from draftsmith.runtime.acceptance import Acceptance
@@ -84,8 +85,9 @@ class Round:
         k = self.plan.num_draft_tokens
         placement = self.pager.place(view.batch_to_slot, view.accepted, view.num_accepted)
         placement = dataclasses.replace(placement, context_width=width)
-        entries = self.drafter.project_context(view.features.reshape(g * (k + 1), -1),
-                                               placement.ctx_positions.reshape(-1))
+        with pdl_scope(self.plan.round_pdl):
+            entries = self.drafter.project_context(view.features.reshape(g * (k + 1), -1),
+                                                   placement.ctx_positions.reshape(-1))
         self.pager.store(placement, entries)
         key = None if self.plan.greedy else SamplingKey(view.seeds, placement.new_ctx_len + 1)
         return placement, key
@@ -99,10 +101,13 @@ class Round:
         plan = self.plan
         g, k, first = placement.num_requests, plan.num_draft_tokens, plan.first_draft_slot
         ids = self.buffers.block_ids[:g]
-        emb = self.drafter.embed_block(ids, self.target_embedding)
-        inputs = DraftBlockInputs(token_ids=ids, positions=placement.query_positions, embeddings=emb)
-        hidden = self.drafter.forward_block(inputs, placement, self.buffers.cache)[:, first:first + k]
-        logits = self.drafter.block_logits(hidden.reshape(g * k, -1), self.head)
+        with pdl_scope(plan.round_pdl):  # the built-in drafters' kernels (the chain has its own)
+            emb = self.drafter.embed_block(ids, self.target_embedding)
+            inputs = DraftBlockInputs(token_ids=ids, positions=placement.query_positions,
+                                      embeddings=emb)
+            hidden = self.drafter.forward_block(inputs, placement,
+                                                self.buffers.cache)[:, first:first + k]
+            logits = self.drafter.block_logits(hidden.reshape(g * k, -1), self.head)
         probs = (torch.empty(g, k, plan.vocab_size, dtype=torch.float32, device=self.device)
                  if self.buffers.draft_probs is not None else None)
         drafts, _ = self.chain.run(logits.logits.view(g, k, -1), logits.vocab_start,

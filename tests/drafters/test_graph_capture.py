@@ -245,24 +245,42 @@ def test_fused_gpu_forward_matches_the_cpu_reference():
                                cpu.project_context(feats, positions), atol=1e-4, rtol=1e-4)
     assert "_packed_k_norms" in gpu.__dict__
     assert "_packed_linear" in gpu.layers[0].self_attn.__dict__
-    assert "_packed_linear" in gpu.layers[0].mlp.__dict__
+    assert "_packed_gate_up" in gpu.layers[0].mlp.__dict__
     assert "_packed_linear" not in cpu.layers[0].self_attn.__dict__
 
 
-def test_fused_paths_on_the_interpreter_match_the_torch_paths(monkeypatch):
+@pytest.mark.parametrize("few_rows", [False, True])
+def test_fused_paths_on_the_interpreter_match_the_torch_paths(monkeypatch, few_rows):
     """The GPU code paths (packed projections, fused norms and attention, fused context
-    projection), forced on the CPU under Triton's interpreter in fp32, equal the torch paths."""
+    projection, the head's logits), forced on the CPU under Triton's interpreter in fp32, equal
+    the torch paths; with ``few_rows`` every product runs the few-row kernel (fp32 admitted and
+    the row bound raised past the test's 21 block rows), the gate and the head's fp32 output
+    inside it."""
+    from draftsmith.contract import OutputHead
     from draftsmith.drafters import nn as drafter_nn
 
     drafter = _drafter()
     feats = torch.randn(9, drafter.spec.feature_width, generator=torch.Generator().manual_seed(3))
     positions = torch.tensor([0, 1, 2, 3, 5, 8, 13, 21, 34])
+    head = OutputHead.make_dummy(V, H, seed=4)
+    products = []
+    if few_rows:
+        monkeypatch.setattr(drafter_nn, "FEW_ROW_DTYPES", (torch.float32,))
+        monkeypatch.setattr(drafter_nn, "FEW_ROWS", 64)
+        real = drafter_nn.decode_linear
+        monkeypatch.setattr(drafter_nn, "decode_linear",
+                            lambda *a, **k: products.append(k.get("gated")) or real(*a, **k))
     results = []
     for fused in (False, True):
         monkeypatch.setattr(drafter_nn, "on_gpu", lambda t, fused=fused: fused)
         inputs, placement, cache = _world(drafter, (3, 9, 14), seed=5, pages_per_row=8)
-        results.append((drafter.forward_block(inputs, _bounded(placement, BOUND), cache),
-                        drafter.project_context(feats, positions)))
-    assert "_packed_linear" in drafter.layers[1].mlp.__dict__
+        products.clear()  # the context _world wrote
+        hidden = drafter.forward_block(inputs, _bounded(placement, BOUND), cache)
+        results.append((hidden, drafter.project_context(feats, positions),
+                        drafter.block_logits(hidden[0], head).logits))
+    assert "_packed_gate_up" in drafter.layers[1].mlp.__dict__
     for want, got in zip(results[0], results[1], strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # fc and the packed k | v (context); [q | k | v], o, gated [gate | up], down a layer; head
+    assert products.count(True) == (drafter.spec.num_layers if few_rows else 0)
+    assert len(products) == (2 + 4 * drafter.spec.num_layers + 1 if few_rows else 0)

@@ -568,14 +568,20 @@ def test_cuda_matches_cpu() -> None:
     assert ((got16 - want).norm() / want.norm()).item() < 1e-2
 
 
+@pytest.mark.parametrize("few_rows", [False, True])
 @pytest.mark.parametrize("ctx_lens", [CTX_LENS, (0, 3)])
-def test_fused_paths_on_the_interpreter_match_the_torch_paths(monkeypatch, ctx_lens) -> None:
+def test_fused_paths_on_the_interpreter_match_the_torch_paths(monkeypatch, ctx_lens,
+                                                              few_rows) -> None:
     """The GPU code paths (packed projections, fused norms, latent norm and RoPE, paged MLA
     attention, SwiGLU gate), forced on the CPU under Triton's interpreter in fp32, equal the
     torch paths to fp32 rounding, with a static context width and pages past the context
-    poisoned."""
+    poisoned; with ``few_rows`` the products run the few-row kernel (fp32 admitted and the
+    row bound raised past the test's block rows)."""
     from draftsmith.drafters import nn as drafter_nn
 
+    if few_rows:
+        monkeypatch.setattr(drafter_nn, "FEW_ROW_DTYPES", (torch.float32,))
+        monkeypatch.setattr(drafter_nn, "FEW_ROWS", 64)
     cfg = make_config()
     drafter = build(cfg, seed=16)
     feats = torch.randn(9, cfg.feature_width, generator=torch.Generator().manual_seed(3))
@@ -591,7 +597,7 @@ def test_fused_paths_on_the_interpreter_match_the_torch_paths(monkeypatch, ctx_l
     for want, got in zip(results[0], results[1], strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert "_packed_linear" in drafter.layers[0].self_attn.__dict__
-    assert "_packed_linear" in drafter.layers[1].mlp.__dict__
+    assert "_packed_gate_up" in drafter.layers[1].mlp.__dict__
 
 
 LAUNCHES_PER_LAYER = 11
@@ -658,6 +664,13 @@ def test_gpu_path_launch_budget(monkeypatch) -> None:
                                                                            ctx_positions))
     assert block <= 2 + LAUNCHES_PER_LAYER * cfg.num_layers
     assert context <= 5
+    # at few rows the gate runs inside the [gate | up] product: one launch fewer a layer
+    monkeypatch.setattr(drafter_nn, "FEW_ROW_DTYPES", (torch.float32,))
+    monkeypatch.setattr(drafter_nn, "FEW_ROWS", 64)
+    drafter.forward_block(inputs, scenario.placement, cache)
+    few = _count_launches(monkeypatch, lambda: drafter.forward_block(inputs, scenario.placement,
+                                                                     cache))
+    assert few == block - cfg.num_layers
 
 
 def test_forward_block_rejects_mismatched_pool() -> None:

@@ -386,4 +386,6 @@ def test_round_pdl_is_decided_with_a_reason(monkeypatch):
     off = make_plan(_inputs(device="cuda", pdl="off"), _caps(markov_rank=4), TOY)
     assert not off.round_pdl and "runtime.pdl = 'off'" in off.decision("round_pdl").reason
     no_head = make_plan(_inputs(device="cuda"), _caps(), TOY)
-    assert not no_head.round_pdl and "no fused chain" in no_head.decision("round_pdl").reason
+    assert no_head.markov != "fused" and no_head.round_pdl  # the drafter's own kernels
+    no_drafts = make_plan(_inputs(device="cuda", num_draft_tokens=0), _caps(markov_rank=4), TOY)
+    assert not no_drafts.round_pdl and "K = 0" in no_drafts.decision("round_pdl").reason

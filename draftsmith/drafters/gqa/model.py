@@ -45,7 +45,9 @@ from draftsmith.drafters.nn import (
     block_attention,
     check_token_range,
     context_columns,
+    head_logits,
     head_norm_rope,
+    linear,
     norm_rope,
     packed,
     packed_linear,
@@ -54,6 +56,7 @@ from draftsmith.drafters.nn import (
     rope_cos_sin,
     rope_inv_freq,
 )
+from draftsmith.kernels import in_pdl_scope
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -195,7 +198,7 @@ class GQADrafter(nn.Module):
         check_tensor("positions", positions, ("T",), torch.int64, sizes, device=features.device)
         s = self.spec
         with torch.no_grad():
-            ctx = self.hidden_norm(self.fc(features.to(self.dtype)))
+            ctx = self.hidden_norm(linear(self.fc, features.to(self.dtype)))
             cos, sin = rope_cos_sin(positions, self._inv_freq_on(positions.device), ctx.dtype)
             if self._fuses(ctx):  # every layer's k and v in one GEMM, every k normed in one launch
                 layers, nkv, hd = s.num_layers, s.num_kv_heads, s.head_dim
@@ -207,7 +210,7 @@ class GQADrafter(nn.Module):
                     [w.detach() for w in norms])[:, None].expand(layers, nkv, hd))
                 keys = kv[:, :, 0].reshape(-1, nkv, hd)
                 head_norm_rope(keys, weight, s.rms_norm_eps, cos, sin, cos_group=layers,
-                               out=keys)
+                               out=keys, pdl=in_pdl_scope())
                 return kv
             per_layer = []
             for layer in self.layers:
@@ -317,14 +320,15 @@ class GQADrafter(nn.Module):
                             lambda: torch.cat((attn.q_norm.weight.detach().expand(nh, hd),
                                                attn.k_norm.weight.detach().expand(nkv, hd))))
             head_norm_rope(heads, weight, s.rms_norm_eps, cos.reshape(-1, hd),
-                           sin.reshape(-1, hd), out=heads)
+                           sin.reshape(-1, hd), out=heads, pdl=in_pdl_scope())
             q, k, v = qkv.view(g, w, nh + 2 * nkv, hd).split((nh, nkv, nkv), dim=2)
         else:
             q = norm_rope(attn.q_norm, attn.q_proj(a).view(g, w, nh, hd), cos, sin)
             k = norm_rope(attn.k_norm, attn.k_proj(a).view(g, w, nkv, hd), cos, sin)
             v = attn.v_proj(a).view(g, w, nkv, hd)
         o = block_attention(q, k, v, pool, placement, pos_q, columns, vis.causal, vis.window)
-        x, h = residual_norm(layer.post_attention_layernorm, x, attn.o_proj(o.reshape(g, w, -1)))
+        x, h = residual_norm(layer.post_attention_layernorm, x, linear(attn.o_proj,
+                                                                       o.reshape(g, w, -1)))
         return residual_norm(after, x, layer.mlp(h))
 
     def block_logits(self, hidden: torch.Tensor, head: OutputHead) -> LogitsShard:
@@ -338,7 +342,7 @@ class GQADrafter(nn.Module):
                 f"drafter needs V={s.vocab_size}, H={s.hidden_size}"
             )
         with torch.no_grad():
-            logits = head.project(hidden.to(head.weight.dtype)).float()
+            logits = head_logits(head, hidden)
             if s.output_multiplier != 1.0:
                 logits = logits * s.output_multiplier
             cap = s.final_logit_softcapping

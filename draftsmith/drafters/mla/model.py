@@ -83,8 +83,12 @@ from draftsmith.drafters.nn import (
     RMSNorm,
     check_token_range,
     context_columns,
+    head_logits,
+    linear,
     packed_linear,
+    packed_swiglu,
     packing,
+    product,
     rms_norm,
     rope_cos_sin,
 )
@@ -96,11 +100,11 @@ from draftsmith.drafters.tp import (
     row_parallel_shard,
     shard_range,
 )
+from draftsmith.kernels import in_pdl_scope
 from draftsmith.kernels.latent_norm_rope import latent_norm_rope as fused_latent_norm_rope
 from draftsmith.kernels.latent_norm_rope import latent_norm_rope_reference
 from draftsmith.kernels.mla_attention import mla_attention as fused_mla_attention
 from draftsmith.kernels.mla_attention import mla_attention_reference
-from draftsmith.kernels.swiglu import silu_mul
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +137,7 @@ def latent_norm_rope(
     cos, sin = cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])
     fused = (packing(latent) and norm_weight.dtype == latent.dtype == cos.dtype == sin.dtype)
     out = (fused_latent_norm_rope if fused else latent_norm_rope_reference)(
-        rows, norm_weight, eps, cos, sin)
+        rows, norm_weight, eps, cos, sin, pdl=in_pdl_scope())
     return out.view(latent.shape)
 
 
@@ -157,7 +161,7 @@ def mla_attention(
     fused = packing(q) and cos.dtype == sin.dtype == latent.dtype == kv_b.dtype == q.dtype
     fn = fused_mla_attention if fused else mla_attention_reference
     return fn(q, cos, sin, latent, kv_b, pool, placement.block_tables, placement.num_ctx, columns,
-              scale)
+              scale, pdl=in_pdl_scope())
 
 
 class _Linear(nn.Module):
@@ -198,11 +202,10 @@ class _SwiGLU(nn.Module):
         self.down_proj = _Linear(intermediate_size, hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x: [..., H] -> [..., H]``; on a GPU outside autograd, one GEMM for gate and up and
-        one fused activation."""
+        """``x: [..., H] -> [..., H]``; on a GPU outside autograd,
+        :func:`~draftsmith.drafters.nn.packed_swiglu`."""
         if packing(x):
-            return self.down_proj(silu_mul(packed_linear(self, (self.gate_proj, self.up_proj),
-                                                         x)))
+            return packed_swiglu(self, self.gate_proj, self.up_proj, self.down_proj, x)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -250,14 +253,14 @@ class MLAAttention(nn.Module):
                 (cfg.q_lora_rank, cfg.latent_width), dim=-1)
         else:
             q_a, raw = self.q_a_proj(a), self.kv_a_proj_with_mqa(a)
-        q = self.q_b_proj(self.q_a_layernorm(q_a)).view(g, w, n, -1)
+        q = linear(self.q_b_proj, self.q_a_layernorm(q_a)).view(g, w, n, -1)
         latent = latent_norm_rope(raw[..., None, :], self.kv_a_layernorm.weight, cfg.rms_norm_eps,
                                   cos, sin)[..., 0, :]  # the block's own latents [G, W, D_lat]
         kv_b = self.kv_b_proj.weight.view(n, cfg.qk_nope_head_dim + cfg.v_head_dim,
                                           cfg.kv_lora_rank)
         values = mla_attention(q, cos, sin, latent, kv_b, pool, placement, columns,
                                self.softmax_scale)
-        return self.o_proj(values.reshape(g, w, n * cfg.v_head_dim))
+        return linear(self.o_proj, values.reshape(g, w, n * cfg.v_head_dim))
 
 
 class MLADecoderLayer(nn.Module):
@@ -500,7 +503,7 @@ class DSparkMLADrafter(nn.Module):
         ctx = context_projection(features, self.fc.weight, self.hidden_norm.weight,
                                  cfg.rms_norm_eps, self.fc_columns, self.collectives)
         t = ctx.shape[0]
-        latent = F.linear(ctx, self._kv_a_stacked).view(t, cfg.num_layers, cfg.latent_width)
+        latent = product(ctx, self._kv_a_stacked).view(t, cfg.num_layers, cfg.latent_width)
         cos, sin = self._cos_sin(positions)
         latent = latent_norm_rope(latent, self._kv_a_norm_stacked, cfg.rms_norm_eps, cos, sin)
         return latent.view(t, cfg.num_layers, 1, 1, cfg.latent_width)
@@ -572,7 +575,7 @@ class DSparkMLADrafter(nn.Module):
                 f"output head covers vocab {head.vocab_size} x hidden {head.weight.shape[1]}, "
                 f"the drafter has {self.cfg.vocab_size} x {self.cfg.hidden_size}"
             )
-        logits = head.project(hidden.to(head.weight.dtype)).float()
+        logits = head_logits(head, hidden)
         return LogitsShard(logits=logits, vocab_start=head.vocab_start, vocab_size=head.vocab_size)
 
     def markov_head(self) -> MarkovHeadWeights | None:
