@@ -29,7 +29,7 @@ from draftsmith.kernels._launch import unit_rows
 from draftsmith.kernels.add_rms_norm import add_rms_norm
 from draftsmith.kernels.block_attention import block_attention as fused_block_attention
 from draftsmith.kernels.block_attention import block_attention_reference, paged_columns
-from draftsmith.kernels.decode_linear import decode_linear
+from draftsmith.kernels.decode_linear import BLOCK_M, decode_linear
 from draftsmith.kernels.head_norm_rope import head_norm_rope
 from draftsmith.kernels.head_norm_rope import rotate_half_rope_reference as apply_rope_neox
 from draftsmith.kernels.latent_norm_rope import (
@@ -43,11 +43,12 @@ from draftsmith.kernels.swiglu import silu_mul, silu_mul_reference
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 """What the fused kernels take; other dtypes (the float64 toy target) run the reference."""
-FEW_ROWS = 16
+FEW_ROWS = BLOCK_M
 """Rows (``G * W``) up to which a drafter's products run the few-row kernel
-(:func:`~draftsmith.kernels.decode_linear.decode_linear`) on a GPU, as the target's do: a batch-1
-block's products are each a few microseconds of launch and ramp, and cuBLAS adds a launch for
-the gate and one for the cast of fp32 logits. More rows run cuBLAS."""
+(:func:`~draftsmith.kernels.decode_linear.decode_linear`) on a GPU, as the target's do: one tile
+of its rows. A batch-1 block's products are each a few microseconds of launch and ramp, and
+cuBLAS adds a launch for the gate and one for the cast of fp32 logits; more rows take two tiles,
+where cuBLAS is faster."""
 FEW_ROW_DTYPES = (torch.bfloat16, torch.float16)
 """The dtypes of the few-row products (fp32 keeps cuBLAS, as the target's decoding does)."""
 T = TypeVar("T")
