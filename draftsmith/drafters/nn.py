@@ -50,7 +50,8 @@ of its rows. A batch-1 block's products are each a few microseconds of launch an
 cuBLAS adds a launch for the gate and one for the cast of fp32 logits; more rows take two tiles,
 where cuBLAS is faster."""
 FEW_ROW_DTYPES = (torch.bfloat16, torch.float16)
-"""The dtypes of the few-row products (fp32 keeps cuBLAS, as the target's decoding does)."""
+"""The dtypes of the few-row products. fp32 drafters keep cuBLAS: the drafts never change the
+output, so they need no row-stable product, and the fp32 kernel was not timed on their shapes."""
 T = TypeVar("T")
 
 

@@ -96,8 +96,9 @@ class DraftPlan(BaseModel):
     kernels: Literal["eager", "fused"]
     """Acceptance kernels dispatch."""
     round_pdl: bool = False
-    """The round's own kernels (the fused Markov chain) launch with programmatic dependent
-    launch."""
+    """The round's drafting kernels (the built-in drafters' kernels inside
+    :func:`~draftsmith.kernels.pdl_scope`, and the fused Markov chain) launch with
+    programmatic dependent launch."""
     tp_fusions: frozenset[TPFusion]
     """Drafter TP fusions taken."""
     record_margins: bool
