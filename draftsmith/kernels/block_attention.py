@@ -1,4 +1,4 @@
-"""A drafter block's attention over its paged context plus the block itself, in one launch.
+"""A drafter block's attention over its paged context plus the block itself.
 
 Each block query attends to its request's context columns ``0 .. num_ctx - 1`` (keys and values
 read straight from the paged pool through the block table) and to the block's own keys, under a
@@ -7,8 +7,26 @@ visibility rule on positions (causal and/or a window; context column ``c`` sits 
 and a transpose copy per layer; inside a captured round those cost launch latency. Owns
 ``block_attention`` beside its reference. Imports ``draftsmith.contract`` only.
 
+Launches: one program per request and KV head holds the block's ``W x (nh / nkv)`` query rows.
+Up to :data:`SPLIT_COLS` context columns (the static ``columns`` bound, not the data) one launch
+does it all: each program folds every context column, then the block's keys, and writes the
+output. That serial loop is the whole cost at long contexts (120 us at 4k columns, 468 us at 16k
+on an H100 at batch 1, on two programs), so a wider bound splits the context: each of
+``ceil(columns / SPLIT_COLS)`` programs per request and KV head folds one run of
+:data:`SPLIT_COLS` columns, the last split also folds the block's own keys (exactly one split
+does, so nothing counts twice; the last is the lightest, its run often past ``num_ctx``), and
+each writes its fp32 running max, sum and unnormalised output per query row and head to a
+scratch buffer. A second launch folds each query row and head's splits in split order
+``0, 1, ...``. A split with no visible column writes exact zeros and a -1e30 max, which change
+no bit of the fold and make no NaN. The number of splits depends on ``columns`` alone, so a CUDA
+graph captured at one width stays valid for every ``num_ctx`` below it, and a request's result
+depends neither on the batch nor on the call (no atomics, no order that depends on scheduling).
+Both launches keep ``pdl``'s rule: every program waits before its first read or write.
+
 Numerics: softmax is computed online in fp32 over tiles (the reference's softmax is one pass), so
-outputs differ from the reference by fp32 rounding before the final cast.
+outputs differ from the reference by fp32 rounding before the final cast. The split path folds
+in a different order from the one-launch path, so their bits differ by that rounding too; the
+one-launch path's bits are those of the kernel before the split.
 """
 
 from __future__ import annotations
@@ -24,6 +42,23 @@ from draftsmith.kernels._launch import block_size, pdl_kwargs, pdl_start
 from draftsmith.kernels._softmax import _online_softmax
 
 _I64 = torch.int64
+
+SPLIT_COLS = 256
+"""Context columns one program folds once the context is split (the default ``split_cols``): a
+``columns`` bound above it runs ``ceil(columns / SPLIT_COLS)`` programs per request and KV head
+and a combine launch; at or below it, one launch with one program per request and KV head.
+
+A program's tiles run one after another, so its time grows with its run's length: shorter runs
+finish sooner at batch 1, and more programs cost more partials and scheduling at larger batches.
+Measured on an H100 (bf16, 8 block queries, 4 query heads over 2 KV heads of 64, in a CUDA
+graph, 2026-12-05): at batch 1 one launch takes 32.6 / 120.0 / 468.3 us at 1k / 4k / 16k
+columns, splits of 256 columns 12.4 / 12.7 / 13.9 us and of 512 19.8 / 20.6 / 20.7 us; at batch
+8 and 16k, 39.0 us against 34.5 (heads of 128: 74.7 against 73.5). Splits of 128 were faster
+still at batch 1 (8.6 / 9.3 / 13.9 us, another run) but 18-24% slower than 256 at batch 8 and
+16k. cache_attention splits at 256 too. The split depends on the width alone, so a request's
+bits do not depend on the batch."""
+
+_BLOCK_N = 64
 
 
 def visible(query_pos: torch.Tensor, key_pos: torch.Tensor, causal: bool,
@@ -59,9 +94,10 @@ def block_attention_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Tensor,
     block_tables: torch.Tensor, num_ctx: torch.Tensor, query_pos: torch.Tensor, columns: int,
     causal: bool, window: int | None, scale: float, *, pdl: bool = False,
+    split_cols: int | None = SPLIT_COLS,
 ) -> torch.Tensor:
-    """Attention of a block over its paged context and itself (``pdl``, the kernel form's
-    launch option, is accepted and ignored).
+    """Attention of a block over its paged context and itself (``pdl`` and ``split_cols``, the
+    kernel form's launch options, are accepted and ignored).
 
     ``q: [G, W, nh, hd]``, ``k, v: [G, W, nkv, hd]`` (the block's keys and values),
     ``pool: [pages, 2, nkv, P_sz, hd]`` (one layer's paged context: plane 0 keys, plane 1
@@ -99,16 +135,39 @@ def _seen(qp, kp, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
 
 
 @triton.jit
+def _fold_block_keys(q, qp, row_ok, d, d_ok, m_i, l_i, acc, k_ptr, v_ptr, qpos_ptr, b, kvh, W,
+                     s_kg, s_kw, s_kh, s_vg, s_vw, s_vh, qk_scale,
+                     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
+                     BLOCK_W: tl.constexpr):
+    """Fold the block's own keys and values (request ``b``, KV head ``kvh``; key ``j`` at
+    position ``query_pos[b, j]``) into the running max, sum and output of the query rows."""
+    j = tl.arange(0, BLOCK_W)
+    j_ok = j < W
+    ld_ok = j_ok[:, None] & d_ok[None, :]
+    kb = tl.load(k_ptr + b * s_kg + j[:, None] * s_kw + kvh * s_kh + d[None, :], mask=ld_ok,
+                 other=0.0)
+    vb = tl.load(v_ptr + b * s_vg + j[:, None] * s_vw + kvh * s_vh + d[None, :], mask=ld_ok,
+                 other=0.0)
+    kp = tl.load(qpos_ptr + b * W + j, mask=j_ok, other=0)
+    ok = _seen(qp, kp, CAUSAL, WINDOW) & j_ok[None, :] & row_ok[:, None]
+    return _online_softmax(q, kb, vb, ok, m_i, l_i, acc, qk_scale, IEEE)
+
+
+@triton.jit
 def _block_attention_kernel(
-    q_ptr, k_ptr, v_ptr, pool_ptr, tables_ptr, nctx_ptr, qpos_ptr, out_ptr,
-    W, HD, COLUMNS, PAGE, MAX_PAGES, scale,
+    q_ptr, k_ptr, v_ptr, pool_ptr, tables_ptr, nctx_ptr, qpos_ptr, out_ptr, m_ptr, l_ptr,
+    acc_ptr, W, HD, NH, COLUMNS, PAGE, MAX_PAGES, SPLITS, SPLIT_W, scale,
     s_qg, s_qw, s_qh, s_kg, s_kw, s_kh, s_vg, s_vw, s_vh,
     s_page, s_plane, s_ph, s_off, s_tg, s_og, s_ow, s_oh,
     REP: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
+    SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+    BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Program ``(b, kv_head)``: the ``W * REP`` query rows of that KV head's query heads."""
+    """Program ``(b, kv_head, split)``: the ``W * REP`` query rows of that KV head's query
+    heads. Without ``SPLIT`` (one split): every context column, then the block's keys, into the
+    output. With it: context columns ``split * SPLIT_W ..`` (up to ``SPLIT_W`` of them, below
+    ``num_ctx``), the block's keys in the last of the ``SPLITS`` splits only, into the partials
+    ``m, l: [G, W, NH, SPLITS]`` and ``acc: [G, W, NH, SPLITS, HD]`` (fp32)."""
     pdl_start(PDL, True)
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
@@ -126,10 +185,17 @@ def _block_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     n_ctx = tl.minimum(tl.load(nctx_ptr + b), COLUMNS)
+    if SPLIT:  # this split's run of columns (none where it starts at or past num_ctx)
+        sp = tl.program_id(2)
+        lo = sp * SPLIT_W
+        hi = tl.minimum(lo + SPLIT_W, n_ctx)
+    else:
+        lo = 0
+        hi = n_ctx
     head_base = pool_ptr + kvh * s_ph
-    for n0 in range(0, n_ctx, BLOCK_N):
+    for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
-        c_ok = cols < n_ctx
+        c_ok = cols < hi
         page_idx = tl.minimum(cols // PAGE, MAX_PAGES - 1)
         page = tl.load(tables_ptr + b * s_tg + page_idx, mask=c_ok, other=0)
         where = head_base + page * s_page + (cols % PAGE).to(tl.int64) * s_off
@@ -138,31 +204,79 @@ def _block_attention_kernel(
         vt = tl.load(where[:, None] + s_plane + d[None, :], mask=ld_ok, other=0.0)
         ok = _seen(qp, cols.to(tl.int64), CAUSAL, WINDOW) & c_ok[None, :] & row_ok[:, None]
         m_i, l_i, acc = _online_softmax(q, kt, vt, ok, m_i, l_i, acc, qk_scale, IEEE)
-    # the block's own keys and values
-    j = tl.arange(0, BLOCK_W)
-    j_ok = j < W
-    ld_ok = j_ok[:, None] & d_ok[None, :]
-    kb = tl.load(k_ptr + b * s_kg + j[:, None] * s_kw + kvh * s_kh + d[None, :], mask=ld_ok,
-                 other=0.0)
-    vb = tl.load(v_ptr + b * s_vg + j[:, None] * s_vw + kvh * s_vh + d[None, :], mask=ld_ok,
-                 other=0.0)
-    kp = tl.load(qpos_ptr + b * W + j, mask=j_ok, other=0)
-    ok = _seen(qp, kp, CAUSAL, WINDOW) & j_ok[None, :] & row_ok[:, None]
-    m_i, l_i, acc = _online_softmax(q, kb, vb, ok, m_i, l_i, acc, qk_scale, IEEE)
-    o = acc / tl.maximum(l_i, 1.0e-30)[:, None]
-    tl.store(out_ptr + b * s_og + row_w[:, None] * s_ow + head[:, None] * s_oh + d[None, :],
-             o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if SPLIT:
+        if sp == SPLITS - 1:  # exactly one split counts the block's own keys
+            m_i, l_i, acc = _fold_block_keys(q, qp, row_ok, d, d_ok, m_i, l_i, acc, k_ptr,
+                                             v_ptr, qpos_ptr, b, kvh, W, s_kg, s_kw, s_kh,
+                                             s_vg, s_vw, s_vh, qk_scale, CAUSAL, WINDOW, IEEE,
+                                             BLOCK_W)
+        # every split writes its partials, an empty one too (the scratch is uninitialised)
+        part = ((b * W + row_w) * NH + head) * SPLITS + sp
+        tl.store(m_ptr + part, m_i, mask=row_ok)
+        tl.store(l_ptr + part, l_i, mask=row_ok)
+        tl.store(acc_ptr + part[:, None] * HD + d[None, :], acc,
+                 mask=row_ok[:, None] & d_ok[None, :])
+    else:
+        m_i, l_i, acc = _fold_block_keys(q, qp, row_ok, d, d_ok, m_i, l_i, acc, k_ptr, v_ptr,
+                                         qpos_ptr, b, kvh, W, s_kg, s_kw, s_kh, s_vg, s_vw,
+                                         s_vh, qk_scale, CAUSAL, WINDOW, IEEE, BLOCK_W)
+        o = acc / tl.maximum(l_i, 1.0e-30)[:, None]
+        tl.store(out_ptr + b * s_og + row_w[:, None] * s_ow + head[:, None] * s_oh + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _combine_kernel(out_ptr, m_ptr, l_ptr, acc_ptr, W, HD, NH, s_og, s_ow, s_oh,
+                    SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    """Program ``(b * W + w, head)``: the ``SPLITS`` partials of query row ``w`` of request
+    ``b`` and ``head`` folded in split order into the output (a split that saw no column holds
+    exact zeros and a -1e30 max: its weight is 0, or 1 on zeros where no split saw one, so it
+    changes no bit and makes no NaN)."""
+    pdl_start(PDL, True)
+    row = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HD
+    base = (row * NH + h) * SPLITS
+    top = tl.load(m_ptr + base)
+    for s in tl.static_range(1, SPLITS):
+        top = tl.maximum(top, tl.load(m_ptr + base + s))
+    total = tl.zeros([1], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s in tl.static_range(SPLITS):
+        w = tl.exp2(tl.load(m_ptr + base + s) - top)
+        total += tl.load(l_ptr + base + s) * w
+        acc += tl.load(acc_ptr + (base + s) * HD + d, mask=d_ok, other=0.0) * w
+    o = acc / tl.maximum(total, 1.0e-30)
+    b = row // W
+    tl.store(out_ptr + b * s_og + (row - b * W) * s_ow + h * s_oh + d,
+             o.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def context_splits(columns: int, split_cols: int | None = SPLIT_COLS) -> int:
+    """Programs per request and KV head over a context of at most ``columns`` columns: 1 up to
+    ``split_cols`` columns (or with ``split_cols=None``: never split), else
+    ``ceil(columns / split_cols)``. A function of the static bound alone, never of ``num_ctx``."""
+    if split_cols is None or columns <= split_cols:
+        return 1
+    return triton.cdiv(columns, split_cols)
 
 
 def block_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Tensor,
     block_tables: torch.Tensor, num_ctx: torch.Tensor, query_pos: torch.Tensor, columns: int,
     causal: bool, window: int | None, scale: float, *, pdl: bool = False,
+    split_cols: int | None = SPLIT_COLS,
 ) -> torch.Tensor:
     """Kernel form of :func:`block_attention_reference` (same arguments, ``[G, W, nh, hd]`` in
     ``q``'s dtype); every tensor needs a contiguous last dim. Reads nothing back to the host.
     ``pdl``: launch with programmatic dependent launch where the device has it
-    (:func:`~draftsmith.kernels.pdl_on`)."""
+    (:func:`~draftsmith.kernels.pdl_on`), both launches where the context is split.
+    ``split_cols``: context columns per program once ``columns`` exceeds it
+    (:func:`context_splits`; ``None``: one launch whatever the width, the kernel's bits before
+    the split). The split path allocates its fp32 partials (``G * W * nh * splits * (hd + 2)``
+    floats) with ``torch.empty`` on each call, from the graph's pool under a CUDA-graph
+    capture."""
     s: dict[str, int] = {}
     check_tensor("q", q, ("G", "W", "nh", "hd"), FLOAT_DTYPES, s, unit_stride=True)
     check_tensor("k", k, ("G", "W", "nkv", "hd"), q.dtype, s, q.device, unit_stride=True)
@@ -177,26 +291,41 @@ def block_attention(
         raise ShapeError(f"{s['nh']} query heads do not group over {s['nkv']} KV heads")
     if window is not None and window < 1:
         raise ShapeError(f"window must be >= 1 or None, got {window}")
+    if split_cols is not None and split_cols < 1:
+        raise ShapeError(f"split_cols must be >= 1 or None (never split), got {split_cols}")
     g, w, nh, hd = q.shape
     nkv, rep = s["nkv"], nh // s["nkv"]
     out = torch.empty(g, w, nh, hd, dtype=q.dtype, device=q.device)
     if g == 0:
         return out
+    splits = context_splits(int(columns), split_cols)
+    if splits > 1:  # partials per query row and head, splits innermost
+        m = torch.empty(g, w, nh, splits, dtype=torch.float32, device=q.device)
+        l_sum = torch.empty_like(m)
+        acc = torch.empty(g, w, nh, splits, hd, dtype=torch.float32, device=q.device)
+    else:
+        m = l_sum = acc = out  # unused
     block_m = block_size(w * rep, lo=16)
     block_d = block_size(hd, lo=16)
     on = pdl_on(pdl, q)
-    _block_attention_kernel[(g, nkv)](
-        q, k, v, pool, block_tables, num_ctx, query_pos, out,
-        w, hd, int(columns), pool.shape[3], block_tables.shape[1], float(scale),
+    _block_attention_kernel[(g, nkv, splits)](
+        q, k, v, pool, block_tables, num_ctx, query_pos, out, m, l_sum, acc,
+        w, hd, nh, int(columns), pool.shape[3], block_tables.shape[1], splits,
+        int(split_cols) if splits > 1 else 0, float(scale),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         pool.stride(0), pool.stride(1), pool.stride(2), pool.stride(3), block_tables.stride(0),
         out.stride(0), out.stride(1), out.stride(2),
         REP=rep, CAUSAL=bool(causal), WINDOW=int(window or 0), IEEE=q.dtype == torch.float32,
-        BLOCK_M=block_m, BLOCK_N=64, BLOCK_W=block_size(w, lo=16),
+        SPLIT=splits > 1, BLOCK_M=block_m, BLOCK_N=_BLOCK_N, BLOCK_W=block_size(w, lo=16),
         BLOCK_D=block_d, PDL=on, num_warps=4, **pdl_kwargs(on),
     )
+    if splits > 1:
+        _combine_kernel[(g * w, nh)](out, m, l_sum, acc, w, hd, nh, out.stride(0),
+                                     out.stride(1), out.stride(2), SPLITS=splits,
+                                     BLOCK_D=block_d, PDL=on, num_warps=1, **pdl_kwargs(on))
     return out
 
 
-__all__ = ["block_attention", "block_attention_reference", "paged_columns", "visible"]
+__all__ = ["SPLIT_COLS", "block_attention", "block_attention_reference", "context_splits",
+           "paged_columns", "visible"]
