@@ -1,6 +1,7 @@
-"""The online-softmax tile step shared by the attention kernels (``block_attention``,
+"""The online-softmax steps shared by the attention kernels (``block_attention``,
 ``cache_attention``): one tile of keys and values folded into a running max, sum and output, in
-fp32 (fp32 operands multiplied exactly, no TF32). Imports nothing of draftsmith.
+fp32 (fp32 operands multiplied exactly, no TF32), and the fold of a split context's partials.
+Imports nothing of draftsmith.
 """
 
 from __future__ import annotations
@@ -30,3 +31,21 @@ def _online_softmax(q, k, v, ok, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr):
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v.to(q.dtype), IEEE)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _fold_splits(m_ptr, l_ptr, acc_ptr, base, d, d_ok, HD, SPLITS: tl.constexpr):
+    """The output ``[BLOCK_D]`` (fp32) of one query row and head from its ``SPLITS`` partials
+    (running max and sum at ``m_ptr + base + s``, unnormalised output at ``acc_ptr + (base +
+    s) * HD``), folded in split order ``s = 0, 1, ..``: a split that saw no column holds exact
+    zeros and a -1e30 max, so it changes no bit and makes no NaN."""
+    top = tl.load(m_ptr + base)
+    for s in tl.static_range(1, SPLITS):
+        top = tl.maximum(top, tl.load(m_ptr + base + s))
+    total = tl.zeros([1], tl.float32)
+    acc = tl.zeros(d.shape, tl.float32)
+    for s in tl.static_range(SPLITS):
+        w = tl.exp2(tl.load(m_ptr + base + s) - top)
+        total += tl.load(l_ptr + base + s) * w
+        acc += tl.load(acc_ptr + (base + s) * HD + d, mask=d_ok, other=0.0) * w
+    return acc / tl.maximum(total, 1.0e-30)

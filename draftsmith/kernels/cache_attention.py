@@ -30,7 +30,7 @@ from draftsmith.contract import ShapeError, check_tensor, value_checks_enabled
 from draftsmith.contract.checks import FLOAT_DTYPES
 from draftsmith.kernels import pdl_on
 from draftsmith.kernels._launch import block_size, pdl_kwargs, pdl_start
-from draftsmith.kernels._softmax import _online_softmax
+from draftsmith.kernels._softmax import _fold_splits, _online_softmax
 
 _I64 = torch.int64
 
@@ -136,17 +136,7 @@ def _combine_kernel(out_ptr, m_ptr, l_ptr, acc_ptr, HD, NQ, s_on, s_oh,
     h = tl.program_id(1).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HD
-    base = (n * NQ + h) * SPLITS
-    top = tl.load(m_ptr + base)
-    for s in tl.static_range(1, SPLITS):
-        top = tl.maximum(top, tl.load(m_ptr + base + s))
-    total = tl.zeros([1], tl.float32)
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    for s in tl.static_range(SPLITS):
-        w = tl.exp2(tl.load(m_ptr + base + s) - top)
-        total += tl.load(l_ptr + base + s) * w
-        acc += tl.load(acc_ptr + (base + s) * HD + d, mask=d_ok, other=0.0) * w
-    o = acc / tl.maximum(total, 1.0e-30)
+    o = _fold_splits(m_ptr, l_ptr, acc_ptr, (n * NQ + h) * SPLITS, d, d_ok, HD, SPLITS)
     tl.store(out_ptr + n * s_on + h * s_oh + d, o.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
