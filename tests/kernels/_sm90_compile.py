@@ -1,0 +1,132 @@
+"""Compile the few-row path's and the attention's kernels for an H100 (sm_90) with the installed
+Triton, without a GPU: ``python tests/kernels/_sm90_compile.py`` prints one line per case, ``ok``
+or the compiler's error, and exits 1 if any failed.
+
+The CPU suite runs the kernels under Triton's interpreter, which never lowers them; a kernel that
+only fails when compiled for a GPU (a layout, a shape, a builtin the current release renamed)
+would otherwise first fail on the device machine, which runs an older Triton than the current
+release. Each case compiles twice: with no alignment hints, and with the 16-byte hints the JIT
+gives pointers and integers that are multiples of 16 (the vectorised, pipelined code). Must run
+with ``TRITON_INTERPRET`` unset (its kernels are then ``JITFunction``s).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from draftsmith.kernels import (
+    add_rms_norm,
+    block_attention,
+    cache_attention,
+    decode_linear,
+    markov_chain,
+    rms_norm,
+    rope_store,
+)
+
+FLOATS = {"eps", "scale"}
+"""Scalar arguments passed as Python floats (fp32); every other non-pointer one is an int."""
+
+
+def _signature(kernel: Any, constexprs: dict[str, Any],
+               ptrs: dict[str, str]) -> dict[str, str]:
+    """The compile signature from the kernel's argument names: ``constexpr`` for those given,
+    ``ptrs[name]`` (default ``*bf16``) for ``*_ptr`` arguments, fp32 for :data:`FLOATS`, i32
+    otherwise."""
+    sig = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            sig[name] = ptrs.get(name, "*bf16")
+        else:
+            sig[name] = "fp32" if name in FLOATS else "i32"
+    return sig
+
+
+_LINEAR = dict(HAS_BIAS=False, GATED=False, RESIDUAL=True, IEEE=False, BLOCK_M=16, BLOCK_N=32,
+               BLOCK_K=512, STAGES=4, PDL=True, PF_TILES=1, PF_LINES=8, PF_LINE=64)
+
+CASES: list[tuple[str, Any, dict[str, Any], dict[str, str], int, int]] = [
+    # name, kernel, constexprs, pointer dtypes, warps, stages
+    ("decode_linear o + add", decode_linear._decode_linear_kernel, _LINEAR, {}, 4, 4),
+    ("decode_linear gate | up", decode_linear._decode_linear_kernel,
+     dict(_LINEAR, GATED=True, RESIDUAL=False, BLOCK_K=256, STAGES=3), {}, 4, 3),
+    ("decode_linear head, fp32 out", decode_linear._decode_linear_kernel,
+     dict(_LINEAR, RESIDUAL=False, BLOCK_N=64), {"out_ptr": "*fp32"}, 4, 4),
+    ("decode_linear fp32", decode_linear._decode_linear_kernel,
+     dict(_LINEAR, IEEE=True, BLOCK_K=256, STAGES=2, PDL=False, PF_TILES=0),
+     {p: "*fp32" for p in ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "out_ptr")}, 4, 2),
+    ("decode_linear split K", decode_linear._decode_linear_split_kernel,
+     dict(_LINEAR, PARTS=4), {"part_ptr": "*fp32", "count_ptr": "*i32"}, 4, 4),
+    ("rms_norm", rms_norm._rms_norm_kernel, dict(BLOCK_D=2048, PDL=True), {}, 4, 1),
+    ("add_rms_norm", add_rms_norm._add_rms_norm_kernel, dict(BLOCK_D=1024, PDL=True), {}, 2, 1),
+    ("rope_store", rope_store._rope_store_kernel, dict(BLOCK_D=64, NORM=False, PDL=True),
+     {"pos_ptr": "*i64", "freq_ptr": "*fp32", "rows_ptr": "*i64"}, 1, 1),
+    ("rope_store, qk-norm", rope_store._rope_store_kernel, dict(BLOCK_D=128, NORM=True, PDL=True),
+     {"pos_ptr": "*i64", "freq_ptr": "*fp32", "rows_ptr": "*i64"}, 1, 1),
+    ("cache_attention, splits", cache_attention._cache_attention_kernel,
+     dict(GROUP=4, GROUP_P2=4, CHUNK=8, SPLITS=4, SPLIT_COLS=256, IEEE=False, BLOCK_M=32,
+          BLOCK_N=64, BLOCK_D=64, PDL=True),
+     {"rows_ptr": "*i64", "pos_ptr": "*i64", "m_ptr": "*fp32", "l_ptr": "*fp32",
+      "acc_ptr": "*fp32"}, 4, 3),
+    ("cache_attention combine", cache_attention._combine_kernel,
+     dict(SPLITS=4, BLOCK_D=128, PDL=True),
+     {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32"}, 1, 1),
+    ("block_attention, split", block_attention._block_attention_kernel,
+     dict(REP=2, CAUSAL=False, WINDOW=0, IEEE=False, SPLIT=True, BLOCK_M=16, BLOCK_N=64,
+          BLOCK_W=16, BLOCK_D=64, PDL=True),
+     {"tables_ptr": "*i64", "nctx_ptr": "*i64", "qpos_ptr": "*i64", "m_ptr": "*fp32",
+      "l_ptr": "*fp32", "acc_ptr": "*fp32"}, 4, 3),
+    ("block_attention combine", block_attention._combine_kernel,
+     dict(SPLITS=16, BLOCK_D=64, PDL=True),
+     {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32"}, 1, 1),
+    ("markov_chain step", markov_chain._markov_step_kernel,
+     dict(STORE=True, IEEE=False, REVERSE=False, BLOCK_G=16, BLOCK_S=128, BLOCK_R=64,
+          ONE_CHUNK=True, PDL=True),
+     {"base_ptr": "*fp32", "prev_ptr": "*i64", "out_ptr": "*fp32", "part_val_ptr": "*fp32",
+      "part_idx_ptr": "*i32"}, 4, 2),
+    ("markov_chain reduce", markov_chain._markov_reduce_kernel, dict(BLOCK_T=64, PDL=True),
+     {"part_val_ptr": "*fp32", "part_idx_ptr": "*i32", "val_ptr": "*fp32", "idx_ptr": "*i64"},
+     1, 1),
+]
+
+
+def compile_case(kernel: Any, constexprs: dict[str, Any], ptrs: dict[str, str], warps: int,
+                 stages: int, hints: bool) -> int:
+    """Bytes of the sm_90 cubin of one case (raises the compiler's error)."""
+    sig = _signature(kernel, constexprs, ptrs)
+    attrs = ({(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
+              if t != "constexpr" and not t.startswith("fp")} if hints else {})
+    compiled = triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps, "num_stages": stages})
+    return len(compiled.asm["cubin"])
+
+
+def main() -> int:
+    failed = 0
+    for name, kernel, constexprs, ptrs, warps, stages in CASES:
+        for hints in (False, True):
+            t0 = time.perf_counter()
+            try:
+                size = compile_case(kernel, constexprs, ptrs, warps, stages, hints)
+                print(f"ok {name} (hints {hints}): {size} B cubin, "
+                      f"{time.perf_counter() - t0:.1f} s", flush=True)
+            except Exception as e:  # noqa: BLE001 - report every case, then fail once
+                failed += 1
+                print(f"FAILED {name} (hints {hints}): {type(e).__name__}: "
+                      f"{str(e).strip().splitlines()[-1][:300] if str(e).strip() else ''}",
+                      flush=True)
+    print(f"triton {triton.__version__}: {len(CASES) * 2 - failed} compiled, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
