@@ -6,8 +6,12 @@ The CPU suite runs the kernels under Triton's interpreter, which never lowers th
 only fails when compiled for a GPU (a layout, a shape, a builtin the current release renamed)
 would otherwise first fail on the device machine, which runs an older Triton than the current
 release. Each case compiles twice: with no alignment hints, and with the 16-byte hints the JIT
-gives pointers and integers that are multiples of 16 (the vectorised, pipelined code). Must run
-with ``TRITON_INTERPRET`` unset (its kernels are then ``JITFunction``s).
+gives pointers and integers that are multiples of 16 (the vectorised, pipelined code). With the
+hints, the products' and the attentions' loops must also be software-pipelined (asynchronous
+copies in the TTGIR): a loop the pipeliner leaves alone loads each tile in series, correct but
+several times slower, which no CPU test would otherwise see (a store into a buffer the loop
+loads from is enough to cause it). Must run with ``TRITON_INTERPRET`` unset (its kernels are
+then ``JITFunction``s).
 """
 
 from __future__ import annotations
@@ -98,16 +102,22 @@ CASES: list[tuple[str, Any, dict[str, Any], dict[str, str], int, int]] = [
 ]
 
 
+PIPELINED = {name for name, *_ in CASES if name.startswith(("decode_linear", "cache_attention,",
+                                                               "block_attention,"))}
+"""Cases whose main loop streams tiles and must be software-pipelined."""
+
+
 def compile_case(kernel: Any, constexprs: dict[str, Any], ptrs: dict[str, str], warps: int,
-                 stages: int, hints: bool) -> int:
-    """Bytes of the sm_90 cubin of one case (raises the compiler's error)."""
+                 stages: int, hints: bool) -> tuple[int, int]:
+    """``(bytes of the sm_90 cubin, asynchronous copies in the TTGIR)`` of one case (raises the
+    compiler's error)."""
     sig = _signature(kernel, constexprs, ptrs)
     attrs = ({(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
               if t != "constexpr" and not t.startswith("fp")} if hints else {})
     compiled = triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": warps, "num_stages": stages})
-    return len(compiled.asm["cubin"])
+    return len(compiled.asm["cubin"]), compiled.asm["ttgir"].count("async_copy_global_to_local")
 
 
 def main() -> int:
@@ -116,9 +126,14 @@ def main() -> int:
         for hints in (False, True):
             t0 = time.perf_counter()
             try:
-                size = compile_case(kernel, constexprs, ptrs, warps, stages, hints)
-                print(f"ok {name} (hints {hints}): {size} B cubin, "
-                      f"{time.perf_counter() - t0:.1f} s", flush=True)
+                size, copies = compile_case(kernel, constexprs, ptrs, warps, stages, hints)
+                if hints and name in PIPELINED and not copies:
+                    failed += 1
+                    print(f"FAILED {name} (hints {hints}): its loop is not software-pipelined "
+                          "(no asynchronous copy in the TTGIR)", flush=True)
+                    continue
+                print(f"ok {name} (hints {hints}): {size} B cubin, {copies} asynchronous "
+                      f"copies, {time.perf_counter() - t0:.1f} s", flush=True)
             except Exception as e:  # noqa: BLE001 - report every case, then fail once
                 failed += 1
                 print(f"FAILED {name} (hints {hints}): {type(e).__name__}: "

@@ -1,8 +1,9 @@
 """The few-row path's and the attention's kernels compile for an H100 (sm_90) with the installed
-Triton, on the CPU: the suite's other kernel tests run them under the interpreter, which never
-lowers them, and the device machine runs an older Triton than the current release. One
-subprocess (its kernels must be compiled ones, so without ``TRITON_INTERPRET``) runs
-``_sm90_compile.py``; a case that fails prints the compiler's error."""
+Triton, on the CPU, and the products' and attentions' loops stay software-pipelined: the suite's
+other kernel tests run them under the interpreter, which never lowers them, and the device
+machine runs an older Triton than the current release. One subprocess (its kernels must be
+compiled ones, so without ``TRITON_INTERPRET``) runs ``_sm90_compile.py``; a case that fails
+prints the compiler's error or the loop that lost its pipelining."""
 
 from __future__ import annotations
 
