@@ -34,17 +34,20 @@ def _online_softmax(q, k, v, ok, m_i, l_i, acc, qk_scale, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _fold_splits(m_ptr, l_ptr, acc_ptr, base, d, d_ok, HD, SPLITS: tl.constexpr):
+def _fold_splits(m_ptr, l_ptr, acc_ptr, base, d, d_ok, HD, SPLITS):
     """The output ``[BLOCK_D]`` (fp32) of one query row and head from its ``SPLITS`` partials
     (running max and sum at ``m_ptr + base + s``, unnormalised output at ``acc_ptr + (base +
     s) * HD``), folded in split order ``s = 0, 1, ..``: a split that saw no column holds exact
-    zeros and a -1e30 max, so it changes no bit and makes no NaN."""
+    zeros and a -1e30 max, so it changes no bit and makes no NaN. ``SPLITS`` is a runtime
+    count, so one compiled kernel serves every width: unrolled over a constant count, the
+    combine kernel took 2.8 s to compile for sm_90 at 64 splits (16k columns), 14.3 s at 128 and
+    102 s at 256 (64k columns), once per cache width."""
     top = tl.load(m_ptr + base)
-    for s in tl.static_range(1, SPLITS):
+    for s in range(1, SPLITS):
         top = tl.maximum(top, tl.load(m_ptr + base + s))
     total = tl.zeros([1], tl.float32)
     acc = tl.zeros(d.shape, tl.float32)
-    for s in tl.static_range(SPLITS):
+    for s in range(SPLITS):
         w = tl.exp2(tl.load(m_ptr + base + s) - top)
         total += tl.load(l_ptr + base + s) * w
         acc += tl.load(acc_ptr + (base + s) * HD + d, mask=d_ok, other=0.0) * w

@@ -226,8 +226,8 @@ def _block_attention_kernel(
 
 
 @triton.jit
-def _combine_kernel(out_ptr, m_ptr, l_ptr, acc_ptr, W, HD, NH, s_og, s_ow, s_oh,
-                    SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+def _combine_kernel(out_ptr, m_ptr, l_ptr, acc_ptr, W, HD, NH, s_og, s_ow, s_oh, SPLITS,
+                    BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     """Program ``(b * W + w, head)``: the ``SPLITS`` partials of query row ``w`` of request
     ``b`` and ``head`` folded in split order into the output (a split that saw no column holds
     exact zeros and a -1e30 max: its weight is 0, or 1 on zeros where no split saw one, so it

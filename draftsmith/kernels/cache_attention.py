@@ -70,8 +70,8 @@ def _cache_attention_kernel(
     q_ptr, k_ptr, v_ptr, rows_ptr, pos_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
     HD, NQ, Q, CHUNKS, scale,
     s_qn, s_qh, s_ks, s_kh, s_kl, s_vs, s_vh, s_vl, s_on, s_oh,
-    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr,
-    SPLIT_COLS: tl.constexpr, IEEE: tl.constexpr,
+    SPLITS, GROUP: tl.constexpr, GROUP_P2: tl.constexpr, CHUNK: tl.constexpr,
+    SPLIT: tl.constexpr, SPLIT_COLS: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program ``(chunk, kv head, split)``: up to ``CHUNK`` tokens of one row (one slot) times
@@ -114,7 +114,7 @@ def _cache_attention_kernel(
                      other=0.0)
         ok = c_ok[None, :] & (cols[None, :] <= pos[:, None]) & m_ok[:, None]
         m_i, l_i, acc = _online_softmax(q, kt, vt, ok, m_i, l_i, acc, qk_scale, IEEE)
-    if SPLITS == 1:
+    if not SPLIT:
         o = acc / tl.maximum(l_i, 1.0e-30)[:, None]
         tl.store(out_ptr + n[:, None] * s_on + head[:, None] * s_oh + d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
@@ -127,8 +127,8 @@ def _cache_attention_kernel(
 
 
 @triton.jit
-def _combine_kernel(out_ptr, m_ptr, l_ptr, acc_ptr, HD, NQ, s_on, s_oh,
-                    SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+def _combine_kernel(out_ptr, m_ptr, l_ptr, acc_ptr, HD, NQ, s_on, s_oh, SPLITS,
+                    BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     """Program ``(token, query head)``: the splits' partials folded in split order (splits past
     the token's position hold exact zeros and a -1e30 max, so they change no bit)."""
     pdl_start(PDL, True)
@@ -213,7 +213,7 @@ def cache_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         hd, nq, tokens_per_row, chunks, float(scale),
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2), out.stride(0), out.stride(1),
-        GROUP=group, GROUP_P2=block_size(group), CHUNK=chunk, SPLITS=splits,
+        SPLITS=splits, GROUP=group, GROUP_P2=block_size(group), CHUNK=chunk, SPLIT=splits > 1,
         SPLIT_COLS=SPLIT, IEEE=q.dtype == torch.float32,
         BLOCK_M=block_m, BLOCK_N=_BLOCK_N, BLOCK_D=block_d, PDL=on, num_warps=4,
         **pdl_kwargs(on))
