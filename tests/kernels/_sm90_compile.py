@@ -9,9 +9,9 @@ release. Each case compiles twice: with no alignment hints, and with the 16-byte
 gives pointers and integers that are multiples of 16 (the vectorised, pipelined code). With the
 hints, the products' and the attentions' loops must also be software-pipelined (asynchronous
 copies in the TTGIR): a loop the pipeliner leaves alone loads each tile in series, correct but
-several times slower, which no CPU test would otherwise see (a store into a buffer the loop
-loads from is enough to cause it). Must run with ``TRITON_INTERPRET`` unset (its kernels are
-then ``JITFunction``s).
+slower (docs/benchmarks.md's persistent chain: 12 us a product against about 5), which no CPU
+test would otherwise see; a ``tl.debug_barrier()`` in the loop is enough to cause it. Must run
+with ``TRITON_INTERPRET`` unset (its kernels are then ``JITFunction``s).
 """
 
 from __future__ import annotations
