@@ -1,6 +1,8 @@
-"""Compile the few-row path's and the attention's kernels for an H100 (sm_90) with the installed
-Triton, without a GPU: ``python tests/kernels/_sm90_compile.py`` prints one line per case, ``ok``
-or the compiler's error, and exits 1 if any failed.
+"""Compile the hot path's kernels (the few-row products, norms, RoPE, the target's and the
+drafters' attentions, the Markov chain, acceptance, logit summary, the row-stable fp32 GEMM) for
+an H100 (sm_90) with the installed Triton, without a GPU: ``python
+tests/kernels/_sm90_compile.py`` prints one line per case, ``ok`` or the compiler's error, and
+exits 1 if any failed.
 
 The CPU suite runs the kernels under Triton's interpreter, which never lowers them; a kernel that
 only fails when compiled for a GPU (a layout, a shape, a builtin the current release renamed)
@@ -20,6 +22,7 @@ import sys
 import time
 from typing import Any
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -29,9 +32,15 @@ from draftsmith.kernels import (
     block_attention,
     cache_attention,
     decode_linear,
+    head_norm_rope,
+    latent_norm_rope,
+    linear,
+    logit_summary,
     markov_chain,
+    mla_attention,
     rms_norm,
     rope_store,
+    strict_accept,
 )
 
 FLOATS = {"eps", "scale"}
@@ -56,6 +65,13 @@ def _signature(kernel: Any, constexprs: dict[str, Any],
 
 _LINEAR = dict(HAS_BIAS=False, GATED=False, RESIDUAL=True, IEEE=False, BLOCK_M=16, BLOCK_N=32,
                BLOCK_K=512, STAGES=4, PDL=True, PF_TILES=1, PF_LINES=8, PF_LINE=64)
+
+_TILES, _BN, _BK, _BK2, _LIN_WARPS = linear._blocks(576, 576)  # SmolLM2's fp32 products
+_MLA = mla_attention._launch_sizes(16, 576, 128, 128)  # a block of 16, DeepSeek-V3's latent
+_MLA_WARPS = _MLA.pop("num_warps")
+_SUMMARY_BLOCK, _SUMMARY_WARPS = logit_summary._launch_sizes(49152)
+_ACC_V, _, _, _ACC_R, _ACC_C, _ACC_WARPS = strict_accept._launch_sizes(8, 8, 49152,
+                                                                  torch.device("cpu"))
 
 CASES: list[tuple[str, Any, dict[str, Any], dict[str, str], int, int]] = [
     # name, kernel, constexprs, pointer dtypes, warps, stages
@@ -97,11 +113,29 @@ CASES: list[tuple[str, Any, dict[str, Any], dict[str, str], int, int]] = [
     ("markov_chain reduce", markov_chain._markov_reduce_kernel, dict(BLOCK_T=64, PDL=True),
      {"part_val_ptr": "*fp32", "part_idx_ptr": "*i32", "val_ptr": "*fp32", "idx_ptr": "*i64"},
      1, 1),
+    ("linear, row-stable fp32", linear._linear_kernel,
+     dict(HAS_BIAS=True, TILES=_TILES, BLOCK_M=linear._rows_per_program(8, 576 // _BN),
+          BLOCK_N=_BN, BLOCK_K=_BK, BLOCK_K2=_BK2),
+     {p: "*fp32" for p in ("x_ptr", "w_ptr", "b_ptr", "out_ptr")}, _LIN_WARPS, 3),
+    ("head_norm_rope", head_norm_rope._head_norm_rope_kernel,
+     dict(BLOCK_D=128, NORM=True, PDL=True), {"cos_ptr": "*fp32", "sin_ptr": "*fp32"}, 1, 1),
+    ("latent_norm_rope", latent_norm_rope._latent_norm_rope_kernel,
+     dict(BLOCK_L=512, BLOCK_R=32, PDL=True), {}, 2, 1),
+    ("mla_attention", mla_attention._mla_attention_kernel, dict(_MLA, IEEE=False, PDL=True),
+     {"tables_ptr": "*i64", "nctx_ptr": "*i64"}, _MLA_WARPS, 3),
+    ("logit_summary", logit_summary._logit_summary_kernel,
+     dict(MARGINS=True, BLOCK_S=_SUMMARY_BLOCK),
+     {"logits_ptr": "*fp32", "nan_ptr": "*i64", "top2_ptr": "*fp32"}, _SUMMARY_WARPS, 1),
+    ("strict_accept", strict_accept._strict_accept_kernel,
+     dict(HAS_VERIFY=True, BLOCK_V=_ACC_V, BLOCK_R=_ACC_R, BLOCK_C=_ACC_C),
+     {"logits_ptr": "*fp32", "drafts_ptr": "*i64", "verify_ptr": "*i64", "accepted_ptr": "*i64",
+      "num_ptr": "*i64", "part_val_ptr": "*fp32", "part_idx_ptr": "*i32",
+      "counter_ptr": "*i32"}, _ACC_WARPS, 1),
 ]
 
 
 PIPELINED = {name for name, *_ in CASES if name.startswith(("decode_linear", "cache_attention,",
-                                                               "block_attention,"))}
+                                                               "block_attention,", "mla_attention"))}
 """Cases whose main loop streams tiles and must be software-pipelined."""
 
 
@@ -112,9 +146,11 @@ def compile_case(kernel: Any, constexprs: dict[str, Any], ptrs: dict[str, str], 
     sig = _signature(kernel, constexprs, ptrs)
     attrs = ({(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
               if t != "constexpr" and not t.startswith("fp")} if hints else {})
+    options = {"num_warps": warps, "num_stages": stages}
+    if kernel is latent_norm_rope._latent_norm_rope_kernel:
+        options["enable_fp_fusion"] = False  # as its launch: no FMA in the rotation
     compiled = triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs),
-                              target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": warps, "num_stages": stages})
+                              target=GPUTarget("cuda", 90, 32), options=options)
     return len(compiled.asm["cubin"]), compiled.asm["ttgir"].count("async_copy_global_to_local")
 
 

@@ -1,5 +1,5 @@
-"""The few-row path's and the attention's kernels compile for an H100 (sm_90) with the installed
-Triton, on the CPU, and the products' and attentions' loops stay software-pipelined: the suite's
+"""The hot path's kernels compile for an H100 (sm_90) with the installed Triton, on the CPU, and
+the products' and attentions' loops stay software-pipelined: the suite's
 other kernel tests run them under the interpreter, which never lowers them, and the device
 machine runs an older Triton than the current release. One subprocess (its kernels must be
 compiled ones, so without ``TRITON_INTERPRET``) runs ``_sm90_compile.py``; a case that fails
@@ -24,4 +24,4 @@ def test_the_hot_kernels_compile_for_sm90():
     failed = [line for line in lines if line.startswith("FAILED")]
     assert done.returncode == 0 and not failed, "\n".join(failed) or done.stderr[-2000:]
     compiled = sum(line.startswith("ok ") for line in lines)
-    assert compiled >= 30 and lines[-1].endswith(f"{compiled} compiled, 0 failed"), done.stdout
+    assert compiled >= 42 and lines[-1].endswith(f"{compiled} compiled, 0 failed"), done.stdout
