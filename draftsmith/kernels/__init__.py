@@ -7,16 +7,46 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from functools import cache
 
 import torch
+
+from draftsmith.contract import ConfigError
 
 
 def interpreted() -> bool:
     """Whether Triton runs kernels under its CPU interpreter (``TRITON_INTERPRET=1``, which must
     be set before any kernel module is imported): then kernels launch on CPU tensors too."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _release(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a version string such as ``3.6.0`` or ``2.4.0rc1+git``."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match[1]), int(match[2])) if match else (0, 0)
+
+
+def interpreter_blocker(triton_version: str, numpy_version: str) -> str | None:
+    """Why Triton's CPU interpreter cannot run draftsmith's kernels with these releases, or
+    ``None``: Triton 3.6 and earlier turn a kernel's integer arguments into one-element arrays
+    and call ``int()`` on them in loop bounds, which NumPy 2.4 refuses (every kernel with a
+    loop over a runtime size then fails); Triton 3.7 squeezes them first."""
+    if _release(triton_version) < (3, 7) and _release(numpy_version) >= (2, 4):
+        return (f"TRITON_INTERPRET=1: Triton {triton_version}'s CPU interpreter cannot run with "
+                f"NumPy {numpy_version} (it converts one-element arrays to int, which NumPy 2.4 "
+                "refuses); install 'numpy<2.4' or 'triton>=3.7', or unset TRITON_INTERPRET")
+    return None
+
+
+if interpreted():
+    import numpy
+    import triton
+
+    _blocker = interpreter_blocker(triton.__version__, numpy.__version__)
+    if _blocker is not None:
+        raise ConfigError(_blocker)
 
 
 @cache
@@ -70,4 +100,6 @@ def in_pdl_scope() -> bool:
     return _SCOPE[0] > 0
 
 
-__all__ = ["has_pdl", "in_pdl_scope", "interpreted", "pdl_on", "pdl_scope"]
+__all__ = [
+    "has_pdl", "in_pdl_scope", "interpreted", "interpreter_blocker", "pdl_on", "pdl_scope",
+]

@@ -1,7 +1,12 @@
 """Edge inputs the kernels refuse or clamp, kernel and reference alike: empty vocabularies,
-a placement without a bonus column, output rows that overlap, and the launch cache's key."""
+a placement without a bonus column, output rows that overlap, and the launch cache's key; and
+the Triton / NumPy pair whose interpreter cannot run them."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -80,3 +85,36 @@ def test_rope_and_attention_over_no_head_width_or_no_heads_are_refused() -> None
     for nq, kv in ((0, keys), (4, keys[:, :0])):
         with pytest.raises(ShapeError, match="do not group"):
             cache_attention(torch.zeros(3, nq, 16), kv, kv.clone(), rows, pos, length, 1.0)
+
+
+@pytest.mark.parametrize(("triton_version", "numpy_version", "blocked"), [
+    ("3.6.0", "2.4.0", True), ("3.6.0", "2.4.6", True), ("3.5.1", "3.0.0rc1", True),
+    ("3.6.0", "2.3.5", False), ("3.7.0", "2.4.0", False), ("3.9.0", "2.4.6", False),
+    ("3.10.0+git1", "2.4.0", False),
+])
+def test_the_interpreter_refuses_triton_36_with_numpy_24(triton_version, numpy_version,
+                                                           blocked) -> None:
+    """Triton 3.6's interpreter calls ``int()`` on one-element arrays, which NumPy 2.4 refuses:
+    the pair is named with what to install, before any kernel runs."""
+    from draftsmith.kernels import interpreter_blocker
+
+    got = interpreter_blocker(triton_version, numpy_version)
+    if blocked:
+        assert got is not None and "install 'numpy<2.4' or 'triton>=3.7'" in got
+        assert triton_version in got and numpy_version in got
+    else:
+        assert got is None
+
+
+def test_importing_the_kernels_under_a_blocked_interpreter_raises_a_config_error() -> None:
+    """With ``TRITON_INTERPRET=1`` the check runs when the kernels are imported (here with the
+    releases' versions set to a blocked pair), as a :class:`ConfigError` the CLI prints as one
+    line."""
+    code = ("import numpy, triton; numpy.__version__ = '2.4.0'; triton.__version__ = '3.6.0'\n"
+            "from draftsmith.contract import ConfigError\n"
+            "try:\n    import draftsmith.kernels\nexcept ConfigError as exc:\n    print(exc)\n")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300, check=True).stdout
+    assert out.startswith("TRITON_INTERPRET=1: Triton 3.6.0's CPU interpreter cannot run with "
+                          "NumPy 2.4.0"), out

@@ -16,7 +16,7 @@ from draftsmith.contract import LogitsShard, SingleRank
 from draftsmith.parallel import RankPool, world_collectives
 from draftsmith.runtime.api import RankDisagreementError, check_ranks_agree, load_decoder
 from draftsmith.runtime.config import SpecConfig
-from draftsmith.runtime.targets.hf import HFTarget
+from draftsmith.runtime.targets.hf import HFTarget, _local
 from draftsmith.runtime.targets.smollm2 import smollm2_available
 
 PROMPTS = [[(i * 37 + j * 11 + 3) % 250 for j in range(3 + 4 * i)] for i in range(4)]
@@ -223,7 +223,7 @@ def _split_rank(directory: str) -> dict[str, Any]:
     return {"tokens": [r.tokens for r in report.results],
             "plain": [r.plain_tokens for r in report.results],
             "layers": decoder.spec.plan.decision("target_layers").value,
-            "q_rows": int(layer.self_attn.q_proj.weight.to_local().shape[0]),
+            "q_rows": int(_local(layer.self_attn.q_proj.weight).shape[0]),
             "kv_heads": int(decoder.target._kv.keys[0].shape[1]),
             "target_widths": widths.target, "selection": widths.selection}
 

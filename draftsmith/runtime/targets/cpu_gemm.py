@@ -26,12 +26,17 @@ batch of :data:`PACK_BATCH_HINT` rows) and ``torch.ops.mkldnn._linear_pointwise`
 about the same at 2-8 rows as one row, where torch's product costs 1.5-2x more. bf16 weights
 were no faster than packed fp32 and change the target's logits.
 
-Rounding: oneDNN multiplies one row with another kernel than two or more, so a one-row product
-runs as two copies of the row (:data:`MIN_ROWS`; at the same cost, the extra row is free in a
-memory-bound product). From two rows on, a row's result is bit-identical whatever the row count
-(checked at 2-300 rows, one and two threads, with and without bias, for fp32 and bf16, by
-``tests/runtime/targets/test_cpu_gemm.py`` on the machine that runs it), so a verification rounds
-as decoding its tokens one by one does. torch's GEMM gives three classes (1, 2-3, 4+ rows).
+Rounding: oneDNN may multiply some rows with other kernels than the rest, and which depends on
+the torch build and the CPU. On an AVX-512 machine torch 2.13 ran a one-row product with another
+kernel than two or more rows; on an AVX2 one (2026-12-05) it rounds every row alike whatever the
+row count, while torch 2.11 there multiplies rows in blocks of six and rounds the rows of a last
+block of one to three rows differently. So a product runs with its row count rounded up
+to a multiple of :func:`row_quantum` (copies of its first row added: free in a memory-bound
+product), the smallest multiple under which a row's result is bit-identical whatever the row
+count, found once per dtype and thread count by probing two weights at 1-33 rows. Then a
+verification rounds as decoding its tokens one by one does (checked at 1-100 rows, one and two
+threads, with and without bias, fp32 and bf16, by ``tests/runtime/targets/test_cpu_gemm.py`` on
+the machine that runs it). torch's GEMM gives three classes (1, 2-3, 4+ rows).
 
 A packed weight is a copy (the module keeps its own parameter, which the embedding may share),
 made when the target is built and made again if the parameter is replaced or written in place.
@@ -40,6 +45,7 @@ Must not import drafters or selection.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Iterable
 
@@ -51,8 +57,11 @@ PACK_BATCH_HINT = 8
 layout serves every row count, and the hint changes only its speed (1 measured slower at 2-8
 rows on the LM head: 8.0-10.4 ms against 4.6-7.0)."""
 
-MIN_ROWS = 2
-"""Rows a product runs with at least: a one-row product runs its row twice (see above)."""
+QUANTA = (1, 2, 4, 6, 8, 12, 16)
+"""Row multiples :func:`row_quantum` tries, smallest first."""
+
+_PROBE_SHAPES = ((96, 64), (1000, 576))
+_PROBE_COUNTS = (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33)
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
 """Weight dtypes the packed product takes (bf16 where the CPU multiplies it natively)."""
@@ -72,7 +81,54 @@ def packed_blocker(dtype: torch.dtype, device: torch.device) -> str | None:
         _pack(torch.zeros(2, 2, dtype=dtype))
     except (RuntimeError, AttributeError) as exc:  # an op this torch build lacks
         return f"torch's oneDNN linear ops failed: {exc}"
+    if row_quantum(dtype) is None:
+        return (f"oneDNN's product on this torch build and CPU rounds a row differently at "
+                f"different row counts, even with the count rounded up to a multiple of "
+                f"{QUANTA[-1]}")
     return None
+
+
+def row_quantum(dtype: torch.dtype) -> int | None:
+    """The multiple a packed product of ``dtype`` rounds its row count up to, so that a row's
+    bits do not depend on the row count (at the current thread count); ``None`` where no
+    multiple in :data:`QUANTA` gives that. Probed once per dtype and thread count."""
+    return _probe_quantum(dtype, torch.get_num_threads())
+
+
+@functools.cache
+def _probe_quantum(dtype: torch.dtype, threads: int) -> int | None:
+    del threads  # the cache key: oneDNN may pick other kernels for another thread count
+    g = torch.Generator().manual_seed(0)
+    probes = []
+    for shape in _PROBE_SHAPES:
+        weight = (torch.randn(*shape, generator=g) * 0.05).to(dtype)
+        x = torch.randn(max(_PROBE_COUNTS), shape[1], generator=g).to(dtype)
+        probes.append((_pack(weight), x))
+    with torch.no_grad():
+        for quantum in QUANTA:
+            if all(_row_stable(packed, x, quantum) for packed, x in probes):
+                return quantum
+    return None
+
+
+def _row_stable(packed: torch.Tensor, x: torch.Tensor, quantum: int) -> bool:
+    """Whether each row of ``x: [R, in]`` multiplied alone has the bits it has in a product of
+    every count in ``_PROBE_COUNTS``, every count rounded up to a multiple of ``quantum``."""
+    alone = torch.cat([_padded(x[r : r + 1], packed, None, quantum) for r in range(len(x))])
+    return all(torch.equal(_padded(x[:n], packed, None, quantum), alone[:n])
+               for n in _PROBE_COUNTS)
+
+
+def _padded(rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+            quantum: int) -> torch.Tensor:
+    """``rows: [n, in]`` contiguous times the packed weight, run with copies of the first row
+    added up to a multiple of ``quantum`` rows; ``[n, out]``."""
+    n = rows.shape[0]
+    extra = -n % quantum
+    if extra == 0 or n == 0:
+        return _linear(rows, packed, bias)
+    full = torch.cat([rows, rows[:1].expand(extra, -1)])
+    return _linear(full, packed, bias)[:n]
 
 
 def _pack(weight: torch.Tensor) -> torch.Tensor:
@@ -98,11 +154,8 @@ class PackedWeight:
         """``x @ W.T + bias``: ``x: [..., in]`` -> ``[..., out]`` in the weight's dtype; a row's
         result does not depend on the number of rows (see the module docstring)."""
         lead = x.shape[:-1]
-        rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] < MIN_ROWS:
-            out = _linear(rows.expand(MIN_ROWS, -1).contiguous(), self.packed, bias)[:1]
-        else:
-            out = _linear(rows.contiguous(), self.packed, bias)
+        rows = x.reshape(-1, self.in_features).contiguous()
+        out = _padded(rows, self.packed, bias, row_quantum(self.source.dtype) or 1)
         return out.view(*lead, self.out_features)
 
 
@@ -152,5 +205,5 @@ def use_packed(modules: Iterable[torch.nn.Module]) -> None:
             module.__class__ = PackedLinear
 
 
-__all__ = ["MIN_ROWS", "PACK_BATCH_HINT", "PackedLinear", "PackedWeight", "packed_blocker",
-           "packed_linear", "use_packed"]
+__all__ = ["PACK_BATCH_HINT", "QUANTA", "PackedLinear", "PackedWeight", "packed_blocker",
+           "packed_linear", "row_quantum", "use_packed"]

@@ -210,10 +210,15 @@ class HFTarget:
 
     @property
     def layers_split(self) -> bool:
-        """Whether transformers' tensor parallelism split the decoder layers (their projections
-        are DTensors holding this rank's heads and intermediate columns)."""
+        """Whether transformers' tensor parallelism split the decoder layers: this rank's part
+        of ``k_proj`` holds fewer rows than the config's key heads. Its weights are DTensors
+        (transformers 5.2x) or plain tensors of this rank's rows (5.17)."""
         k_proj = getattr(getattr(self._layers[0], "self_attn", None), "k_proj", None)
-        return hasattr(getattr(k_proj, "weight", None), "to_local")
+        weight = getattr(k_proj, "weight", None)
+        if weight is None:
+            return False
+        heads, head_dim = self._config_kv_heads()
+        return int(_local(weight).shape[0]) < heads * head_dim
 
     def input_embedding(self) -> torch.Tensor:
         """The raw input embedding table ``[V, H_t]`` (whole on every rank)."""
@@ -353,14 +358,19 @@ class HFTarget:
         self._kv = StaticKV.allocate(self.num_layers, shape, self.dtype, self.device, old)
         self.cache_version += 1
 
-    def _kv_heads(self) -> tuple[int, int]:
-        """``(key/value heads this process holds, head_dim)``: the config's heads, or under
-        transformers' tensor parallelism (its ``k_proj`` a column-sharded DTensor) this rank's
-        ``n_kv / TP``."""
+    def _config_kv_heads(self) -> tuple[int, int]:
+        """``(key/value heads, head_dim)`` of the whole model, from its config."""
         heads = int(getattr(self.config, "num_key_value_heads", None)
                     or self.config.num_attention_heads)
         head_dim = int(getattr(self.config, "head_dim", None)
                        or self.hidden_size // self.config.num_attention_heads)
+        return heads, head_dim
+
+    def _kv_heads(self) -> tuple[int, int]:
+        """``(key/value heads this process holds, head_dim)``: the config's heads, or under
+        transformers' tensor parallelism (its ``k_proj`` a column-sharded DTensor) this rank's
+        ``n_kv / TP``."""
+        heads, head_dim = self._config_kv_heads()
         if self.layers_split:
             k_proj = self._layers[0].self_attn.k_proj
             heads = int(_local(k_proj.weight).shape[0]) // head_dim

@@ -8,6 +8,7 @@ Must not import drafters or selection.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,25 @@ _SCALE_KEYS = ("logits_scaling", "logit_scale")
 """Of those, the multipliers (neutral at 1)."""
 
 
+MIN_TRANSFORMERS = (5, 17)
+"""The oldest transformers release the Hugging Face target is checked against."""
+
+
 def require_transformers() -> Any:
-    """Import ``transformers`` or raise a :class:`ConfigError` that says how to install it."""
+    """Import ``transformers`` or raise a :class:`ConfigError` that says how to install it (or
+    to upgrade it, below :data:`MIN_TRANSFORMERS`)."""
     try:
         import transformers
     except ImportError:  # pragma: no cover - the test environment has the extra
         raise ConfigError(
             "the Hugging Face target needs transformers: pip install 'draftsmith[hf]'"
         ) from None
+    found = tuple(int(part) for part in re.findall(r"\d+", transformers.__version__)[:2])
+    if found < MIN_TRANSFORMERS:
+        raise ConfigError(
+            f"the Hugging Face target needs transformers 5.17 or later, found "
+            f"{transformers.__version__}: pip install -U 'transformers>=5.17'"
+        )
     return transformers
 
 
@@ -129,23 +141,44 @@ def _layer_split_config(transformers: Any, path: Path, tp: int) -> Any:
         )
     from transformers.distributed.configuration_utils import DistributedConfig
 
-    # the head is split along the vocabulary by HFTarget.shard_vocab (transformers' own rule
-    # gathers the logits); the embedding stays whole, as the drafter reads it by global id
-    keep = {"lm_head": "replicate"}
-    embed = _input_embedding_name(transformers, path)
+    # the model's own plan, passed whole: transformers 5.17 replaces the model's plan with a
+    # given one, later releases merge it in. The head is split along the vocabulary by
+    # HFTarget.shard_vocab (transformers' own rule gathers the logits); the embedding stays
+    # whole, as the drafter reads it by global id
+    plan, embed = _plan_and_embedding(transformers, path)
+    whole = _whole_style(transformers)
+    plan["lm_head"] = whole
     if embed is not None:
-        keep[embed] = "replicate"
-    return DistributedConfig(tp_size=tp, tp_plan=keep)
+        plan[embed] = whole
+    return DistributedConfig(tp_size=tp, tp_plan=plan)
 
 
-def _input_embedding_name(transformers: Any, path: Path) -> str | None:
-    """The module name of the input embedding (``model.embed_tokens``), read from a weightless
-    copy of the architecture."""
+def _whole_style(transformers: Any) -> str:
+    """The tensor-parallel style that keeps a module whole on every rank, with no collective in
+    its forward: ``replicate`` where transformers registers it, else
+    ``replicated_with_grad_allreduce`` (5.17 and 5.18 have only that one; it differs by summing
+    the gradients, which decoding never computes)."""
+    from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES
+
+    for style in ("replicate", "replicated_with_grad_allreduce"):
+        if style in ALL_PARALLEL_STYLES:
+            return style
+    raise ConfigError(
+        f"transformers {transformers.__version__} has no tensor-parallel style that keeps the LM "
+        "head whole; set target.split_layers = false, or use transformers 5.17 or later"
+    )
+
+
+def _plan_and_embedding(transformers: Any, path: Path) -> tuple[dict[str, str], str | None]:
+    """The model's tensor-parallel plan (module patterns to style names) and the module name of
+    its input embedding (``model.embed_tokens``), read from a weightless copy of the
+    architecture."""
     config = transformers.AutoConfig.from_pretrained(str(path))
     with torch.device("meta"):
         skeleton = transformers.AutoModelForCausalLM.from_config(config)
     embed = skeleton.get_input_embeddings()
-    return next((name for name, module in skeleton.named_modules() if module is embed), None)
+    name = next((name for name, module in skeleton.named_modules() if module is embed), None)
+    return dict(getattr(skeleton, "tp_plan", None) or {}), name
 
 
 __all__ = ["check_supported", "load_hf_model", "load_tokenizer", "quiet_transformers",

@@ -36,9 +36,9 @@ DTYPES = [torch.float32] + ([torch.bfloat16] if packed_blocker(torch.bfloat16, C
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_rows_product_does_not_depend_on_the_row_count(dtype, shape, bias, threads) -> None:
-    """Every row of a ``rows``-row product has the bits of that row multiplied alone (which
-    runs as two copies of it), for odd shapes, with and without bias, at 1 and 2 threads; and
-    the values are F.linear's to rounding."""
+    """Every row of a ``rows``-row product has the bits of that row multiplied alone, for odd
+    shapes, with and without bias, at 1 and 2 threads (each product's row count rounded up to
+    the probed ``row_quantum``); and the values are F.linear's to rounding."""
     g = torch.Generator().manual_seed(sum(shape))
     weight = (torch.randn(*shape, generator=g) * 0.05).to(dtype)
     b = torch.randn(shape[0], generator=g).to(dtype) if bias else None

@@ -4,6 +4,8 @@ verify and commit match a fresh forward, and configs it cannot serve are refused
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from _tiny_models import make_tiny_causal_lm, save_tiny_model
@@ -536,3 +538,20 @@ def test_load_hf_target_refuses_an_unknown_option_before_it_reads_the_directory(
     # the directory does not exist: a refusal naming the option came before any load
     with pytest.raises(ConfigError, match=f"target.{option} must be one of"):
         load_hf_target(str(tmp_path / "absent"), **{option: value})
+
+
+@pytest.mark.parametrize(("version", "refused"), [("4.57.1", True), ("5.3.0.dev0", True),
+                                                  ("5.17.0", False), ("5.25.0", False)])
+def test_transformers_older_than_517_is_refused_with_the_upgrade(monkeypatch, version,
+                                                                refused) -> None:
+    import transformers
+
+    from draftsmith.runtime.targets.hf_model import require_transformers
+
+    monkeypatch.setattr(transformers, "__version__", version)
+    if refused:
+        with pytest.raises(ConfigError, match=rf"needs transformers 5.17 or later, found "
+                                              rf"{re.escape(version)}: pip install -U"):
+            require_transformers()
+    else:
+        assert require_transformers() is transformers
