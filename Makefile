@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench lint venv clean
+.PHONY: demo test test-oldest bench lint venv clean
 
 # Python caches compiled modules here even where the machine sets PYTHONDONTWRITEBYTECODE (this
 # one does): without the cache every process the suite starts (two workers, each rank of a
@@ -42,6 +42,27 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PYCACHE) $(PY) -m pytest -q -n 2 --dist loadfile --durations=15 $(PYTEST_ARGS)
 
+# The suite on the oldest releases draftsmith supports (the GPU machine's image): torch 2.11,
+# Triton 3.6, transformers 5.17, and NumPy below 2.4, which Triton 3.6's interpreter needs. Not
+# part of `make test`. PyPI's torch 2.11 for Linux is the CUDA build (about 5 GB with its
+# libraries; it runs on a CPU); OLDEST_TORCH may name a CPU wheel instead.
+OLD_VENV     := .venv-oldest
+OLD_PY       := $(OLD_VENV)/bin/python
+OLDEST_TORCH ?= torch==2.11.0
+OLDEST_PINS  := triton==3.6.0 transformers==5.17.0 'numpy<2.4'
+
+$(OLD_VENV)/.installed: pyproject.toml
+	python3 -m venv $(OLD_VENV)
+	$(OLD_PY) -m pip install -q uv
+	$(OLD_VENV)/bin/uv pip install -q --python $(OLD_PY) $(OLDEST_TORCH) $(OLDEST_PINS)
+	$(OLD_VENV)/bin/uv pip install -q --python $(OLD_PY) -e '.[test,hf]' $(OLDEST_TORCH) $(OLDEST_PINS)
+	$(OLD_VENV)/bin/uv pip install -q --python $(OLD_PY) --no-deps dflash==0.1.0
+	$(OLD_PY) -c "import numpy, torch, transformers, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__, 'numpy', numpy.__version__)"
+	touch $@
+
+test-oldest: $(OLD_VENV)/.installed
+	$(PYCACHE) $(OLD_PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
+
 bench: $(STAMP)
 	$(PYCACHE) $(PY) benchmarks/run_all.py
 
@@ -49,4 +70,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check draftsmith tests benchmarks
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(OLD_VENV) build *.egg-info

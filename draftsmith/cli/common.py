@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from draftsmith.contract import Collectives, ConfigError
+from draftsmith.parallel import rank_device
 from draftsmith.runtime.api import Decoder, load_decoder
 from draftsmith.runtime.config import (
     TARGET_DTYPES,
@@ -27,6 +28,7 @@ from draftsmith.runtime.config import (
     read_config_file,
 )
 from draftsmith.runtime.inputs import check_prompt_texts
+from draftsmith.runtime.rank_agreement import check_ranks_start_alike, config_inputs
 from draftsmith.runtime.shipped import SHIPPED_DRAFTER, SHIPPED_DRAFTERS, settle_drafter
 from draftsmith.selection.configs import SampleConfig
 
@@ -197,9 +199,16 @@ def read_prompts(path: str, limit: int | None) -> list[str]:
     return check_prompt_texts(prompts, what=f"{path}: prompt")
 
 
-def load(config: SpecConfig, collectives: Collectives | None = None) -> Decoder:
+def load(config: SpecConfig, collectives: Collectives | None = None,
+         inputs: dict[str, Any] | None = None) -> Decoder:
     """The decoder of ``config``, logging each loading stage to stderr (on rank 0 only under
-    tensor parallelism; ``collectives``: the ``torchrun`` group or ``None``)."""
+    tensor parallelism; ``collectives``: the ``torchrun`` group or ``None``).
+
+    ``inputs``: what the command will decode (prompts, budgets, flags). Under ``torchrun`` the
+    ranks compare them with their configs before anything loads, so ranks started otherwise
+    stop with one line each before the target's weights are read, not after."""
+    if collectives is not None and inputs is not None:
+        check_ranks_start_alike(collectives, {**config_inputs(config), **inputs}, rank_device())
     quiet = collectives is not None and collectives.rank != 0
     return load_decoder(config, collectives=collectives,
                         log=None if quiet else lambda m: print(f"[draftsmith] {m}", file=sys.stderr))

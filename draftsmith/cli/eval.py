@@ -25,6 +25,7 @@ from draftsmith.contract import ConfigError
 from draftsmith.drafters.file_writes import check_output_dir, write_text_atomic
 from draftsmith.parallel import launched_ranks, torchrun_group
 from draftsmith.runtime.preflight import check_before_loading
+from draftsmith.runtime.rank_agreement import text_inputs
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,13 +60,16 @@ def eval_command(args: argparse.Namespace) -> int:
     config = build_config(args)
     check_before_loading(config, ranks=launched_ranks(), max_new_tokens=args.max_new_tokens,
                          prompts=prompts)
+    inputs = {**text_inputs(prompts), "limit": args.limit, "max_new_tokens": args.max_new_tokens,
+              "compare_plain": args.compare}
     with torchrun_group(config.target.device) as group:
         # under torchrun every rank decodes (each selection is collective); rank 0 reports
         if group is not None and group.rank != 0:
-            evaluate(load(config, group), files, args.limit, args.max_new_tokens, args.compare)
+            evaluate(load(config, group, inputs), files, args.limit, args.max_new_tokens,
+                     args.compare)
             return 0
         previous = _set_aside_previous_report(Path(args.out))
-        decoder = load(config, group)
+        decoder = load(config, group, inputs)
         results = evaluate(decoder, files, args.limit, args.max_new_tokens, args.compare)
     dumped = json.loads(config.model_dump_json())
     if config.drafter.checkpoint is not None:  # the checkpoint decided: keep what was set only

@@ -25,6 +25,7 @@ from draftsmith.parallel import launched_ranks, torchrun_group
 from draftsmith.runtime.api import Decoder, GenerateReport
 from draftsmith.runtime.inputs import check_prompt_texts
 from draftsmith.runtime.preflight import check_before_loading
+from draftsmith.runtime.rank_agreement import text_inputs
 
 
 def add_generate_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,7 +66,8 @@ def generate_command(args: argparse.Namespace) -> int:
     with torchrun_group(config.target.device) as group:
         # under torchrun every rank decodes (each selection is collective); rank 0 prints
         speaker = group is None or group.rank == 0
-        decoder = load(config, group)
+        decoder = load(config, group, {**text_inputs(prompts), "max_new_tokens": args.max_new_tokens,
+                                       "raw": args.raw, "compare_plain": args.compare})
         with open(os.devnull, "w", encoding="utf-8") as sink:
             report = run_generate(decoder, prompts, args.max_new_tokens, chat=not args.raw,
                                   compare_plain=args.compare, as_json=args.json,

@@ -120,11 +120,22 @@ def prompt_inputs(prompt_ids: Sequence[Sequence[int]]) -> dict[str, Any]:
     return out
 
 
+def text_inputs(prompts: Sequence[str]) -> dict[str, Any]:
+    """Prompt texts (before any tokenizer loads) as ``{"prompts": count, "prompt i": "<n>
+    characters, digest <hex>"}``."""
+    out: dict[str, Any] = {"prompts": len(prompts)}
+    for i, text in enumerate(prompts):
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        out[f"prompt {i}"] = f"{len(text)} characters, digest {digest}"
+    return out
+
+
 __all__ = [
     "RankDisagreementError",
     "check_ranks_agree",
     "check_ranks_start_alike",
     "config_inputs",
     "prompt_inputs",
+    "text_inputs",
     "tokens_digest",
 ]

@@ -98,6 +98,47 @@ def test_records_of_other_sizes_and_keys_still_meet(pool):
     assert pool.run(_agree) == ["agreed", "agreed"]
 
 
+def _cli_load(case: str) -> str:
+    """The CLI's ``load`` on one rank, rank 1 with another prompt text or budget than rank 0,
+    and a target directory that does not exist: the ranks must disagree before it is read."""
+    from draftsmith.cli.common import load
+    from draftsmith.contract import ConfigError
+    from draftsmith.runtime.rank_agreement import text_inputs
+
+    coll = world_collectives()
+    other = coll.rank == 1
+    prompts = ["two plus three", "caf\u00e9" + ("!" if case == "prompt" and other else "")]
+    inputs = {**text_inputs(prompts), "max_new_tokens": 8 + int(case == "budget" and other)}
+    config = SpecConfig.from_dict({"target": {"model": "/nonexistent/target", "device": "cpu"},
+                                   "drafter": {"family": "dflash"}})
+    try:
+        load(config, coll, inputs)
+    except RankDisagreementError as exc:
+        return str(exc)
+    except ConfigError as exc:
+        return f"loaded: {exc}"
+    return "loaded"
+
+
+@pytest.mark.parametrize("case,names", [
+    ("prompt", "prompt 1 (rank 0: \"4 characters, digest "),
+    ("budget", "max_new_tokens (rank 0: 8, rank 1: 9)"),
+    ("alike", None),
+])
+def test_the_cli_compares_its_inputs_before_anything_loads(pool, case, names):
+    """``generate`` and ``eval`` hand their prompt texts, budget and flags to ``load``, which
+    compares them (with the configs) before the target is read; ranks that agree go on to load
+    (here a directory that does not exist, refused on both)."""
+    messages = pool.run(_cli_load, case)
+    assert messages[0] == messages[1], messages
+    if names is None:
+        assert messages[0].startswith("loaded: target.model '/nonexistent/target' is neither")
+    else:
+        assert messages[0].startswith("tensor-parallel ranks were started with different "
+                                      "inputs: " + names), messages[0]
+        assert messages[0].count("rank 0:") == 1
+
+
 def _agree() -> str:
     check_ranks_start_alike(world_collectives(), {"a": 1, "b": [2, 3]})
     return "agreed"
@@ -109,7 +150,8 @@ def _agree() -> str:
 def test_torchrun_generate_with_other_flags_per_rank_refuses_in_one_line(tmp_path, flag, value,
                                                                           other, names):
     """``torchrun --nproc-per-node 2 ... draftsmith generate``, rank 1 with another flag value:
-    each rank prints one error line and exits 2, promptly (another budget used to hang). Another
+    each rank prints one error line and exits 2, promptly (another budget used to hang), before
+    the target is read (it used to load first). Another
     ``num_draft_tokens`` (which used to abort inside gloo) goes through the same check: the
     pool's test above refuses it, without a third torchrun start (16-25 s of CI)."""
     target = save_tiny_model(tmp_path / "tiny", seed=0)
@@ -137,3 +179,4 @@ def test_torchrun_generate_with_other_flags_per_rank_refuses_in_one_line(tmp_pat
     assert "Traceback" not in proc.stderr.split("draftsmith: error:")[0], proc.stderr[-3000:]
     assert proc.returncode != 0 and "exitcode  : 2" in proc.stderr, proc.stderr[-3000:]
     assert not proc.stdout.strip()  # no report
+    assert "loading target" not in proc.stderr  # refused before the target was read
