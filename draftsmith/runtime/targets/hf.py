@@ -212,7 +212,7 @@ class HFTarget:
     def layers_split(self) -> bool:
         """Whether transformers' tensor parallelism split the decoder layers: this rank's part
         of ``k_proj`` holds fewer rows than the config's key heads. Its weights are DTensors
-        (transformers 5.2x) or plain tensors of this rank's rows (5.17)."""
+        (recent transformers) or plain tensors of this rank's rows (5.17)."""
         k_proj = getattr(getattr(self._layers[0], "self_attn", None), "k_proj", None)
         weight = getattr(k_proj, "weight", None)
         if weight is None:
@@ -367,8 +367,8 @@ class HFTarget:
         return heads, head_dim
 
     def _kv_heads(self) -> tuple[int, int]:
-        """``(key/value heads this process holds, head_dim)``: the config's heads, or under
-        transformers' tensor parallelism (its ``k_proj`` a column-sharded DTensor) this rank's
+        """``(key/value heads this process holds, head_dim)``: the config's heads, or with the
+        layers split by transformers' tensor parallelism (:attr:`layers_split`) this rank's
         ``n_kv / TP``."""
         heads, head_dim = self._config_kv_heads()
         if self.layers_split:
