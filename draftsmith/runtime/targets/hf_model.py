@@ -38,9 +38,10 @@ def require_transformers() -> Any:
         ) from None
     found = tuple(int(part) for part in re.findall(r"\d+", transformers.__version__)[:2])
     if found < MIN_TRANSFORMERS:
+        least = ".".join(map(str, MIN_TRANSFORMERS))
         raise ConfigError(
-            f"the Hugging Face target needs transformers 5.17 or later, found "
-            f"{transformers.__version__}: pip install -U 'transformers>=5.17'"
+            f"the Hugging Face target needs transformers {least} or later, found "
+            f"{transformers.__version__}: pip install -U 'transformers>={least}'"
         )
     return transformers
 
