@@ -52,6 +52,8 @@ class TargetInfo:
     """Why a CUDA graph cannot capture the target's forward (``None``: it can)."""
     gemm: str = "torch"
     """How the target's linear layers multiply at decoding row counts (``TargetModel.gemm``)."""
+    gemm_reason: str = ""
+    """Why that GEMM, where a preferred one could not run (the target's ``gemm_reason``)."""
     layer_path: str = "own"
     """What runs the target's decoder layers: a Hugging Face target's ``layer_path`` (``fused`` or
     ``transformers``; ``own`` for a target that runs its own forward)."""

@@ -382,6 +382,9 @@ class TargetExtras:
     target that runs its own forward."""
     layer_path_reason: str = ""
     """Why that path (empty: the plan says the target's own forward runs its layers)."""
+    gemm_reason: str = ""
+    """Why :attr:`TargetModel.gemm` is what it is, where the name alone does not say (a GEMM
+    the configuration preferred could not run); empty: the plan gives the GEMM's own account."""
     layers_split: bool = False
     """The decoder layers are split over the tensor-parallel ranks (each holds its heads and
     intermediate columns), so the plan records ``target_layers = 'split'`` under TP."""

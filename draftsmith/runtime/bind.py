@@ -62,7 +62,7 @@ from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager, SlotManager
 from draftsmith.runtime.plan import AutoDraftTokens, DraftPlan, PlanInputs, make_plan
 from draftsmith.runtime.registry import Registry, load_registry
-from draftsmith.runtime.targets.hf_gemm import gemm_choice
+from draftsmith.runtime.targets.hf_gemm import gemm_choice, gemm_fallback
 from draftsmith.runtime.targets.hf_layers import choose_layer_path, config_blocker
 from draftsmith.runtime.verify_plan import check_verify_schedule
 
@@ -98,8 +98,9 @@ def target_info_from_config(config: TargetConfig, tp_size: int = 1) -> TargetInf
     path, reason = choose_layer_path(config.layers, blocker, device, gemm)
     known = _known_name(config.model)
     info = _KNOWN_TARGETS[known] if known is not None else _target_sizes(hf_config, config.model)
-    return dataclasses.replace(info, dtype=dtype, gemm=gemm, layer_path=path,
-                               layer_path_reason=reason)
+    return dataclasses.replace(info, dtype=dtype, gemm=gemm,
+                               gemm_reason=gemm_fallback(config.gemm, dtype, device),
+                               layer_path=path, layer_path_reason=reason)
 
 
 def _hf_config(config: TargetConfig) -> dict:
@@ -580,8 +581,8 @@ def _target_info(target: TargetModel) -> TargetInfo:
     extras = target_extras(target)
     return TargetInfo(vocab_size=target.vocab_size, hidden_size=target.hidden_size,
                       num_layers=target.num_layers, graph_blocker=target.graph_blocker,
-                      gemm=target.gemm, layer_path=extras.layer_path,
-                      layer_path_reason=extras.layer_path_reason)
+                      gemm=target.gemm, gemm_reason=extras.gemm_reason,
+                      layer_path=extras.layer_path, layer_path_reason=extras.layer_path_reason)
 
 
 def _sts_table(drafter: Drafter) -> tuple[float, ...] | None:

@@ -395,7 +395,7 @@ def note_target(target: TargetInfo, caps: DrafterCapabilities, decide: Decide) -
            "does not depend on the row count, so a verification rounds as plain decoding does "
            "(target.gemm)"
            if target.gemm == "packed"
-           else "the target's linear layers run torch's GEMM (target.gemm)")
+           else target.gemm_reason or "the target's linear layers run torch's GEMM (target.gemm)")
     decide("target_forward", target.layer_path,
            target.layer_path_reason or "the target's own forward runs its layers")
     decide("capture_layers", tuple(str(x) for x in caps.target_layer_ids),

@@ -389,3 +389,23 @@ def test_round_pdl_is_decided_with_a_reason(monkeypatch):
     assert no_head.markov != "fused" and no_head.round_pdl  # the drafter's own kernels
     no_drafts = make_plan(_inputs(device="cuda", num_draft_tokens=0), _caps(markov_rank=4), TOY)
     assert not no_drafts.round_pdl and "K = 0" in no_drafts.decision("round_pdl").reason
+
+
+def test_target_gemm_gives_the_fallback_reason_where_the_target_has_one():
+    plain = make_plan(_inputs(), _caps(markov_rank=4), TOY).decision("target_gemm")
+    assert plain.value == "torch" and "torch's GEMM (target.gemm)" in plain.reason
+    fell = TargetInfo(vocab_size=64, hidden_size=32, num_layers=4, gemm="torch",
+                      gemm_reason="target.gemm = auto runs torch's GEMM, since the packed "
+                      "product cannot run: no oneDNN")
+    got = make_plan(_inputs(), _caps(markov_rank=4), fell).decision("target_gemm")
+    assert got.value == "torch" and got.reason == fell.gemm_reason
+
+
+def test_gemm_fallback_names_the_blocker_only_where_auto_fell_back():
+    from draftsmith.runtime.targets.hf_gemm import gemm_choice, gemm_fallback
+
+    cpu = torch.device("cpu")
+    assert gemm_choice("auto", torch.float16, cpu) == "torch"
+    assert "fp32 and bf16 weights, not torch.float16" in gemm_fallback("auto", torch.float16, cpu)
+    assert gemm_fallback("torch", torch.float16, cpu) == ""
+    assert gemm_fallback("auto", torch.float16, torch.device("cuda")) == ""

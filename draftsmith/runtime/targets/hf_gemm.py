@@ -72,6 +72,17 @@ def gemm_choice(requested: str, dtype: torch.dtype, device: torch.device) -> str
     return requested
 
 
+def gemm_fallback(requested: str, dtype: torch.dtype, device: torch.device) -> str:
+    """Why ``target.gemm = requested`` runs torch's GEMM where ``auto`` prefers another (the
+    packed product's blocker on the CPU), or ``""`` where it does not fall back."""
+    if requested != "auto" or device.type == "cuda":
+        return ""
+    blocker = packed_blocker(dtype, device)
+    return "" if blocker is None else (
+        f"target.gemm = auto runs torch's GEMM, since the packed product cannot run: {blocker}; "
+        "a verification may then round differently from plain decoding")
+
+
 def use_row_stable(modules: Iterable[torch.nn.Module]) -> None:
     """Give every plain ``nn.Linear`` among ``modules`` the row-stable GEMM, in place (its
     parameters and state dict stay as they are)."""
@@ -80,4 +91,5 @@ def use_row_stable(modules: Iterable[torch.nn.Module]) -> None:
             module.__class__ = RowStableLinear
 
 
-__all__ = ["ROW_STABLE_MAX_ROWS", "RowStableLinear", "gemm_choice", "linear", "use_row_stable"]
+__all__ = ["ROW_STABLE_MAX_ROWS", "RowStableLinear", "gemm_choice", "gemm_fallback", "linear",
+           "use_row_stable"]

@@ -452,6 +452,23 @@ def test_gemm_choice_is_checked_and_packed_on_the_cpu(model: torch.nn.Module) ->
         _target(model, gemm="cutlass")
 
 
+def test_a_cpu_target_that_cannot_pack_says_why_it_runs_torch_gemm(
+        model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` falls back to torch's GEMM where the packed product cannot run, and the plan's
+    ``target_gemm`` gives the blocker, not a generic line."""
+    from draftsmith.runtime import bind as bind_module
+    from draftsmith.runtime.targets import hf_gemm
+
+    assert _target(model).gemm_reason == ""
+    monkeypatch.setattr(hf_gemm, "packed_blocker", lambda dtype, device: "no oneDNN in this build")
+    target = _target(model)
+    assert target.gemm == "torch"
+    assert "no oneDNN in this build" in target.gemm_reason
+    info = bind_module._target_info(target)
+    assert info.gemm == "torch" and info.gemm_reason == target.gemm_reason
+    assert _target(model, gemm="torch").gemm_reason == ""  # asked for: nothing fell back
+
+
 def test_target_layers_refuses_what_the_loop_cannot_run() -> None:
     model = make_tiny_causal_lm(seed=4)
     with pytest.raises(ConfigError, match="target.layers must be"):
