@@ -62,7 +62,7 @@ from draftsmith.runtime.markov import DraftChain
 from draftsmith.runtime.paging import ContextPager, SlotManager
 from draftsmith.runtime.plan import AutoDraftTokens, DraftPlan, PlanInputs, make_plan
 from draftsmith.runtime.registry import Registry, load_registry
-from draftsmith.runtime.targets.hf_gemm import gemm_choice, gemm_fallback
+from draftsmith.runtime.targets.hf_gemm import gemm_choice
 from draftsmith.runtime.targets.hf_layers import choose_layer_path, config_blocker
 from draftsmith.runtime.verify_plan import check_verify_schedule
 
@@ -94,12 +94,12 @@ def target_info_from_config(config: TargetConfig, tp_size: int = 1) -> TargetInf
     device = parse_device(config.device) or resolve_device("auto")
     dtype = TARGET_DTYPES[config.dtype]
     blocker = config_blocker(hf_config, config.split_layers and tp_size > 1)
-    gemm = gemm_choice(config.gemm, dtype, device)
+    gemm, gemm_reason = gemm_choice(config.gemm, dtype, device)
     path, reason = choose_layer_path(config.layers, blocker, device, gemm)
     known = _known_name(config.model)
     info = _KNOWN_TARGETS[known] if known is not None else _target_sizes(hf_config, config.model)
     return dataclasses.replace(info, dtype=dtype, gemm=gemm,
-                               gemm_reason=gemm_fallback(config.gemm, dtype, device),
+                               gemm_reason=gemm_reason,
                                layer_path=path, layer_path_reason=reason)
 
 

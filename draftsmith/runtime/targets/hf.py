@@ -44,7 +44,7 @@ from draftsmith.runtime.buckets import PREFILL_TOKENS, PREFILL_WIDTHS, prefill_w
 from draftsmith.runtime.buffers import available_bytes
 from draftsmith.runtime.targets.cpu_gemm import PackedLinear, use_packed
 from draftsmith.runtime.targets.hf_cache import StaticKV, row_cache
-from draftsmith.runtime.targets.hf_gemm import gemm_choice, gemm_fallback, use_row_stable
+from draftsmith.runtime.targets.hf_gemm import gemm_choice, use_row_stable
 from draftsmith.runtime.targets.hf_layers import (
     LayerLoop,
     check_few_rows,
@@ -121,8 +121,7 @@ class HFTarget:
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks: list[Any] = []
         self._loop: LayerLoop | None = None
-        self._gemm = gemm_choice(gemm, self.dtype, self.device)
-        self.gemm_reason = gemm_fallback(gemm, self.dtype, self.device)
+        self._gemm, self.gemm_reason = gemm_choice(gemm, self.dtype, self.device)
         """Why :attr:`gemm` is torch's where ``auto`` preferred another (empty otherwise)."""
         self._layer_path, self.layer_path_reason = choose_layer_path(
             requested_layers, fused_blocker(model, self.layers_split), self.device, self._gemm)

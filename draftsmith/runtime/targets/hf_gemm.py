@@ -45,8 +45,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     return torch.nn.functional.linear(x, weight, bias)
 
 
-def gemm_choice(requested: str, dtype: torch.dtype, device: torch.device) -> str:
-    """``'row-stable'``, ``'packed'`` or ``'torch'`` for ``target.gemm = requested``.
+def gemm_choice(requested: str, dtype: torch.dtype, device: torch.device) -> tuple[str, str]:
+    """``(gemm, fallback)`` for ``target.gemm = requested``: ``'row-stable'``, ``'packed'`` or
+    ``'torch'``, and why ``auto`` took torch's GEMM where it prefers another (the packed
+    product's blocker on the CPU; ``""`` where nothing fell back).
 
     ``auto`` takes the row-stable GEMM for fp32 on CUDA: there cuBLAS multiplies 2-16 rows
     (every verification, and plain decoding of a batch) with kernels up to 15x slower than its
@@ -65,22 +67,15 @@ def gemm_choice(requested: str, dtype: torch.dtype, device: torch.device) -> str
     if requested == "packed" and blocker is not None:
         raise ConfigError(f"target.gemm = 'packed' cannot run: {blocker}; set target.gemm to "
                           "'auto' or 'torch'")
-    if requested == "auto":
-        if device.type == "cuda":
-            return "row-stable" if dtype == torch.float32 else "torch"
-        return "packed" if blocker is None else "torch"
-    return requested
-
-
-def gemm_fallback(requested: str, dtype: torch.dtype, device: torch.device) -> str:
-    """Why ``target.gemm = requested`` runs torch's GEMM where ``auto`` prefers another (the
-    packed product's blocker on the CPU), or ``""`` where it does not fall back."""
-    if requested != "auto" or device.type == "cuda":
-        return ""
-    blocker = packed_blocker(dtype, device)
-    return "" if blocker is None else (
-        f"target.gemm = auto runs torch's GEMM, since the packed product cannot run: {blocker}; "
-        "a verification may then round differently from plain decoding")
+    if requested != "auto":
+        return requested, ""
+    if device.type == "cuda":
+        return ("row-stable" if dtype == torch.float32 else "torch"), ""
+    if blocker is None:
+        return "packed", ""
+    return "torch", (f"target.gemm = auto runs torch's GEMM, since the packed product cannot "
+                     f"run: {blocker}; a verification may then round differently from plain "
+                     "decoding")
 
 
 def use_row_stable(modules: Iterable[torch.nn.Module]) -> None:
@@ -91,5 +86,4 @@ def use_row_stable(modules: Iterable[torch.nn.Module]) -> None:
             module.__class__ = RowStableLinear
 
 
-__all__ = ["ROW_STABLE_MAX_ROWS", "RowStableLinear", "gemm_choice", "gemm_fallback", "linear",
-           "use_row_stable"]
+__all__ = ["ROW_STABLE_MAX_ROWS", "RowStableLinear", "gemm_choice", "linear", "use_row_stable"]

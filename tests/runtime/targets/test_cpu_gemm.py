@@ -93,14 +93,14 @@ def test_autograd_runs_torchs_product() -> None:
 
 
 def test_gemm_choice_takes_the_packed_product_on_the_cpu_only() -> None:
-    assert gemm_choice("auto", torch.float32, CPU) == "packed"
-    assert gemm_choice("torch", torch.float32, CPU) == "torch"
-    assert gemm_choice("auto", torch.float32, torch.device("cuda")) == "row-stable"
+    assert gemm_choice("auto", torch.float32, CPU) == ("packed", "")
+    assert gemm_choice("torch", torch.float32, CPU) == ("torch", "")
+    assert gemm_choice("auto", torch.float32, torch.device("cuda")) == ("row-stable", "")
     with pytest.raises(ConfigError, match="'packed' cannot run.*not the CPU"):
         gemm_choice("packed", torch.float32, torch.device("cuda"))
     with pytest.raises(ConfigError, match="'packed' cannot run.*fp32 and bf16"):
         gemm_choice("packed", torch.float16, CPU)
-    assert gemm_choice("auto", torch.float16, CPU) == "torch"
+    assert gemm_choice("auto", torch.float16, CPU)[0] == "torch"
 
 
 def test_cache_attention_cpu_equals_the_reference() -> None:
