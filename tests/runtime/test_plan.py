@@ -400,12 +400,3 @@ def test_target_gemm_gives_the_fallback_reason_where_the_target_has_one():
     got = make_plan(_inputs(), _caps(markov_rank=4), fell).decision("target_gemm")
     assert got.value == "torch" and got.reason == fell.gemm_reason
 
-
-def test_gemm_choice_names_the_blocker_only_where_auto_fell_back():
-    from draftsmith.runtime.targets.hf_gemm import gemm_choice
-
-    cpu = torch.device("cpu")
-    gemm, why = gemm_choice("auto", torch.float16, cpu)
-    assert gemm == "torch" and "fp32 and bf16 weights, not torch.float16" in why
-    assert gemm_choice("torch", torch.float16, cpu) == ("torch", "")
-    assert gemm_choice("auto", torch.float16, torch.device("cuda")) == ("torch", "")

@@ -100,7 +100,10 @@ def test_gemm_choice_takes_the_packed_product_on_the_cpu_only() -> None:
         gemm_choice("packed", torch.float32, torch.device("cuda"))
     with pytest.raises(ConfigError, match="'packed' cannot run.*fp32 and bf16"):
         gemm_choice("packed", torch.float16, CPU)
-    assert gemm_choice("auto", torch.float16, CPU)[0] == "torch"
+    gemm, why = gemm_choice("auto", torch.float16, CPU)  # the blocker only where auto fell back
+    assert gemm == "torch" and "fp32 and bf16 weights, not torch.float16" in why
+    assert gemm_choice("torch", torch.float16, CPU) == ("torch", "")
+    assert gemm_choice("auto", torch.float16, torch.device("cuda")) == ("torch", "")
 
 
 def test_cache_attention_cpu_equals_the_reference() -> None:
