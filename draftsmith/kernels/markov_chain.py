@@ -13,7 +13,9 @@ dot-product order, so it matches the torch chain at tolerance level, not bitwise
 The fused step streams ``w2`` once for all ``G`` rows: program ``(g_tile, s_tile)`` multiplies the
 gathered ``w1`` rows of its request tile with one ``[BLOCK_S, r]`` tile of ``w2`` on tensor cores,
 adds the base logits, optionally stores the corrected row, and reduces an order-T pair per
-(row, tile); a second launch, one program per row, reduces the row's tile pairs. One launch with
+(row, tile); a second launch, one program per row, reduces the row's tile pairs. A chain of few
+rows folds that reduce into the next position's step (each program reduces its rows' pairs after
+its ``w2`` tile has loaded). One launch with
 the last-arriving program reducing (an acq_rel count, as in ``_pair``'s chunk merge) was slower
 on an H200: a K = 7 chain at SmolLM2's vocabulary took 91 us against 57 us at one row, 108 against
 62 at eight (``markov-chain-ab_nvidia-h200_2026-12-04T1748Z.txt``).
@@ -34,6 +36,14 @@ from draftsmith.kernels._pair import merge_argmax_t, tile_argmax_t
 
 _I64 = torch.int64
 _BASES = (torch.float32, torch.bfloat16)
+
+FOLD_MAX_ROWS = 16
+"""Chains of at most this many rows fold each position's row reduce into the next position's
+step launch (``K + 1`` launches instead of ``2K``); every program then reads its rows' tile
+pairs, which grows with the rows, so larger batches keep the separate reduce."""
+
+FOLD_TILE_BLOCK = 128
+"""Tile pairs a folding program reads per iteration (``BLOCK_G x 128`` values in registers)."""
 
 
 def markov_bias_reference(w1: torch.Tensor, w2: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
@@ -127,9 +137,10 @@ def markov_chain_reference(
 @triton.jit
 def _markov_step_kernel(
     base_ptr, prev_ptr, w1_ptr, w2_ptr, out_ptr, part_val_ptr, part_idx_ptr,
+    prev_val_ptr, prev_idx_ptr,
     G, S, R, V, stride_base, stride_prev, stride_out, num_tiles,
-    STORE: tl.constexpr, IEEE: tl.constexpr, REVERSE: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr,
+    STORE: tl.constexpr, IEEE: tl.constexpr, REVERSE: tl.constexpr, FOLD: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
     ONE_CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
     """Stage 1: program ``(g_tile, s_tile)`` writes one order-T pair per row of its tile.
@@ -144,6 +155,12 @@ def _markov_step_kernel(
 
     ``ONE_CHUNK`` (``R <= BLOCK_R``): the ``w2`` tile is one load, issued before the program
     waits for the previous position's tokens under ``PDL`` (a weight: no kernel writes it).
+
+    ``FOLD``: the previous tokens are not in ``prev_ptr`` yet; every program reduces the previous
+    position's tile pairs of its rows (``prev_val_ptr`` / ``prev_idx_ptr``, ``[G, num_tiles]``)
+    itself, in :func:`_markov_reduce_kernel`'s order, and the programs of tile 0 write those
+    tokens to ``prev_ptr`` (the previous draft column): the reduce launch between two positions
+    folded into the second.
     """
     pid_g = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -161,7 +178,13 @@ def _markov_step_kernel(
         b = tl.load(w2_tile + (cols[None, :] * R + rr[:, None]),
                     mask=r_ok[:, None] & col_ok[None, :], other=0.0)
     pdl_start(PDL, True)
-    prev = tl.load(prev_ptr + rows.to(tl.int64) * stride_prev, mask=row_ok, other=-1)
+    if FOLD:
+        prev = _row_tokens(prev_val_ptr, prev_idx_ptr, rows.to(tl.int64), row_ok, num_tiles,
+                           BLOCK_G, BLOCK_T)
+        if tl.program_id(1) == 0:
+            tl.store(prev_ptr + rows.to(tl.int64) * stride_prev, prev, mask=row_ok)
+    else:
+        prev = tl.load(prev_ptr + rows.to(tl.int64) * stride_prev, mask=row_ok, other=-1)
     in_vocab = row_ok & (prev >= 0) & (prev < V)
     w1_rows = w1_ptr + tl.where(in_vocab, prev, 0).to(tl.int64) * R
     row_base = rows.to(tl.int64)
@@ -197,6 +220,24 @@ def _markov_step_kernel(
     part = row_base * num_tiles + pid_s
     tl.store(part_val_ptr + part, val, mask=row_ok)
     tl.store(part_idx_ptr + part, idx, mask=row_ok)
+
+
+@triton.jit
+def _row_tokens(part_val_ptr, part_idx_ptr, rows, row_ok, num_tiles,
+                BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr):
+    """The order-T winner's id of each row's tile pairs (``[G, num_tiles]``, rows ``rows:
+    [BLOCK_G] int64``), the tiles merged in increasing order as :func:`_markov_reduce_kernel`
+    merges them; ``-1`` for masked rows."""
+    best_val = tl.full((BLOCK_G,), float("-inf"), tl.float32)
+    best_tile = tl.full((BLOCK_G,), 2**62, tl.int64)
+    for t0 in range(0, num_tiles, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        ok = row_ok[:, None] & (t < num_tiles)[None, :]
+        v = tl.load(part_val_ptr + rows[:, None] * num_tiles + t[None, :], mask=ok,
+                    other=float("-inf"))
+        val, tile = tile_argmax_t(v, t[None, :], ok)
+        best_val, best_tile = merge_argmax_t(best_val, best_tile, val, tile)
+    return tl.load(part_idx_ptr + rows * num_tiles + best_tile, mask=row_ok, other=-1)
 
 
 @triton.jit
@@ -306,25 +347,56 @@ def markov_step(
     pair_idx = torch.empty((rows,), dtype=_I64, device=dev) if out_idx is None else out_idx
     if rows == 0:
         return pair_val, pair_idx
-    block_g, block_s, block_r, num_warps, num_stages = _markov_launch_sizes(
-        rows, shard, w1.shape[1], w2.dtype)
-    num_tiles = triton.cdiv(shard, block_s)
-    part_val = torch.empty((rows, num_tiles), dtype=torch.float32, device=dev)
-    part_idx = torch.empty((rows, num_tiles), dtype=_I64, device=dev)
-    on = pdl_on(pdl, base)
-    _markov_step_kernel[(triton.cdiv(rows, block_g), num_tiles)](
-        base, prev, w1, w2, or_dummy(out_corrected, base),
-        part_val, part_idx, rows, shard, w1.shape[1], w1.shape[0], base.stride(0),
-        prev.stride(0), row_stride(out_corrected), num_tiles,
-        STORE=out_corrected is not None, IEEE=w2.dtype == torch.float32, REVERSE=bool(reverse),
-        BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_R=block_r, ONE_CHUNK=w1.shape[1] <= block_r,
-        PDL=on, num_warps=num_warps, num_stages=num_stages, **pdl_kwargs(on),
-    )
-    _markov_reduce_kernel[(rows,)](
-        part_val, part_idx, pair_val, pair_idx, num_tiles, vocab_start, pair_idx.stride(0),
-        BLOCK_T=block_size(num_tiles, lo=16, hi=2048), PDL=on, **pdl_kwargs(on),
-    )
+    launch = _StepLaunch(rows, shard, w1, pdl_on(pdl, base))
+    part_val, part_idx = launch.scratch(dev)
+    launch.step(base, prev, w1, w2, out_corrected, part_val, part_idx, reverse=reverse)
+    launch.reduce(part_val, part_idx, pair_val, pair_idx, vocab_start)
     return pair_val, pair_idx
+
+
+class _StepLaunch:
+    """The launch sizes of one chain position on ``rows x shard`` logits and its two kernels:
+    the tiled step (optionally folding the previous position's reduce) and the row reduce."""
+
+    def __init__(self, rows: int, shard: int, w1: torch.Tensor, pdl: bool) -> None:
+        self.rows, self.shard, self.rank, self.vocab = rows, shard, w1.shape[1], w1.shape[0]
+        self.block_g, self.block_s, self.block_r, self.num_warps, self.num_stages = (
+            _markov_launch_sizes(rows, shard, self.rank, w1.dtype))
+        self.num_tiles = triton.cdiv(shard, self.block_s)
+        self.pdl = pdl
+
+    def scratch(self, device: torch.device, *lead: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tile-pair scratch ``[*lead, rows, num_tiles]`` (fp32 values, int64 ids)."""
+        shape = (*lead, self.rows, self.num_tiles)
+        return (torch.empty(shape, dtype=torch.float32, device=device),
+                torch.empty(shape, dtype=_I64, device=device))
+
+    def step(self, base: torch.Tensor, prev: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+             out_corrected: torch.Tensor | None, part_val: torch.Tensor, part_idx: torch.Tensor,
+             *, reverse: bool, fold_from: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """Stage 1 into ``part_val / part_idx``; with ``fold_from`` (the previous position's
+        pairs) the previous tokens are reduced in the launch and written to ``prev``."""
+        fold_val, fold_idx = fold_from if fold_from is not None else (part_val, part_idx)
+        _markov_step_kernel[(triton.cdiv(self.rows, self.block_g), self.num_tiles)](
+            base, prev, w1, w2, or_dummy(out_corrected, base), part_val, part_idx,
+            fold_val, fold_idx, self.rows, self.shard, self.rank, self.vocab, base.stride(0),
+            prev.stride(0), row_stride(out_corrected), self.num_tiles,
+            STORE=out_corrected is not None, IEEE=w2.dtype == torch.float32,
+            REVERSE=bool(reverse), FOLD=fold_from is not None,
+            BLOCK_G=self.block_g, BLOCK_S=self.block_s, BLOCK_R=self.block_r,
+            BLOCK_T=block_size(self.num_tiles, lo=16, hi=FOLD_TILE_BLOCK),
+            ONE_CHUNK=self.rank <= self.block_r, PDL=self.pdl, num_warps=self.num_warps,
+            num_stages=self.num_stages, **pdl_kwargs(self.pdl),
+        )
+
+    def reduce(self, part_val: torch.Tensor, part_idx: torch.Tensor, pair_val: torch.Tensor,
+               pair_idx: torch.Tensor, vocab_start: int) -> None:
+        """Stage 2: each row's pair into ``pair_val / pair_idx`` (global ids)."""
+        _markov_reduce_kernel[(self.rows,)](
+            part_val, part_idx, pair_val, pair_idx, self.num_tiles, vocab_start,
+            pair_idx.stride(0), BLOCK_T=block_size(self.num_tiles, lo=16, hi=2048),
+            PDL=self.pdl, **pdl_kwargs(self.pdl),
+        )
 
 
 def markov_chain(
@@ -334,7 +406,9 @@ def markov_chain(
     """Fused :func:`markov_chain_reference`: one :func:`markov_step` per position, ``j``
     reading its previous tokens from the draft column ``j - 1`` that the launch before wrote
     (the anchor for ``j = 0``) and writing its tokens straight into column ``j``; odd
-    positions walk ``w2`` backwards (L2 reuse, same bits).
+    positions walk ``w2`` backwards (L2 reuse, same bits). Up to :data:`FOLD_MAX_ROWS` rows,
+    position ``j``'s step launch reduces position ``j - 1``'s tile pairs itself and writes
+    column ``j - 1`` (one reduce launch at the end): ``K + 1`` launches, the same bits.
 
     ``base: [G, K, V]`` fp32/bf16 (unit stride along ``V``), ``anchor: [G] int64``,
     ``w1, w2: [V, r]`` contiguous, same dtype. Drafts equal the reference's away from
@@ -346,19 +420,34 @@ def markov_chain(
     s: dict[str, int] = {}
     check_tensor("base", base, ("G", "K", "V"), _BASES, s, unit_stride=True)
     check_tensor("anchor", anchor, ("G",), _I64, s, base.device)
-    check_tensor("w1", w1, ("V", "r"), FLOAT_DTYPES, s, base.device)
-    check_tensor("w2", w2, ("V", "r"), w1.dtype, s, base.device)
+    check_tensor("w1", w1, ("V", "r"), FLOAT_DTYPES, s, base.device, contiguous=True)
+    check_tensor("w2", w2, ("V", "r"), w1.dtype, s, base.device, contiguous=True)
+    _check_width("base", s["V"])
     g, k, _ = base.shape
     drafts = torch.empty((g, k), dtype=_I64, device=base.device)
     if k == 0:
         return drafts, base
     corrected = (torch.empty(base.shape, dtype=torch.float32, device=base.device)
                  if store_corrected else None)
-    prev = anchor
+    if g == 0:
+        return drafts, corrected
+    if g > FOLD_MAX_ROWS:
+        prev = anchor
+        for j in range(k):
+            markov_step(base[:, j], prev, w1, w2, 0,
+                        None if corrected is None else corrected[:, j],
+                        reverse=j % 2 == 1, out_idx=drafts[:, j], pdl=pdl)
+            prev = drafts[:, j]
+        return drafts, corrected
+    launch = _StepLaunch(g, base.shape[2], w1, pdl_on(pdl, base))
+    part_val, part_idx = launch.scratch(base.device, 2)
     for j in range(k):
-        markov_step(base[:, j], prev, w1, w2, 0, None if corrected is None else corrected[:, j],
-                    reverse=j % 2 == 1, out_idx=drafts[:, j], pdl=pdl)
-        prev = drafts[:, j]
+        fold_from = None if j == 0 else (part_val[(j - 1) % 2], part_idx[(j - 1) % 2])
+        launch.step(base[:, j], anchor if j == 0 else drafts[:, j - 1], w1, w2,
+                    None if corrected is None else corrected[:, j], part_val[j % 2],
+                    part_idx[j % 2], reverse=j % 2 == 1, fold_from=fold_from)
+    pair_val = torch.empty((g,), dtype=torch.float32, device=base.device)
+    launch.reduce(part_val[(k - 1) % 2], part_idx[(k - 1) % 2], pair_val, drafts[:, k - 1], 0)
     return drafts, corrected
 
 
