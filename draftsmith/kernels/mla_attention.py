@@ -9,6 +9,8 @@ kernel also applies the queries' interleaved RoPE, the absorption ``q_nope @ W_k
 value up-projection ``W_vb``, so it maps the ``q_b_proj`` output to each head's values for
 ``o_proj``. In eager torch this is a gather of the context, a mask, two concatenations, four
 einsums, a softmax and their casts: about twenty launches per layer inside a captured round.
+Given ``own_norm`` it also norms and rotates the block's own raw latent rows, which is
+``latent_norm_rope``'s launch otherwise.
 Block queries see context columns ``0 .. num_ctx - 1`` and the whole block (non-causal, no
 window). Imports ``draftsmith.contract``, ``kernels.block_attention`` (the paged column map),
 ``kernels.latent_norm_rope`` (the RoPE reference), the shared softmax step and launch helpers.
@@ -32,15 +34,31 @@ from draftsmith.kernels import pdl_on
 from draftsmith.kernels._launch import block_size, pdl_kwargs, pdl_start
 from draftsmith.kernels._softmax import _dot, _online_softmax
 from draftsmith.kernels.block_attention import paged_columns
-from draftsmith.kernels.latent_norm_rope import interleaved_rope_reference
+from draftsmith.kernels.latent_norm_rope import (
+    interleaved_rope_reference,
+    latent_norm_rope_reference,
+)
 
 _I64 = torch.int64
+
+OWN_NORM_MAX_WIDTH = 128
+"""The widest latent tile (``D_lat`` rounded up to a power of two) whose launch also norms and
+rotates the block's own latents: at 256 and above the sm_90 build of that variant spills
+registers (ptxas, Triton 3.6; none without it at 256 and 512), so the caller keeps the separate
+``latent_norm_rope`` launch there."""
+
+
+def own_norm_inside(d_lat: int) -> bool:
+    """Whether :func:`mla_attention` should take ``own_norm`` for latent rows of ``d_lat``
+    dims (see :data:`OWN_NORM_MAX_WIDTH`)."""
+    return block_size(d_lat, lo=16) <= OWN_NORM_MAX_WIDTH
 
 
 def mla_attention_reference(
     q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, latent: torch.Tensor,
     kv_b: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, num_ctx: torch.Tensor,
-    columns: int, scale: float, *, pdl: bool = False,
+    columns: int, scale: float, *, own_norm: tuple[torch.Tensor, float] | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Absorbed MLA of a block over its paged latent context and itself (``pdl``, the kernel
     form's launch option, is accepted and ignored).
@@ -53,11 +71,19 @@ def mla_attention_reference(
     max_pages] int64``; ``num_ctx: [G] int64`` context columns held (at most ``columns`` are
     read). Returns ``probs @ latent[:, :kv_lora]`` mapped by ``W_vb``: ``[G, W, n, d_v]`` in
     ``q``'s dtype.
+
+    ``own_norm = (weight [kv_lora], eps)``: ``latent`` holds the block's raw latent rows, which
+    are first normed and rotated as :func:`latent_norm_rope_reference` does.
     """
     g, w, _, qk = q.shape
     kv_lora = kv_b.shape[2]
     d_rope = latent.shape[-1] - kv_lora
     d_nope = qk - d_rope
+    if own_norm is not None:
+        rows = latent.reshape(g * w, 1, latent.shape[-1])
+        latent = latent_norm_rope_reference(rows, own_norm[0], own_norm[1],
+                                            cos.reshape(g * w, -1),
+                                            sin.reshape(g * w, -1)).view(latent.shape)
     q_nope, q_rope = q.split((d_nope, d_rope), dim=-1)
     q_rope = interleaved_rope_reference(q_rope, cos, sin)
     w_kb, w_vb = kv_b[:, :d_nope], kv_b[:, d_nope:]
@@ -78,19 +104,23 @@ def mla_attention_reference(
 
 @triton.jit
 def _mla_attention_kernel(
-    q_ptr, cos_ptr, sin_ptr, lat_ptr, kvb_ptr, pool_ptr, tables_ptr, nctx_ptr, out_ptr,
-    W, D_NOPE, KV_LORA, D_LAT, D_V, COLUMNS, PAGE, MAX_PAGES, scale,
+    q_ptr, cos_ptr, sin_ptr, lat_ptr, kvb_ptr, pool_ptr, tables_ptr, nctx_ptr, out_ptr, nw_ptr,
+    W, D_NOPE, KV_LORA, D_LAT, D_V, COLUMNS, PAGE, MAX_PAGES, scale, eps,
     s_qg, s_qw, s_qh, s_cg, s_cw, s_lg, s_lw, s_kh, s_kr, s_page, s_off, s_tg,
     s_og, s_ow, s_oh,
     IEEE: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, NORM_OWN: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program ``(b, h)``: the ``W`` block queries of head ``h`` of request ``b``.
 
     The query is built as one ``[W, D_lat]`` tile: columns below ``KV_LORA`` hold
     ``q_nope @ W_kb``, the rest the rotated rope slice, so one product against a latent tile
     scores all of it, and the same tile serves as the values (its rope columns are dropped
-    before ``W_vb``)."""
+    before ``W_vb``).
+
+    ``NORM_OWN``: the block's own latent rows arrive raw; the program norms their first
+    ``KV_LORA`` dims (weight ``nw_ptr``) and turns their rope pairs with the queries' cos and
+    sin, rounding where ``latent_norm_rope`` rounds (one launch less a layer)."""
     pdl_start(PDL, True)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -145,8 +175,19 @@ def _mla_attention_kernel(
         ok = w_ok[:, None] & c_ok[None, :]
         m_i, l_i, acc = _online_softmax(query, keys, keys, ok, m_i, l_i, acc, qk_scale, IEEE)
     # the block's own latents
-    own = tl.load(lat_ptr + b * s_lg + w[:, None] * s_lw + d[None, :],
-                  mask=w_ok[:, None] & lat_ok[None, :], other=0.0)
+    own_row = lat_ptr + b * s_lg + w[:, None] * s_lw
+    own = tl.load(own_row + d[None, :], mask=w_ok[:, None] & lat_ok[None, :], other=0.0)
+    if NORM_OWN:
+        h32 = tl.where(lora[None, :], own.to(tl.float32), 0.0)
+        inv = 1.0 / tl.sqrt(tl.sum(h32 * h32, axis=1) / KV_LORA + eps)
+        y = (h32 * inv[:, None]).to(dt).to(tl.float32)
+        nw = tl.load(nw_ptr + d, mask=lora, other=0.0).to(tl.float32)
+        normed = (nw[None, :] * y).to(dt)
+        own_p = tl.load(own_row + KV_LORA + partner[None, :], mask=r_ok, other=0.0)
+        o_c = (own.to(tl.float32) * c).to(dt).to(tl.float32)
+        o_s = (own_p.to(tl.float32) * s).to(dt).to(tl.float32)
+        turned = tl.where((j % 2 == 0)[None, :], o_c - o_s, o_c + o_s).to(dt)
+        own = tl.where(lora[None, :], normed, tl.where(r_ok, turned, tl.zeros_like(normed)))
     ok = w_ok[:, None] & w_ok[None, :]
     m_i, l_i, acc = _online_softmax(query, own, own, ok, m_i, l_i, acc, qk_scale, IEEE)
 
@@ -179,12 +220,16 @@ def _launch_sizes(w: int, d_lat: int, d_nope: int, d_v: int) -> dict[str, int]:
 def mla_attention(
     q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, latent: torch.Tensor,
     kv_b: torch.Tensor, pool: torch.Tensor, block_tables: torch.Tensor, num_ctx: torch.Tensor,
-    columns: int, scale: float, *, pdl: bool = False,
+    columns: int, scale: float, *, own_norm: tuple[torch.Tensor, float] | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Kernel form of :func:`mla_attention_reference` (same arguments; ``[G, W, n, d_v]`` in
     ``q``'s dtype), one launch; every tensor needs a contiguous last dim, and ``q``, ``cos``,
-    ``sin``, ``latent`` and ``kv_b`` one dtype. Reads nothing back to the host. ``pdl``: launch
-    with programmatic dependent launch where the device has it
+    ``sin``, ``latent``, ``kv_b`` and ``own_norm``'s weight one dtype. ``latent`` may be a
+    row-strided view (the raw rows inside a packed product's output, with ``own_norm``). The
+    normed dims of the own latents may differ from :func:`latent_norm_rope`'s by one rounding of
+    the dtype (the mean of squares sums in another order). Reads nothing back to the host.
+    ``pdl``: launch with programmatic dependent launch where the device has it
     (:func:`~draftsmith.kernels.pdl_on`)."""
     s: dict[str, int] = {}
     check_tensor("q", q, ("G", "W", "n", "qk"), FLOAT_DTYPES, s, unit_stride=True)
@@ -205,6 +250,10 @@ def mla_attention(
     check_tensor("block_tables", block_tables, ("G", "max_pages"), _I64, s, q.device,
                  unit_stride=True)
     check_tensor("num_ctx", num_ctx, ("G",), _I64, s, q.device)
+    norm_weight = None
+    if own_norm is not None:
+        norm_weight = check_tensor("own_norm weight", own_norm[0], ("kv_lora",), q.dtype, s,
+                                   q.device, contiguous=True)
     if sin.stride() != cos.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
     g, w, n = s["G"], s["W"], s["n"]
@@ -214,17 +263,19 @@ def mla_attention(
     on = pdl_on(pdl, q)
     _mla_attention_kernel[(g, n)](
         q, cos, sin, latent, kv_b, pool, block_tables, num_ctx, out,
+        kv_b if norm_weight is None else norm_weight,
         w, d_nope, s["kv_lora"], s["D_lat"], d_v, int(columns), s["P_sz"], s["max_pages"],
-        float(scale),
+        float(scale), 0.0 if own_norm is None else float(own_norm[1]),
         q.stride(0), q.stride(1), q.stride(2), cos.stride(0), cos.stride(1),
         latent.stride(0), latent.stride(1), kv_b.stride(0), kv_b.stride(1),
         pool.stride(0), pool.stride(3), block_tables.stride(0),
         out.stride(0), out.stride(1), out.stride(2),
-        IEEE=q.dtype == torch.float32, **_launch_sizes(w, s["D_lat"], d_nope, d_v), PDL=on,
+        IEEE=q.dtype == torch.float32, **_launch_sizes(w, s["D_lat"], d_nope, d_v),
+        NORM_OWN=own_norm is not None, PDL=on,
         enable_fp_fusion=False,  # no FMA: the query's rotation rounds as the reference's
         **pdl_kwargs(on),
     )
     return out
 
 
-__all__ = ["mla_attention", "mla_attention_reference"]
+__all__ = ["OWN_NORM_MAX_WIDTH", "mla_attention", "mla_attention_reference", "own_norm_inside"]

@@ -600,10 +600,10 @@ def test_fused_paths_on_the_interpreter_match_the_torch_paths(monkeypatch, ctx_l
     assert "_packed_gate_up" in drafter.layers[1].mlp.__dict__
 
 
-LAUNCHES_PER_LAYER = 11
+LAUNCHES_PER_LAYER = 10
 """GPU launches of one layer's block forward: the packed ``q_a``/``kv_a`` GEMM, the ``q_a`` norm,
-the latent norm and RoPE, ``q_b_proj``, the attention, ``o_proj``, two fused residual norms, the
-packed gate/up GEMM, the SwiGLU gate and ``down_proj``."""
+``q_b_proj``, the attention (with the block's own latent norm and RoPE inside it), ``o_proj``,
+two fused residual norms, the packed gate/up GEMM, the SwiGLU gate and ``down_proj``."""
 
 
 def _count_launches(monkeypatch, fn) -> int:

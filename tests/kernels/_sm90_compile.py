@@ -69,6 +69,8 @@ _LINEAR = dict(HAS_BIAS=False, GATED=False, RESIDUAL=True, IEEE=False, BLOCK_M=1
 _TILES, _BN, _BK, _BK2, _LIN_WARPS = linear._blocks(576, 576)  # SmolLM2's fp32 products
 _MLA = mla_attention._launch_sizes(16, 576, 128, 128)  # a block of 16, DeepSeek-V3's latent
 _MLA_WARPS = _MLA.pop("num_warps")
+_MLA_OWN = mla_attention._launch_sizes(16, mla_attention.OWN_NORM_MAX_WIDTH, 64, 64)
+_MLA_OWN_WARPS = _MLA_OWN.pop("num_warps")  # the widest latent whose launch norms its own rows
 _SUMMARY_BLOCK, _SUMMARY_WARPS = logit_summary._launch_sizes(49152)
 _ACC_V, _, _, _ACC_R, _ACC_C, _ACC_WARPS = strict_accept._launch_sizes(8, 8, 49152,
                                                                   torch.device("cpu"))
@@ -123,8 +125,12 @@ CASES: list[tuple[str, Any, dict[str, Any], dict[str, str], int, int]] = [
      dict(BLOCK_D=128, NORM=True, PDL=True), {"cos_ptr": "*fp32", "sin_ptr": "*fp32"}, 1, 1),
     ("latent_norm_rope", latent_norm_rope._latent_norm_rope_kernel,
      dict(BLOCK_L=512, BLOCK_R=32, PDL=True), {}, 2, 1),
-    ("mla_attention", mla_attention._mla_attention_kernel, dict(_MLA, IEEE=False, PDL=True),
+    ("mla_attention", mla_attention._mla_attention_kernel,
+     dict(_MLA, IEEE=False, NORM_OWN=False, PDL=True),
      {"tables_ptr": "*i64", "nctx_ptr": "*i64"}, _MLA_WARPS, 3),
+    ("mla_attention, own latents normed", mla_attention._mla_attention_kernel,
+     dict(_MLA_OWN, IEEE=False, NORM_OWN=True, PDL=True),
+     {"tables_ptr": "*i64", "nctx_ptr": "*i64"}, _MLA_OWN_WARPS, 3),
     ("logit_summary", logit_summary._logit_summary_kernel,
      dict(MARGINS=True, BLOCK_S=_SUMMARY_BLOCK),
      {"logits_ptr": "*fp32", "nan_ptr": "*i64", "top2_ptr": "*fp32"}, _SUMMARY_WARPS, 1),

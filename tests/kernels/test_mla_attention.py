@@ -10,8 +10,12 @@ import torch
 from _devices import DEVICE_DTYPES
 
 from draftsmith.contract import ShapeError
-from draftsmith.kernels.latent_norm_rope import interleaved_rope_reference
-from draftsmith.kernels.mla_attention import mla_attention, mla_attention_reference
+from draftsmith.kernels.latent_norm_rope import interleaved_rope_reference, latent_norm_rope
+from draftsmith.kernels.mla_attention import (
+    mla_attention,
+    mla_attention_reference,
+    own_norm_inside,
+)
 from draftsmith.kernels.rope_cos_sin import rope_cos_sin_reference
 
 SHAPES = [
@@ -59,6 +63,41 @@ def test_kernel_matches_the_reference(shape, device, dtype):
     g, w, n, d_v = shape[0], shape[1], shape[2], shape[6]
     assert got.shape == want.shape == (g, w, n, d_v) and got.dtype == want.dtype == dtype
     torch.testing.assert_close(got.float(), want.float(), **_tol(dtype))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
+def test_own_latents_normed_and_rotated_inside(shape, device, dtype):
+    """``own_norm``: raw own latents (a row-strided slice of a packed product's output) normed
+    and rotated in the launch give the reference's values, and the kernel fed
+    ``latent_norm_rope``'s rows (within one rounding of the normed dims)."""
+    args = list(_case(device, dtype, *shape, seed=sum(shape[:7]) + 1))
+    g, w, d_lat = args[3].shape
+    kv_lora = shape[5]
+    gen = torch.Generator().manual_seed(sum(shape[:7]) + 2)
+    packed = (torch.randn(g, w, 7 + d_lat, generator=gen) * 3).to(device, dtype)
+    raw = packed[..., 7:]
+    weight = (torch.rand(kv_lora, generator=gen) + 0.5).to(device, dtype)
+    scale = (shape[3] + shape[4]) ** -0.5
+    args[3] = raw
+    want = mla_attention_reference(*args, scale, own_norm=(weight, 1e-5))
+    got = mla_attention(*args, scale, own_norm=(weight, 1e-5))
+    torch.testing.assert_close(got.float(), want.float(), **_tol(dtype))
+    args[3] = latent_norm_rope(raw.reshape(g * w, 1, d_lat), weight, 1e-5,
+                               args[1].reshape(g * w, -1), args[2].reshape(g * w, -1)).view(
+        g, w, d_lat)
+    torch.testing.assert_close(got.float(), mla_attention(*args, scale).float(), **_tol(dtype))
+    if dtype == torch.float32:  # the normed latents matter: a wrong norm weight is far off
+        args[3] = raw
+        off = mla_attention(*args, scale, own_norm=(weight * 2, 1e-5))
+        assert not torch.allclose(off, want, atol=1e-3, rtol=1e-3)
+
+
+def test_own_norm_inside_up_to_128_latent_dims():
+    """The drafter norms its own latents inside the attention's launch up to 128 dims a row
+    (wider tiles of that variant spill registers on sm_90) and in a launch of their own above."""
+    assert own_norm_inside(40) and own_norm_inside(128)
+    assert not own_norm_inside(129) and not own_norm_inside(576)
 
 
 def test_context_beyond_num_ctx_and_unused_pages_are_never_read(device):

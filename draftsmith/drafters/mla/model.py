@@ -15,11 +15,12 @@ Kimi-K3 MLA drafter of TensorRT-LLM:
   factor folded into cos/sin; the softmax scale is ``mscale^2 / sqrt(d_nope + d_rope)``;
 * the drafter ships its **own** embedding table; only the target's output head is shared.
 
-On a GPU outside autograd (the round is launch-bound, so launches are time) a layer is eleven
+On a GPU outside autograd (the round is launch-bound, so launches are time) a layer is ten
 launches: ``q_a_proj`` and ``kv_a_proj_with_mqa`` as one packed GEMM, the fused RMSNorm of
-``q_a``, the fused latent norm and RoPE (:mod:`draftsmith.kernels.latent_norm_rope`), ``q_b_proj``,
-the whole absorbed attention over the pages (:mod:`draftsmith.kernels.mla_attention`),
-``o_proj``, gate and up as one packed GEMM, the fused SwiGLU gate, ``down_proj``, and (unless
+``q_a``, ``q_b_proj``, the whole absorbed attention over the pages with the block's own latents
+normed and rotated inside it (:mod:`draftsmith.kernels.mla_attention`; latent rows above 128
+dims take one more launch for that), ``o_proj``, gate and up
+as one packed GEMM, the fused SwiGLU gate, ``down_proj``, and (unless
 the ``ar-residual-rmsnorm`` fusion is taken) each residual add fused with the norm after it; the
 context projection is five. Elsewhere the eager
 references run, which are the specification.
@@ -104,7 +105,7 @@ from draftsmith.kernels import in_pdl_scope
 from draftsmith.kernels.latent_norm_rope import latent_norm_rope as fused_latent_norm_rope
 from draftsmith.kernels.latent_norm_rope import latent_norm_rope_reference
 from draftsmith.kernels.mla_attention import mla_attention as fused_mla_attention
-from draftsmith.kernels.mla_attention import mla_attention_reference
+from draftsmith.kernels.mla_attention import mla_attention_reference, own_norm_inside
 
 logger = logging.getLogger(__name__)
 
@@ -151,14 +152,25 @@ def mla_attention(
     placement: DraftBlockPlacement,
     columns: int,
     scale: float,
+    norm_weight: torch.Tensor,
+    eps: float,
 ) -> torch.Tensor:
     """Absorbed MLA of a block over its paged latent context and itself: ``q: [G, W, n, d_nope +
     d_rope]`` (rope slice not yet rotated), ``cos, sin: [G, W, d_rope]``, ``latent: [G, W,
-    D_lat]`` the block's own latents, ``kv_b: [n, d_nope + d_v, kv_lora]``, ``pool: [pages, 1, 1,
-    P_sz, D_lat]`` one layer's latents, of which the first ``columns`` columns below
-    ``placement.num_ctx`` are seen -> each head's values ``[G, W, n, d_v]``. One fused launch on a
-    GPU outside autograd (:mod:`draftsmith.kernels.mla_attention`), its reference otherwise."""
-    fused = packing(q) and cos.dtype == sin.dtype == latent.dtype == kv_b.dtype == q.dtype
+    D_lat]`` the block's own raw latents (normed over ``kv_lora`` dims by ``norm_weight`` and
+    ``eps`` and rotated, as :func:`latent_norm_rope`), ``kv_b: [n, d_nope + d_v, kv_lora]``,
+    ``pool: [pages, 1, 1, P_sz, D_lat]`` one layer's latents, of which the first ``columns``
+    columns below ``placement.num_ctx`` are seen -> each head's values ``[G, W, n, d_v]``. One
+    fused launch on a GPU outside autograd, the own latents' norm and RoPE inside it up to
+    ``D_lat = 128`` (:func:`~draftsmith.kernels.mla_attention.own_norm_inside`; a separate
+    launch above), the references otherwise."""
+    fused = (packing(q) and cos.dtype == sin.dtype == latent.dtype == kv_b.dtype
+             == norm_weight.dtype == q.dtype)
+    if fused and own_norm_inside(latent.shape[-1]):
+        return fused_mla_attention(q, cos, sin, latent, kv_b, pool, placement.block_tables,
+                                   placement.num_ctx, columns, scale, own_norm=(norm_weight, eps),
+                                   pdl=in_pdl_scope())
+    latent = latent_norm_rope(latent[..., None, :], norm_weight, eps, cos, sin)[..., 0, :]
     fn = fused_mla_attention if fused else mla_attention_reference
     return fn(q, cos, sin, latent, kv_b, pool, placement.block_tables, placement.num_ctx, columns,
               scale, pdl=in_pdl_scope())
@@ -254,12 +266,10 @@ class MLAAttention(nn.Module):
         else:
             q_a, raw = self.q_a_proj(a), self.kv_a_proj_with_mqa(a)
         q = linear(self.q_b_proj, self.q_a_layernorm(q_a)).view(g, w, n, -1)
-        latent = latent_norm_rope(raw[..., None, :], self.kv_a_layernorm.weight, cfg.rms_norm_eps,
-                                  cos, sin)[..., 0, :]  # the block's own latents [G, W, D_lat]
         kv_b = self.kv_b_proj.weight.view(n, cfg.qk_nope_head_dim + cfg.v_head_dim,
                                           cfg.kv_lora_rank)
-        values = mla_attention(q, cos, sin, latent, kv_b, pool, placement, columns,
-                               self.softmax_scale)
+        values = mla_attention(q, cos, sin, raw, kv_b, pool, placement, columns,
+                               self.softmax_scale, self.kv_a_layernorm.weight, cfg.rms_norm_eps)
         return linear(self.o_proj, values.reshape(g, w, n * cfg.v_head_dim))
 
 
