@@ -30,6 +30,7 @@ from draftsmith.kernels.add_rms_norm import add_rms_norm
 from draftsmith.kernels.block_attention import block_attention as fused_block_attention
 from draftsmith.kernels.block_attention import block_attention_reference, paged_columns
 from draftsmith.kernels.decode_linear import BLOCK_M, decode_linear
+from draftsmith.kernels.embedding import embed_rows
 from draftsmith.kernels.head_norm_rope import head_norm_rope
 from draftsmith.kernels.head_norm_rope import rotate_half_rope_reference as apply_rope_neox
 from draftsmith.kernels.latent_norm_rope import (
@@ -225,6 +226,17 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``table[ids]``: ``ids: [...] int64``, ``table: [V, H]`` -> ``[..., H]`` (ids not
+    range-checked). One launch of :func:`~draftsmith.kernels.embedding.embed_rows` on a GPU
+    outside autograd (with PDL inside a :func:`~draftsmith.kernels.pdl_scope`), torch's lookup
+    elsewhere; the same bits."""
+    if packing(table) and table.stride(-1) == 1:
+        rows = embed_rows(ids.reshape(-1), table, pdl=in_pdl_scope())
+        return rows.view(*ids.shape, table.shape[1])
+    return F.embedding(ids, table)
+
+
 def rope_inv_freq(dim: int, theta: float) -> torch.Tensor:
     """Default RoPE inverse frequencies ``[dim // 2] fp32``."""
     return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
@@ -312,6 +324,7 @@ __all__ = [
     "apply_rope_interleaved",
     "apply_rope_neox",
     "context_columns",
+    "embedding",
     "gather_context",
     "rms_norm",
     "rope_cos_sin",

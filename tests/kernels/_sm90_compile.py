@@ -1,5 +1,5 @@
 """Compile the hot path's kernels (the few-row products, norms, RoPE, the target's and the
-drafters' attentions, the Markov chain, acceptance, logit summary, the row-stable fp32 GEMM) for
+drafters' attentions, the embedding lookups, the Markov chain, acceptance, logit summary, the row-stable fp32 GEMM) for
 an H100 (sm_90) with the installed Triton, without a GPU: ``python
 tests/kernels/_sm90_compile.py`` prints one line per case, ``ok`` or the compiler's error, and
 exits 1 if any failed.
@@ -32,6 +32,7 @@ from draftsmith.kernels import (
     block_attention,
     cache_attention,
     decode_linear,
+    embedding,
     head_norm_rope,
     latent_norm_rope,
     linear,
@@ -89,6 +90,10 @@ CASES: list[tuple[str, Any, dict[str, Any], dict[str, str], int, int]] = [
      dict(_LINEAR, PARTS=4), {"part_ptr": "*fp32", "count_ptr": "*i32"}, 4, 4),
     ("rms_norm", rms_norm._rms_norm_kernel, dict(BLOCK_D=2048, PDL=True), {}, 4, 1),
     ("add_rms_norm", add_rms_norm._add_rms_norm_kernel, dict(BLOCK_D=1024, PDL=True), {}, 2, 1),
+    ("embed_rms_norm", embedding._embed_rms_norm_kernel, dict(BLOCK_D=2048, PDL=True),
+     {"ids_ptr": "*i64"}, 4, 1),
+    ("embed_rows", embedding._embed_rows_kernel, dict(BLOCK_D=2048, PDL=True),
+     {"ids_ptr": "*i64"}, 4, 1),
     ("rope_store", rope_store._rope_store_kernel, dict(BLOCK_D=64, NORM=False, PDL=True),
      {"pos_ptr": "*i64", "freq_ptr": "*fp32", "rows_ptr": "*i64"}, 1, 1),
     ("rope_store, qk-norm", rope_store._rope_store_kernel, dict(BLOCK_D=128, NORM=True, PDL=True),

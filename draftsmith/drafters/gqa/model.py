@@ -45,6 +45,7 @@ from draftsmith.drafters.nn import (
     block_attention,
     check_token_range,
     context_columns,
+    embedding,
     head_logits,
     head_norm_rope,
     linear,
@@ -241,7 +242,7 @@ class GQADrafter(nn.Module):
             table = check_tensor("target_embedding", target_embedding,
                                  (s.vocab_size, s.hidden_size), _FLOATS)
         with torch.no_grad():
-            out = F.embedding(token_ids, table)
+            out = embedding(token_ids, table)
             if s.input_embedding_scale != 1.0:
                 out = out * s.input_embedding_scale
             return out.to(self.dtype)

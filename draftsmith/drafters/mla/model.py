@@ -84,6 +84,7 @@ from draftsmith.drafters.nn import (
     RMSNorm,
     check_token_range,
     context_columns,
+    embedding,
     head_logits,
     linear,
     packed_linear,
@@ -526,7 +527,7 @@ class DSparkMLADrafter(nn.Module):
         (``target_embedding`` is ignored: ``shares_target_embedding`` is False)."""
         check_tensor("token_ids", token_ids, (None, None), torch.int64)
         check_token_range(token_ids, self.cfg.vocab_size)
-        return F.embedding(token_ids, self.embed_tokens.weight)
+        return embedding(token_ids, self.embed_tokens.weight)
 
     @torch.no_grad()
     def forward_block(

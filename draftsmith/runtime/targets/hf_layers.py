@@ -72,6 +72,7 @@ from draftsmith.kernels import pdl_on
 from draftsmith.kernels.add_rms_norm import add_rms_norm, add_rms_norm_reference
 from draftsmith.kernels.cache_attention import cache_attention, cache_attention_reference
 from draftsmith.kernels.decode_linear import decode_linear, decode_linear_reference
+from draftsmith.kernels.embedding import embed_rms_norm, embed_rms_norm_reference
 from draftsmith.kernels.head_norm_rope import (
     head_norm_rope,
     head_norm_rope_reference,
@@ -243,6 +244,11 @@ class LayerLoop:
         self.product_dtypes = (*FUSED_PRODUCT_DTYPES, torch.float32) if interpret \
             else FUSED_PRODUCT_DTYPES
         on_gpu = self.decoder.embed_tokens.weight.is_cuda or interpret
+        embed = self.decoder.embed_tokens
+        self.fused_embedding = type(embed) is torch.nn.Embedding and embed.max_norm is None
+        """Whether the few-row path looks the tokens up inside the first layer's norm (one
+        launch, the table's rows bit for bit): a plain ``nn.Embedding``; a subclass (a scaled
+        lookup) runs its own forward."""
         check_few_rows(few_rows)
         check_pdl(pdl)
         blocker = persistent_blocker(model)
@@ -311,23 +317,23 @@ class LayerLoop:
             if group > 1:
                 mask = mask.expand(n, group, q, width).reshape(n, 1, group * q, width)
         if pick is None:
-            x = self.decoder.embed_tokens(ids)
             write_rows = write_rows.expand(n, q)
         else:
             positions = positions.reshape(-1).index_select(0, pick).view(-1, 1)
             write_rows = write_rows.expand(n, q).reshape(-1).index_select(0, pick).view(-1, 1)
-            x = self.decoder.embed_tokens(ids.reshape(-1).index_select(0, pick).view(-1, 1))
-        rows_out = x.shape[0] * x.shape[1]
+            ids = ids.reshape(-1).index_select(0, pick).view(-1, 1)
+        rows_out = ids.numel()
         # one contiguous copy of the slots a forward (an expanded row's are a stride-0 view,
         # which each kernel taking them would copy again, two a layer)
         token_rows = write_rows.reshape(-1).contiguous()
         token_pos = positions.reshape(-1).contiguous()
-        if per_token and self.few_rows(x, rows_out):
-            h = self._few_rows(x.reshape(rows_out, -1), kv, token_rows, token_pos, width,
-                               capture, captured, positions.shape)
+        if per_token and self.few_rows(self.decoder.embed_tokens.weight, rows_out):
+            h = self._few_rows(ids.reshape(-1), kv, token_rows, token_pos, width, capture,
+                               captured, positions.shape)
             if not defer_norm:
                 h = self._norm(h, self.decoder.norm, self._kernels(h))
             return h.view(*positions.shape, -1), not defer_norm
+        x = self.decoder.embed_tokens(ids)
         kernels = self._kernels(x)
         # a RoPE fixed at load: angles, rotation and the cache writes in one op a layer (one
         # launch on a GPU); else transformers' rotary table, then the two writes
@@ -373,25 +379,37 @@ class LayerLoop:
                 captured[i] = h.view(*positions.shape, -1)
         return normed.view(*positions.shape, -1), True
 
-    def _few_rows(self, h: torch.Tensor, kv: StaticKV, token_rows: torch.Tensor,
+    def _few_rows(self, ids: torch.Tensor, kv: StaticKV, token_rows: torch.Tensor,
                   token_pos: torch.Tensor, width: int, capture: Sequence[int],
                   captured: dict[int, torch.Tensor], shape: torch.Size) -> torch.Tensor:
-        """The decoder over ``h: [R, H_t]`` (the embedded tokens; token ``r`` at slot
-        ``token_rows[r]``, position ``token_pos[r]``), eight launches a layer (three with
-        :attr:`persistent`); returns the residual stream after the last layer ``[R, H_t]``
-        (before the final norm)."""
-        kernels = self._kernels(h)
+        """The decoder over the tokens ``ids: [R]`` (token ``r`` at slot ``token_rows[r]``,
+        position ``token_pos[r]``), eight launches a layer (three with :attr:`persistent`);
+        the embedding lookup runs inside the first layer's norm (:attr:`fused_embedding`).
+        Returns the residual stream after the last layer ``[R, H_t]`` (before the final
+        norm)."""
+        table = self.decoder.embed_tokens.weight
+        kernels = self._kernels(table)
         product = decode_linear if kernels else decode_linear_reference
+        pdl = self._pdl(table)
+        first = self.layers[0].input_norm
+        if self.persistent or not self.fused_embedding:
+            h = self.decoder.embed_tokens(ids)  # its hook records layer -1 where captured
+            normed = None if self.persistent else self._norm(h, first, kernels, pdl)
+        else:
+            h, normed = (embed_rms_norm if kernels else embed_rms_norm_reference)(
+                ids, table, first.weight, _eps(first), pdl=pdl)
+            if -1 in capture:  # the module's hook does not run: recorded here
+                captured[-1] = h.view(*shape, -1)
         if self.persistent:
             return self._few_rows_persistent(h, kv, token_rows, token_pos, width, capture,
                                              captured, shape)
-        pdl = self._pdl(h)
         # the weight of a product after a small kernel streams into L2 while that one runs
         after_small = dict(pdl=True, prefetch=PREFETCH_AFTER_SMALL) if pdl else {}
         after_product = dict(pdl=True, prefetch=PREFETCH_AFTER_PRODUCT) if pdl else {}
         for i, layer in enumerate(self.layers):
-            qkv = product(self._norm(h, layer.input_norm, kernels, pdl), layer.qkv_weight,
-                          layer.qkv_bias, **after_small)
+            if i:
+                normed = self._norm(h, layer.input_norm, kernels, pdl)
+            qkv = product(normed, layer.qkv_weight, layer.qkv_bias, **after_small)
             out = self._rope_attend(i, layer, qkv, kv, token_rows, token_pos, width, shape)
             h = product(out, layer.o_proj.weight, layer.o_proj.bias, residual=h, **after_small)
             act = product(self._norm(h, layer.post_norm, kernels, pdl), layer.gate_up_weight,

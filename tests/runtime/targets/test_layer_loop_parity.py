@@ -66,6 +66,7 @@ def _check(case: dict[str, Any], device: str, dtype: torch.dtype,
     fused, modules = _pair(case, device, dtype, few_rows)
     assert "few-row path" in fused.layer_path_reason, fused.layer_path_reason
     assert fused._loop.persistent == (few_rows == "persistent")
+    assert fused._loop.fused_embedding  # the lookup inside the first norm; layer -1 captured
     assert ("three launches a layer" in fused.layer_path_reason) == fused._loop.persistent
     calls = []
     real = fused._loop._few_rows
