@@ -245,10 +245,12 @@ class LayerLoop:
             else FUSED_PRODUCT_DTYPES
         on_gpu = self.decoder.embed_tokens.weight.is_cuda or interpret
         embed = self.decoder.embed_tokens
-        self.fused_embedding = type(embed) is torch.nn.Embedding and embed.max_norm is None
+        self.fused_embedding = (type(embed) is torch.nn.Embedding and embed.max_norm is None
+                                and not embed._forward_hooks and not embed._forward_pre_hooks)
         """Whether the few-row path looks the tokens up inside the first layer's norm (one
-        launch, the table's rows bit for bit): a plain ``nn.Embedding``; a subclass (a scaled
-        lookup) runs its own forward."""
+        launch, the table's rows bit for bit): a plain ``nn.Embedding`` with no hooks of its own
+        at load; a subclass (a scaled lookup) or a hooked one runs its own forward. (The
+        target's capture of layer ``-1`` is recorded by the loop itself.)"""
         check_few_rows(few_rows)
         check_pdl(pdl)
         blocker = persistent_blocker(model)
