@@ -149,3 +149,8 @@ def test_bad_shapes_are_refused():
         mla_attention(*args[:5], args[5][..., :-1], *args[6:], 1.0)
     with pytest.raises(ShapeError, match="dtype"):
         mla_attention(*args[:3], args[3].double(), *args[4:], 1.0)
+    weight = torch.ones(16)
+    with pytest.raises(ShapeError, match="own_norm weight"):  # kv_lora = 16 norm weights
+        mla_attention(*args, 1.0, own_norm=(weight[:15], 1e-6))
+    with pytest.raises(ShapeError, match="own_norm weight"):
+        mla_attention(*args, 1.0, own_norm=(weight.double(), 1e-6))
