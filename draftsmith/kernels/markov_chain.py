@@ -137,9 +137,10 @@ def markov_chain_reference(
 @triton.jit
 def _markov_step_kernel(
     base_ptr, prev_ptr, w1_ptr, w2_ptr, out_ptr, part_val_ptr, part_idx_ptr,
-    prev_val_ptr, prev_idx_ptr,
-    G, S, R, V, stride_base, stride_prev, stride_out, num_tiles,
+    prev_val_ptr, prev_idx_ptr, lead_ptr,
+    G, S, R, V, stride_base, stride_prev, stride_out, stride_lead, num_tiles,
     STORE: tl.constexpr, IEEE: tl.constexpr, REVERSE: tl.constexpr, FOLD: tl.constexpr,
+    LEAD: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
     ONE_CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -161,6 +162,9 @@ def _markov_step_kernel(
     itself, in :func:`_markov_reduce_kernel`'s order, and the programs of tile 0 write those
     tokens to ``prev_ptr`` (the previous draft column): the reduce launch between two positions
     folded into the second.
+
+    ``LEAD`` (not with ``FOLD``): the programs of tile 0 also copy the previous tokens they read
+    to ``lead_ptr`` (a chain's anchor into the column before its drafts).
     """
     pid_g = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -185,6 +189,9 @@ def _markov_step_kernel(
             tl.store(prev_ptr + rows.to(tl.int64) * stride_prev, prev, mask=row_ok)
     else:
         prev = tl.load(prev_ptr + rows.to(tl.int64) * stride_prev, mask=row_ok, other=-1)
+        if LEAD:
+            if tl.program_id(1) == 0:
+                tl.store(lead_ptr + rows.to(tl.int64) * stride_lead, prev, mask=row_ok)
     in_vocab = row_ok & (prev >= 0) & (prev < V)
     w1_rows = w1_ptr + tl.where(in_vocab, prev, 0).to(tl.int64) * R
     row_base = rows.to(tl.int64)
@@ -373,16 +380,19 @@ class _StepLaunch:
 
     def step(self, base: torch.Tensor, prev: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
              out_corrected: torch.Tensor | None, part_val: torch.Tensor, part_idx: torch.Tensor,
-             *, reverse: bool, fold_from: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+             *, reverse: bool, fold_from: tuple[torch.Tensor, torch.Tensor] | None = None,
+             lead: torch.Tensor | None = None) -> None:
         """Stage 1 into ``part_val / part_idx``; with ``fold_from`` (the previous position's
-        pairs) the previous tokens are reduced in the launch and written to ``prev``."""
+        pairs) the previous tokens are reduced in the launch and written to ``prev``; else with
+        ``lead: [G] int64`` the tokens read from ``prev`` are copied there."""
         fold_val, fold_idx = fold_from if fold_from is not None else (part_val, part_idx)
         _markov_step_kernel[(triton.cdiv(self.rows, self.block_g), self.num_tiles)](
             base, prev, w1, w2, or_dummy(out_corrected, base), part_val, part_idx,
-            fold_val, fold_idx, self.rows, self.shard, self.rank, self.vocab, base.stride(0),
-            prev.stride(0), row_stride(out_corrected), self.num_tiles,
+            fold_val, fold_idx, or_dummy(lead, prev), self.rows, self.shard, self.rank,
+            self.vocab, base.stride(0), prev.stride(0), row_stride(out_corrected),
+            0 if lead is None else lead.stride(0), self.num_tiles,
             STORE=out_corrected is not None, IEEE=w2.dtype == torch.float32,
-            REVERSE=bool(reverse), FOLD=fold_from is not None,
+            REVERSE=bool(reverse), FOLD=fold_from is not None, LEAD=lead is not None,
             BLOCK_G=self.block_g, BLOCK_S=self.block_s, BLOCK_R=self.block_r,
             BLOCK_T=block_size(self.num_tiles, lo=16, hi=FOLD_TILE_BLOCK),
             ONE_CHUNK=self.rank <= self.block_r, PDL=self.pdl, num_warps=self.num_warps,
@@ -401,7 +411,7 @@ class _StepLaunch:
 
 def markov_chain(
     base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, *,
-    store_corrected: bool = True, pdl: bool = False,
+    store_corrected: bool = True, pdl: bool = False, tokens_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Fused :func:`markov_chain_reference`: one :func:`markov_step` per position, ``j``
     reading its previous tokens from the draft column ``j - 1`` that the launch before wrote
@@ -416,6 +426,10 @@ def markov_chain(
     a chain of :func:`markov_step` calls both are bit for bit the same. ``pdl``: every launch
     as :func:`markov_step`'s, so a position's programs are on the SMs with their ``w2`` tiles
     loaded when the previous position's tokens land.
+
+    ``tokens_out: [G, K + 1] int64`` (rows that do not overlap): the anchor is written to column 0 and the
+    drafts to columns ``1 .. K`` (the verification's tokens, with no concatenation after the
+    chain); the drafts returned are then the view ``tokens_out[:, 1:]``.
     """
     s: dict[str, int] = {}
     check_tensor("base", base, ("G", "K", "V"), _BASES, s, unit_stride=True)
@@ -424,14 +438,23 @@ def markov_chain(
     check_tensor("w2", w2, ("V", "r"), w1.dtype, s, base.device, contiguous=True)
     _check_width("base", s["V"])
     g, k, _ = base.shape
-    drafts = torch.empty((g, k), dtype=_I64, device=base.device)
+    if tokens_out is None:
+        drafts = torch.empty((g, k), dtype=_I64, device=base.device)
+    else:
+        check_tensor("tokens_out", tokens_out, (g, k + 1), _I64, None, base.device,
+                     distinct_rows=True)
+        drafts = tokens_out[:, 1:]
     if k == 0:
+        if tokens_out is not None:
+            tokens_out[:, 0] = anchor
         return drafts, base
     corrected = (torch.empty(base.shape, dtype=torch.float32, device=base.device)
                  if store_corrected else None)
     if g == 0:
         return drafts, corrected
     if g > FOLD_MAX_ROWS:
+        if tokens_out is not None:
+            tokens_out[:, 0] = anchor
         prev = anchor
         for j in range(k):
             markov_step(base[:, j], prev, w1, w2, 0,
@@ -445,7 +468,8 @@ def markov_chain(
         fold_from = None if j == 0 else (part_val[(j - 1) % 2], part_idx[(j - 1) % 2])
         launch.step(base[:, j], anchor if j == 0 else drafts[:, j - 1], w1, w2,
                     None if corrected is None else corrected[:, j], part_val[j % 2],
-                    part_idx[j % 2], reverse=j % 2 == 1, fold_from=fold_from)
+                    part_idx[j % 2], reverse=j % 2 == 1, fold_from=fold_from,
+                    lead=tokens_out[:, 0] if j == 0 and tokens_out is not None else None)
     pair_val = torch.empty((g,), dtype=torch.float32, device=base.device)
     launch.reduce(part_val[(k - 1) % 2], part_idx[(k - 1) % 2], pair_val, drafts[:, k - 1], 0)
     return drafts, corrected

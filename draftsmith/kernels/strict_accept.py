@@ -54,12 +54,12 @@ def strict_accept_reference(
 
 
 @triton.jit
-def _store_num_accepted(target, rows, b, drafts_ptr, verify_ptr, num_ptr, K,
+def _store_num_accepted(target, rows, b, drafts_ptr, stride_drafts, verify_ptr, num_ptr, K,
                         HAS_VERIFY: tl.constexpr):
     """Request ``b``'s accepted count (bonus included) from its ``K+1`` target tokens
     ``target`` (lanes ``rows``): one plus the leading drafts that match, cut at ``verify_len``."""
     is_draft = rows < K
-    draft = tl.load(drafts_ptr + b * K + rows, mask=is_draft, other=-1)
+    draft = tl.load(drafts_ptr + b * stride_drafts + rows, mask=is_draft, other=-1)
     match = is_draft & (draft == target)
     if HAS_VERIFY:
         match = match & (rows < tl.load(verify_ptr + b))
@@ -70,7 +70,7 @@ def _store_num_accepted(target, rows, b, drafts_ptr, verify_ptr, num_ptr, K,
 @triton.jit
 def _strict_accept_kernel(
     logits_ptr, drafts_ptr, verify_ptr, accepted_ptr, num_ptr, part_val_ptr, part_idx_ptr,
-    counter_ptr, K, V, CHUNK, NUM_CHUNKS,
+    counter_ptr, K, V, CHUNK, NUM_CHUNKS, stride_drafts,
     HAS_VERIFY: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
 ):
@@ -125,13 +125,14 @@ def _strict_accept_kernel(
         target = tl.load(part_idx_ptr + (b * (K + 1) + rows) * NUM_CHUNKS + win, mask=row_ok,
                          other=0, cache_modifier=".cg").to(tl.int64)
         tl.store(accepted_ptr + b * (K + 1) + rows, target, mask=row_ok)
-        _store_num_accepted(target, rows, b, drafts_ptr, verify_ptr, num_ptr, K, HAS_VERIFY)
+        _store_num_accepted(target, rows, b, drafts_ptr, stride_drafts, verify_ptr, num_ptr, K,
+                            HAS_VERIFY)
         tl.store(counter_ptr + b, 0)
 
 
 @triton.jit
 def _strict_accept_tokens_kernel(
-    tokens_ptr, drafts_ptr, verify_ptr, accepted_ptr, num_ptr, K,
+    tokens_ptr, drafts_ptr, verify_ptr, accepted_ptr, num_ptr, K, stride_drafts,
     HAS_VERIFY: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     """One program per request: load its ``K+1`` target tokens, copy them, count the matches."""
@@ -140,7 +141,8 @@ def _strict_accept_tokens_kernel(
     row_ok = rows < K + 1
     target = tl.load(tokens_ptr + b * (K + 1) + rows, mask=row_ok, other=0)
     tl.store(accepted_ptr + b * (K + 1) + rows, target, mask=row_ok)
-    _store_num_accepted(target, rows, b, drafts_ptr, verify_ptr, num_ptr, K, HAS_VERIFY)
+    _store_num_accepted(target, rows, b, drafts_ptr, stride_drafts, verify_ptr, num_ptr, K,
+                            HAS_VERIFY)
 
 
 def _launch_sizes(rows: int, k1: int, vocab: int,
@@ -170,7 +172,7 @@ def _check_acceptance_inputs(
 ) -> None:
     sizes: dict[str, int] = {}
     check_tensor(name, table, table_shape, table_dtypes, sizes, contiguous=True)
-    check_tensor("drafts", drafts, ("G", "K"), torch.int64, sizes, table.device, contiguous=True)
+    check_tensor("drafts", drafts, ("G", "K"), torch.int64, sizes, table.device, unit_stride=True)
     if table.shape[1] != drafts.shape[1] + 1:
         raise ShapeError(
             f"{name} dim 1 must be K+1 = {drafts.shape[1] + 1} for drafts of shape "
@@ -190,7 +192,8 @@ def strict_accept(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused :func:`strict_accept_reference` in one launch; bit-identical outputs.
 
-    Every tensor contiguous. The ``G * (K+1) * NUM_CHUNKS`` programs each reduce one chunk of
+    Every tensor contiguous but ``drafts``, which may be row-strided (the drafts beside their
+    bonus in a verification's tokens). The ``G * (K+1) * NUM_CHUNKS`` programs each reduce one chunk of
     one row; the last one of each request finishes it (no second launch). Launches must not run
     concurrently on two streams (they share a device scratch). Every call returns freshly
     allocated outputs.
@@ -216,7 +219,8 @@ def strict_accept(
     has_verify = verify_len is not None
     _strict_accept_kernel[(rows * num_chunks,)](
         logits, drafts, or_dummy(verify_len, drafts), accepted, num_accepted, part_val,
-        part_idx, counts, k1 - 1, vocab, chunk, num_chunks, HAS_VERIFY=has_verify,
+        part_idx, counts, k1 - 1, vocab, chunk, num_chunks, drafts.stride(0),
+        HAS_VERIFY=has_verify,
         BLOCK_V=block_v, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=num_warps,
     )
     return accepted, num_accepted
@@ -225,8 +229,8 @@ def strict_accept(
 def strict_accept_tokens(
     target_tokens: torch.Tensor, drafts: torch.Tensor, verify_len: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kernel form of :func:`strict_accept_tokens_reference` (every tensor contiguous);
-    bit-identical outputs."""
+    """Kernel form of :func:`strict_accept_tokens_reference` (every tensor contiguous but
+    ``drafts``, which may be row-strided); bit-identical outputs."""
     _check_acceptance_inputs("target_tokens", target_tokens, ("G", "K1"), _I64, drafts,
                              verify_len)
     g, k1 = target_tokens.shape
@@ -236,7 +240,7 @@ def strict_accept_tokens(
         has_verify = verify_len is not None
         _strict_accept_tokens_kernel[(g,)](
             target_tokens, drafts, or_dummy(verify_len, drafts), accepted, num_accepted,
-            k1 - 1, HAS_VERIFY=has_verify, BLOCK_R=block_size(k1),
+            k1 - 1, drafts.stride(0), HAS_VERIFY=has_verify, BLOCK_R=block_size(k1),
         )
     return accepted, num_accepted
 

@@ -142,6 +142,7 @@ class DraftChain:
         hidden: torch.Tensor | None = None,
         probs_out: torch.Tensor | None = None,
         want_corrected: bool = True,
+        tokens_out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Drafts ``[G, K] int64`` and the logits they were selected from ``[G, K, S]``.
 
@@ -152,8 +153,35 @@ class DraftChain:
         ``K == 0`` returns ``base`` itself and an empty ``[G, 0]`` draft tensor. With
         ``want_corrected`` false a fused chain skips storing the corrected logits and returns
         ``None`` for them (the other paths compute them anyway and return them).
+        ``tokens_out: [G, K + 1] int64`` receives the anchor then the drafts (a verification's
+        tokens; the fused chain writes them there itself) and the drafts returned are its view
+        ``tokens_out[:, 1:]``.
         """
         self._check_inputs(base, vocab_start, anchor, hidden, probs_out)
+        g, k, s = base.shape
+        if tokens_out is not None:
+            check_tensor("tokens_out", tokens_out, (g, k + 1), torch.int64, None, base.device,
+                         distinct_rows=True)
+        if self.mode == "fused" and self.collectives.world_size == 1 and k:
+            store = want_corrected or probs_out is not None
+            drafts, corrected = markov_chain(base, anchor, self.weights.w1, self.weights.w2,
+                                             store_corrected=store, pdl=self.pdl,
+                                             tokens_out=tokens_out)
+            if probs_out is not None:  # greedy: the one-hot of each corrected row's argmax
+                shard = LogitsShard(corrected.view(g * k, s), vocab_start, self.vocab_size)
+                probs_out.copy_(self.selector.probs(shard, self.collectives).view(g, k, -1))
+            return drafts, corrected
+        drafts, corrected = self._run(base, vocab_start, anchor, key, hidden, probs_out)
+        if tokens_out is None:
+            return drafts, corrected
+        tokens_out[:, 0] = anchor
+        tokens_out[:, 1:] = drafts
+        return tokens_out[:, 1:], corrected
+
+    def _run(self, base: torch.Tensor, vocab_start: int, anchor: torch.Tensor,
+             key: SamplingKey | None, hidden: torch.Tensor | None,
+             probs_out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chains other than the fused one (see :meth:`run`)."""
         g, k, s = base.shape
         if k == 0:
             return torch.empty(g, 0, dtype=torch.int64, device=base.device), base
@@ -172,14 +200,6 @@ class DraftChain:
                 drafts, probs = self._select_with_probs(flat, rows_key)
                 probs_out.copy_(probs.view(g, k, -1))
             return drafts.view(g, k), base
-        if self.mode == "fused" and self.collectives.world_size == 1:
-            store = want_corrected or probs_out is not None
-            drafts, corrected = markov_chain(base, anchor, self.weights.w1, self.weights.w2,
-                                             store_corrected=store, pdl=self.pdl)
-            if probs_out is not None:  # greedy: the one-hot of each corrected row's argmax
-                shard = LogitsShard(corrected.view(g * k, s), vocab_start, self.vocab_size)
-                probs_out.copy_(self.selector.probs(shard, self.collectives).view(g, k, -1))
-            return drafts, corrected
         corrected = torch.empty(g, k, s, dtype=torch.float32, device=base.device)
         prev, state, tokens = anchor, None, []
         for j in range(k):

@@ -70,9 +70,11 @@ class Round:
             draft_probs = None
             if self.plan.drafting:
                 placement, key = self.place(g, width, view)
-                drafts, probs, _ = self.draft(placement, key)
+                # the verification's tokens: the bonus, then the drafts the chain writes beside it
+                tokens = torch.empty(g, self.plan.num_draft_tokens + 1, dtype=torch.int64,
+                                     device=self.device)
+                drafts, probs, _ = self.draft(placement, key, tokens_out=tokens)
                 draft_probs = self.slot_probs(probs, view)
-                tokens = torch.cat([placement.bonus[:, None], drafts], dim=1)
             else:
                 drafts = view.accepted[:, :0]
                 tokens = view.accepted  # K = 0: the last committed token
@@ -92,12 +94,14 @@ class Round:
         key = None if self.plan.greedy else SamplingKey(view.seeds, placement.new_ctx_len + 1)
         return placement, key
 
-    def draft(self, placement: DraftBlockPlacement, key: SamplingKey | None
+    def draft(self, placement: DraftBlockPlacement, key: SamplingKey | None,
+              tokens_out: torch.Tensor | None = None,
               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Block forward, head, chain and selection: drafts ``[G, K]``, ``q`` ``[G, K, V]`` (for
         rejection) and the draft slots' hidden states ``[G, K, H]`` (for a confidence head).
         ``placement`` comes from :meth:`ContextPager.place`, which wrote each row's bonus into
-        the block's token ids."""
+        the block's token ids. ``tokens_out: [G, K + 1] int64`` receives the bonus and the
+        drafts (:meth:`DraftChain.run`)."""
         plan = self.plan
         g, k, first = placement.num_requests, plan.num_draft_tokens, plan.first_draft_slot
         ids = self.buffers.block_ids[:g]
@@ -112,7 +116,7 @@ class Round:
                  if self.buffers.draft_probs is not None else None)
         drafts, _ = self.chain.run(logits.logits.view(g, k, -1), logits.vocab_start,
                                    placement.bonus, key, hidden=hidden, probs_out=probs,
-                                   want_corrected=False)
+                                   want_corrected=False, tokens_out=tokens_out)
         return drafts, probs, hidden
 
     def slot_probs(self, probs: torch.Tensor | None, view: BucketView) -> torch.Tensor | None:

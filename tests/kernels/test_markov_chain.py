@@ -216,6 +216,27 @@ def test_folded_reduce_gives_the_separate_reduces_bits_cpu(
     assert none is None and torch.equal(drafts, want[0])
 
 
+@pytest.mark.parametrize("rows,k", [(5, 4), (17, 3), (3, 0)])
+def test_tokens_out_holds_the_anchor_then_the_drafts_cpu(rows: int, k: int) -> None:
+    """With ``tokens_out: [G, K + 1]`` the chain writes the anchor to column 0 (the folding
+    path's first step copies it; above ``FOLD_MAX_ROWS`` and at ``K = 0`` a copy) and the drafts
+    to the columns after it, returning them as that view; the drafts and corrected rows are
+    those of a chain without it, bit for bit, into a row-strided view as well."""
+    vocab = 300
+    w1, w2 = _head(vocab, 19, 80 + rows)
+    base = _base(rows, k, vocab, 81 + rows)
+    anchor = _ids(rows, -1, vocab + 1, 82 + rows)
+    want = markov_chain(base, anchor, w1, w2)
+    for tokens in (torch.full((rows, k + 1), -7, dtype=torch.int64),
+                   torch.full((rows, k + 4), -7, dtype=torch.int64)[:, 2:k + 3]):
+        drafts, corrected = markov_chain(base, anchor, w1, w2, tokens_out=tokens)
+        assert drafts.data_ptr() == tokens[:, 1:].data_ptr() and drafts.shape == (rows, k)
+        assert torch.equal(tokens[:, 0], anchor) and torch.equal(tokens[:, 1:], want[0])
+        assert _same_bits(corrected, want[1])
+    with pytest.raises(ShapeError, match="tokens_out"):
+        markov_chain(base, anchor, w1, w2, tokens_out=torch.zeros(rows, k, dtype=torch.int64))
+
+
 @pytest.mark.parametrize("step", [markov_step_reference, markov_step])
 def test_step_writes_its_ids_into_a_strided_column(step) -> None:
     """``out_idx`` (a column of a drafts tensor) receives the pair's ids, returned as is."""
@@ -485,7 +506,8 @@ def test_gpu_pdl_gives_the_bits_of_plain_launches(rows: int, rank: int) -> None:
     """Under programmatic dependent launch each step loads its ``w2`` tile before it waits for
     the previous position's tokens (rank 16: one chunk; 256: the loop waits first): the drafts
     and corrected rows equal plain launches', eagerly and over graph replays on new logits (a
-    step that read its tokens before the wait would draft from the last replay's)."""
+    step that read its tokens before the wait would draft from the last replay's); the
+    replays write the anchor and drafts into one ``tokens_out``."""
     vocab, k = 49157, 7
     w1, w2 = _head(vocab, rank, 51, torch.bfloat16, "cuda")
     base = _base(rows, k, vocab, 52, device="cuda")
@@ -493,13 +515,15 @@ def test_gpu_pdl_gives_the_bits_of_plain_launches(rows: int, rank: int) -> None:
     want = markov_chain(base, anchor, w1, w2)
     got = markov_chain(base, anchor, w1, w2, pdl=True)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    tokens = torch.empty(rows, k + 1, dtype=torch.int64, device="cuda")
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = markov_chain(base, anchor, w1, w2, pdl=True)
+        captured = markov_chain(base, anchor, w1, w2, pdl=True, tokens_out=tokens)
     for seed in range(54, 58):
         base.copy_(_base(rows, k, vocab, seed, device="cuda"))
         anchor.copy_(_ids(rows, 0, vocab, seed, device="cuda"))
         graph.replay()
         plain = markov_chain(base, anchor, w1, w2)
         assert torch.equal(captured[0], plain[0]) and torch.equal(captured[1], plain[1]), seed
+        assert torch.equal(tokens[:, 0], anchor), seed

@@ -83,6 +83,11 @@ def _check_parity(logits: torch.Tensor, drafts, verify_len) -> None:
         assert torch.equal(verify_len, before[2])
     tokens = strict_accept_tokens(torch.argmax(logits, dim=-1), drafts, verify_len)
     assert torch.equal(tokens[0], want[0]) and torch.equal(tokens[1], want[1])
+    # the drafts as a round passes them: the view past the bonus in the verification's tokens
+    beside = torch.cat([torch.full_like(drafts[:, :1], -3), drafts], 1)[:, 1:]
+    for fn, table in ((strict_accept, logits), (strict_accept_tokens, logits.argmax(-1))):
+        strided = fn(table, beside, verify_len)
+        assert torch.equal(strided[0], want[0]) and torch.equal(strided[1], want[1])
 
 
 @pytest.mark.parametrize("k1", [2, 4, 8])

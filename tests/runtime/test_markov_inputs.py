@@ -77,3 +77,19 @@ def test_chain_without_head_checks_rows_too() -> None:
     assert drafts.shape == (G, K)
     with pytest.raises(ShapeError, match="anchor"):
         chain.run(_base(), 0, ANCHOR[:2], None)
+
+
+@pytest.mark.parametrize("mode", ["none", "eager", "fused"])
+def test_tokens_out_receives_the_anchor_then_the_drafts(mode: str) -> None:
+    """Every chain writes the anchor and its drafts into ``tokens_out`` (the fused one inside its
+    launches) and returns the drafts as its view: the drafts of a run without it."""
+    weights = None if mode == "none" else MarkovHeadWeights.make_dummy(vocab_size=V, rank=R,
+                                                                       seed=1)
+    chain = DraftChain(weights, GreedySelector(), SingleRank(), mode=mode, vocab_size=V)
+    want, _ = chain.run(_base(), 0, ANCHOR, None)
+    tokens = torch.full((G, K + 1), -5, dtype=torch.int64)
+    drafts, _ = chain.run(_base(), 0, ANCHOR, None, tokens_out=tokens)
+    assert drafts.data_ptr() == tokens[:, 1:].data_ptr()
+    assert torch.equal(tokens[:, 0], ANCHOR) and torch.equal(drafts, want)
+    with pytest.raises(ShapeError, match="tokens_out"):
+        chain.run(_base(), 0, ANCHOR, None, tokens_out=tokens[:, :K])
