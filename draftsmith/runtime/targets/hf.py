@@ -51,6 +51,7 @@ from draftsmith.runtime.targets.hf_layers import (
     check_pdl,
     choose_layer_path,
     fused_blocker,
+    side_by_side,
 )
 from draftsmith.runtime.targets.hf_model import (
     check_supported,
@@ -316,7 +317,8 @@ class HFTarget:
             return torch.empty(0, 0, dtype=self.dtype, device=self.device)
         parts = [self._captured[i].reshape(-1, self.hidden_size) for i in self._capture_ids]
         self._captured.clear()
-        return torch.cat(parts, dim=-1)
+        whole = side_by_side(parts)
+        return torch.cat(parts, dim=-1) if whole is None else whole
 
     # ---- the static cache ---------------------------------------------------------------
 

@@ -408,6 +408,11 @@ class LayerLoop:
         # the weight of a product after a small kernel streams into L2 while that one runs
         after_small = dict(pdl=True, prefetch=PREFETCH_AFTER_SMALL) if pdl else {}
         after_product = dict(pdl=True, prefetch=PREFETCH_AFTER_PRODUCT) if pdl else {}
+        # the captured layers' residual rows side by side in one [R, n_cap * H_t] tensor, in
+        # capture order: the target's features with no concatenation (side_by_side)
+        sides = (None if not capture or -1 in capture else
+                 torch.empty(h.shape[0], len(capture), h.shape[1], dtype=h.dtype,
+                             device=h.device))
         for i, layer in enumerate(self.layers):
             if i:
                 normed = self._norm(h, layer.input_norm, kernels, pdl)
@@ -416,8 +421,9 @@ class LayerLoop:
             h = product(out, layer.o_proj.weight, layer.o_proj.bias, residual=h, **after_small)
             act = product(self._norm(h, layer.post_norm, kernels, pdl), layer.gate_up_weight,
                           gated=True, **after_small)
+            side = sides[:, capture.index(i)] if sides is not None and i in capture else None
             h = product(act, layer.down_proj.weight, layer.down_proj.bias, residual=h,
-                        **after_product)
+                        out=side, **after_product)
             if i in capture:
                 captured[i] = h.view(*shape, -1)
         return h
@@ -553,6 +559,24 @@ PDL_CHOICES = ("auto", "off")
 """``target.pdl`` values."""
 
 
+def side_by_side(parts: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """``parts: n x [R, H]`` as one ``[R, n * H]`` view when they are consecutive column
+    blocks of one tensor (the few-row path's captured layers), else ``None`` (concatenate)."""
+    if len(parts) < 2:
+        return None
+    first = parts[0]
+    rows, width = first.shape
+    step = first.element_size() * width
+    storage = first.untyped_storage().data_ptr()
+    for c, part in enumerate(parts):
+        if (part.shape != first.shape or part.dtype != first.dtype
+                or part.untyped_storage().data_ptr() != storage
+                or part.data_ptr() != first.data_ptr() + c * step
+                or part.stride() != (len(parts) * width, 1)):
+            return None
+    return first.as_strided((rows, len(parts) * width), (len(parts) * width, 1))
+
+
 def check_pdl(value: str) -> None:
     """:raises ConfigError: unless ``value`` is one of :data:`PDL_CHOICES`."""
     if value not in PDL_CHOICES:
@@ -617,4 +641,5 @@ def choose_layer_path(requested: str, blocker: str | None, device: torch.device,
 
 
 __all__ = ["FEW_ROWS_CHOICES", "FUSED_MODEL_TYPES", "PDL_CHOICES", "LayerLoop", "check_few_rows",
-           "check_pdl", "choose_layer_path", "config_blocker", "fused_blocker", "persistent_blocker"]
+           "check_pdl", "choose_layer_path", "config_blocker", "fused_blocker", "persistent_blocker",
+           "side_by_side"]

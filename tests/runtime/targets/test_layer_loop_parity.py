@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 import torch
 
+from draftsmith.runtime.targets import hf
 from draftsmith.runtime.targets.hf import HFTarget
+from draftsmith.runtime.targets.hf_layers import side_by_side
 from tests._tiny_models import make_tiny_causal_lm
 
 _LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -39,12 +41,14 @@ CASES: dict[str, dict[str, Any]] = {
 
 
 def _pair(case: dict[str, Any], device: str, dtype: torch.dtype,
-          few_rows: str = "auto", pdl: str = "auto") -> tuple[HFTarget, HFTarget]:
+          few_rows: str = "auto", pdl: str = "auto", capture: tuple[int, ...] = (-1, 0),
+          ) -> tuple[HFTarget, HFTarget]:
     """The same random model twice: through the layer loop and through transformers' modules.
     The norms' weights are random too (transformers starts them at ones, where a norm weight
     applied twice, or not at all, would pass)."""
     def make() -> torch.nn.Module:
-        model = make_tiny_causal_lm(num_layers=2, seed=7, dtype=dtype, **case)
+        model = make_tiny_causal_lm(num_layers=max(2, max(capture) + 2), seed=7, dtype=dtype,
+                                    **case)
         g = torch.Generator().manual_seed(5)
         with torch.no_grad():
             for name, param in model.named_parameters():
@@ -56,14 +60,14 @@ def _pair(case: dict[str, Any], device: str, dtype: torch.dtype,
                      few_rows=few_rows, pdl=pdl)
     modules = HFTarget(make(), layers="transformers")
     for target in (fused, modules):
-        target.set_capture_layers([-1, 0])
+        target.set_capture_layers(list(capture))
         target.reserve(2, 64)
     return fused, modules
 
 
 def _check(case: dict[str, Any], device: str, dtype: torch.dtype,
-           few_rows: str = "auto") -> None:
-    fused, modules = _pair(case, device, dtype, few_rows)
+           few_rows: str = "auto", capture: tuple[int, ...] = (-1, 0)) -> None:
+    fused, modules = _pair(case, device, dtype, few_rows, capture=capture)
     assert "few-row path" in fused.layer_path_reason, fused.layer_path_reason
     assert fused._loop.persistent == (few_rows == "persistent")
     assert fused._loop.fused_embedding  # the lookup inside the first norm; layer -1 captured
@@ -76,15 +80,28 @@ def _check(case: dict[str, Any], device: str, dtype: torch.dtype,
         return real(*args, **kwargs)
 
     fused._loop._few_rows = spy
+    joined: list[bool] = []  # whether the features came side by side (no concatenation)
+
+    def spy_join(parts: list[torch.Tensor]) -> torch.Tensor | None:
+        whole = side_by_side(parts)
+        joined.append(whole is not None)
+        return whole
+
     g = torch.Generator().manual_seed(3)
     prompt, block = (torch.randint(0, 512, (n,), generator=g).to(device) for n in (13, 6))
     tol = (dict(atol=2e-4, rtol=2e-4) if dtype == torch.float32
            else dict(atol=0.15, rtol=0.05))
     for call in (lambda t: t.prefill([0], [prompt]), lambda t: t.verify([0], block[None])):
-        got, want = call(fused), call(modules)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(hf, "side_by_side", spy_join)
+            got = call(fused)
+        want = call(modules)
         torch.testing.assert_close(got.logits.logits, want.logits.logits, **tol)
         torch.testing.assert_close(got.features.float(), want.features.float(), **tol)
     assert calls, "the few-row path did not run"
+    # without layer -1 the launches' path writes the captured rows side by side: no concatenation
+    # (the verification; the prefill is one forward too, 13 rows)
+    assert joined == [-1 not in capture and len(capture) > 1 and few_rows != "persistent"] * 2
     fused.commit([0], [13])  # verify advanced the slot: back to the prompt
     verified = fused.verify([0], block[None])  # positions 13 .. 18
     fused.commit([0], [13])
@@ -98,6 +115,12 @@ def _check(case: dict[str, Any], device: str, dtype: torch.dtype,
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_few_row_path_matches_transformers_on_the_cpu(name: str) -> None:
     _check(CASES[name], "cpu", torch.float32)
+
+
+def test_captured_layers_side_by_side_match_transformers_on_the_cpu() -> None:
+    """Two captured layers out of depth order, no embedding: the few-row path's down products
+    write them into one features tensor, in capture order."""
+    _check(CASES["llama"], "cpu", torch.float32, capture=(1, 0))
 
 
 PERSISTENT_CPU_CASES = ["qwen2-qkv-bias"]
@@ -120,6 +143,7 @@ def test_few_row_path_matches_transformers_on_a_gpu(name: str, dtype: torch.dtyp
     if dtype == torch.float32:
         pytest.skip("fp32 keeps the row-stable GEMM between separate launches on a GPU")
     _check(CASES[name], "cuda", dtype, few_rows)
+    _check(CASES[name], "cuda", dtype, few_rows, capture=(1, 0))
 
 
 @pytest.mark.gpu
