@@ -13,9 +13,7 @@ dot-product order, so it matches the torch chain at tolerance level, not bitwise
 The fused step streams ``w2`` once for all ``G`` rows: program ``(g_tile, s_tile)`` multiplies the
 gathered ``w1`` rows of its request tile with one ``[BLOCK_S, r]`` tile of ``w2`` on tensor cores,
 adds the base logits, optionally stores the corrected row, and reduces an order-T pair per
-(row, tile); a second launch, one program per row, reduces the row's tile pairs. A chain of few
-rows folds that reduce into the next position's step (each program reduces its rows' pairs after
-its ``w2`` tile has loaded). One launch with
+(row, tile); a second launch, one program per row, reduces the row's tile pairs. One launch with
 the last-arriving program reducing (an acq_rel count, as in ``_pair``'s chunk merge) was slower
 on an H200: a K = 7 chain at SmolLM2's vocabulary took 91 us against 57 us at one row, 108 against
 62 at eight (``markov-chain-ab_nvidia-h200_2026-12-04T1748Z.txt``).
@@ -36,14 +34,6 @@ from draftsmith.kernels._pair import merge_argmax_t, tile_argmax_t
 
 _I64 = torch.int64
 _BASES = (torch.float32, torch.bfloat16)
-
-FOLD_MAX_ROWS = 16
-"""Chains of at most this many rows fold each position's row reduce into the next position's
-step launch (``K + 1`` launches instead of ``2K``); every program then reads its rows' tile
-pairs, which grows with the rows, so larger batches keep the separate reduce."""
-
-FOLD_TILE_BLOCK = 128
-"""Tile pairs a folding program reads per iteration (``BLOCK_G x 128`` values in registers)."""
 
 
 def markov_bias_reference(w1: torch.Tensor, w2: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
@@ -137,11 +127,9 @@ def markov_chain_reference(
 @triton.jit
 def _markov_step_kernel(
     base_ptr, prev_ptr, w1_ptr, w2_ptr, out_ptr, part_val_ptr, part_idx_ptr,
-    prev_val_ptr, prev_idx_ptr, lead_ptr,
-    G, S, R, V, stride_base, stride_prev, stride_out, stride_lead, num_tiles,
-    STORE: tl.constexpr, IEEE: tl.constexpr, REVERSE: tl.constexpr, FOLD: tl.constexpr,
-    LEAD: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr,
+    lead_ptr, G, S, R, V, stride_base, stride_prev, stride_out, stride_lead, num_tiles,
+    STORE: tl.constexpr, IEEE: tl.constexpr, REVERSE: tl.constexpr, LEAD: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr,
     ONE_CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
     """Stage 1: program ``(g_tile, s_tile)`` writes one order-T pair per row of its tile.
@@ -157,14 +145,8 @@ def _markov_step_kernel(
     ``ONE_CHUNK`` (``R <= BLOCK_R``): the ``w2`` tile is one load, issued before the program
     waits for the previous position's tokens under ``PDL`` (a weight: no kernel writes it).
 
-    ``FOLD``: the previous tokens are not in ``prev_ptr`` yet; every program reduces the previous
-    position's tile pairs of its rows (``prev_val_ptr`` / ``prev_idx_ptr``, ``[G, num_tiles]``)
-    itself, in :func:`_markov_reduce_kernel`'s order, and the programs of tile 0 write those
-    tokens to ``prev_ptr`` (the previous draft column): the reduce launch between two positions
-    folded into the second.
-
-    ``LEAD`` (not with ``FOLD``): the programs of tile 0 also copy the previous tokens they read
-    to ``lead_ptr`` (a chain's anchor into the column before its drafts).
+    ``LEAD``: the programs of tile 0 also copy the previous tokens they read to ``lead_ptr`` (a
+    chain's anchor into the column before its drafts).
     """
     pid_g = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -182,16 +164,10 @@ def _markov_step_kernel(
         b = tl.load(w2_tile + (cols[None, :] * R + rr[:, None]),
                     mask=r_ok[:, None] & col_ok[None, :], other=0.0)
     pdl_start(PDL, True)
-    if FOLD:
-        prev = _row_tokens(prev_val_ptr, prev_idx_ptr, rows.to(tl.int64), row_ok, num_tiles,
-                           BLOCK_G, BLOCK_T)
+    prev = tl.load(prev_ptr + rows.to(tl.int64) * stride_prev, mask=row_ok, other=-1)
+    if LEAD:
         if tl.program_id(1) == 0:
-            tl.store(prev_ptr + rows.to(tl.int64) * stride_prev, prev, mask=row_ok)
-    else:
-        prev = tl.load(prev_ptr + rows.to(tl.int64) * stride_prev, mask=row_ok, other=-1)
-        if LEAD:
-            if tl.program_id(1) == 0:
-                tl.store(lead_ptr + rows.to(tl.int64) * stride_lead, prev, mask=row_ok)
+            tl.store(lead_ptr + rows.to(tl.int64) * stride_lead, prev, mask=row_ok)
     in_vocab = row_ok & (prev >= 0) & (prev < V)
     w1_rows = w1_ptr + tl.where(in_vocab, prev, 0).to(tl.int64) * R
     row_base = rows.to(tl.int64)
@@ -227,24 +203,6 @@ def _markov_step_kernel(
     part = row_base * num_tiles + pid_s
     tl.store(part_val_ptr + part, val, mask=row_ok)
     tl.store(part_idx_ptr + part, idx, mask=row_ok)
-
-
-@triton.jit
-def _row_tokens(part_val_ptr, part_idx_ptr, rows, row_ok, num_tiles,
-                BLOCK_G: tl.constexpr, BLOCK_T: tl.constexpr):
-    """The order-T winner's id of each row's tile pairs (``[G, num_tiles]``, rows ``rows:
-    [BLOCK_G] int64``), the tiles merged in increasing order as :func:`_markov_reduce_kernel`
-    merges them; ``-1`` for masked rows."""
-    best_val = tl.full((BLOCK_G,), float("-inf"), tl.float32)
-    best_tile = tl.full((BLOCK_G,), 2**62, tl.int64)
-    for t0 in range(0, num_tiles, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
-        ok = row_ok[:, None] & (t < num_tiles)[None, :]
-        v = tl.load(part_val_ptr + rows[:, None] * num_tiles + t[None, :], mask=ok,
-                    other=float("-inf"))
-        val, tile = tile_argmax_t(v, t[None, :], ok)
-        best_val, best_tile = merge_argmax_t(best_val, best_tile, val, tile)
-    return tl.load(part_idx_ptr + rows * num_tiles + best_tile, mask=row_ok, other=-1)
 
 
 @triton.jit
@@ -363,7 +321,7 @@ def markov_step(
 
 class _StepLaunch:
     """The launch sizes of one chain position on ``rows x shard`` logits and its two kernels:
-    the tiled step (optionally folding the previous position's reduce) and the row reduce."""
+    the tiled step and the row reduce."""
 
     def __init__(self, rows: int, shard: int, w1: torch.Tensor, pdl: bool) -> None:
         self.rows, self.shard, self.rank, self.vocab = rows, shard, w1.shape[1], w1.shape[0]
@@ -380,21 +338,16 @@ class _StepLaunch:
 
     def step(self, base: torch.Tensor, prev: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
              out_corrected: torch.Tensor | None, part_val: torch.Tensor, part_idx: torch.Tensor,
-             *, reverse: bool, fold_from: tuple[torch.Tensor, torch.Tensor] | None = None,
-             lead: torch.Tensor | None = None) -> None:
-        """Stage 1 into ``part_val / part_idx``; with ``fold_from`` (the previous position's
-        pairs) the previous tokens are reduced in the launch and written to ``prev``; else with
-        ``lead: [G] int64`` the tokens read from ``prev`` are copied there."""
-        fold_val, fold_idx = fold_from if fold_from is not None else (part_val, part_idx)
+             *, reverse: bool, lead: torch.Tensor | None = None) -> None:
+        """Stage 1 into ``part_val / part_idx``; with ``lead: [G] int64`` the tokens read from
+        ``prev`` are copied there."""
         _markov_step_kernel[(triton.cdiv(self.rows, self.block_g), self.num_tiles)](
             base, prev, w1, w2, or_dummy(out_corrected, base), part_val, part_idx,
-            fold_val, fold_idx, or_dummy(lead, prev), self.rows, self.shard, self.rank,
-            self.vocab, base.stride(0), prev.stride(0), row_stride(out_corrected),
-            0 if lead is None else lead.stride(0), self.num_tiles,
-            STORE=out_corrected is not None, IEEE=w2.dtype == torch.float32,
-            REVERSE=bool(reverse), FOLD=fold_from is not None, LEAD=lead is not None,
+            or_dummy(lead, prev), self.rows, self.shard, self.rank, self.vocab, base.stride(0),
+            prev.stride(0), row_stride(out_corrected), 0 if lead is None else lead.stride(0),
+            self.num_tiles, STORE=out_corrected is not None, IEEE=w2.dtype == torch.float32,
+            REVERSE=bool(reverse), LEAD=lead is not None,
             BLOCK_G=self.block_g, BLOCK_S=self.block_s, BLOCK_R=self.block_r,
-            BLOCK_T=block_size(self.num_tiles, lo=16, hi=FOLD_TILE_BLOCK),
             ONE_CHUNK=self.rank <= self.block_r, PDL=self.pdl, num_warps=self.num_warps,
             num_stages=self.num_stages, **pdl_kwargs(self.pdl),
         )
@@ -416,9 +369,7 @@ def markov_chain(
     """Fused :func:`markov_chain_reference`: one :func:`markov_step` per position, ``j``
     reading its previous tokens from the draft column ``j - 1`` that the launch before wrote
     (the anchor for ``j = 0``) and writing its tokens straight into column ``j``; odd
-    positions walk ``w2`` backwards (L2 reuse, same bits). Up to :data:`FOLD_MAX_ROWS` rows,
-    position ``j``'s step launch reduces position ``j - 1``'s tile pairs itself and writes
-    column ``j - 1`` (one reduce launch at the end): ``K + 1`` launches, the same bits.
+    positions walk ``w2`` backwards (L2 reuse, same bits).
 
     ``base: [G, K, V]`` fp32/bf16 (unit stride along ``V``), ``anchor: [G] int64``,
     ``w1, w2: [V, r]`` contiguous, same dtype. Drafts equal the reference's away from
@@ -452,26 +403,15 @@ def markov_chain(
                  if store_corrected else None)
     if g == 0:
         return drafts, corrected
-    if g > FOLD_MAX_ROWS:
-        if tokens_out is not None:
-            tokens_out[:, 0] = anchor
-        prev = anchor
-        for j in range(k):
-            markov_step(base[:, j], prev, w1, w2, 0,
-                        None if corrected is None else corrected[:, j],
-                        reverse=j % 2 == 1, out_idx=drafts[:, j], pdl=pdl)
-            prev = drafts[:, j]
-        return drafts, corrected
     launch = _StepLaunch(g, base.shape[2], w1, pdl_on(pdl, base))
-    part_val, part_idx = launch.scratch(base.device, 2)
-    for j in range(k):
-        fold_from = None if j == 0 else (part_val[(j - 1) % 2], part_idx[(j - 1) % 2])
-        launch.step(base[:, j], anchor if j == 0 else drafts[:, j - 1], w1, w2,
-                    None if corrected is None else corrected[:, j], part_val[j % 2],
-                    part_idx[j % 2], reverse=j % 2 == 1, fold_from=fold_from,
-                    lead=tokens_out[:, 0] if j == 0 and tokens_out is not None else None)
+    part_val, part_idx = launch.scratch(base.device)
     pair_val = torch.empty((g,), dtype=torch.float32, device=base.device)
-    launch.reduce(part_val[(k - 1) % 2], part_idx[(k - 1) % 2], pair_val, drafts[:, k - 1], 0)
+    for j in range(k):
+        launch.step(base[:, j], anchor if j == 0 else drafts[:, j - 1], w1, w2,
+                    None if corrected is None else corrected[:, j], part_val, part_idx,
+                    reverse=j % 2 == 1,
+                    lead=tokens_out[:, 0] if j == 0 and tokens_out is not None else None)
+        launch.reduce(part_val, part_idx, pair_val, drafts[:, j], 0)
     return drafts, corrected
 
 

@@ -180,48 +180,12 @@ def test_fused_chain_is_the_chained_steps_bit_for_bit_one_step_launch_each_cpu(
         base, anchor, w1, w2)[0])
 
 
-class _CountingReduce(_CountingKernel):
-    """Stands in for ``_markov_reduce_kernel``."""
-
-
-@pytest.mark.parametrize("rows,fold_block", [(1, 128), (5, 16), (16, 16), (17, 128)])
-def test_folded_reduce_gives_the_separate_reduces_bits_cpu(
-    rows: int, fold_block: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Up to ``FOLD_MAX_ROWS`` rows each position's step reduces the previous position's tile
-    pairs itself (one reduce launch in all, at the end); the drafts and corrected rows are the
-    chain of separate reduces', bit for bit (a NaN, a row tied across every tile, padding
-    anchors; 19 vocabulary tiles so a folding program reads its pairs in two passes at
-    ``fold_block = 16``). Above ``FOLD_MAX_ROWS`` every position keeps its own reduce."""
-    from draftsmith.kernels import markov_chain as mc
-
-    vocab, k = 300, 4
-    monkeypatch.setattr(mc, "_markov_launch_sizes", lambda *_: (16 if rows <= 16 else 32, 16, 32,
-                                                                4, 3))
-    w1, w2 = _head(vocab, 19, 70 + rows)
-    base = _base(rows, k, vocab, 71 + rows)
-    base[0, 1, 250] = float("nan")
-    anchor = _ids(rows, -1, vocab + 1, 72 + rows)
-    anchor[0] = -1
-    base[0, 0, :] = 2.0  # no bias (anchor -1): tied across every tile, id 0 wins
-    want = stepped_chain(base, anchor, w1, w2)
-    monkeypatch.setattr(mc, "FOLD_TILE_BLOCK", fold_block)
-    reduces = _CountingReduce(mc._markov_reduce_kernel)
-    monkeypatch.setattr(mc, "_markov_reduce_kernel", reduces)
-    got = markov_chain(base, anchor, w1, w2)
-    assert reduces.launches == (1 if rows <= mc.FOLD_MAX_ROWS else k)
-    assert torch.equal(got[0], want[0]) and _same_bits(got[1], want[1])
-    assert got[0][0, 0] == 0 and got[0][0, 1] == 250
-    drafts, none = markov_chain(base, anchor, w1, w2, store_corrected=False)
-    assert none is None and torch.equal(drafts, want[0])
-
-
 @pytest.mark.parametrize("rows,k", [(5, 4), (17, 3), (3, 0)])
 def test_tokens_out_holds_the_anchor_then_the_drafts_cpu(rows: int, k: int) -> None:
-    """With ``tokens_out: [G, K + 1]`` the chain writes the anchor to column 0 (the folding
-    path's first step copies it; above ``FOLD_MAX_ROWS`` and at ``K = 0`` a copy) and the drafts
-    to the columns after it, returning them as that view; the drafts and corrected rows are
-    those of a chain without it, bit for bit, into a row-strided view as well."""
+    """With ``tokens_out: [G, K + 1]`` the chain writes the anchor to column 0 (the programs of
+    the first step's tile 0 copy it; at ``K = 0`` a copy) and the drafts to the columns after
+    it, returning them as that view; the drafts and corrected rows are those of a chain without
+    it, bit for bit, into a row-strided view as well."""
     vocab = 300
     w1, w2 = _head(vocab, 19, 80 + rows)
     base = _base(rows, k, vocab, 81 + rows)
