@@ -65,6 +65,7 @@ def markov_step_reference(
     reverse: bool = False,
     out_idx: torch.Tensor | None = None,
     pdl: bool = False,
+    out_prev: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One block position of the chain on one shard.
 
@@ -73,7 +74,8 @@ def markov_step_reference(
     (the same shard's rows); ``out_corrected: [G, S] fp32 | None`` receives
     ``z = base + markov_bias(prev)``. Returns the order-T pair of each row of ``z``:
     ``(pair_val [G] fp32, pair_idx [G] int64)`` with ``pair_idx`` global
-    (``vocab_start + argmax_T(z)``), ready for a cross-shard pair reduction.
+    (``vocab_start + argmax_T(z)``), ready for a cross-shard pair reduction. ``out_prev: [G]
+    int64 | None`` receives a copy of ``prev`` (a chain's anchor beside its drafts).
 
     ``reverse`` is the fused step's ``w2`` tile order, which never changes the result, and
     ``pdl`` its launch option; the reference takes them only so the two signatures agree.
@@ -87,12 +89,14 @@ def markov_step_reference(
     idx = local + vocab_start
     if out_idx is not None:
         idx = out_idx.copy_(idx)
+    if out_prev is not None:
+        out_prev.copy_(prev)
     return z.gather(1, local[:, None])[:, 0], idx
 
 
 def markov_chain_reference(
     base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, *,
-    store_corrected: bool = True, pdl: bool = False,
+    store_corrected: bool = True, pdl: bool = False, tokens_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The greedy Markov chain over one block (DeepSpec ``VanillaMarkov``, TensorRT-LLM precision).
 
@@ -106,12 +110,16 @@ def markov_chain_reference(
     Returns ``(drafts [G, K] int64, corrected [G, K, V] fp32)``, ``corrected`` ``None`` when
     ``store_corrected`` is false (a greedy chain's caller that only needs the drafts). ``K == 0``
     returns an empty ``[G, 0]`` draft tensor and the ``base`` object itself. ``pdl`` (the
-    kernel form's launch option) is accepted and ignored.
+    kernel form's launch option) is accepted and ignored. ``tokens_out: [G, K + 1] int64``
+    receives the anchor then the drafts (a verification's tokens); the drafts returned are then
+    its view ``tokens_out[:, 1:]``.
     """
     del pdl
     g, k, vocab = base.shape
     _check_width("base", vocab)
-    drafts = torch.empty((g, k), dtype=_I64, device=base.device)
+    drafts = _drafts_in(tokens_out, anchor, g, k, base.device)
+    if tokens_out is not None:
+        tokens_out[:, 0] = anchor
     if k == 0:
         return drafts, base
     corrected = torch.empty(base.shape, dtype=torch.float32, device=base.device)
@@ -122,6 +130,17 @@ def markov_chain_reference(
         prev = torch.argmax(z, dim=-1)
         drafts[:, j] = prev
     return drafts, corrected if store_corrected else None
+
+
+def _drafts_in(tokens_out: torch.Tensor | None, anchor: torch.Tensor, g: int, k: int,
+               device: torch.device) -> torch.Tensor:
+    """The chain's drafts ``[G, K]``: a new tensor, or the columns of ``tokens_out`` after the
+    anchor's (checked: ``[G, K + 1] int64`` rows that do not overlap)."""
+    if tokens_out is None:
+        return torch.empty((g, k), dtype=_I64, device=device)
+    check_tensor("tokens_out", tokens_out, (g, k + 1), _I64, None, anchor.device,
+                 distinct_rows=True)
+    return tokens_out[:, 1:]
 
 
 @triton.jit
@@ -145,8 +164,8 @@ def _markov_step_kernel(
     ``ONE_CHUNK`` (``R <= BLOCK_R``): the ``w2`` tile is one load, issued before the program
     waits for the previous position's tokens under ``PDL`` (a weight: no kernel writes it).
 
-    ``LEAD``: the programs of tile 0 also copy the previous tokens they read to ``lead_ptr`` (a
-    chain's anchor into the column before its drafts).
+    ``LEAD``: the programs of the grid's first tile column also copy the previous tokens they
+    read to ``lead_ptr`` (a chain's anchor into the column before its drafts).
     """
     pid_g = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -293,6 +312,7 @@ def markov_step(
     reverse: bool = False,
     out_idx: torch.Tensor | None = None,
     pdl: bool = False,
+    out_prev: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused :func:`markov_step_reference`: two launches (tiled bias GEMM + add + tile pairs,
     then each row's pair reduce; ``reverse`` as in :func:`_markov_step_kernel`). ``pdl``: both
@@ -304,62 +324,37 @@ def markov_step(
     views (unit stride along ``S``); ``prev: [G] int64`` and ``out_idx: [G] int64 | None`` any
     stride; ``w1: [V, r]`` and ``w2: [S, r]`` contiguous, same dtype. Pairs match the reference
     at tolerance level: values ``assert_close``, indices equal away from near-ties.
+    ``out_prev: [G] int64 | None`` (any stride) is written by the step's first tile column.
     """
     _check_step(base, prev, w1, w2, vocab_start, out_corrected, out_idx)
+    if out_prev is not None:
+        check_tensor("out_prev", out_prev, (base.shape[0],), _I64, None, base.device)
     rows, shard = base.shape
     dev = base.device
     pair_val = torch.empty((rows,), dtype=torch.float32, device=dev)
     pair_idx = torch.empty((rows,), dtype=_I64, device=dev) if out_idx is None else out_idx
     if rows == 0:
         return pair_val, pair_idx
-    launch = _StepLaunch(rows, shard, w1, pdl_on(pdl, base))
-    part_val, part_idx = launch.scratch(dev)
-    launch.step(base, prev, w1, w2, out_corrected, part_val, part_idx, reverse=reverse)
-    launch.reduce(part_val, part_idx, pair_val, pair_idx, vocab_start)
+    block_g, block_s, block_r, num_warps, num_stages = _markov_launch_sizes(
+        rows, shard, w1.shape[1], w2.dtype)
+    num_tiles = triton.cdiv(shard, block_s)
+    part_val = torch.empty((rows, num_tiles), dtype=torch.float32, device=dev)
+    part_idx = torch.empty((rows, num_tiles), dtype=_I64, device=dev)
+    on = pdl_on(pdl, base)
+    _markov_step_kernel[(triton.cdiv(rows, block_g), num_tiles)](
+        base, prev, w1, w2, or_dummy(out_corrected, base), part_val, part_idx,
+        or_dummy(out_prev, prev), rows, shard, w1.shape[1], w1.shape[0], base.stride(0),
+        prev.stride(0), row_stride(out_corrected), 0 if out_prev is None else out_prev.stride(0),
+        num_tiles, STORE=out_corrected is not None, IEEE=w2.dtype == torch.float32,
+        REVERSE=bool(reverse), LEAD=out_prev is not None,
+        BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_R=block_r, ONE_CHUNK=w1.shape[1] <= block_r,
+        PDL=on, num_warps=num_warps, num_stages=num_stages, **pdl_kwargs(on),
+    )
+    _markov_reduce_kernel[(rows,)](
+        part_val, part_idx, pair_val, pair_idx, num_tiles, vocab_start, pair_idx.stride(0),
+        BLOCK_T=block_size(num_tiles, lo=16, hi=2048), PDL=on, **pdl_kwargs(on),
+    )
     return pair_val, pair_idx
-
-
-class _StepLaunch:
-    """The launch sizes of one chain position on ``rows x shard`` logits and its two kernels:
-    the tiled step and the row reduce."""
-
-    def __init__(self, rows: int, shard: int, w1: torch.Tensor, pdl: bool) -> None:
-        self.rows, self.shard, self.rank, self.vocab = rows, shard, w1.shape[1], w1.shape[0]
-        self.block_g, self.block_s, self.block_r, self.num_warps, self.num_stages = (
-            _markov_launch_sizes(rows, shard, self.rank, w1.dtype))
-        self.num_tiles = triton.cdiv(shard, self.block_s)
-        self.pdl = pdl
-
-    def scratch(self, device: torch.device, *lead: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tile-pair scratch ``[*lead, rows, num_tiles]`` (fp32 values, int64 ids)."""
-        shape = (*lead, self.rows, self.num_tiles)
-        return (torch.empty(shape, dtype=torch.float32, device=device),
-                torch.empty(shape, dtype=_I64, device=device))
-
-    def step(self, base: torch.Tensor, prev: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-             out_corrected: torch.Tensor | None, part_val: torch.Tensor, part_idx: torch.Tensor,
-             *, reverse: bool, lead: torch.Tensor | None = None) -> None:
-        """Stage 1 into ``part_val / part_idx``; with ``lead: [G] int64`` the tokens read from
-        ``prev`` are copied there."""
-        _markov_step_kernel[(triton.cdiv(self.rows, self.block_g), self.num_tiles)](
-            base, prev, w1, w2, or_dummy(out_corrected, base), part_val, part_idx,
-            or_dummy(lead, prev), self.rows, self.shard, self.rank, self.vocab, base.stride(0),
-            prev.stride(0), row_stride(out_corrected), 0 if lead is None else lead.stride(0),
-            self.num_tiles, STORE=out_corrected is not None, IEEE=w2.dtype == torch.float32,
-            REVERSE=bool(reverse), LEAD=lead is not None,
-            BLOCK_G=self.block_g, BLOCK_S=self.block_s, BLOCK_R=self.block_r,
-            ONE_CHUNK=self.rank <= self.block_r, PDL=self.pdl, num_warps=self.num_warps,
-            num_stages=self.num_stages, **pdl_kwargs(self.pdl),
-        )
-
-    def reduce(self, part_val: torch.Tensor, part_idx: torch.Tensor, pair_val: torch.Tensor,
-               pair_idx: torch.Tensor, vocab_start: int) -> None:
-        """Stage 2: each row's pair into ``pair_val / pair_idx`` (global ids)."""
-        _markov_reduce_kernel[(self.rows,)](
-            part_val, part_idx, pair_val, pair_idx, self.num_tiles, vocab_start,
-            pair_idx.stride(0), BLOCK_T=block_size(self.num_tiles, lo=16, hi=2048),
-            PDL=self.pdl, **pdl_kwargs(self.pdl),
-        )
 
 
 def markov_chain(
@@ -376,42 +371,29 @@ def markov_chain(
     near-ties, corrected logits at tolerance level (the bias sums in another order); against
     a chain of :func:`markov_step` calls both are bit for bit the same. ``pdl``: every launch
     as :func:`markov_step`'s, so a position's programs are on the SMs with their ``w2`` tiles
-    loaded when the previous position's tokens land.
-
-    ``tokens_out: [G, K + 1] int64`` (rows that do not overlap): the anchor is written to column 0 and the
-    drafts to columns ``1 .. K`` (the verification's tokens, with no concatenation after the
-    chain); the drafts returned are then the view ``tokens_out[:, 1:]``.
+    loaded when the previous position's tokens land. With ``tokens_out: [G, K + 1] int64``
+    the first position's step copies the anchor into column 0 and the drafts land in the
+    columns after it (a verification's tokens, no concatenation after the chain).
     """
     s: dict[str, int] = {}
     check_tensor("base", base, ("G", "K", "V"), _BASES, s, unit_stride=True)
     check_tensor("anchor", anchor, ("G",), _I64, s, base.device)
-    check_tensor("w1", w1, ("V", "r"), FLOAT_DTYPES, s, base.device, contiguous=True)
-    check_tensor("w2", w2, ("V", "r"), w1.dtype, s, base.device, contiguous=True)
-    _check_width("base", s["V"])
+    check_tensor("w1", w1, ("V", "r"), FLOAT_DTYPES, s, base.device)
+    check_tensor("w2", w2, ("V", "r"), w1.dtype, s, base.device)
     g, k, _ = base.shape
-    if tokens_out is None:
-        drafts = torch.empty((g, k), dtype=_I64, device=base.device)
-    else:
-        check_tensor("tokens_out", tokens_out, (g, k + 1), _I64, None, base.device,
-                     distinct_rows=True)
-        drafts = tokens_out[:, 1:]
+    drafts = _drafts_in(tokens_out, anchor, g, k, base.device)
     if k == 0:
         if tokens_out is not None:
             tokens_out[:, 0] = anchor
         return drafts, base
     corrected = (torch.empty(base.shape, dtype=torch.float32, device=base.device)
                  if store_corrected else None)
-    if g == 0:
-        return drafts, corrected
-    launch = _StepLaunch(g, base.shape[2], w1, pdl_on(pdl, base))
-    part_val, part_idx = launch.scratch(base.device)
-    pair_val = torch.empty((g,), dtype=torch.float32, device=base.device)
+    prev = anchor
     for j in range(k):
-        launch.step(base[:, j], anchor if j == 0 else drafts[:, j - 1], w1, w2,
-                    None if corrected is None else corrected[:, j], part_val, part_idx,
-                    reverse=j % 2 == 1,
-                    lead=tokens_out[:, 0] if j == 0 and tokens_out is not None else None)
-        launch.reduce(part_val, part_idx, pair_val, drafts[:, j], 0)
+        lead = tokens_out[:, 0] if j == 0 and tokens_out is not None else None
+        markov_step(base[:, j], prev, w1, w2, 0, None if corrected is None else corrected[:, j],
+                    reverse=j % 2 == 1, out_idx=drafts[:, j], pdl=pdl, out_prev=lead)
+        prev = drafts[:, j]
     return drafts, corrected
 
 

@@ -180,8 +180,9 @@ def test_fused_chain_is_the_chained_steps_bit_for_bit_one_step_launch_each_cpu(
         base, anchor, w1, w2)[0])
 
 
+@pytest.mark.parametrize("chain", [markov_chain, markov_chain_reference])
 @pytest.mark.parametrize("rows,k", [(5, 4), (17, 3), (3, 0)])
-def test_tokens_out_holds_the_anchor_then_the_drafts_cpu(rows: int, k: int) -> None:
+def test_tokens_out_holds_the_anchor_then_the_drafts_cpu(rows: int, k: int, chain) -> None:
     """With ``tokens_out: [G, K + 1]`` the chain writes the anchor to column 0 (the programs of
     the first step's tile 0 copy it; at ``K = 0`` a copy) and the drafts to the columns after
     it, returning them as that view; the drafts and corrected rows are those of a chain without
@@ -190,10 +191,10 @@ def test_tokens_out_holds_the_anchor_then_the_drafts_cpu(rows: int, k: int) -> N
     w1, w2 = _head(vocab, 19, 80 + rows)
     base = _base(rows, k, vocab, 81 + rows)
     anchor = _ids(rows, -1, vocab + 1, 82 + rows)
-    want = markov_chain(base, anchor, w1, w2)
+    want = chain(base, anchor, w1, w2)
     for tokens in (torch.full((rows, k + 1), -7, dtype=torch.int64),
                    torch.full((rows, k + 4), -7, dtype=torch.int64)[:, 2:k + 3]):
-        drafts, corrected = markov_chain(base, anchor, w1, w2, tokens_out=tokens)
+        drafts, corrected = chain(base, anchor, w1, w2, tokens_out=tokens)
         assert drafts.data_ptr() == tokens[:, 1:].data_ptr() and drafts.shape == (rows, k)
         assert torch.equal(tokens[:, 0], anchor) and torch.equal(tokens[:, 1:], want[0])
         assert _same_bits(corrected, want[1])
@@ -203,7 +204,8 @@ def test_tokens_out_holds_the_anchor_then_the_drafts_cpu(rows: int, k: int) -> N
 
 @pytest.mark.parametrize("step", [markov_step_reference, markov_step])
 def test_step_writes_its_ids_into_a_strided_column(step) -> None:
-    """``out_idx`` (a column of a drafts tensor) receives the pair's ids, returned as is."""
+    """``out_idx`` (a column of a drafts tensor) receives the pair's ids, returned as is;
+    ``out_prev`` (another column) a copy of the previous tokens."""
     vocab, rows = 111, 7
     w1, w2 = _head(vocab, 19, 60)
     base = _base(rows, 1, vocab, 61)[:, 0].contiguous()
@@ -214,6 +216,8 @@ def test_step_writes_its_ids_into_a_strided_column(step) -> None:
     assert idx.data_ptr() == drafts[:, 1].data_ptr()
     assert torch.equal(drafts[:, 1], want_idx) and torch.equal(val, want_val)
     assert (drafts[:, 0] == -7).all() and (drafts[:, 2] == -7).all()
+    step(base, prev, w1, w2, 0, out_idx=drafts[:, 2], out_prev=drafts[:, 0])  # prev copied
+    assert torch.equal(drafts[:, 0], prev) and torch.equal(drafts[:, 2], want_idx)
 
 
 @pytest.mark.parametrize("rows", [20, 70])
