@@ -31,7 +31,7 @@ from draftsmith.kernels.block_attention import block_attention as fused_block_at
 from draftsmith.kernels.block_attention import block_attention_reference, paged_columns
 from draftsmith.kernels.decode_linear import BLOCK_M, decode_linear
 from draftsmith.kernels.embedding import embed_rows
-from draftsmith.kernels.head_norm_rope import head_norm_rope
+from draftsmith.kernels.head_norm_rope import head_norm_rope, head_norm_rope_at
 from draftsmith.kernels.head_norm_rope import rotate_half_rope_reference as apply_rope_neox
 from draftsmith.kernels.latent_norm_rope import (
     interleaved_rope_reference as apply_rope_interleaved,
@@ -316,6 +316,7 @@ __all__ = [
     "SwiGLU",
     "block_attention",
     "head_norm_rope",
+    "head_norm_rope_at",
     "packed",
     "packed_linear",
     "packing",

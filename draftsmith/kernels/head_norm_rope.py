@@ -25,6 +25,7 @@ from draftsmith.contract.checks import FLOAT_DTYPES
 from draftsmith.kernels import pdl_on
 from draftsmith.kernels._launch import ROW_WARPS, block_size, pdl_kwargs, pdl_start, warps_for
 from draftsmith.kernels.rms_norm import rms_norm_reference
+from draftsmith.kernels.rope_cos_sin import rope_cos_sin_reference
 
 
 def rotate_half_rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -61,9 +62,13 @@ def head_norm_rope_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
 @triton.jit
 def _head_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, D, eps,
                            s_xt, s_xh, s_ct, s_ot, s_oh, W_ROWS, s_wl, s_wh, COS_GROUP,
-                           BLOCK_D: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
+                           pos_ptr, freq_ptr, scale,
+                           BLOCK_D: tl.constexpr, NORM: tl.constexpr, ANGLES: tl.constexpr,
+                           PDL: tl.constexpr):
     """Program ``(t, h)`` normalises head ``h`` of row ``t`` (unless ``NORM`` is false) and
-    rotates it (in place when ``out`` is ``x``: every value is loaded before any is stored)."""
+    rotates it (in place when ``out`` is ``x``: every value is loaded before any is stored).
+    ``ANGLES``: cos and sin from ``pos_ptr[t // COS_GROUP] * freq_ptr`` in the launch, computed
+    and rounded as :func:`~draftsmith.kernels.rope_cos_sin.rope_cos_sin` makes its tables."""
     pdl_start(PDL, True)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -88,21 +93,23 @@ def _head_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, D, eps,
         y = hx
         yp = xp.to(tl.float32)
     rot = tl.where(d < half, -yp, yp)
-    c_row = (t // COS_GROUP) * s_ct
-    c = tl.load(cos_ptr + c_row + d, mask=ok, other=0.0).to(tl.float32)
-    s = tl.load(sin_ptr + c_row + d, mask=ok, other=0.0).to(tl.float32)
+    if ANGLES:
+        pos = tl.load(pos_ptr + t // COS_GROUP).to(tl.float32)
+        angle = pos * tl.load(freq_ptr + d % half, mask=ok, other=0.0)
+        c = (tl.cos(angle) * scale).to(odt).to(tl.float32)
+        s = (tl.sin(angle) * scale).to(odt).to(tl.float32)
+    else:
+        c_row = (t // COS_GROUP) * s_ct
+        c = tl.load(cos_ptr + c_row + d, mask=ok, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + c_row + d, mask=ok, other=0.0).to(tl.float32)
     out = (y * c).to(odt).to(tl.float32) + (rot * s).to(odt).to(tl.float32)
     tl.store(out_ptr + t * s_ot + h * s_oh + d, out.to(odt), mask=ok)
 
 
-def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
-                   sin: torch.Tensor, cos_group: int = 1,
-                   out: torch.Tensor | None = None, *, pdl: bool = False) -> torch.Tensor:
-    """Kernel form of :func:`head_norm_rope_reference`, one launch: ``x: [R, n, d]`` (head rows
-    with a contiguous last dim), ``weight`` ``[d]``, ``[n, d]`` or ``[L, n, d]``, ``cos, sin:
-    [R / cos_group, d]`` in the normalised dtype -> ``[R, n, d]``; written into ``out`` when given
-    (which may be ``x`` itself: in place). ``pdl``: launch with programmatic dependent launch
-    where the device has it (:func:`~draftsmith.kernels.pdl_on`)."""
+def _check_heads(x: torch.Tensor, weight: torch.Tensor,
+                 cos_group: int) -> tuple[dict[str, int], int, int, int]:
+    """:func:`head_norm_rope`'s checks of ``x``, ``weight`` and ``cos_group``: the sizes and
+    the weight's row count and strides."""
     s: dict[str, int] = {}
     check_tensor("x", x, ("R", "n", "d"), FLOAT_DTYPES, s)
     if weight.dim() == 1:
@@ -119,30 +126,86 @@ def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch
                              f"with L dividing the {s['R']} rows")
     if cos_group < 1 or s["R"] % cos_group:
         raise ShapeError(f"cos_group {cos_group} must divide the {s['R']} rows")
-    check_tensor("cos", cos, (s["R"] // cos_group, s["d"]), FLOAT_DTYPES, s, x.device)
-    check_tensor("sin", sin, (s["R"] // cos_group, s["d"]), cos.dtype, s, x.device)
     if s["d"] % 2 or not s["d"]:
         raise ShapeError(f"rotate-half RoPE needs an even, non-zero head width, got {s['d']}")
+    return s, w_rows, s_wl, s_wh
+
+
+def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                   sin: torch.Tensor, cos_group: int = 1,
+                   out: torch.Tensor | None = None, *, pdl: bool = False) -> torch.Tensor:
+    """Kernel form of :func:`head_norm_rope_reference`, one launch: ``x: [R, n, d]`` (head rows
+    with a contiguous last dim), ``weight`` ``[d]``, ``[n, d]`` or ``[L, n, d]``, ``cos, sin:
+    [R / cos_group, d]`` in the normalised dtype -> ``[R, n, d]``; written into ``out`` when given
+    (which may be ``x`` itself: in place). ``pdl``: launch with programmatic dependent launch
+    where the device has it (:func:`~draftsmith.kernels.pdl_on`)."""
+    s, w_rows, s_wl, s_wh = _check_heads(x, weight, cos_group)
+    check_tensor("cos", cos, (s["R"] // cos_group, s["d"]), FLOAT_DTYPES, s, x.device)
+    check_tensor("sin", sin, (s["R"] // cos_group, s["d"]), cos.dtype, s, x.device)
     odt = torch.promote_types(x.dtype, weight.dtype)
     if cos.dtype != odt:
         raise ShapeError(f"cos and sin must be in the normalised dtype {odt} (x times weight), "
                          f"got {cos.dtype}")
-    if x.stride(-1) != 1:
-        x = x.contiguous()
     if cos.stride(-1) != 1 or sin.stride() != cos.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
+    return _launch(x, weight, eps, (cos, sin, cos.stride(0)), None, cos_group, out,
+                   (w_rows, s_wl, s_wh), pdl)
+
+
+def head_norm_rope_at_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                                positions: torch.Tensor, inv_freq: torch.Tensor,
+                                scale: float = 1.0, cos_group: int = 1,
+                                out: torch.Tensor | None = None, *,
+                                pdl: bool = False) -> torch.Tensor:
+    """:func:`head_norm_rope_reference` at the angles ``positions: [R / cos_group] int64`` times
+    ``inv_freq: [d / 2] fp32`` (cos and sin times ``scale``, in the normalised dtype, from
+    :func:`~draftsmith.kernels.rope_cos_sin.rope_cos_sin_reference`)."""
+    odt = torch.promote_types(x.dtype, weight.dtype)
+    cos, sin = rope_cos_sin_reference(positions, inv_freq, odt, scale)
+    return head_norm_rope_reference(x, weight, eps, cos, sin, cos_group, out)
+
+
+def head_norm_rope_at(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                      positions: torch.Tensor, inv_freq: torch.Tensor, scale: float = 1.0,
+                      cos_group: int = 1, out: torch.Tensor | None = None, *,
+                      pdl: bool = False) -> torch.Tensor:
+    """Kernel form of :func:`head_norm_rope_at_reference`: :func:`head_norm_rope` with cos and
+    sin made in the same launch from the positions, the bits of
+    :func:`~draftsmith.kernels.rope_cos_sin.rope_cos_sin`'s tables fed to
+    :func:`head_norm_rope` (one launch instead of two)."""
+    s, w_rows, s_wl, s_wh = _check_heads(x, weight, cos_group)
+    check_tensor("positions", positions, (s["R"] // cos_group,), torch.int64, None, x.device,
+                 contiguous=True)
+    check_tensor("inv_freq", inv_freq, (s["d"] // 2,), torch.float32, None, x.device,
+                 contiguous=True)
+    return _launch(x, weight, eps, None, (positions, inv_freq, float(scale)), cos_group, out,
+                   (w_rows, s_wl, s_wh), pdl)
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float,
+            tables: tuple[torch.Tensor, torch.Tensor, int] | None,
+            angles: tuple[torch.Tensor, torch.Tensor, float] | None, cos_group: int,
+            out: torch.Tensor | None, w_layout: tuple[int, int, int], pdl: bool) -> torch.Tensor:
+    """The normalising launch of :func:`head_norm_rope` (``tables``: cos, sin, their row
+    stride) or :func:`head_norm_rope_at` (``angles``: positions, frequencies, scale)."""
+    rows, heads, width = x.shape
+    odt = torch.promote_types(x.dtype, weight.dtype)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
     if out is None:
         out = torch.empty(x.shape, dtype=odt, device=x.device)
     else:
         check_tensor("out", out, tuple(x.shape), odt, device=x.device, unit_stride=True)
-    if x.shape[0] and x.shape[1]:
-        block = block_size(s["d"])
+    if rows and heads:
+        block = block_size(width)
         on = pdl_on(pdl, x)
-        _head_norm_rope_kernel[(x.shape[0], x.shape[1])](
-            x, weight, cos, sin, out, s["d"], float(eps), x.stride(0), x.stride(1),
-            cos.stride(0), out.stride(0), out.stride(1), w_rows, s_wl, s_wh, cos_group,
-            BLOCK_D=block, NORM=True, PDL=on, num_warps=warps_for(block, ROW_WARPS),
-            **pdl_kwargs(on))
+        cos, sin, s_ct = tables if tables is not None else (x, x, 0)
+        positions, freq, scale = angles if angles is not None else (x, x, 1.0)
+        _head_norm_rope_kernel[(rows, heads)](
+            x, weight, cos, sin, out, width, float(eps), x.stride(0), x.stride(1),
+            s_ct, out.stride(0), out.stride(1), *w_layout, cos_group, positions, freq, scale,
+            BLOCK_D=block, NORM=True, ANGLES=angles is not None, PDL=on,
+            num_warps=warps_for(block, ROW_WARPS), **pdl_kwargs(on))
     return out
 
 
@@ -171,14 +234,16 @@ def rotate_half_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         block = block_size(s["d"])
         _head_norm_rope_kernel[(x.shape[0], x.shape[1])](
             x, x, cos, sin, out, s["d"], 0.0, x.stride(0), x.stride(1),
-            cos.stride(0), out.stride(0), out.stride(1), 1, 0, 0, 1,
-            BLOCK_D=block, NORM=False, PDL=False, num_warps=warps_for(block, ROW_WARPS),
+            cos.stride(0), out.stride(0), out.stride(1), 1, 0, 0, 1, x, x, 1.0,
+            BLOCK_D=block, NORM=False, ANGLES=False, PDL=False, num_warps=warps_for(block, ROW_WARPS),
             enable_fp_fusion=False)  # no FMA: the two products round as the reference's do
     return out
 
 
 __all__ = [
     "head_norm_rope",
+    "head_norm_rope_at",
+    "head_norm_rope_at_reference",
     "head_norm_rope_reference",
     "rotate_half_rope",
     "rotate_half_rope_reference",

@@ -270,14 +270,23 @@ def test_fused_paths_on_the_interpreter_match_the_torch_paths(monkeypatch, few_r
         real = drafter_nn.decode_linear
         monkeypatch.setattr(drafter_nn, "decode_linear",
                             lambda *a, **k: products.append(k.get("gated")) or real(*a, **k))
-    results = []
+    from draftsmith.drafters.gqa import model as gqa_model
+
+    tables = []  # the RoPE tables each path makes: the fused path makes its angles in-launch
+    real_tables = gqa_model.rope_cos_sin
+    monkeypatch.setattr(gqa_model, "rope_cos_sin",
+                        lambda *a, **k: tables.append(1) or real_tables(*a, **k))
+    results, made = [], []
     for fused in (False, True):
         monkeypatch.setattr(drafter_nn, "on_gpu", lambda t, fused=fused: fused)
         inputs, placement, cache = _world(drafter, (3, 9, 14), seed=5, pages_per_row=8)
         products.clear()  # the context _world wrote
+        tables.clear()
         hidden = drafter.forward_block(inputs, _bounded(placement, BOUND), cache)
         results.append((hidden, drafter.project_context(feats, positions),
                         drafter.block_logits(hidden[0], head).logits))
+        made.append(len(tables))
+    assert made == [2, 0]
     assert "_packed_gate_up" in drafter.layers[1].mlp.__dict__
     for want, got in zip(results[0], results[1], strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -13,11 +13,14 @@ from draftsmith.drafters.nn import apply_rope_neox, rope_cos_sin, rope_inv_freq
 from draftsmith.drafters.nn import rms_norm as drafter_rms_norm
 from draftsmith.kernels.head_norm_rope import (
     head_norm_rope,
+    head_norm_rope_at,
+    head_norm_rope_at_reference,
     head_norm_rope_reference,
     rotate_half_rope,
     rotate_half_rope_reference,
 )
 from draftsmith.kernels.rms_norm import rms_norm, rms_norm_reference
+from draftsmith.kernels.rope_cos_sin import rope_cos_sin as rope_tables
 
 SHAPES = [(1, 64), (7, 576), (33, 111), (5, 3, 96)]
 """Rows x width, a width that is not a power of two, and a leading batch of two dims."""
@@ -86,6 +89,32 @@ def test_rotate_half_rope_equals_its_reference_in_place_on_packed_heads(tokens, 
     assert torch.equal(packed[:, :heads], want) and torch.equal(packed[:, heads:], rest)
     with pytest.raises(ShapeError):
         rotate_half_rope(packed[:, :heads], cos[:, :-1], sin[:, :-1])
+
+
+@pytest.mark.parametrize(("tokens", "heads", "width", "group"),
+                         [(1, 9, 64, 1), (6, 3, 64, 2), (5, 2, 30, 5)])
+@pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
+def test_head_norm_rope_at_positions_is_the_launch_fed_the_tables(tokens, heads, width, group,
+                                                                  device, dtype):
+    """Cos and sin made inside the launch from the positions (scaled, one position per
+    ``group`` rows, a per-layer weight) give the bits of the launch fed ``rope_cos_sin``'s
+    tables; the reference is the tables' reference fed to the norm's."""
+    g = torch.Generator().manual_seed(tokens * heads + width + group)
+    x = (torch.randn(tokens * group, heads, width, generator=g) * 2).to(device, dtype)
+    w = (1 + 0.1 * torch.randn(group, heads, width, generator=g)).to(device, dtype)
+    positions = torch.randint(0, 70000, (tokens,), generator=g).to(device)
+    inv_freq = rope_inv_freq(width, 10000.0).to(device)
+    cos, sin = rope_tables(positions, inv_freq, dtype, 0.8)
+    want = head_norm_rope(x, w, 1e-6, cos, sin, cos_group=group)
+    got = head_norm_rope_at(x, w, 1e-6, positions, inv_freq, 0.8, cos_group=group)
+    assert torch.equal(got, want)
+    inplace = x.clone()
+    head_norm_rope_at(inplace, w, 1e-6, positions, inv_freq, 0.8, group, out=inplace)
+    assert torch.equal(inplace, want)
+    ref = head_norm_rope_at_reference(x, w, 1e-6, positions, inv_freq, 0.8, cos_group=group)
+    torch.testing.assert_close(got, ref, **_tol(dtype))
+    with pytest.raises(ShapeError, match="positions"):
+        head_norm_rope_at(x, w, 1e-6, positions[:-1], inv_freq, cos_group=group)
 
 
 def test_head_norm_rope_refuses_what_it_cannot_do():

@@ -47,7 +47,7 @@ from draftsmith.drafters.nn import (
     context_columns,
     embedding,
     head_logits,
-    head_norm_rope,
+    head_norm_rope_at,
     linear,
     norm_rope,
     packed,
@@ -200,8 +200,9 @@ class GQADrafter(nn.Module):
         s = self.spec
         with torch.no_grad():
             ctx = self.hidden_norm(linear(self.fc, features.to(self.dtype)))
-            cos, sin = rope_cos_sin(positions, self._inv_freq_on(positions.device), ctx.dtype)
-            if self._fuses(ctx):  # every layer's k and v in one GEMM, every k normed in one launch
+            inv_freq = self._inv_freq_on(positions.device)
+            if self._fuses(ctx):  # every layer's k and v in one GEMM, every k normed and
+                # rotated in one launch (its angles from the positions)
                 layers, nkv, hd = s.num_layers, s.num_kv_heads, s.head_dim
                 kv = packed_linear(self, tuple(lin for layer in self.layers for lin in (
                     layer.self_attn.k_proj, layer.self_attn.v_proj)), ctx)
@@ -210,9 +211,10 @@ class GQADrafter(nn.Module):
                 weight = packed(self, "_packed_k_norms", norms, lambda: torch.stack(
                     [w.detach() for w in norms])[:, None].expand(layers, nkv, hd))
                 keys = kv[:, :, 0].reshape(-1, nkv, hd)
-                head_norm_rope(keys, weight, s.rms_norm_eps, cos, sin, cos_group=layers,
-                               out=keys, pdl=in_pdl_scope())
+                head_norm_rope_at(keys, weight, s.rms_norm_eps, positions, inv_freq,
+                                  cos_group=layers, out=keys, pdl=in_pdl_scope())
                 return kv
+            cos, sin = rope_cos_sin(positions, inv_freq, ctx.dtype)
             per_layer = []
             for layer in self.layers:
                 attn = layer.self_attn
@@ -277,13 +279,15 @@ class GQADrafter(nn.Module):
         columns = context_columns(placement)
         with torch.no_grad():
             x = x.to(self.dtype)
-            cos, sin = rope_cos_sin(pos_q, self._inv_freq_on(pos_q.device), x.dtype)
             a = self.layers[0].input_layernorm(x)
+            inv_freq = self._inv_freq_on(pos_q.device)
+            # the fused path rotates at angles it makes from the positions in the norm's launch
+            rope = None if self._fuses(a) else rope_cos_sin(pos_q, inv_freq, x.dtype)
             for index, layer in enumerate(self.layers):
                 after = (self.layers[index + 1].input_layernorm if index + 1 < len(self.layers)
                          else self.norm)
                 x, a = self._layer(layer, x, a, after, cache.pool[index], placement, pos_q,
-                                   columns, s.visibility[index], cos, sin)
+                                   columns, s.visibility[index], inv_freq, rope)
             return a
 
     def _fuses(self, x: torch.Tensor) -> bool:
@@ -302,28 +306,30 @@ class GQADrafter(nn.Module):
         pos_q: torch.Tensor,
         columns: int,
         vis: LayerVisibility,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        inv_freq: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One decoder layer: ``x: [G, W, H]`` the residual stream and ``a`` its input norm ->
         the new stream and ``after(stream)`` (the next layer's input norm, or the final norm).
         ``pool``: this layer's paged context ``[pages, 2, n_kv, P_sz, hd]`` (``columns`` of it
-        attended), ``pos_q: [G, W]`` the block's positions, ``cos, sin: [G, W, hd]``. On a GPU
-        q, k and v come from one packed GEMM, q and k are normed and rotated in one launch, and
-        each residual add is fused with the norm after it."""
+        attended), ``pos_q: [G, W]`` the block's positions, ``inv_freq: [hd / 2]`` and ``rope``
+        the ``cos, sin: [G, W, hd]`` tables (``None`` on the fused path). On a GPU q, k and v
+        come from one packed GEMM, q and k are normed and rotated in one launch (the angles
+        made in it), and each residual add is fused with the norm after it."""
         s, attn = self.spec, layer.self_attn
         g, w, _ = x.shape
         nh, nkv, hd = s.num_heads, s.num_kv_heads, s.head_dim
-        if self._fuses(a):
+        if rope is None:
             qkv = packed_linear(attn, (attn.q_proj, attn.k_proj, attn.v_proj), a)
             heads = qkv.view(g * w, nh + 2 * nkv, hd)[:, : nh + nkv]
             weight = packed(attn, "_packed_norms", (attn.q_norm.weight, attn.k_norm.weight),
                             lambda: torch.cat((attn.q_norm.weight.detach().expand(nh, hd),
                                                attn.k_norm.weight.detach().expand(nkv, hd))))
-            head_norm_rope(heads, weight, s.rms_norm_eps, cos.reshape(-1, hd),
-                           sin.reshape(-1, hd), out=heads, pdl=in_pdl_scope())
+            head_norm_rope_at(heads, weight, s.rms_norm_eps, pos_q.reshape(-1), inv_freq,
+                              out=heads, pdl=in_pdl_scope())
             q, k, v = qkv.view(g, w, nh + 2 * nkv, hd).split((nh, nkv, nkv), dim=2)
         else:
+            cos, sin = rope
             q = norm_rope(attn.q_norm, attn.q_proj(a).view(g, w, nh, hd), cos, sin)
             k = norm_rope(attn.k_norm, attn.k_proj(a).view(g, w, nkv, hd), cos, sin)
             v = attn.v_proj(a).view(g, w, nkv, hd)
