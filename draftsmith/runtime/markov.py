@@ -174,8 +174,7 @@ class DraftChain:
         drafts, corrected = self._run(base, vocab_start, anchor, key, hidden, probs_out)
         if tokens_out is None:
             return drafts, corrected
-        tokens_out[:, 0] = anchor
-        tokens_out[:, 1:] = drafts
+        torch.cat((anchor[:, None], drafts), dim=1, out=tokens_out)  # one launch, as before
         return tokens_out[:, 1:], corrected
 
     def _run(self, base: torch.Tensor, vocab_start: int, anchor: torch.Tensor,

@@ -87,9 +87,10 @@ def test_tokens_out_receives_the_anchor_then_the_drafts(mode: str) -> None:
                                                                        seed=1)
     chain = DraftChain(weights, GreedySelector(), SingleRank(), mode=mode, vocab_size=V)
     want, _ = chain.run(_base(), 0, ANCHOR, None)
-    tokens = torch.full((G, K + 1), -5, dtype=torch.int64)
-    drafts, _ = chain.run(_base(), 0, ANCHOR, None, tokens_out=tokens)
-    assert drafts.data_ptr() == tokens[:, 1:].data_ptr()
-    assert torch.equal(tokens[:, 0], ANCHOR) and torch.equal(drafts, want)
+    for tokens in (torch.full((G, K + 1), -5, dtype=torch.int64),
+                   torch.full((G, K + 3), -5, dtype=torch.int64)[:, 1:K + 2]):  # row-strided
+        drafts, _ = chain.run(_base(), 0, ANCHOR, None, tokens_out=tokens)
+        assert drafts.data_ptr() == tokens[:, 1:].data_ptr()
+        assert torch.equal(tokens[:, 0], ANCHOR) and torch.equal(drafts, want)
     with pytest.raises(ShapeError, match="tokens_out"):
         chain.run(_base(), 0, ANCHOR, None, tokens_out=tokens[:, :K])
