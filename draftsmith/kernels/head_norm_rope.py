@@ -68,8 +68,7 @@ def _head_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, D, eps,
     """Program ``(t, h)`` normalises head ``h`` of row ``t`` (unless ``NORM`` is false) and
     rotates it (in place when ``out`` is ``x``: every value is loaded before any is stored).
     ``ANGLES``: cos and sin from ``pos_ptr[t // COS_GROUP] * freq_ptr`` in the launch, computed
-    and rounded as :func:`~draftsmith.kernels.rope_cos_sin.rope_cos_sin` makes its tables (the
-    compiler may still round fp32 cos or sin differently in the two kernels)."""
+    and rounded as :func:`~draftsmith.kernels.rope_cos_sin.rope_cos_sin` makes its tables."""
     pdl_start(PDL, True)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -173,9 +172,8 @@ def head_norm_rope_at(x: torch.Tensor, weight: torch.Tensor, eps: float,
     """Kernel form of :func:`head_norm_rope_at_reference`: :func:`head_norm_rope` with cos and
     sin made in the same launch from the positions as
     :func:`~draftsmith.kernels.rope_cos_sin.rope_cos_sin` makes its tables (one launch instead
-    of two). The same bits as the two launches on Triton's interpreter; on a GPU the two
-    kernels' fp32 cos or sin may differ in the last bit (seen on an H100 in fp32), so the
-    outputs agree to the output dtype's rounding."""
+    of two), the same bits: neither launch contracts a product and a sum into an FMA, so the
+    angles and each product of the rotation round alike in both."""
     s, w_rows, s_wl, s_wh = _check_heads(x, weight, cos_group)
     check_tensor("positions", positions, (s["R"] // cos_group,), torch.int64, None, x.device,
                  contiguous=True)
@@ -208,7 +206,9 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float,
             x, weight, cos, sin, out, width, float(eps), x.stride(0), x.stride(1),
             s_ct, out.stride(0), out.stride(1), *w_layout, cos_group, positions, freq, scale,
             BLOCK_D=block, NORM=True, ANGLES=angles is not None, PDL=on,
-            num_warps=warps_for(block, ROW_WARPS), **pdl_kwargs(on))
+            num_warps=warps_for(block, ROW_WARPS),
+            enable_fp_fusion=False,  # no FMA: each product rounds, whatever order the code has
+            **pdl_kwargs(on))
     return out
 
 

@@ -64,7 +64,8 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.d
         on = pdl_on(pdl, positions)
         _rope_cos_sin_kernel[(flat.shape[0],)](flat, inv_freq, out, half, float(scale),
                                                BLOCK=block_size(2 * half), PDL=on,
-                                               num_warps=1, **pdl_kwargs(on))
+                                               num_warps=1, enable_fp_fusion=False,
+                                               **pdl_kwargs(on))
     out = out.view(*positions.shape, 2, 2 * half)
     return out[..., 0, :], out[..., 1, :]
 

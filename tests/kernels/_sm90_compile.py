@@ -162,8 +162,8 @@ def compile_case(kernel: Any, constexprs: dict[str, Any], ptrs: dict[str, str], 
     attrs = ({(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
               if t != "constexpr" and not t.startswith("fp")} if hints else {})
     options = {"num_warps": warps, "num_stages": stages}
-    if kernel is latent_norm_rope._latent_norm_rope_kernel:
-        options["enable_fp_fusion"] = False  # as its launch: no FMA in the rotation
+    if kernel in (latent_norm_rope._latent_norm_rope_kernel, head_norm_rope._head_norm_rope_kernel):
+        options["enable_fp_fusion"] = False  # as their launches: no FMA in the rotation
     compiled = triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options=options)
     return len(compiled.asm["cubin"]), compiled.asm["ttgir"].count("async_copy_global_to_local")
