@@ -12,9 +12,11 @@ from draftsmith.contract import ShapeError
 from draftsmith.kernels.latent_norm_rope import (
     interleaved_rope_reference,
     latent_norm_rope,
+    latent_norm_rope_at,
+    latent_norm_rope_at_reference,
     latent_norm_rope_reference,
 )
-from draftsmith.kernels.rope_cos_sin import rope_cos_sin_reference
+from draftsmith.kernels.rope_cos_sin import rope_cos_sin, rope_cos_sin_reference
 
 
 def _case(rows, n, kv_lora, rope, stacked, device, dtype, seed=0, packed_width=0):
@@ -52,6 +54,31 @@ def test_kernel_matches_the_reference(rows, n, kv_lora, rope, stacked, packed_wi
     assert got.shape == want.shape == (rows, n, kv_lora + rope) and got.dtype == want.dtype
     torch.testing.assert_close(got[..., :kv_lora], want[..., :kv_lora], **_tol(dtype))
     assert torch.equal(got[..., kv_lora:], want[..., kv_lora:])  # the rotation rounds as torch
+
+
+@pytest.mark.parametrize(("rows", "n", "kv_lora", "rope"), [(1, 1, 32, 8), (13, 3, 111, 6),
+                                                          (5, 2, 16, 2)])
+@pytest.mark.parametrize(("device", "dtype"), DEVICE_DTYPES)
+def test_angles_from_the_positions_are_the_launch_fed_the_tables(rows, n, kv_lora, rope, device,
+                                                                 dtype):
+    """Cos and sin made in the launch from the positions (scaled) give the bits of the launch
+    fed ``rope_cos_sin``'s tables on the interpreter; on a GPU the two kernels' fp32 cos and
+    sin may part in a last bit, so there the rotated dims agree to the dtype's rounding."""
+    latent, weight, eps, _, _ = _case(rows, n, kv_lora, rope, n > 1, device, dtype, seed=rows)
+    gen = torch.Generator().manual_seed(rows + 1)
+    positions = torch.randint(0, 70000, (rows,), generator=gen).to(device)
+    inv_freq = (1.0 / (50.0 ** (torch.arange(0, rope, 2).float() / rope))).to(device)
+    cos, sin = rope_cos_sin(positions, inv_freq, dtype, 1.3)
+    want = latent_norm_rope(latent, weight, eps, cos, sin)
+    got = latent_norm_rope_at(latent, weight, eps, positions, inv_freq, 1.3)
+    if latent.is_cuda:
+        torch.testing.assert_close(got, want, **_tol(dtype))
+    else:
+        assert torch.equal(got, want)
+    ref = latent_norm_rope_at_reference(latent, weight, eps, positions, inv_freq, 1.3)
+    torch.testing.assert_close(got, ref, **_tol(dtype))
+    with pytest.raises(ShapeError, match="inv_freq"):
+        latent_norm_rope_at(latent, weight, eps, positions, inv_freq[:-1])
 
 
 def test_interleaved_rope_is_a_complex_rotation():

@@ -104,6 +104,7 @@ from draftsmith.drafters.tp import (
 )
 from draftsmith.kernels import in_pdl_scope
 from draftsmith.kernels.latent_norm_rope import latent_norm_rope as fused_latent_norm_rope
+from draftsmith.kernels.latent_norm_rope import latent_norm_rope_at as fused_latent_norm_rope_at
 from draftsmith.kernels.latent_norm_rope import latent_norm_rope_reference
 from draftsmith.kernels.mla_attention import mla_attention as fused_mla_attention
 from draftsmith.kernels.mla_attention import mla_attention_reference, own_norm_inside
@@ -515,8 +516,14 @@ class DSparkMLADrafter(nn.Module):
                                  cfg.rms_norm_eps, self.fc_columns, self.collectives)
         t = ctx.shape[0]
         latent = product(ctx, self._kv_a_stacked).view(t, cfg.num_layers, cfg.latent_width)
-        cos, sin = self._cos_sin(positions)
-        latent = latent_norm_rope(latent, self._kv_a_norm_stacked, cfg.rms_norm_eps, cos, sin)
+        norm = self._kv_a_norm_stacked
+        if packing(latent) and norm.dtype == latent.dtype:  # the angles made in the launch
+            latent = fused_latent_norm_rope_at(latent, norm, cfg.rms_norm_eps, positions,
+                                               self._inv_freq, self._rope_scale,
+                                               pdl=in_pdl_scope())
+        else:
+            cos, sin = self._cos_sin(positions)
+            latent = latent_norm_rope(latent, norm, cfg.rms_norm_eps, cos, sin)
         return latent.view(t, cfg.num_layers, 1, 1, cfg.latent_width)
 
     @torch.no_grad()
