@@ -128,9 +128,7 @@ def latent_norm_rope_at(latent: torch.Tensor, weight: torch.Tensor, eps: float,
     """Kernel form of :func:`latent_norm_rope_at_reference`: :func:`latent_norm_rope` with cos
     and sin made in the same launch from ``positions: [R] int64`` (contiguous) and ``inv_freq:
     [d_rope / 2] fp32`` as :func:`~draftsmith.kernels.rope_cos_sin.rope_cos_sin` makes its
-    tables (one launch instead of two). The same bits as the two launches on Triton's
-    interpreter; on a GPU the two kernels' fp32 cos or sin may differ in the last bit, so the
-    rotated dims agree to the rows' dtype's rounding."""
+    tables (one launch instead of two), the same bits (neither launch contracts into FMAs)."""
     s, rope = _check_rows(latent, weight)
     check_tensor("positions", positions, (s["R"],), torch.int64, s, latent.device,
                  contiguous=True)

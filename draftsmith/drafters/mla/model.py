@@ -22,7 +22,8 @@ normed and rotated inside it (:mod:`draftsmith.kernels.mla_attention`; latent ro
 dims take one more launch for that), ``o_proj``, gate and up
 as one packed GEMM, the fused SwiGLU gate, ``down_proj``, and (unless
 the ``ar-residual-rmsnorm`` fusion is taken) each residual add fused with the norm after it; the
-context projection is five. Elsewhere the eager
+context projection is four (its latent norm and RoPE make their angles in the launch).
+Elsewhere the eager
 references run, which are the specification.
 
 Tensor parallelism: ``q_b_proj``/``kv_b_proj`` (by heads) and ``gate``/``up`` (by
