@@ -45,9 +45,10 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, D, eps, s_x, s_r
     ok = d < D
     x = tl.load(x_ptr + r * s_x + d, mask=ok, other=0.0)
     res = tl.load(r_ptr + r * s_r + d, mask=ok, other=0.0)
+    w = tl.load(w_ptr + d, mask=ok, other=0.0)
     h = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
     tl.store(sum_ptr + r * s_s + d, h, mask=ok)
-    store_norm(h, w_ptr, out_ptr + r * s_out, d, ok, D, eps)
+    store_norm(h, w, out_ptr + r * s_out, d, ok, D, eps)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,

@@ -86,9 +86,10 @@ def _embed_rms_norm_kernel(ids_ptr, t_ptr, w_ptr, h_ptr, out_ptr, D, eps, s_ids,
     d = tl.arange(0, BLOCK_D)
     ok = d < D
     token = tl.load(ids_ptr + r * s_ids)
+    w = tl.load(w_ptr + d, mask=ok, other=0.0)
     x = tl.load(t_ptr + token * s_t + d, mask=ok, other=0.0)
     tl.store(h_ptr + r * D + d, x, mask=ok)
-    store_norm(x, w_ptr, out_ptr + r * D, d, ok, D, eps)
+    store_norm(x, w, out_ptr + r * D, d, ok, D, eps)
 
 
 def embed_rms_norm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float, *,

@@ -79,13 +79,22 @@ def _head_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, D, eps,
     row = x_ptr + t * s_xt + h * s_xh
     x = tl.load(row + d, mask=ok, other=0.0)
     xp = tl.load(row + partner, mask=ok, other=0.0)
+    # every load before the sum of squares: a load after it waits for it
+    if NORM:
+        w_row = w_ptr + (t % W_ROWS) * s_wl + h * s_wh
+        w = tl.load(w_row + d, mask=ok, other=0.0).to(tl.float32)
+        wp = tl.load(w_row + partner, mask=ok, other=0.0).to(tl.float32)
+    if ANGLES:
+        pos = tl.load(pos_ptr + t // COS_GROUP).to(tl.float32)
+        freq = tl.load(freq_ptr + d % half, mask=ok, other=0.0)
+    else:
+        c_row = (t // COS_GROUP) * s_ct
+        c = tl.load(cos_ptr + c_row + d, mask=ok, other=0.0).to(tl.float32)
+        s = tl.load(sin_ptr + c_row + d, mask=ok, other=0.0).to(tl.float32)
     hx = x.to(tl.float32)
     odt = out_ptr.dtype.element_ty
     if NORM:
         inv = 1.0 / tl.sqrt(tl.sum(hx * hx, axis=0) / D + eps)
-        w_row = w_ptr + (t % W_ROWS) * s_wl + h * s_wh
-        w = tl.load(w_row + d, mask=ok, other=0.0).to(tl.float32)
-        wp = tl.load(w_row + partner, mask=ok, other=0.0).to(tl.float32)
         # the normalised vector, rounded as the reference rounds it (input dtype, then weight)
         y = (w * (hx * inv).to(x.dtype).to(tl.float32)).to(odt).to(tl.float32)
         yp = (wp * (xp.to(tl.float32) * inv).to(x.dtype).to(tl.float32)).to(odt).to(tl.float32)
@@ -94,14 +103,9 @@ def _head_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, D, eps,
         yp = xp.to(tl.float32)
     rot = tl.where(d < half, -yp, yp)
     if ANGLES:
-        pos = tl.load(pos_ptr + t // COS_GROUP).to(tl.float32)
-        angle = pos * tl.load(freq_ptr + d % half, mask=ok, other=0.0)
+        angle = pos * freq
         c = (tl.cos(angle) * scale).to(odt).to(tl.float32)
         s = (tl.sin(angle) * scale).to(odt).to(tl.float32)
-    else:
-        c_row = (t // COS_GROUP) * s_ct
-        c = tl.load(cos_ptr + c_row + d, mask=ok, other=0.0).to(tl.float32)
-        s = tl.load(sin_ptr + c_row + d, mask=ok, other=0.0).to(tl.float32)
     out = (y * c).to(odt).to(tl.float32) + (rot * s).to(odt).to(tl.float32)
     tl.store(out_ptr + t * s_ot + h * s_oh + d, out.to(odt), mask=ok)
 

@@ -75,10 +75,11 @@ def _latent_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, KV_LORA, H
     out = out_ptr + r * s_or + j * s_on
     d = tl.arange(0, BLOCK_L)
     d_ok = d < KV_LORA
-    x = tl.load(row + d, mask=d_ok, other=0.0)
-    store_norm(x, w_ptr + j * s_wn, out, d, d_ok, KV_LORA, eps)
     i = tl.arange(0, BLOCK_R)
     i_ok = i < HALF
+    # every load before the first store (a load after a store waits for it)
+    x = tl.load(row + d, mask=d_ok, other=0.0)
+    w = tl.load(w_ptr + j * s_wn + d, mask=d_ok, other=0.0)
     x_even = tl.load(row + KV_LORA + 2 * i, mask=i_ok, other=0.0)
     x_odd = tl.load(row + KV_LORA + 2 * i + 1, mask=i_ok, other=0.0)
     odt = x_even.dtype
@@ -89,6 +90,7 @@ def _latent_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, KV_LORA, H
     else:
         c = tl.load(cos_ptr + r * s_c + i, mask=i_ok, other=0.0).to(tl.float32)
         s = tl.load(sin_ptr + r * s_c + i, mask=i_ok, other=0.0).to(tl.float32)
+    store_norm(x, w, out, d, d_ok, KV_LORA, eps)
     e, o = x_even.to(tl.float32), x_odd.to(tl.float32)
     # each product rounded to the dtype, then the sum, as the reference's torch ops round
     even = (e * c).to(odt).to(tl.float32) - (o * s).to(odt).to(tl.float32)

@@ -152,9 +152,10 @@ def _norm_rows(h_ptr, w_ptr, xn_ptr, M, H, eps, BLOCK_H: tl.constexpr):
     H]``, then a barrier of the program's threads (the product reads what others wrote)."""
     d = tl.arange(0, BLOCK_H)
     ok = d < H
+    w = tl.load(w_ptr + d, mask=ok, other=0.0)
     for m in range(M):
         x = tl.load(h_ptr + m * H + d, mask=ok, other=0.0)
-        store_norm(x, w_ptr, xn_ptr + m * H, d, ok, H, eps)
+        store_norm(x, w, xn_ptr + m * H, d, ok, H, eps)
     tl.debug_barrier()
 
 

@@ -47,13 +47,15 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, *,
 
 
 @triton.jit
-def store_norm(x, w_ptr, out_ptr, d, ok, D, eps):
+def store_norm(x, w, out_ptr, d, ok, D, eps):
     """Store ``weight * (x * rsqrt(mean(x^2) + eps)).to(x.dtype)`` of one row ``x [BLOCK_D]``
-    (masked by ``ok``) at ``out_ptr + d``, rounded where the reference rounds."""
+    (masked by ``ok``) at ``out_ptr + d``, rounded where the reference rounds. ``w [BLOCK_D]``:
+    the weight, loaded by the caller with the row, before its first store: a load after the
+    sum of squares (a barrier across warps) or after a store waits for them, one more round
+    trip to memory in series."""
     h = x.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / D + eps)
     y = (h * inv).to(x.dtype)
-    w = tl.load(w_ptr + d, mask=ok, other=0.0)
     out = w.to(tl.float32) * y.to(tl.float32)
     tl.store(out_ptr + d, out.to(out_ptr.dtype.element_ty), mask=ok)
 
@@ -67,7 +69,8 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, D, eps, s_x, s_out, BLOCK_D: tl.cons
     d = tl.arange(0, BLOCK_D)
     ok = d < D
     x = tl.load(x_ptr + r * s_x + d, mask=ok, other=0.0)
-    store_norm(x, w_ptr, out_ptr + r * s_out, d, ok, D, eps)
+    w = tl.load(w_ptr + d, mask=ok, other=0.0)
+    store_norm(x, w, out_ptr + r * s_out, d, ok, D, eps)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *,

@@ -79,31 +79,36 @@ def _rope_store_kernel(qkv_ptr, pos_ptr, freq_ptr, nw_ptr, k_ptr, v_ptr, rows_pt
     half = D // 2
     partner = tl.where(d < half, d + half, d - half)
     row = qkv_ptr + t * s_t + h * s_h
+    # every load before the sum of squares and the first store (a load after either waits
+    # for it): the head, the norm weight, the angle's inputs, a key head's slot and value
     x = tl.load(row + d, mask=ok, other=0.0)
     xp = tl.load(row + partner, mask=ok, other=0.0)
+    if NORM:
+        w = tl.load(nw_ptr + h * D + d, mask=ok, other=0.0).to(tl.float32)
+        wp = tl.load(nw_ptr + h * D + partner, mask=ok, other=0.0).to(tl.float32)
+    pos = tl.load(pos_ptr + t)
+    freq = tl.load(freq_ptr + d % half, mask=ok, other=0.0)
+    is_kv = h >= NQ
+    slot = tl.load(rows_ptr + t)
+    v = tl.load(row + NKV * s_h + d, mask=d < tl.where(is_kv, D, 0), other=0.0)
     dt = x.dtype
     hx = x.to(tl.float32)
     if NORM:
         inv = 1.0 / tl.sqrt(tl.sum(hx * hx, axis=0) / D + eps)
-        w = tl.load(nw_ptr + h * D + d, mask=ok, other=0.0).to(tl.float32)
-        wp = tl.load(nw_ptr + h * D + partner, mask=ok, other=0.0).to(tl.float32)
         y = (w * (hx * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
         yp = (wp * (xp.to(tl.float32) * inv).to(dt).to(tl.float32)).to(dt).to(tl.float32)
     else:
         y = hx
         yp = xp.to(tl.float32)
-    pos = tl.load(pos_ptr + t)
-    angle = pos.to(tl.float32) * tl.load(freq_ptr + d % half, mask=ok, other=0.0)
+    angle = pos.to(tl.float32) * freq
     c = (tl.cos(angle) * scale).to(dt).to(tl.float32)
     s = (tl.sin(angle) * scale).to(dt).to(tl.float32)
     rot = tl.where(d < half, -yp, yp)
     out = ((y * c).to(dt).to(tl.float32) + (rot * s).to(dt).to(tl.float32)).to(dt)
     tl.store(row + d, out, mask=ok)
-    if h >= NQ:
+    if is_kv:
         kvh = h - NQ
-        slot = tl.load(rows_ptr + t)
         tl.store(k_ptr + slot * s_ks + kvh * s_kh + pos * s_kl + d, out, mask=ok)
-        v = tl.load(row + NKV * s_h + d, mask=ok, other=0.0)
         tl.store(v_ptr + slot * s_vs + kvh * s_vh + pos * s_vl + d, v, mask=ok)
     pdl_release(PDL)
 

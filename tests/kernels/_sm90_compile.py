@@ -12,7 +12,9 @@ gives pointers and integers that are multiples of 16 (the vectorised, pipelined 
 hints, the products' and the attentions' loops must also be software-pipelined (asynchronous
 copies in the TTGIR): a loop the pipeliner leaves alone loads each tile in series, correct but
 slower (docs/benchmarks.md's persistent chain: 12 us a product against about 5), which no CPU
-test would otherwise see; a ``tl.debug_barrier()`` in the loop is enough to cause it. Must run
+test would otherwise see; a ``tl.debug_barrier()`` in the loop is enough to cause it. The
+one-row norm and RoPE kernels must issue every load before their first barrier or store
+(:data:`LOADS_FIRST`). Must run
 with ``TRITON_INTERPRET`` unset (its kernels are then ``JITFunction``s).
 """
 
@@ -156,11 +158,30 @@ PIPELINED = {name for name, *_ in CASES if name.startswith(("decode_linear", "ca
                                                                "block_attention,", "mla_attention"))}
 """Cases whose main loop streams tiles and must be software-pipelined."""
 
+LOADS_FIRST = {name for name, *_ in CASES if name.startswith(("rms_norm", "add_rms_norm", "embed_rms_norm",
+                                                                "rope_store", "head_norm_rope",
+                                                                "latent_norm_rope"))}
+"""One-row kernels that must issue every global load before their first barrier or store: a
+load after a cross-warp reduction's barrier or after a store waits for it, one more round trip
+to memory in series between two products of a layer (the norm's weight was one)."""
+
+
+def late_loads(ptx: str) -> int:
+    """Global loads in ``ptx`` after its first ``bar.sync`` or global store (in text order)."""
+    seen, late = False, 0
+    for line in ptx.splitlines():
+        op = line.strip()
+        if op.startswith("bar.sync") or "st.global" in op:
+            seen = True
+        elif seen and "ld.global" in op:
+            late += 1
+    return late
+
 
 def compile_case(kernel: Any, constexprs: dict[str, Any], ptrs: dict[str, str], warps: int,
-                 stages: int, hints: bool) -> tuple[int, int]:
-    """``(bytes of the sm_90 cubin, asynchronous copies in the TTGIR)`` of one case (raises the
-    compiler's error)."""
+                 stages: int, hints: bool) -> tuple[int, int, int]:
+    """``(bytes of the sm_90 cubin, asynchronous copies in the TTGIR, late loads in the PTX)``
+    of one case (raises the compiler's error); late loads as :func:`late_loads` counts them."""
     sig = _signature(kernel, constexprs, ptrs)
     attrs = ({(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
               if t != "constexpr" and not t.startswith("fp")} if hints else {})
@@ -169,7 +190,8 @@ def compile_case(kernel: Any, constexprs: dict[str, Any], ptrs: dict[str, str], 
         options["enable_fp_fusion"] = False  # as their launches: no FMA in the rotation
     compiled = triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options=options)
-    return len(compiled.asm["cubin"]), compiled.asm["ttgir"].count("async_copy_global_to_local")
+    return (len(compiled.asm["cubin"]), compiled.asm["ttgir"].count("async_copy_global_to_local"),
+            late_loads(compiled.asm["ptx"]))
 
 
 def main() -> int:
@@ -178,11 +200,16 @@ def main() -> int:
         for hints in (False, True):
             t0 = time.perf_counter()
             try:
-                size, copies = compile_case(kernel, constexprs, ptrs, warps, stages, hints)
+                size, copies, late = compile_case(kernel, constexprs, ptrs, warps, stages, hints)
                 if hints and name in PIPELINED and not copies:
                     failed += 1
                     print(f"FAILED {name} (hints {hints}): its loop is not software-pipelined "
                           "(no asynchronous copy in the TTGIR)", flush=True)
+                    continue
+                if name in LOADS_FIRST and late:
+                    failed += 1
+                    print(f"FAILED {name} (hints {hints}): {late} global loads after its first "
+                          "barrier or store (each waits for it: load them first)", flush=True)
                     continue
                 print(f"ok {name} (hints {hints}): {size} B cubin, {copies} asynchronous "
                       f"copies, {time.perf_counter() - t0:.1f} s", flush=True)
