@@ -116,22 +116,39 @@ def _products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, k_lo, k_hi, s_x, s_w,
 
 
 @triton.jit
-def _epilogue(acc, acc_up, rm, rn, m_ok, n_ok, x_ptr, b_ptr, r_ptr, out_ptr, s_r, s_out,
+def _epilogue_inputs(b_ptr, r_ptr, rm, rn, m_ok, n_ok, s_r, HAS_BIAS: tl.constexpr,
+                     RESIDUAL: tl.constexpr):
+    """The epilogue's bias ``[BLOCK_N]`` and residual ``[BLOCK_M, BLOCK_N]`` tiles (``0.0``
+    where absent), for the caller to load before the products: loaded after the products'
+    loop, they waited for its last barrier, one more round trip to memory at the end of every
+    product with a residual add."""
+    bias = 0.0
+    res = 0.0
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + rn, mask=n_ok, other=0.0)
+    if RESIDUAL:
+        res = tl.load(r_ptr + rm.to(tl.int64)[:, None] * s_r + rn[None, :],
+                      mask=m_ok[:, None] & n_ok[None, :], other=0.0)
+    return bias, res
+
+
+@triton.jit
+def _epilogue(acc, acc_up, bias, res, rm, rn, m_ok, n_ok, x_ptr, out_ptr, s_out,
               HAS_BIAS: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr):
     """What follows the product, on its fp32 sums ``acc`` (``acc_up``: the up half when
     ``GATED``), both ``[BLOCK_M, BLOCK_N]``: the bias, rounding to ``x``'s dtype, the gate, the
     residual add, then the cast to ``out``'s dtype and the store of rows ``rm``, columns ``rn``.
-    One body for the whole-``K`` and the split-``K`` kernels, so they round alike."""
+    ``bias``, ``res``: :func:`_epilogue_inputs`'s tiles. One body for the whole-``K`` and the
+    split-``K`` kernels, so they round alike."""
     odt = x_ptr.dtype.element_ty  # every step rounds to the input dtype
     if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        acc += bias.to(tl.float32)[None, :]
     y = acc.to(odt).to(tl.float32)
     if GATED:
         act = (y / (1.0 + tl.exp(-y))).to(odt).to(tl.float32)
         y = (act * acc_up.to(odt).to(tl.float32)).to(odt).to(tl.float32)
     ok = m_ok[:, None] & n_ok[None, :]
     if RESIDUAL:
-        res = tl.load(r_ptr + rm.to(tl.int64)[:, None] * s_r + rn[None, :], mask=ok, other=0.0)
         y = res.to(tl.float32) + y
     y = y.to(odt).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :], y, mask=ok)
@@ -180,10 +197,11 @@ def _decode_linear_kernel(
         _prefetch_l2(w_ptr, rn, n_ok, N, 0, K, s_w, GATED, PF_TILES, PF_LINES, PF_LINE,
                      BLOCK_K)
     pdl_start(PDL, False)
+    bias, res = _epilogue_inputs(b_ptr, r_ptr, rm, rn, m_ok, n_ok, s_r, HAS_BIAS, RESIDUAL)
     acc, acc_up = _products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, 0, K, s_x, s_w,
                             GATED, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
     pdl_release(PDL)
-    _epilogue(acc, acc_up, rm, rn, m_ok, n_ok, x_ptr, b_ptr, r_ptr, out_ptr, s_r, s_out,
+    _epilogue(acc, acc_up, bias, res, rm, rn, m_ok, n_ok, x_ptr, out_ptr, s_out,
               HAS_BIAS, GATED, RESIDUAL)
 
 
@@ -235,7 +253,9 @@ def _split_part(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, part_ptr, count_ptr, tile, 
     epilogue of the whole tile by the last of the tile's ``PARTS`` programs (the parts added
     in the order ``0, 1, ..``). Shared by the split-``K`` launch and the persistent layer tail
     (:mod:`draftsmith.kernels.layer_tail`), so the two round alike. ``PDL``: let the next
-    kernel start once the products are done."""
+    kernel start once the products are done. Every part loads the tile's bias and residual
+    before its products (only the last uses them), so the epilogue waits for no load."""
+    bias, res = _epilogue_inputs(b_ptr, r_ptr, rm, rn, m_ok, n_ok, s_r, HAS_BIAS, RESIDUAL)
     acc, acc_up = _products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, k_lo, k_hi, s_x, s_w,
                             GATED, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
     pdl_release(PDL)
@@ -261,7 +281,7 @@ def _split_part(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, part_ptr, count_ptr, tile, 
             for s in tl.static_range(1, PARTS):
                 acc_up += tl.load(slots + s * (WIDTH * SLOT) + SLOT, cache_modifier=".cg")
         tl.store(count_ptr + tile, 0)
-        _epilogue(acc, acc_up, rm, rn, m_ok, n_ok, x_ptr, b_ptr, r_ptr, out_ptr, s_r, s_out,
+        _epilogue(acc, acc_up, bias, res, rm, rn, m_ok, n_ok, x_ptr, out_ptr, s_out,
                   HAS_BIAS, GATED, RESIDUAL)
 
 

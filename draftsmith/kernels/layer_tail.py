@@ -48,6 +48,7 @@ from draftsmith.kernels.decode_linear import (
     BLOCK_M,
     Blocks,
     _epilogue,
+    _epilogue_inputs,
     _products,
     _split_part,
     decode_linear_blocks,
@@ -177,9 +178,10 @@ def _product_phase(x_ptr, w_ptr, b_ptr, r_ptr, out_ptr, part_ptr, count_ptr, M, 
         rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = rn < N
         if PARTS == 1:
+            bias, res = _epilogue_inputs(b_ptr, r_ptr, rm, rn, m_ok, n_ok, N, HAS_BIAS, RESIDUAL)
             acc, acc_up = _products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, 0, K, K, K,
                                     GATED, IEEE, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
-            _epilogue(acc, acc_up, rm, rn, m_ok, n_ok, x_ptr, b_ptr, r_ptr, out_ptr, N, N,
+            _epilogue(acc, acc_up, bias, res, rm, rn, m_ok, n_ok, x_ptr, out_ptr, N,
                       HAS_BIAS, GATED, RESIDUAL)
         else:
             part = item % PARTS

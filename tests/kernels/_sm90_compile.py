@@ -160,10 +160,14 @@ PIPELINED = {name for name, *_ in CASES if name.startswith(("decode_linear", "ca
 
 LOADS_FIRST = {name for name, *_ in CASES if name.startswith(("rms_norm", "add_rms_norm", "embed_rms_norm",
                                                                 "rope_store", "head_norm_rope",
-                                                                "latent_norm_rope"))}
-"""One-row kernels that must issue every global load before their first barrier or store: a
-load after a cross-warp reduction's barrier or after a store waits for it, one more round trip
-to memory in series between two products of a layer (the norm's weight was one)."""
+                                                                "latent_norm_rope"))
+               or (name.startswith("decode_linear") and "split" not in name)}
+"""Kernels that must issue every global load before their first barrier or store: a load after
+a cross-warp reduction's barrier, a pipelined loop's or a store waits for it, one more round
+trip to memory in series between two products of a layer (the norm's weight and a product's
+residual were). The split-``K`` product is not one: its last part reads the others' sums after
+counting itself. A product is checked as the JIT compiles it (with the alignment hints): without
+them its loop is not pipelined and loads every tile after a barrier."""
 
 
 def late_loads(ptx: str) -> int:
@@ -206,7 +210,7 @@ def main() -> int:
                     print(f"FAILED {name} (hints {hints}): its loop is not software-pipelined "
                           "(no asynchronous copy in the TTGIR)", flush=True)
                     continue
-                if name in LOADS_FIRST and late:
+                if name in LOADS_FIRST and late and (hints or name not in PIPELINED):
                     failed += 1
                     print(f"FAILED {name} (hints {hints}): {late} global loads after its first "
                           "barrier or store (each waits for it: load them first)", flush=True)
