@@ -184,13 +184,17 @@ def _markov_step_kernel(
                     mask=r_ok[:, None] & col_ok[None, :], other=0.0)
     pdl_start(PDL, True)
     prev = tl.load(prev_ptr + rows.to(tl.int64) * stride_prev, mask=row_ok, other=-1)
+    row_base = rows.to(tl.int64)
+    tile_ok = row_ok[:, None] & col_ok[None, :]
+    # the drafter's logits tile with the tokens: loaded after the product it waited for the
+    # product's barrier, one more round trip a position
+    base_tile = base_ptr + row_base[:, None] * stride_base + (s0 + cols)[None, :]
+    x = tl.load(base_tile, mask=tile_ok, other=float("-inf"))
     if LEAD:
         if tl.program_id(1) == 0:
             tl.store(lead_ptr + rows.to(tl.int64) * stride_lead, prev, mask=row_ok)
     in_vocab = row_ok & (prev >= 0) & (prev < V)
     w1_rows = w1_ptr + tl.where(in_vocab, prev, 0).to(tl.int64) * R
-    row_base = rows.to(tl.int64)
-    tile_ok = row_ok[:, None] & col_ok[None, :]
     acc = tl.zeros((BLOCK_G, BLOCK_S), tl.float32)
     if ONE_CHUNK:
         a = tl.load(w1_rows[:, None] + rr[None, :], mask=in_vocab[:, None] & r_ok[None, :],
@@ -212,8 +216,6 @@ def _markov_step_kernel(
             else:
                 acc = tl.dot(a, b, acc)
     bias = acc.to(w2_ptr.dtype.element_ty).to(tl.float32)
-    base_tile = base_ptr + row_base[:, None] * stride_base + (s0 + cols)[None, :]
-    x = tl.load(base_tile, mask=tile_ok, other=float("-inf"))
     z = x.to(tl.float32) + bias
     if STORE:
         out_tile = out_ptr + row_base[:, None] * stride_out + (s0 + cols)[None, :]
