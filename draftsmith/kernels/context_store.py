@@ -81,6 +81,13 @@ def _store_context_kernel(
     """Program ``(t, layer)`` copies the ``[planes * heads, width]`` entry of row ``t``."""
     t = tl.program_id(0).to(tl.int64)
     layer = tl.program_id(1).to(tl.int64)
+    # the entry is loaded with its page (its address does not depend on it): after the page's
+    # test it would be one more round trip to memory in series
+    ph = tl.arange(0, BLOCK_PH)
+    w = tl.arange(0, BLOCK_W)
+    ok = (ph < PH)[:, None] & (w < WIDTH)[None, :]
+    src = entries_ptr + ((t * LAYERS + layer) * PH + ph[:, None]) * WIDTH + w[None, :]
+    x = tl.load(src, mask=ok, other=0.0)
     page = tl.load(pages_ptr + t)
     offset = tl.load(offsets_ptr + t)
     valid = tl.load(mask_ptr + t) != 0
@@ -96,11 +103,6 @@ def _store_context_kernel(
         shadowed = tl.max(hits.to(tl.int32), axis=0) > 0
         write = write & (valid | ~shadowed)
     if write:
-        ph = tl.arange(0, BLOCK_PH)
-        w = tl.arange(0, BLOCK_W)
-        ok = (ph < PH)[:, None] & (w < WIDTH)[None, :]
-        src = entries_ptr + ((t * LAYERS + layer) * PH + ph[:, None]) * WIDTH + w[None, :]
-        x = tl.load(src, mask=ok, other=0.0)
         x = tl.where(valid, x, tl.zeros_like(x))
         plane = (ph // HEADS).to(tl.int64)
         head = (ph % HEADS).to(tl.int64)
