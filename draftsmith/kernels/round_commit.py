@@ -70,20 +70,25 @@ def _round_commit_kernel(
     b = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, BLOCK_Q)
     ok = j < Q
+    # every load before the first store (a load after a store waits for it): the flags of every
+    # column, those past the accepted count zeroed after
     n = tl.load(n_ptr + b)
     tokens = tl.load(acc_ptr + b * s_acc + j, mask=ok)
-    tl.store(st_acc_ptr + b * s_st_acc + j, tokens, mask=ok)
-    tl.store(st_n_ptr + b, n)
-    tl.store(st_len_ptr + b, tl.load(start_ptr + b) + n)
-    row = res_ptr + b * s_res
-    tl.store(row, n)
-    flags = tl.load(nan_ptr + b * Q + j, mask=ok & (j < n), other=0)
-    tl.store(row + 1, tl.max(flags, axis=0))
-    tl.store(row + 2 + j, tokens, mask=ok)
+    start = tl.load(start_ptr + b)
+    flags = tl.load(nan_ptr + b * Q + j, mask=ok, other=0)
     if MARGINS:
         pair = top2_ptr + (b * Q + j) * 2
         first = tl.load(pair, mask=ok).to(tl.int32, bitcast=True).to(tl.int64)
         margin = tl.load(pair + 1, mask=ok).to(tl.int32, bitcast=True).to(tl.int64)
+    flags = tl.where(j < n, flags, 0)
+    tl.store(st_acc_ptr + b * s_st_acc + j, tokens, mask=ok)
+    tl.store(st_n_ptr + b, n)
+    tl.store(st_len_ptr + b, start + n)
+    row = res_ptr + b * s_res
+    tl.store(row, n)
+    tl.store(row + 1, tl.max(flags, axis=0))
+    tl.store(row + 2 + j, tokens, mask=ok)
+    if MARGINS:
         tl.store(row + margin_col + 2 * j, first, mask=ok)
         tl.store(row + margin_col + 2 * j + 1, margin, mask=ok)
 

@@ -44,6 +44,7 @@ from draftsmith.kernels import (
     mla_attention,
     rms_norm,
     rope_store,
+    round_commit,
     strict_accept,
 )
 
@@ -109,6 +110,9 @@ CASES: list[tuple[str, Any, dict[str, Any], dict[str, str], int, int]] = [
     ("context_store", context_store._store_context_kernel,
      dict(SHADOW_CHECK=True, BLOCK_G=8, BLOCK_PH=16, BLOCK_W=64),
      {"pages_ptr": "*i64", "offsets_ptr": "*i64", "mask_ptr": "*i8"}, 2, 1),
+    ("round_commit", round_commit._round_commit_kernel, dict(MARGINS=True, BLOCK_Q=8),
+     {**{p: "*i64" for p in ("acc_ptr", "n_ptr", "start_ptr", "nan_ptr", "st_acc_ptr", "st_n_ptr",
+                             "st_len_ptr", "res_ptr")}, "top2_ptr": "*fp32"}, 1, 1),
     ("cache_attention combine", cache_attention._combine_kernel, dict(BLOCK_D=128, PDL=True),
      {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32"}, 1, 1),
     ("block_attention, split", block_attention._block_attention_kernel,
@@ -164,7 +168,8 @@ PIPELINED = {name for name, *_ in CASES if name.startswith(("decode_linear", "ca
 
 LOADS_FIRST = {name for name, *_ in CASES if name.startswith(("rms_norm", "add_rms_norm", "embed_rms_norm",
                                                                 "rope_store", "head_norm_rope",
-                                                                "latent_norm_rope", "context_store"))
+                                                                "latent_norm_rope", "context_store",
+                                                                "round_commit"))
                or (name.startswith("decode_linear") and "split" not in name)}
 """Kernels that must issue every global load before their first barrier or store: a load after
 a cross-warp reduction's barrier, a pipelined loop's or a store waits for it, one more round
