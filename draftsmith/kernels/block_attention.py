@@ -135,20 +135,28 @@ def _seen(qp, kp, CAUSAL: tl.constexpr, WINDOW: tl.constexpr):
 
 
 @triton.jit
-def _fold_block_keys(q, qp, row_ok, d, d_ok, m_i, l_i, acc, k_ptr, v_ptr, qpos_ptr, b, kvh, W,
-                     s_kg, s_kw, s_kh, s_vg, s_vw, s_vh, qk_scale,
-                     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr,
-                     BLOCK_W: tl.constexpr):
-    """Fold the block's own keys and values (request ``b``, KV head ``kvh``; key ``j`` at
-    position ``query_pos[b, j]``) into the running max, sum and output of the query rows."""
+def _load_block_keys(k_ptr, v_ptr, qpos_ptr, b, kvh, W, n_own, d, d_ok, s_kg, s_kw, s_kh, s_vg,
+                     s_vw, s_vh, BLOCK_W: tl.constexpr):
+    """``(kb, vb [BLOCK_W, BLOCK_D], kp [BLOCK_W], j_ok)``: the first ``n_own`` (``W`` or 0) of
+    the block's own keys, values and their positions (request ``b``, KV head ``kvh``). Loaded
+    before the context loop: after it they waited for its last barrier, one more round trip in
+    series."""
     j = tl.arange(0, BLOCK_W)
-    j_ok = j < W
+    j_ok = j < n_own
     ld_ok = j_ok[:, None] & d_ok[None, :]
     kb = tl.load(k_ptr + b * s_kg + j[:, None] * s_kw + kvh * s_kh + d[None, :], mask=ld_ok,
                  other=0.0)
     vb = tl.load(v_ptr + b * s_vg + j[:, None] * s_vw + kvh * s_vh + d[None, :], mask=ld_ok,
                  other=0.0)
     kp = tl.load(qpos_ptr + b * W + j, mask=j_ok, other=0)
+    return kb, vb, kp, j_ok
+
+
+@triton.jit
+def _fold_block_keys(q, qp, row_ok, m_i, l_i, acc, kb, vb, kp, j_ok, qk_scale,
+                     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, IEEE: tl.constexpr):
+    """Fold the block's own keys and values (:func:`_load_block_keys`'s; key ``j`` at position
+    ``kp[j]``) into the running max, sum and output of the query rows."""
     ok = _seen(qp, kp, CAUSAL, WINDOW) & j_ok[None, :] & row_ok[:, None]
     return _online_softmax(q, kb, vb, ok, m_i, l_i, acc, qk_scale, IEEE)
 
@@ -189,9 +197,14 @@ def _block_attention_kernel(
         sp = tl.program_id(2)
         lo = sp * SPLIT_W
         hi = tl.minimum(lo + SPLIT_W, n_ctx)
+        own = sp == SPLITS - 1  # exactly one split counts the block's own keys
+        n_own = tl.where(own, W, 0)
     else:
         lo = 0
         hi = n_ctx
+        n_own = W
+    kb, vb, kp, j_ok = _load_block_keys(k_ptr, v_ptr, qpos_ptr, b, kvh, W, n_own, d, d_ok, s_kg,
+                                        s_kw, s_kh, s_vg, s_vw, s_vh, BLOCK_W)
     head_base = pool_ptr + kvh * s_ph
     for n0 in range(lo, hi, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
@@ -205,11 +218,9 @@ def _block_attention_kernel(
         ok = _seen(qp, cols.to(tl.int64), CAUSAL, WINDOW) & c_ok[None, :] & row_ok[:, None]
         m_i, l_i, acc = _online_softmax(q, kt, vt, ok, m_i, l_i, acc, qk_scale, IEEE)
     if SPLIT:
-        if sp == SPLITS - 1:  # exactly one split counts the block's own keys
-            m_i, l_i, acc = _fold_block_keys(q, qp, row_ok, d, d_ok, m_i, l_i, acc, k_ptr,
-                                             v_ptr, qpos_ptr, b, kvh, W, s_kg, s_kw, s_kh,
-                                             s_vg, s_vw, s_vh, qk_scale, CAUSAL, WINDOW, IEEE,
-                                             BLOCK_W)
+        if own:
+            m_i, l_i, acc = _fold_block_keys(q, qp, row_ok, m_i, l_i, acc, kb, vb, kp, j_ok,
+                                             qk_scale, CAUSAL, WINDOW, IEEE)
         # every split writes its partials, an empty one too (the scratch is uninitialised)
         part = ((b * W + row_w) * NH + head) * SPLITS + sp
         tl.store(m_ptr + part, m_i, mask=row_ok)
@@ -217,9 +228,8 @@ def _block_attention_kernel(
         tl.store(acc_ptr + part[:, None] * HD + d[None, :], acc,
                  mask=row_ok[:, None] & d_ok[None, :])
     else:
-        m_i, l_i, acc = _fold_block_keys(q, qp, row_ok, d, d_ok, m_i, l_i, acc, k_ptr, v_ptr,
-                                         qpos_ptr, b, kvh, W, s_kg, s_kw, s_kh, s_vg, s_vw,
-                                         s_vh, qk_scale, CAUSAL, WINDOW, IEEE, BLOCK_W)
+        m_i, l_i, acc = _fold_block_keys(q, qp, row_ok, m_i, l_i, acc, kb, vb, kp, j_ok,
+                                         qk_scale, CAUSAL, WINDOW, IEEE)
         o = acc / tl.maximum(l_i, 1.0e-30)[:, None]
         tl.store(out_ptr + b * s_og + row_w[:, None] * s_ow + head[:, None] * s_oh + d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])

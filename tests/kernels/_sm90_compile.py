@@ -169,7 +169,7 @@ PIPELINED = {name for name, *_ in CASES if name.startswith(("decode_linear", "ca
 LOADS_FIRST = {name for name, *_ in CASES if name.startswith(("rms_norm", "add_rms_norm", "embed_rms_norm",
                                                                 "rope_store", "head_norm_rope",
                                                                 "latent_norm_rope", "context_store",
-                                                                "round_commit"))
+                                                                "round_commit", "block_attention"))
                or (name.startswith("decode_linear") and "split" not in name)}
 """Kernels that must issue every global load before their first barrier or store: a load after
 a cross-warp reduction's barrier, a pipelined loop's or a store waits for it, one more round
