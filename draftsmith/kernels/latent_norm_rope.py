@@ -25,7 +25,7 @@ from draftsmith.contract.checks import FLOAT_DTYPES
 from draftsmith.kernels import pdl_on
 from draftsmith.kernels._launch import ROW_WARPS, block_size, pdl_kwargs, pdl_start, warps_for
 from draftsmith.kernels.rms_norm import rms_norm_reference, store_norm
-from draftsmith.kernels.rope_cos_sin import rope_cos_sin_reference
+from draftsmith.kernels.rope_cos_sin import cos_sin_at, rope_cos_sin_reference
 
 
 def interleaved_rope_reference(x: torch.Tensor, cos: torch.Tensor,
@@ -84,9 +84,9 @@ def _latent_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, KV_LORA, H
     x_odd = tl.load(row + KV_LORA + 2 * i + 1, mask=i_ok, other=0.0)
     odt = x_even.dtype
     if ANGLES:
-        angle = tl.load(pos_ptr + r).to(tl.float32) * tl.load(freq_ptr + i, mask=i_ok, other=0.0)
-        c = (tl.cos(angle) * scale).to(odt).to(tl.float32)
-        s = (tl.sin(angle) * scale).to(odt).to(tl.float32)
+        c, s = cos_sin_at(tl.load(pos_ptr + r).to(tl.float32),
+                          tl.load(freq_ptr + i, mask=i_ok, other=0.0), scale, odt)
+        c, s = c.to(tl.float32), s.to(tl.float32)
     else:
         c = tl.load(cos_ptr + r * s_c + i, mask=i_ok, other=0.0).to(tl.float32)
         s = tl.load(sin_ptr + r * s_c + i, mask=i_ok, other=0.0).to(tl.float32)

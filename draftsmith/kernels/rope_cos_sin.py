@@ -30,6 +30,15 @@ def rope_cos_sin_reference(positions: torch.Tensor, inv_freq: torch.Tensor, dtyp
 
 
 @triton.jit
+def cos_sin_at(pos, freq, scale, dtype: tl.constexpr):
+    """``cos`` and ``sin`` of the fp32 angles ``pos * freq``, times ``scale``, rounded to
+    ``dtype``: the one rule every launch that makes its angles follows, so that all give the
+    tables' bits (each such launch runs without FMA contraction)."""
+    angle = pos * freq
+    return (tl.cos(angle) * scale).to(dtype), (tl.sin(angle) * scale).to(dtype)
+
+
+@triton.jit
 def _rope_cos_sin_kernel(pos_ptr, freq_ptr, out_ptr, HALF, scale, BLOCK: tl.constexpr,
                          PDL: tl.constexpr):
     """Program ``r``: cos then sin of position ``r`` over ``2 * HALF`` columns."""
@@ -39,10 +48,10 @@ def _rope_cos_sin_kernel(pos_ptr, freq_ptr, out_ptr, HALF, scale, BLOCK: tl.cons
     ok = j < 2 * HALF
     pos = tl.load(pos_ptr + r).to(tl.float32)
     freq = tl.load(freq_ptr + j % HALF, mask=ok, other=0.0)
-    angle = pos * freq
+    c, s = cos_sin_at(pos, freq, scale, out_ptr.dtype.element_ty)
     row = out_ptr + r * 4 * HALF
-    tl.store(row + j, (tl.cos(angle) * scale).to(out_ptr.dtype.element_ty), mask=ok)
-    tl.store(row + 2 * HALF + j, (tl.sin(angle) * scale).to(out_ptr.dtype.element_ty), mask=ok)
+    tl.store(row + j, c, mask=ok)
+    tl.store(row + 2 * HALF + j, s, mask=ok)
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
@@ -70,4 +79,4 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.d
     return out[..., 0, :], out[..., 1, :]
 
 
-__all__ = ["rope_cos_sin", "rope_cos_sin_reference"]
+__all__ = ["cos_sin_at", "rope_cos_sin", "rope_cos_sin_reference"]
