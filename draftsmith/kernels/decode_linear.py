@@ -42,7 +42,7 @@ import triton.language as tl
 
 from draftsmith.contract import DraftsmithError, ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
-from draftsmith.kernels import pdl_on
+from draftsmith.kernels import interpreted, pdl_on
 from draftsmith.kernels._launch import (
     block_size,
     or_dummy,
@@ -115,6 +115,22 @@ def _products(x_ptr, w_ptr, rm, rn, m_ok, n_ok, N, k_lo, k_hi, s_x, s_w,
     return acc, acc_up
 
 
+_CUDA = tl.constexpr(not interpreted())  # the interpreter runs no PTX
+
+
+@triton.jit
+def _add_rn(a, b):
+    """``a + b`` in fp32, rounded once: on CUDA an ``add.rn``, which the assembler never
+    contracts with the product before it into an FMA (a plain ``add`` it may, depending on
+    where the compiler happened to place the loads). The gate's product and the residual add
+    of an fp32 epilogue round separately, as the reference does, in every kernel sharing it."""
+    if _CUDA:
+        return tl.inline_asm_elementwise("add.rn.f32 $0, $1, $2;", "=r,r,r", [a, b],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return a + b
+
+
 @triton.jit
 def _epilogue_inputs(b_ptr, r_ptr, rm, rn, m_ok, n_ok, s_r, HAS_BIAS: tl.constexpr,
                      RESIDUAL: tl.constexpr):
@@ -149,7 +165,7 @@ def _epilogue(acc, acc_up, bias, res, rm, rn, m_ok, n_ok, x_ptr, out_ptr, s_out,
         y = (act * acc_up.to(odt).to(tl.float32)).to(odt).to(tl.float32)
     ok = m_ok[:, None] & n_ok[None, :]
     if RESIDUAL:
-        y = res.to(tl.float32) + y
+        y = _add_rn(res.to(tl.float32), y)
     y = y.to(odt).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + rm.to(tl.int64)[:, None] * s_out + rn[None, :], y, mask=ok)
 
