@@ -549,7 +549,9 @@ PREFETCH_AFTER_SMALL = 1
 before is a norm, RoPE or attention (HBM idle meanwhile). On an H100 one tile was the fastest of
 0, 1 and 2 by under 1% (llama-1b plain 1.081 ms against 1.084 with none, 1.088 with two; PDL off
 1.161; ``benchmarks/results/pdl-ab_nvidia-h100_2026-12-05T1148Z.txt``): PDL's overlap of the
-launches gives nearly all of the gain."""
+launches gives nearly all of the gain. Four and eight tiles (a 1B ``[q | k | v]`` and ``o`` slice's
+whole ``K``) were slower still: 1.081 and 1.199 ms against 1.044
+(``benchmarks/results/knobs_nvidia-h100_2026-12-06T0909Z.txt``)."""
 
 PREFETCH_AFTER_PRODUCT = 0
 """The same after another product (``down`` after ``[gate | up]``), which streams its own weight
