@@ -42,6 +42,7 @@ from draftsmith.kernels import (
     logit_summary,
     markov_chain,
     mla_attention,
+    qkv_rope,
     rms_norm,
     rope_store,
     round_commit,
@@ -90,6 +91,9 @@ CASES: list[tuple[str, Any, dict[str, Any], dict[str, str], int, int]] = [
     ("decode_linear fp32", decode_linear._decode_linear_kernel,
      dict(_LINEAR, IEEE=True, BLOCK_K=256, STAGES=2, PDL=False, PF_TILES=0),
      {p: "*fp32" for p in ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "out_ptr")}, 4, 2),
+    ("decode_linear qkv_rope", qkv_rope._qkv_rope_kernel,
+     {k: v for k, v in _LINEAR.items() if k not in ("GATED", "RESIDUAL")},
+     {"pos_ptr": "*i64", "rows_ptr": "*i64", "freq_ptr": "*fp32"}, 4, 4),
     ("decode_linear split K", decode_linear._decode_linear_split_kernel,
      dict(_LINEAR, PARTS=4), {"part_ptr": "*fp32", "count_ptr": "*i32"}, 4, 4),
     ("rms_norm", rms_norm._rms_norm_kernel, dict(BLOCK_D=2048, PDL=True), {}, 4, 1),
@@ -199,7 +203,8 @@ def compile_case(kernel: Any, constexprs: dict[str, Any], ptrs: dict[str, str], 
     attrs = ({(i,): [["tt.divisibility", 16]] for i, (n, t) in enumerate(sig.items())
               if t != "constexpr" and not t.startswith("fp")} if hints else {})
     options = {"num_warps": warps, "num_stages": stages}
-    if kernel in (latent_norm_rope._latent_norm_rope_kernel, head_norm_rope._head_norm_rope_kernel):
+    if kernel in (latent_norm_rope._latent_norm_rope_kernel, head_norm_rope._head_norm_rope_kernel,
+                  rope_store._rope_store_kernel, qkv_rope._qkv_rope_kernel):
         options["enable_fp_fusion"] = False  # as their launches: no FMA in the rotation
     compiled = triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options=options)

@@ -16,18 +16,20 @@ columns up to its position, split over programs, instead of a masked attention o
 context bucket.
 
 A forward of up to :data:`FUSED_PRODUCT_ROWS` tokens in bf16 or fp16 (a decoding step of a
-small batch, the verification of one or two rows) takes the few-row path: eight launches a
-layer, the norm, the packed ``[q | k | v]`` product, RoPE with both cache writes in one launch
-(:func:`~draftsmith.kernels.rope_store.rope_store`, the angles from the positions, no rotary
-table), attention, ``o_proj`` carrying the residual add, the norm, ``[gate | up]`` carrying
-SiLU times up, ``down_proj`` carrying the add
-(:func:`~draftsmith.kernels.decode_linear.decode_linear`); the final norm and the LM head then
+small batch, the verification of one or two rows) takes the few-row path: seven launches a
+layer, the norm, the packed ``[q | k | v]`` product with RoPE and both cache writes in its
+epilogue (:func:`~draftsmith.kernels.qkv_rope.qkv_rope`, the angles from the positions, no
+rotary table), attention, ``o_proj`` carrying the residual add, the norm, ``[gate | up]``
+carrying SiLU times up, ``down_proj`` carrying the add
+(:func:`~draftsmith.kernels.decode_linear.decode_linear`). Heads normalised before RoPE (Qwen3)
+take eight: the product, then the norm, RoPE and the cache writes in one launch
+(:func:`~draftsmith.kernels.rope_store.rope_store`). The final norm and the LM head then
 write fp32 logits without a cast of their own. Each product reads its weight at 1.0-1.1x its
 floor on an H200 from 28 MB up (``benchmarks/scale.py --gemms``), and a row's result never
 depends on the rows beside it, so in bf16 too a verification rounds as decoding its tokens one
 by one.
 
-On a GPU of compute capability 9.0 and above the eight launches are programmatically dependent
+On a GPU of compute capability 9.0 and above these launches are programmatically dependent
 (``target.pdl = auto``; :func:`~draftsmith.kernels.pdl_on`): a norm, RoPE or attention
 lets the next kernel's programs start at once, and a product's programs ask L2 for their first
 weight tiles (:data:`PREFETCH_AFTER_SMALL`) before they wait for it; a product lets the next
@@ -80,6 +82,7 @@ from draftsmith.kernels.head_norm_rope import (
     rotate_half_rope_reference,
 )
 from draftsmith.kernels.layer_tail import layer_tail, layer_tail_reference
+from draftsmith.kernels.qkv_rope import qkv_rope
 from draftsmith.kernels.rms_norm import rms_norm, rms_norm_reference
 from draftsmith.kernels.rope_store import rope_store, rope_store_reference
 from draftsmith.kernels.swiglu import silu_mul, silu_mul_reference
@@ -94,12 +97,13 @@ optional projection biases) plus a SiLU-gated MLP, with an RMSNorm before the he
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 FUSED_PRODUCT_ROWS = 16
-"""Tokens per forward up to which a layer runs as eight launches (two norms, the four products
+"""Tokens per forward up to which a layer runs as seven launches (two norms, the four products
 of :func:`~draftsmith.kernels.decode_linear.decode_linear` carrying the residual adds and the
-gate, :func:`~draftsmith.kernels.rope_store.rope_store`, attention): one tile of rows, where it
-reads a 1-8B layer's weights at 1.0-1.1x their floor on an H200; at 32 rows it takes two tiles
-and falls behind cuBLAS (``benchmarks/scale.py --gemms``). Wider forwards (prefill, wide
-verification, large batches) keep torch's GEMM between separate norm and gate launches."""
+gate, ``[q | k | v]`` carrying RoPE and the cache writes, attention; eight with a q/k norm):
+one tile of rows, where it reads a 1-8B layer's weights at 1.0-1.1x their floor on an H200; at
+32 rows it takes two tiles and falls behind cuBLAS (``benchmarks/scale.py --gemms``). Wider
+forwards (prefill, wide verification, large batches) keep torch's GEMM between separate norm and
+gate launches."""
 
 FUSED_PRODUCT_DTYPES = (torch.bfloat16, torch.float16)
 """Dtypes whose few-row products run :func:`~draftsmith.kernels.decode_linear.decode_linear` on
@@ -264,7 +268,8 @@ class LayerLoop:
             "three launches a layer (RoPE with the cache writes, attention, and one persistent "
             "launch from o_proj through the next layer's [q | k | v]; target.few_rows = "
             "persistent)" if self.persistent else
-            "eight launches a layer, the residual adds and the gate inside the products" + (
+            "seven launches a layer (eight with a q/k norm), RoPE with the cache writes, the "
+            "residual adds and the gate inside the products" + (
                 ", each launch programmatically dependent on the one before (PDL: the next "
                 "product's programs prefetch their weights while a norm, RoPE or attention "
                 "runs)" if self.pdl else "") + (
@@ -385,8 +390,8 @@ class LayerLoop:
                   token_pos: torch.Tensor, width: int, capture: Sequence[int],
                   captured: dict[int, torch.Tensor], shape: torch.Size) -> torch.Tensor:
         """The decoder over the tokens ``ids: [R]`` (token ``r`` at slot ``token_rows[r]``,
-        position ``token_pos[r]``), eight launches a layer (three with :attr:`persistent`);
-        the embedding lookup runs inside the first layer's norm (:attr:`fused_embedding`).
+        position ``token_pos[r]``), seven or eight launches a layer (three with
+        :attr:`persistent`); the embedding lookup runs inside the first layer's norm (:attr:`fused_embedding`).
         Returns the residual stream after the last layer ``[R, H_t]`` (before the final
         norm)."""
         table = self.decoder.embed_tokens.weight
@@ -416,8 +421,14 @@ class LayerLoop:
         for i, layer in enumerate(self.layers):
             if i:
                 normed = self._norm(h, layer.input_norm, kernels, pdl)
-            qkv = product(normed, layer.qkv_weight, layer.qkv_bias, **after_small)
-            out = self._rope_attend(i, layer, qkv, kv, token_rows, token_pos, width, shape)
+            if kernels and layer.qk_norm is None:  # RoPE and the cache writes in the product
+                q = qkv_rope(normed, layer.qkv_weight, layer.qkv_bias, token_pos,
+                             self.inv_freq, kv.keys[i], kv.values[i], token_rows, self.heads,
+                             self.rope_scale, **after_small)
+                out = self._attend(i, layer, q, kv, token_rows, token_pos, width, shape)
+            else:
+                qkv = product(normed, layer.qkv_weight, layer.qkv_bias, **after_small)
+                out = self._rope_attend(i, layer, qkv, kv, token_rows, token_pos, width, shape)
             h = product(out, layer.o_proj.weight, layer.o_proj.bias, residual=h, **after_small)
             act = product(self._norm(h, layer.post_norm, kernels, pdl), layer.gate_up_weight,
                           gated=True, **after_small)
@@ -469,10 +480,22 @@ class LayerLoop:
         (rope_store if kernels else rope_store_reference)(
             heads, token_pos, self.inv_freq, kv.keys[i], kv.values[i], token_rows, nq,
             self.rope_scale, layer.qk_norm, layer.qk_eps, **pdl)
+        return self._attend(i, layer, heads[:, :nq], kv, token_rows, token_pos, width, shape)
+
+    def _attend(self, i: int, layer: _Layer, q: torch.Tensor, kv: StaticKV,
+                token_rows: torch.Tensor, token_pos: torch.Tensor, width: int,
+                shape: torch.Size) -> torch.Tensor:
+        """Layer ``i``'s attention on the few-row path, its keys and values already written:
+        the rotated queries ``q: [R, n_q hd]`` (or ``[R, n_q, hd]``) in, ``[R, n_q hd]``
+        out."""
+        nq, hd = self.heads, self.head_dim
+        rows = q.shape[0]
+        kernels = self._kernels(q)
+        pdl = {"pdl": True} if self._pdl(q) else {}
         attend = (partial(cache_attention, tokens_per_row=shape[-1], **pdl) if kernels
                   else cache_attention_reference)
         with values_trusted():  # slots and positions the target made itself
-            out = attend(heads[:, :nq], kv.keys[i], kv.values[i], token_rows, token_pos,
+            out = attend(q.view(rows, nq, hd), kv.keys[i], kv.values[i], token_rows, token_pos,
                          width, layer.scaling)
         return out.view(rows, nq * hd)
 
