@@ -25,7 +25,7 @@ from draftsmith.contract.checks import FLOAT_DTYPES
 from draftsmith.kernels import pdl_on
 from draftsmith.kernels._launch import ROW_WARPS, block_size, pdl_kwargs, pdl_start, warps_for
 from draftsmith.kernels.rms_norm import rms_norm_reference
-from draftsmith.kernels.rope_cos_sin import cos_sin_at, rope_cos_sin_reference
+from draftsmith.kernels.rope_cos_sin import cos_sin_at, rope_cos_sin_reference, rotate_at
 
 
 def rotate_half_rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -105,7 +105,7 @@ def _head_norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, D, eps,
     if ANGLES:
         c, s = cos_sin_at(pos, freq, scale, odt)
         c, s = c.to(tl.float32), s.to(tl.float32)
-    out = (y * c).to(odt).to(tl.float32) + (rot * s).to(odt).to(tl.float32)
+    out = rotate_at(y, rot, c, s, odt)
     tl.store(out_ptr + t * s_ot + h * s_oh + d, out.to(odt), mask=ok)
 
 

@@ -11,12 +11,13 @@ normalised before RoPE (Qwen3's q/k norm) need a whole head in one program: thos
 ``decode_linear`` and ``rope_store``.
 
 Owns ``qkv_rope`` beside its reference. Imports ``draftsmith.contract``, the product's helpers
-of ``kernels.decode_linear``, ``kernels.rope_cos_sin``'s angle rule, the references of
+of ``kernels.decode_linear``, ``kernels.rope_cos_sin``'s angle and rotation rules, the references of
 ``kernels.rope_store`` and the kernels' launch helpers only.
 
 Numerics: the bits of ``decode_linear`` followed by ``rope_store`` (each product of a column
 sums in the same order, whichever columns share its program; the rotation rounds as
-``rope_store`` does, with angles by :func:`~draftsmith.kernels.rope_cos_sin.cos_sin_at`, and
+``rope_store`` does, by :func:`~draftsmith.kernels.rope_cos_sin.rotate_at` with angles by
+:func:`~draftsmith.kernels.rope_cos_sin.cos_sin_at`, and
 like it the launch contracts no product into an FMA).
 """
 
@@ -38,7 +39,7 @@ from draftsmith.kernels.decode_linear import (
     decode_linear_blocks,
     decode_linear_reference,
 )
-from draftsmith.kernels.rope_cos_sin import cos_sin_at
+from draftsmith.kernels.rope_cos_sin import cos_sin_at, rotate_at
 from draftsmith.kernels.rope_store import rope_store_reference
 
 _I64 = torch.int64
@@ -108,9 +109,8 @@ def _qkv_rope_kernel(
     y = acc.to(dt).to(tl.float32)  # the bf16 [q | k | v] rope_store would read
     a, b = tl.split(tl.permute(tl.reshape(y, [BLOCK_M, 2, PAIRS]), [0, 2, 1]))
     c, s = c.to(tl.float32), s.to(tl.float32)
-    # rope_store's rounding: each product to the heads' dtype, then their sum
-    r1 = ((a * c).to(dt).to(tl.float32) + (-b * s).to(dt).to(tl.float32)).to(dt)
-    r2 = ((b * c).to(dt).to(tl.float32) + (a * s).to(dt).to(tl.float32)).to(dt)
+    r1 = rotate_at(a, -b, c, s, dt).to(dt)
+    r2 = rotate_at(b, a, c, s, dt).to(dt)
     ok = m_ok[:, None] & p_ok[None, :]
     is_q = (head < NQ)[None, :]
     is_k = ((head >= NQ) & (head < NQ + NKV))[None, :]
@@ -141,13 +141,14 @@ def qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     only); contiguous rows; ``inv_freq: [hd / 2] float32``; ``positions, rows: [R] int64``
     (trusted, as ``rope_store``'s).
     """
-    s: dict[str, int] = {"nq": int(num_q_heads)}
+    s: dict[str, int] = {}
+    nq = int(num_q_heads)
     dtypes = FLOAT_DTYPES if interpreted() else (torch.bfloat16, torch.float16)
     check_tensor("x", x, ("R", "K"), dtypes, s, unit_stride=True)
     check_tensor("keys", keys, ("S", "nkv", "L", "hd"), x.dtype, s, x.device, unit_stride=True)
     check_tensor("values", values, ("S", "nkv", "L", "hd"), x.dtype, s, x.device,
                  unit_stride=True)
-    hd, nq, nkv = s["hd"], s["nq"], s["nkv"]
+    hd, nkv = s["hd"], s["nkv"]
     if hd % 2 or nq < 1:
         raise ShapeError(f"qkv_rope needs heads of an even width and at least one query head, "
                          f"got width {hd}, {nq} query heads")

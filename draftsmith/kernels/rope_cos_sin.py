@@ -39,6 +39,15 @@ def cos_sin_at(pos, freq, scale, dtype: tl.constexpr):
 
 
 @triton.jit
+def rotate_at(x, partner, c, s, dtype: tl.constexpr):
+    """One element of rotate-half RoPE in fp32: ``x * c + partner * s`` (``partner``: the element
+    half a head away, negated in the first half), each product rounded to ``dtype`` first, as
+    the references round. The rule of every launch that rotates a head (each runs without FMA
+    contraction), so that ``rope_store``, ``head_norm_rope`` and ``qkv_rope`` give one bits."""
+    return (x * c).to(dtype).to(tl.float32) + (partner * s).to(dtype).to(tl.float32)
+
+
+@triton.jit
 def _rope_cos_sin_kernel(pos_ptr, freq_ptr, out_ptr, HALF, scale, BLOCK: tl.constexpr,
                          PDL: tl.constexpr):
     """Program ``r``: cos then sin of position ``r`` over ``2 * HALF`` columns."""
@@ -79,4 +88,4 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.d
     return out[..., 0, :], out[..., 1, :]
 
 
-__all__ = ["cos_sin_at", "rope_cos_sin", "rope_cos_sin_reference"]
+__all__ = ["cos_sin_at", "rope_cos_sin", "rope_cos_sin_reference", "rotate_at"]

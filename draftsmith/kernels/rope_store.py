@@ -33,7 +33,7 @@ from draftsmith.kernels._launch import (
     warps_for,
 )
 from draftsmith.kernels.head_norm_rope import head_norm_rope_reference, rotate_half_rope_reference
-from draftsmith.kernels.rope_cos_sin import cos_sin_at, rope_cos_sin_reference
+from draftsmith.kernels.rope_cos_sin import cos_sin_at, rope_cos_sin_reference, rotate_at
 
 _I64 = torch.int64
 
@@ -103,7 +103,7 @@ def _rope_store_kernel(qkv_ptr, pos_ptr, freq_ptr, nw_ptr, k_ptr, v_ptr, rows_pt
     c, s = cos_sin_at(pos.to(tl.float32), freq, scale, dt)
     c, s = c.to(tl.float32), s.to(tl.float32)
     rot = tl.where(d < half, -yp, yp)
-    out = ((y * c).to(dt).to(tl.float32) + (rot * s).to(dt).to(tl.float32)).to(dt)
+    out = rotate_at(y, rot, c, s, dt).to(dt)
     tl.store(row + d, out, mask=ok)
     if is_kv:
         kvh = h - NQ

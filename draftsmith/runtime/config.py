@@ -186,12 +186,12 @@ class TargetConfig(_Strict):
     """How ``fused`` layers run a forward of up to 16 tokens in bf16 or fp16 on a GPU (a
     decoding step, a verification). ``launches``: seven launches a layer (two norms, four
     products, ``[q | k | v]`` carrying RoPE and the cache writes, attention; eight where heads
-    are normalised before RoPE, which then takes a launch of its own). ``persistent``: three (RoPE with the
-    cache writes, attention, and one persistent launch of one program per SM from ``o_proj``
-    through the next layer's ``[q | k | v]``, with grid-wide barriers between its products),
-    with the same bits as ``launches`` but slower on an H200 (a 1B layer's tail 51 against 50
-    us at one token, 63 against 50 at eight; ``docs/benchmarks.md``). ``auto``: ``launches``.
-    The plan says which ran."""
+    are normalised before RoPE, which then takes a launch of its own). ``persistent``: three
+    (RoPE with the cache writes, attention, and one persistent launch of one program per SM from
+    ``o_proj`` through the next layer's ``[q | k | v]``, with grid-wide barriers between its
+    products), with the same bits as ``launches`` but slower on an H200 (a 1B layer's tail 51
+    against 50 us at one token, 63 against 50 at eight; ``docs/benchmarks.md``). ``auto``:
+    ``launches``. The plan says which ran."""
     pdl: Literal["auto", "off"] = "auto"
     """Programmatic dependent launch between the launches of ``few_rows = launches``: the
     next kernel's programs start while the one before finishes, and a product's first weight

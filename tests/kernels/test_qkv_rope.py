@@ -96,5 +96,5 @@ def test_fp32_is_refused_on_a_gpu():
         pytest.skip("the interpreter takes fp32 on any device; the GPU suite runs without it")
     x, w, b, rows, positions, inv_freq, cache, nq, scale = _case(CASES[0], "cuda",
                                                                  torch.float32)
-    with pytest.raises(ShapeError, match="x"):
+    with pytest.raises(ShapeError, match="x must have dtype bfloat16 or float16, got float32"):
         qkv_rope(x, w, b, positions, inv_freq, cache, cache.clone(), rows, nq)

@@ -82,7 +82,7 @@ from draftsmith.kernels.head_norm_rope import (
     rotate_half_rope_reference,
 )
 from draftsmith.kernels.layer_tail import layer_tail, layer_tail_reference
-from draftsmith.kernels.qkv_rope import qkv_rope
+from draftsmith.kernels.qkv_rope import qkv_rope, qkv_rope_reference
 from draftsmith.kernels.rms_norm import rms_norm, rms_norm_reference
 from draftsmith.kernels.rope_store import rope_store, rope_store_reference
 from draftsmith.kernels.swiglu import silu_mul, silu_mul_reference
@@ -391,7 +391,8 @@ class LayerLoop:
                   captured: dict[int, torch.Tensor], shape: torch.Size) -> torch.Tensor:
         """The decoder over the tokens ``ids: [R]`` (token ``r`` at slot ``token_rows[r]``,
         position ``token_pos[r]``), seven or eight launches a layer (three with
-        :attr:`persistent`); the embedding lookup runs inside the first layer's norm (:attr:`fused_embedding`).
+        :attr:`persistent`); the embedding lookup runs inside the first layer's norm
+        (:attr:`fused_embedding`).
         Returns the residual stream after the last layer ``[R, H_t]`` (before the final
         norm)."""
         table = self.decoder.embed_tokens.weight
@@ -421,10 +422,11 @@ class LayerLoop:
         for i, layer in enumerate(self.layers):
             if i:
                 normed = self._norm(h, layer.input_norm, kernels, pdl)
-            if kernels and layer.qk_norm is None:  # RoPE and the cache writes in the product
-                q = qkv_rope(normed, layer.qkv_weight, layer.qkv_bias, token_pos,
-                             self.inv_freq, kv.keys[i], kv.values[i], token_rows, self.heads,
-                             self.rope_scale, **after_small)
+            if layer.qk_norm is None:  # RoPE and the cache writes in the product
+                rope_product = qkv_rope if kernels else qkv_rope_reference
+                q = rope_product(normed, layer.qkv_weight, layer.qkv_bias, token_pos,
+                                 self.inv_freq, kv.keys[i], kv.values[i], token_rows, self.heads,
+                                 self.rope_scale, **after_small)
                 out = self._attend(i, layer, q, kv, token_rows, token_pos, width, shape)
             else:
                 qkv = product(normed, layer.qkv_weight, layer.qkv_bias, **after_small)
