@@ -20,7 +20,7 @@ shares its arithmetic with (``decode_linear``'s product, epilogue and split of `
 Numerics: every product and norm runs the code of :func:`~draftsmith.kernels.decode_linear.
 decode_linear` and :func:`~draftsmith.kernels.rms_norm.rms_norm` with the launch sizes
 :func:`~draftsmith.kernels.decode_linear.decode_linear_blocks` gives each weight, so a row's
-result depends on that row alone and the bits equal those of the eight separate launches
+result depends on that row alone and the bits equal those of the few-row path's separate launches
 (the GPU tests compare them; they passed on an H200, ``docs/benchmarks.md``).
 
 The barrier: each program counts its arrival in one int32 of the device's workspace and waits

@@ -30,7 +30,7 @@ import triton.language as tl
 from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
 from draftsmith.kernels import interpreted, pdl_on
-from draftsmith.kernels._launch import pdl_kwargs, pdl_release, pdl_start
+from draftsmith.kernels._launch import or_dummy, pdl_kwargs, pdl_release, pdl_start
 from draftsmith.kernels.decode_linear import (
     BLOCK_M,
     _epilogue_inputs,
@@ -167,7 +167,7 @@ def qkv_rope(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     on = pdl_on(pdl, x)
     line = max(1, 128 // x.element_size())
     _qkv_rope_kernel[(triton.cdiv(s["R"], BLOCK_M), triton.cdiv(n, b.block_n))](
-        x, weight, bias if bias is not None else weight, q, positions.contiguous(), inv_freq,
+        x, weight, or_dummy(bias, weight), q, positions.contiguous(), inv_freq,
         keys, values, rows.contiguous(), s["R"], s["K"], nq, nkv, hd, float(scale),
         x.stride(0), weight.stride(0), q.stride(0), keys.stride(0), keys.stride(1),
         keys.stride(2), values.stride(0), values.stride(1), values.stride(2),

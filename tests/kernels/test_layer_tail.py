@@ -1,7 +1,7 @@
 """The persistent layer tail (``layer_tail``) against its reference and against the separate
 launches it replaces: odd shapes, biases, with and without the next layer's ``[q | k | v]``,
 split ``K`` products; every row bit for bit the same whatever the rows beside it; on a GPU in
-bf16, bit for bit the eight-launch few-row path (``rms_norm`` and ``decode_linear``), the one
+bf16, bit for bit the few-row path's launches (``rms_norm`` and ``decode_linear``), the one
 launch the same as its phases launched apart, on every call and graph replay; a grid that
 cannot be resident refused at the launch, a barrier that never fills trapped. fp32 on the CPU
 (the interpreter, phases apart), fp32 and bf16 on a GPU."""

@@ -41,8 +41,9 @@ cache writes, attention, and one persistent launch of one program per SM from ``
 the next layer's ``[q | k | v]``, grid-wide barriers between its products
 (:func:`~draftsmith.kernels.layer_tail.layer_tail`; the first layer's norm and ``[q | k | v]``
 stay two launches). Its products and norms run the same code with the same launch sizes as the
-eight launches, so a token's bits are the same either way (the GPU tests check it). On an H200
-it is slower than the eight launches (``docs/benchmarks.md``), so ``auto`` means ``launches``.
+separate launches (``qkv_rope`` has the bits of the product then ``rope_store``), so a token's
+bits are the same either way (the GPU tests check it). On an H200 it is slower than the separate
+launches (``docs/benchmarks.md``), so ``auto`` means ``launches``.
 
 Every op but the GEMMs computes a row independently of the rows beside it (the per-token
 attention by construction: a token's bits do not depend on the other tokens, the bucket's width
@@ -221,8 +222,8 @@ class LayerLoop:
         fp32, every dtype taking the few-row path): how the tests check the GPU path on a CPU.
     :param few_rows: ``target.few_rows``: ``persistent`` runs the few-row path's layers as
         three launches (:func:`~draftsmith.kernels.layer_tail.layer_tail`), ``launches`` or
-        ``auto`` as eight.
-    :param pdl: ``target.pdl``: ``auto`` launches the eight with programmatic dependent launch
+        ``auto`` as seven (eight with a q/k norm).
+    :param pdl: ``target.pdl``: ``auto`` launches those with programmatic dependent launch
         where the GPU has it (compute capability 9.0 and above), ``off`` never.
     """
 

@@ -8,7 +8,7 @@ Every norm weight is random. Each case checks logits and captured features of a 
 a verified block against the modules, and that the block's features and logits are bit for bit
 those of its tokens decoded one at a time (a row's products, the head's with the final norm
 included, do not depend on the rows beside it). ``target.few_rows = persistent`` (the layer tail
-in one persistent launch) passes the same checks, and on a GPU gives the eight launches' bits.
+in one persistent launch) passes the same checks, and on a GPU gives the separate launches' bits.
 A RoPE whose frequencies change with the length keeps the torch path, and the target's reason
 (which the plan records) says so."""
 
@@ -148,7 +148,7 @@ def test_few_row_path_matches_transformers_on_a_gpu(name: str, dtype: torch.dtyp
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["llama", "qwen2-qkv-bias", "qwen3-qk-norm"])
-def test_persistent_layers_give_the_bits_of_eight_launches_on_a_gpu(name: str) -> None:
+def test_persistent_layers_give_the_bits_of_the_launches_on_a_gpu(name: str) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     launches, _ = _pair(CASES[name], "cuda", torch.bfloat16, "launches")
