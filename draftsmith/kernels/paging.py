@@ -108,25 +108,34 @@ def _prepare_placement_kernel(
     store 0 to the dummy's entry. A request's page-table row is its slot's. ``IDS``: the bonus
     also goes to column 0 of the request's row of ``ids_ptr`` (the block's token ids)."""
     b = tl.program_id(0).to(tl.int64)
+    # every load before the first store (a load after a store the compiler cannot move above
+    # it: one more round trip in series on the round's first launch); a row of more than
+    # BLOCK_P pages copies its other pages first
     slot = tl.load(slot_ptr + b)
     is_dummy = slot == dummy_slot
     c = tl.load(ctx_len_ptr + slot, mask=~is_dummy, other=0)
     n = tl.load(num_ptr + b)
-    tl.store(slots_out_ptr + b, slot)
-    tl.store(rows_out_ptr + b, slot)
-
     j = tl.arange(0, BLOCK_K1)
     j_ok = j < K1
     bonus_col = tl.minimum(tl.maximum(n - 1, 0), K1 - 1)
     bonus = tl.load(accepted_ptr + b * K1 + bonus_col)
+    ctx_pos = c + j
+    dest_col = tl.maximum(tl.minimum(ctx_pos, max_ctx - 1), 0)
+    page = tl.load(table_ptr + slot * P + dest_col // page_size, mask=j_ok, other=-1)
+    p0 = tl.arange(0, BLOCK_P)
+    entries = tl.load(table_ptr + slot * P + p0, mask=p0 < P)  # the row's first pages
+    for start in range(BLOCK_P, P, BLOCK_P):  # rows of more than BLOCK_P pages
+        p = start + p0
+        more = tl.load(table_ptr + slot * P + p, mask=p < P)
+        tl.store(tables_out_ptr + b * P + p, more, mask=p < P)
+
+    tl.store(slots_out_ptr + b, slot)
+    tl.store(rows_out_ptr + b, slot)
     tl.store(bonus_ptr + b, bonus)
     if IDS:
         tl.store(ids_ptr + b * stride_ids, bonus)
     new_len = tl.minimum(c + n, max_ctx)
-    ctx_pos = c + j
     write = j < n
-    dest_col = tl.maximum(tl.minimum(ctx_pos, max_ctx - 1), 0)
-    page = tl.load(table_ptr + slot * P + dest_col // page_size, mask=j_ok, other=-1)
     out = b * K1 + j
     tl.store(cpos_ptr + out, ctx_pos, mask=j_ok)
     tl.store(mask_ptr + out, write.to(tl.int8), mask=j_ok)
@@ -138,10 +147,7 @@ def _prepare_placement_kernel(
     tl.store(qpos_ptr + b * W + i, new_len + i, mask=i < W)
     tl.store(num_ctx_ptr + b, new_len)
     tl.store(new_len_ptr + b, new_len)
-    for start in range(0, P, BLOCK_P):
-        p = start + tl.arange(0, BLOCK_P)
-        entries = tl.load(table_ptr + slot * P + p, mask=p < P)
-        tl.store(tables_out_ptr + b * P + p, entries, mask=p < P)
+    tl.store(tables_out_ptr + b * P + p0, entries, mask=p0 < P)
     # Real rows store their new length; every dummy row stores the same 0.
     tl.store(ctx_len_ptr + slot, tl.where(is_dummy, 0, new_len))
     if b == 0:

@@ -42,6 +42,7 @@ from draftsmith.kernels import (
     logit_summary,
     markov_chain,
     mla_attention,
+    paging,
     qkv_rope,
     rms_norm,
     rope_store,
@@ -114,6 +115,13 @@ CASES: list[tuple[str, Any, dict[str, Any], dict[str, str], int, int]] = [
     ("context_store", context_store._store_context_kernel,
      dict(SHADOW_CHECK=True, BLOCK_G=8, BLOCK_PH=16, BLOCK_W=64),
      {"pages_ptr": "*i64", "offsets_ptr": "*i64", "mask_ptr": "*i8"}, 2, 1),
+    ("prepare_placement", paging._prepare_placement_kernel,
+     dict(IDS=True, BLOCK_K1=8, BLOCK_W=8, BLOCK_P=16),
+     {**{p: "*i64" for p in ("ctx_len_ptr", "slot_ptr", "accepted_ptr", "num_ptr", "table_ptr",
+                             "bonus_ptr", "qpos_ptr", "cpos_ptr", "cols_ptr", "pages_ptr",
+                             "offs_ptr", "num_ctx_ptr", "new_len_ptr", "tables_out_ptr",
+                             "slots_out_ptr", "rows_out_ptr", "ids_ptr")}, "mask_ptr": "*i8"},
+     4, 1),
     ("round_commit", round_commit._round_commit_kernel, dict(MARGINS=True, BLOCK_Q=8),
      {**{p: "*i64" for p in ("acc_ptr", "n_ptr", "start_ptr", "nan_ptr", "st_acc_ptr", "st_n_ptr",
                              "st_len_ptr", "res_ptr")}, "top2_ptr": "*fp32"}, 1, 1),
@@ -173,7 +181,8 @@ PIPELINED = {name for name, *_ in CASES if name.startswith(("decode_linear", "ca
 LOADS_FIRST = {name for name, *_ in CASES if name.startswith(("rms_norm", "add_rms_norm", "embed_rms_norm",
                                                                 "rope_store", "head_norm_rope",
                                                                 "latent_norm_rope", "context_store",
-                                                                "round_commit", "block_attention"))
+                                                                "prepare_placement", "round_commit",
+                                                                "block_attention"))
                or (name.startswith("decode_linear") and "split" not in name)}
 """Kernels that must issue every global load before their first barrier or store: a load after
 a cross-warp reduction's barrier, a pipelined loop's or a store waits for it, one more round

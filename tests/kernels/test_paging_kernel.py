@@ -153,6 +153,22 @@ def test_inputs_untouched_and_deterministic() -> None:
         assert torch.equal(a, b)
 
 
+def test_a_page_table_row_longer_than_one_block_is_copied_whole() -> None:
+    """Rows of more pages than one program's block (256) copy in several blocks: the first one
+    loaded with the request's other inputs, the rest after."""
+    rng = torch.Generator().manual_seed(4)
+    max_ctx = 1100
+    table = private_page_table(4, max_ctx, W, P_SZ)
+    assert table.shape[1] > 256
+    slots, accepted, n = _step_inputs(0, rng, num_real=2, num_pad=1, dummy=3)
+    ctx = torch.tensor([1090, 5, 700, 0])
+    kernel = prepare_placement(ctx.clone(), slots, accepted, n, table, max_ctx, W, P_SZ, 3)
+    eager = prepare_placement_reference(ctx.clone(), slots, accepted, n, table, max_ctx, W,
+                                        P_SZ, 3)
+    assert_same_placement(kernel, eager)
+    assert torch.equal(kernel.block_tables, table[slots])
+
+
 def test_fused_placement_passes_the_contract_validation() -> None:
     """The launcher builds its record with ``_trusted`` (no re-validation); the same fields must
     pass the full ``DraftBlockPlacement`` validation."""
