@@ -303,6 +303,8 @@ class HFTarget:
         for i in sorted(set(ids)):
             module = self._embed if i == -1 else self._layers[i]
             self._hooks.append(module.register_forward_hook(self._make_hook(i)))
+        if self._loop is not None:  # the loop records these itself where it fuses the lookup
+            self._loop.own_hooks = {handle.id for handle in self._hooks}
 
     def _make_hook(self, layer_id: int) -> Any:
         def hook(_module: torch.nn.Module, _args: Any, output: Any) -> None:

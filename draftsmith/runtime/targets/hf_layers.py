@@ -250,12 +250,10 @@ class LayerLoop:
             else FUSED_PRODUCT_DTYPES
         on_gpu = self.decoder.embed_tokens.weight.is_cuda or interpret
         embed = self.decoder.embed_tokens
-        self.fused_embedding = (type(embed) is torch.nn.Embedding and embed.max_norm is None
-                                and not embed._forward_hooks and not embed._forward_pre_hooks)
-        """Whether the few-row path looks the tokens up inside the first layer's norm (one
-        launch, the table's rows bit for bit): a plain ``nn.Embedding`` with no hooks of its own
-        at load; a subclass (a scaled lookup) or a hooked one runs its own forward. (The
-        target's capture of layer ``-1`` is recorded by the loop itself.)"""
+        self._plain_embedding = (type(embed) is torch.nn.Embedding and embed.max_norm is None)
+        self.own_hooks: set[int] = set()
+        """Ids of the target's own forward hooks on the embedding (its capture of layer ``-1``,
+        which the loop records itself where it looks the tokens up)."""
         check_few_rows(few_rows)
         check_pdl(pdl)
         blocker = persistent_blocker(model)
@@ -386,6 +384,16 @@ class LayerLoop:
             if i in capture:
                 captured[i] = h.view(*positions.shape, -1)
         return normed.view(*positions.shape, -1), True
+
+    @property
+    def fused_embedding(self) -> bool:
+        """Whether the few-row path looks the tokens up inside the first layer's norm (one
+        launch, the table's rows bit for bit): a plain ``nn.Embedding`` with no hooks but the
+        target's own, checked at each forward; a subclass (a scaled lookup) or an embedding
+        hooked by anyone else, before or after load, runs its own forward, hooks included."""
+        embed = self.decoder.embed_tokens
+        return (self._plain_embedding and not embed._forward_pre_hooks
+                and set(embed._forward_hooks) <= self.own_hooks)
 
     def _few_rows(self, ids: torch.Tensor, kv: StaticKV, token_rows: torch.Tensor,
                   token_pos: torch.Tensor, width: int, capture: Sequence[int],

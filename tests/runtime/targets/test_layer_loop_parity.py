@@ -181,6 +181,28 @@ def _same_bits(a_target: HFTarget, b_target: HFTarget) -> None:
         assert torch.equal(a.features, b.features)
 
 
+def test_a_hook_on_the_embedding_added_after_load_runs_and_the_lookup_unfuses() -> None:
+    """The first norm looks the tokens up itself only while the embedding carries no hook but
+    the target's own (its capture of layer -1): a user's hook added after the target was built
+    runs, on the module's own forward, and the lookup fuses again once it is removed."""
+    fused, modules = _pair(CASES["llama"], "cpu", torch.float32)
+    assert fused._loop.fused_embedding  # the target's capture hook alone
+    embed = fused._loop.decoder.embed_tokens
+    seen: list[int] = []
+    handle = embed.register_forward_hook(lambda _m, _a, out: seen.append(out.shape[0]))
+    assert not fused._loop.fused_embedding
+    prompt = torch.arange(3, 16)
+    got, want = fused.prefill([0], [prompt]), modules.prefill([0], [prompt])
+    block = torch.arange(20, 26)[None]
+    got_block, want_block = fused.verify([0], block), modules.verify([0], block)
+    assert len(seen) == 2 and seen[1] == 6  # the prefill's (padded) tokens, then the block's
+    for a, b in ((got, want), (got_block, want_block)):
+        torch.testing.assert_close(a.logits.logits, b.logits.logits, atol=2e-4, rtol=2e-4)
+        torch.testing.assert_close(a.features, b.features, atol=2e-4, rtol=2e-4)
+    handle.remove()
+    assert fused._loop.fused_embedding
+
+
 def test_a_length_dependent_rope_keeps_the_torch_path_and_says_so() -> None:
     dynamic = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
     fused, modules = _pair({"architecture": "llama", "rope_parameters": dynamic}, "cpu",
