@@ -205,15 +205,22 @@ def _mla_attention_kernel(
 
 def _launch_sizes(w: int, d_lat: int, d_nope: int, d_v: int) -> dict[str, int]:
     """Block sizes: the whole block and a latent row per tile (every ``tl.dot`` side at least
-    16); the key, ``W_kb`` and ``W_vb`` tiles narrow as the latent widens, to stay in
-    registers."""
+    16); the ``W_kb`` and ``W_vb`` tiles narrow as the latent widens, to stay in registers.
+
+    Context tiles hold ``16384 / BLOCK_D`` columns (32 to 256): each tile of the context loop
+    costs a few microseconds of latency whatever its width, so a launch over a drafter's
+    context takes few of them. Measured on an H100 (``docs/benchmarks.md``, a block of 7 over
+    160 context columns): a 40-wide latent 18.9 -> 7.2 us at 256 columns a tile (64 before), a
+    72-wide one 207 -> 10.4 us at 128, DeepSeek's 576-wide one 83 -> 72 us at 32 (16 before);
+    two stages in flight."""
     block_d = block_size(d_lat, lo=16)
     return dict(
         BLOCK_W=block_size(w, lo=16), BLOCK_D=block_d,
-        BLOCK_N=max(16, min(64, 8192 // block_d)),
+        BLOCK_N=max(32, min(256, 16384 // block_d)),
         BLOCK_K=max(16, min(block_size(d_nope), 4096 // block_d)),
         BLOCK_V=max(16, min(block_size(d_v), 4096 // block_d)),
         num_warps=8 if block_d >= 512 else 4,
+        num_stages=2,
     )
 
 

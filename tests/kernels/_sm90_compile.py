@@ -75,9 +75,12 @@ _LINEAR = dict(HAS_BIAS=False, GATED=False, RESIDUAL=True, IEEE=False, BLOCK_M=1
 
 _TILES, _BN, _BK, _BK2, _LIN_WARPS = linear._blocks(576, 576)  # SmolLM2's fp32 products
 _MLA = mla_attention._launch_sizes(16, 576, 128, 128)  # a block of 16, DeepSeek-V3's latent
-_MLA_WARPS = _MLA.pop("num_warps")
+_MLA_WARPS, _MLA_STAGES = _MLA.pop("num_warps"), _MLA.pop("num_stages")
 _MLA_OWN = mla_attention._launch_sizes(16, mla_attention.OWN_NORM_MAX_WIDTH, 64, 64)
-_MLA_OWN_WARPS = _MLA_OWN.pop("num_warps")  # the widest latent whose launch norms its own rows
+# the widest latent whose launch norms its own rows
+_MLA_OWN_WARPS, _MLA_OWN_STAGES = _MLA_OWN.pop("num_warps"), _MLA_OWN.pop("num_stages")
+_MLA_SMALL = mla_attention._launch_sizes(7, 40, 16, 16)  # the built-in dspark-mla default
+_MLA_SMALL_WARPS, _MLA_SMALL_STAGES = _MLA_SMALL.pop("num_warps"), _MLA_SMALL.pop("num_stages")
 _SUMMARY_BLOCK, _SUMMARY_WARPS = logit_summary._launch_sizes(49152)
 _ACC_V, _, _, _ACC_R, _ACC_C, _ACC_WARPS = strict_accept._launch_sizes(8, 8, 49152,
                                                                   torch.device("cpu"))
@@ -159,10 +162,13 @@ CASES: list[tuple[str, Any, dict[str, Any], dict[str, str], int, int]] = [
      {"pos_ptr": "*i64", "freq_ptr": "*fp32"}, 2, 1),
     ("mla_attention", mla_attention._mla_attention_kernel,
      dict(_MLA, IEEE=False, NORM_OWN=False, PDL=True),
-     {"tables_ptr": "*i64", "nctx_ptr": "*i64"}, _MLA_WARPS, 3),
+     {"tables_ptr": "*i64", "nctx_ptr": "*i64"}, _MLA_WARPS, _MLA_STAGES),
     ("mla_attention, own latents normed", mla_attention._mla_attention_kernel,
      dict(_MLA_OWN, IEEE=False, NORM_OWN=True, PDL=True),
-     {"tables_ptr": "*i64", "nctx_ptr": "*i64"}, _MLA_OWN_WARPS, 3),
+     {"tables_ptr": "*i64", "nctx_ptr": "*i64"}, _MLA_OWN_WARPS, _MLA_OWN_STAGES),
+    ("mla_attention, the default drafter's latent, own norm", mla_attention._mla_attention_kernel,
+     dict(_MLA_SMALL, IEEE=False, NORM_OWN=True, PDL=True),
+     {"tables_ptr": "*i64", "nctx_ptr": "*i64"}, _MLA_SMALL_WARPS, _MLA_SMALL_STAGES),
     ("logit_summary", logit_summary._logit_summary_kernel,
      dict(MARGINS=True, BLOCK_S=_SUMMARY_BLOCK),
      {"logits_ptr": "*fp32", "nan_ptr": "*i64", "top2_ptr": "*fp32"}, _SUMMARY_WARPS, 1),

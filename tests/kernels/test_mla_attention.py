@@ -23,6 +23,7 @@ SHAPES = [
     (1, 8, 4, 16, 8, 32, 16, 16, [37], 64),          # the default dspark-mla widths
     (3, 5, 3, 24, 6, 40, 10, 4, [0, 13, 70], 77),    # odd widths, an empty context
     (2, 1, 1, 8, 2, 17, 20, 8, [1, 129], 130),       # one head, one query, one rotary pair
+    (2, 3, 2, 16, 8, 32, 16, 16, [300, 601], 608),   # several context tiles of 256, one ragged
     (2, 3, 2, 128, 64, 512, 128, 16, [40, 3], 48),   # DeepSeek's widths
 ]
 
