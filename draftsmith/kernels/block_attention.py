@@ -58,7 +58,17 @@ still at batch 1 (8.6 / 9.3 / 13.9 us, another run) but 18-24% slower than 256 a
 16k. cache_attention splits at 256 too. The split depends on the width alone, so a request's
 bits do not depend on the batch."""
 
-_BLOCK_N = 64
+
+def _launch_sizes(hd: int, dtype: torch.dtype) -> dict[str, int]:
+    """Context tiles of 32 KiB of keys (32 to 256 columns) with two stages in flight: each tile
+    of the context loop costs a few microseconds of latency whatever its width, so a drafter's
+    context takes few of them. Measured on an H100 (``docs/benchmarks.md``, bf16, a block of 8
+    queries alone in a CUDA graph), against tiles of 64 columns and three stages: 4 query heads
+    over 2 KV heads of 64 at 160 context columns 8.5 -> 5.6 us, at 4k 13.6 -> 9.1; 32 over 8
+    heads of 128 at 160, 12.5 -> 9.4. At two stages each tile's page ids load after the previous
+    tile's barrier (three stages copy them ahead, and were 30-60% slower)."""
+    tile = 32 * 1024 // (block_size(hd, lo=16) * dtype.itemsize)
+    return dict(BLOCK_N=max(32, min(256, tile)), num_stages=2)
 
 
 def visible(query_pos: torch.Tensor, key_pos: torch.Tensor, causal: bool,
@@ -317,8 +327,8 @@ def block_attention(
         pool.stride(0), pool.stride(1), pool.stride(2), pool.stride(3), block_tables.stride(0),
         out.stride(0), out.stride(1), out.stride(2),
         REP=rep, CAUSAL=bool(causal), WINDOW=int(window or 0), IEEE=q.dtype == torch.float32,
-        SPLIT=splits > 1, BLOCK_M=block_m, BLOCK_N=_BLOCK_N, BLOCK_W=block_size(w, lo=16),
-        BLOCK_D=block_d, PDL=on, num_warps=4, **pdl_kwargs(on),
+        SPLIT=splits > 1, BLOCK_M=block_m, BLOCK_W=block_size(w, lo=16), BLOCK_D=block_d,
+        PDL=on, num_warps=4, **_launch_sizes(hd, q.dtype), **pdl_kwargs(on),
     )
     if splits > 1:
         _combine_kernel[(g * w, nh)](out, m, l_sum, acc, w, hd, nh, out.stride(0),

@@ -14,12 +14,14 @@ copies in the TTGIR): a loop the pipeliner leaves alone loads each tile in serie
 slower (docs/benchmarks.md's persistent chain: 12 us a product against about 5), which no CPU
 test would otherwise see; a ``tl.debug_barrier()`` in the loop is enough to cause it. The
 one-row norm and RoPE kernels must issue every load before their first barrier or store
-(:data:`LOADS_FIRST`). Must run
+(:data:`LOADS_FIRST`; the drafters' attention too, but for the loads :data:`LATE_BY_DESIGN`
+names). Must run
 with ``TRITON_INTERPRET`` unset (its kernels are then ``JITFunction``s).
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 from typing import Any
@@ -131,10 +133,10 @@ CASES: list[tuple[str, Any, dict[str, Any], dict[str, str], int, int]] = [
     ("cache_attention combine", cache_attention._combine_kernel, dict(BLOCK_D=128, PDL=True),
      {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32"}, 1, 1),
     ("block_attention, split", block_attention._block_attention_kernel,
-     dict(REP=2, CAUSAL=False, WINDOW=0, IEEE=False, SPLIT=True, BLOCK_M=16, BLOCK_N=64,
+     dict(REP=2, CAUSAL=False, WINDOW=0, IEEE=False, SPLIT=True, BLOCK_M=16, BLOCK_N=256,
           BLOCK_W=16, BLOCK_D=64, PDL=True),
      {"tables_ptr": "*i64", "nctx_ptr": "*i64", "qpos_ptr": "*i64", "m_ptr": "*fp32",
-      "l_ptr": "*fp32", "acc_ptr": "*fp32"}, 4, 3),
+      "l_ptr": "*fp32", "acc_ptr": "*fp32"}, 4, 2),
     ("block_attention combine", block_attention._combine_kernel, dict(BLOCK_D=64, PDL=True),
      {"m_ptr": "*fp32", "l_ptr": "*fp32", "acc_ptr": "*fp32"}, 1, 1),
     ("markov_chain step", markov_chain._markov_step_kernel,
@@ -198,14 +200,42 @@ counting itself. A product is checked as the JIT compiles it (with the alignment
 them its loop is not pipelined and loads every tile after a barrier."""
 
 
-def late_loads(ptx: str) -> int:
-    """Global loads in ``ptx`` after its first ``bar.sync`` or global store (in text order)."""
-    seen, late = False, 0
+def _source_line(kernel: Any, text: str) -> tuple[str, int]:
+    """``(file name, line)`` of the one line of ``kernel``'s file that holds ``text``."""
+    path = inspect.getsourcefile(kernel.fn)
+    assert path is not None
+    found = [i for i, line in enumerate(open(path).read().splitlines(), 1) if text in line]
+    assert len(found) == 1, f"{text!r} is on lines {found} of {path}"
+    return path.rsplit("/", 1)[-1], found[0]
+
+
+LATE_BY_DESIGN = {
+    "block_attention, split": (block_attention._block_attention_kernel,
+                               "page = tl.load(tables_ptr + b * s_tg + page_idx"),
+}
+"""Loads a kernel issues after a barrier by its measured choice, named by their source line: at
+two stages ``block_attention``'s context loop loads each tile's page ids after the previous
+tile's barrier (three stages copy them ahead asynchronously and were 30-60% slower on an H100,
+``block_attention._launch_sizes``). Every other load of those kernels must still come first."""
+
+
+def late_loads(ptx: str, allowed: tuple[str, int] | None = None) -> int:
+    """Global loads in ``ptx`` after its first ``bar.sync`` or global store (in text order),
+    except those the ``.loc`` directives attribute to ``allowed`` (file name, line)."""
+    files = {}  # the .file table (index -> file name) follows the code
+    for line in ptx.splitlines():
+        if line.strip().startswith(".file"):
+            index, name = line.split(None, 2)[1:]
+            files[index] = name.split(",")[0].strip().strip('"').rsplit("/", 1)[-1]
+    seen, late, at = False, 0, None
     for line in ptx.splitlines():
         op = line.strip()
-        if op.startswith("bar.sync") or "st.global" in op:
+        if op.startswith(".loc"):
+            index, row = op.split()[1:3]
+            at = (files.get(index, ""), int(row))
+        elif op.startswith("bar.sync") or "st.global" in op:
             seen = True
-        elif seen and "ld.global" in op:
+        elif seen and "ld.global" in op and at != allowed:
             late += 1
     return late
 
@@ -223,8 +253,10 @@ def compile_case(kernel: Any, constexprs: dict[str, Any], ptrs: dict[str, str], 
         options["enable_fp_fusion"] = False  # as their launches: no FMA in the rotation
     compiled = triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options=options)
+    allowed = next((_source_line(*where) for name, where in LATE_BY_DESIGN.items()
+                    if where[0] is kernel), None)
     return (len(compiled.asm["cubin"]), compiled.asm["ttgir"].count("async_copy_global_to_local"),
-            late_loads(compiled.asm["ptx"]))
+            late_loads(compiled.asm["ptx"], allowed))
 
 
 def main() -> int:

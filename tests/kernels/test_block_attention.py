@@ -16,6 +16,7 @@ from draftsmith.contract import ShapeError
 from draftsmith.kernels._launch import block_size
 from draftsmith.kernels.block_attention import (
     SPLIT_COLS,
+    _launch_sizes,
     block_attention,
     block_attention_reference,
     context_splits,
@@ -129,7 +130,7 @@ def test_the_splits_depend_on_the_static_width_alone():
 
 
 def _before_split(q, k, v, pool, tables, nctx, qpos, columns, causal, window, scale):
-    """The kernel from before the split, launched as its launcher did."""
+    """The kernel from before the split, launched as its launcher did, at today's tiles."""
     g, w, nh, hd = q.shape
     nkv = k.shape[2]
     out = torch.empty(g, w, nh, hd, dtype=q.dtype, device=q.device)
@@ -141,8 +142,9 @@ def _before_split(q, k, v, pool, tables, nctx, qpos, columns, causal, window, sc
         pool.stride(0), pool.stride(1), pool.stride(2), pool.stride(3), tables.stride(0),
         out.stride(0), out.stride(1), out.stride(2),
         REP=nh // nkv, CAUSAL=bool(causal), WINDOW=int(window or 0),
-        IEEE=q.dtype == torch.float32, BLOCK_M=block_size(w * (nh // nkv), lo=16), BLOCK_N=64,
-        BLOCK_W=block_size(w, lo=16), BLOCK_D=block_size(hd, lo=16), PDL=False, num_warps=4)
+        IEEE=q.dtype == torch.float32, BLOCK_M=block_size(w * (nh // nkv), lo=16),
+        BLOCK_W=block_size(w, lo=16), BLOCK_D=block_size(hd, lo=16), PDL=False, num_warps=4,
+        **_launch_sizes(hd, q.dtype))
     return out
 
 
