@@ -24,6 +24,7 @@ from __future__ import annotations
 import inspect
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -204,7 +205,7 @@ def _source_line(kernel: Any, text: str) -> tuple[str, int]:
     """``(file name, line)`` of the one line of ``kernel``'s file that holds ``text``."""
     path = inspect.getsourcefile(kernel.fn)
     assert path is not None
-    found = [i for i, line in enumerate(open(path).read().splitlines(), 1) if text in line]
+    found = [i for i, line in enumerate(Path(path).read_text().splitlines(), 1) if text in line]
     assert len(found) == 1, f"{text!r} is on lines {found} of {path}"
     return path.rsplit("/", 1)[-1], found[0]
 
@@ -253,7 +254,7 @@ def compile_case(kernel: Any, constexprs: dict[str, Any], ptrs: dict[str, str], 
         options["enable_fp_fusion"] = False  # as their launches: no FMA in the rotation
     compiled = triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options=options)
-    allowed = next((_source_line(*where) for name, where in LATE_BY_DESIGN.items()
+    allowed = next((_source_line(*where) for where in LATE_BY_DESIGN.values()
                     if where[0] is kernel), None)
     return (len(compiled.asm["cubin"]), compiled.asm["ttgir"].count("async_copy_global_to_local"),
             late_loads(compiled.asm["ptx"], allowed))
