@@ -211,10 +211,9 @@ def _source_line(kernel: Any, text: str) -> tuple[str, int]:
 
 
 LATE_BY_DESIGN = {
-    "block_attention, split": (block_attention._block_attention_kernel,
-                               "page = tl.load(tables_ptr + b * s_tg + page_idx"),
+    block_attention._block_attention_kernel: "page = tl.load(tables_ptr + b * s_tg + page_idx",
 }
-"""Loads a kernel issues after a barrier by its measured choice, named by their source line: at
+"""Loads a kernel issues after a barrier by its measured choice, named by their source text: at
 two stages ``block_attention``'s context loop loads each tile's page ids after the previous
 tile's barrier (three stages copy them ahead asynchronously and were 30-60% slower on an H100,
 ``block_attention._launch_sizes``). Every other load of those kernels must still come first."""
@@ -254,8 +253,7 @@ def compile_case(kernel: Any, constexprs: dict[str, Any], ptrs: dict[str, str], 
         options["enable_fp_fusion"] = False  # as their launches: no FMA in the rotation
     compiled = triton.compile(ASTSource(kernel, sig, constexprs=constexprs, attrs=attrs),
                               target=GPUTarget("cuda", 90, 32), options=options)
-    allowed = next((_source_line(*where) for where in LATE_BY_DESIGN.values()
-                    if where[0] is kernel), None)
+    allowed = _source_line(kernel, LATE_BY_DESIGN[kernel]) if kernel in LATE_BY_DESIGN else None
     return (len(compiled.asm["cubin"]), compiled.asm["ttgir"].count("async_copy_global_to_local"),
             late_loads(compiled.asm["ptx"], allowed))
 
