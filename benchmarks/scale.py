@@ -8,7 +8,9 @@ speculative figures are the cost of a round at a known accepted length, not a cl
 drafter. For each shape, in one run:
 
 * ``floor``: the bytes of every weight, read once, at the copy bandwidth measured in the run
-  (read + write counted, so this is half a device copy of the weights);
+  (read + write counted, so this is half a device copy of the weights); ``read floor``: the
+  same for the bytes a plain step reads, which leaves out an untied input embedding table (a
+  step reads one row of it a token; tied, the table is the head and read whole);
 * ``plain``: draftsmith's plain decoding (``K = 0``), its step captured in a CUDA graph: the
   median time of a step (the decoder's round records: commit to commit where
   ``runtime.overlap`` runs a round ahead, the default with graphs) during a generation of
@@ -36,8 +38,8 @@ drafter. For each shape, in one run:
     python benchmarks/scale.py --shapes llama-1b llama-8b --few-rows launches persistent
     python benchmarks/scale.py --smoke                            # a tiny shape on the CPU
 
-Writes ``scale.json`` (``rows``: shape, params_b, weight_gb, floor_ms, plain_ms,
-plain_vs_floor, spec_round_ms and spec_round_vs_plain per family, spec_tok_s, recipe_ms, ...) and
+Writes ``scale.json`` (``rows``: shape, params_b, weight_gb, floor_ms, floor_read_ms, plain_ms,
+plain_vs_floor, plain_vs_read_floor, spec_round_ms and spec_round_vs_plain per family, spec_tok_s, recipe_ms, ...) and
 ``scale.txt`` to ``--out``.
 """
 
@@ -138,6 +140,16 @@ def weight_bytes(model: torch.nn.Module) -> int:
             seen.add(p.data_ptr())
             total += p.numel() * p.element_size()
     return total
+
+
+def read_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the weights a plain step reads: every parameter once, except an untied input
+    embedding table, of which a step reads one row a token."""
+    table = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    if head is not None and head.weight.data_ptr() == table.data_ptr():
+        return weight_bytes(model)
+    return weight_bytes(model) - (table.shape[0] - 1) * table.shape[1] * table.element_size()
 
 
 def _tokenizer() -> Any:
@@ -492,11 +504,14 @@ def main() -> int:
         model = build(shape, dtype, args.device)
         size = weight_bytes(model)
         floor_ms = size / bw * 1e3
+        read_ms = read_bytes(model) / bw * 1e3
         row: dict[str, Any] = {"shape": shape, "params_b": size / model.dtype.itemsize / 1e9,
-                               "weight_gb": size / 1e9, "floor_ms": floor_ms}
+                               "weight_gb": size / 1e9, "floor_ms": floor_ms,
+                               "floor_read_ms": read_ms}
         rows.append(row)
         say(f"## {shape}: {row['params_b']:.2f} B parameters, {size / 1e9:.2f} GB, floor "
-            f"{floor_ms:.3f} ms (built in {time.perf_counter() - t0:.1f} s)")
+            f"{floor_ms:.3f} ms, read floor {read_ms:.3f} ms (built in "
+            f"{time.perf_counter() - t0:.1f} s)")
         if args.gemms and args.device == "cuda":
             row["gemms"] = gemms(model, bw, args.sweep_rows if args.sweep else None, say)
         if args.profile is not None and args.device == "cuda":
@@ -505,6 +520,7 @@ def main() -> int:
         first = dict(few_rows=args.few_rows[0], pdl=args.pdl[0], round_pdl=args.round_pdl[0])
         row.update(decode(model, args, say, **first))
         row["plain_vs_floor"] = row["plain_ms"] / floor_ms
+        row["plain_vs_read_floor"] = row["plain_ms"] / read_ms
         others = [(field, v, {**first, field: v})
                   for field, values in (("few_rows", args.few_rows), ("pdl", args.pdl),
                                         ("round_pdl", args.round_pdl))
@@ -525,19 +541,20 @@ def main() -> int:
             except Exception as exc:  # noqa: BLE001 - the baseline's failure is reported
                 torch.cuda.synchronize()
                 say(f"  recipe failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
-        say(f"  => plain {row['plain_ms']:.3f} ms = {row['plain_vs_floor']:.2f}x floor; "
+        say(f"  => plain {row['plain_ms']:.3f} ms = {row['plain_vs_floor']:.2f}x floor "
+            f"({row['plain_vs_read_floor']:.2f}x the read floor); "
             + ", ".join(f"{f} round {row[f'spec_round_vs_plain_{f}']:.2f}x plain"
                         for f in args.families)
             + (f"; recipe {row['recipe_ms']:.3f} ms" if "recipe_ms" in row else ""))
         del model
         torch.cuda.empty_cache() if args.device == "cuda" else None
-    say("| shape | params (B) | floor ms | plain ms | plain / floor | "
+    say("| shape | params (B) | floor ms | plain ms | plain / floor | plain / read floor | "
         + " | ".join(f"{f} round / plain" for f in args.families)
         + " | spec tok/s | recipe ms |")
-    say("| --- " * (6 + len(args.families)) + "|")
+    say("| --- " * (8 + len(args.families)) + "|")
     for r in rows:
         say(f"| {r['shape']} | {r['params_b']:.2f} | {r['floor_ms']:.3f} | {r['plain_ms']:.3f} | "
-            f"{r['plain_vs_floor']:.2f}x | "
+            f"{r['plain_vs_floor']:.2f}x | {r['plain_vs_read_floor']:.2f}x | "
             + " | ".join(f"{r[f'spec_round_vs_plain_{f}']:.2f}x" for f in args.families)
             + f" | {r['spec_tok_s']:.0f} | "
             + (f"{r['recipe_ms']:.3f} |" if "recipe_ms" in r else "- |"))
