@@ -45,6 +45,7 @@ from draftsmith.runtime.config import (
     TargetConfig,
     parse_device,
     resolve_device,
+    target_model_problem,
 )
 from draftsmith.runtime.costs import (
     AcceptanceEstimate,
@@ -109,12 +110,10 @@ def _hf_config(config: TargetConfig) -> dict:
     known = _known_name(config.model)
     if known is not None:
         return dict(_KNOWN_CONFIGS[known])
-    path = Path(config.model) / "config.json"
-    if not path.is_file():  # the words load_target uses
-        raise ConfigError(
-            f"target.model {config.model!r} is neither 'smollm2-135m' nor an existing directory "
-            "with a config.json; pass a local Hugging Face model directory"
-        )
+    problem = target_model_problem(config.model)
+    if problem is not None:
+        raise ConfigError(problem)
+    path = Path(config.model).expanduser() / "config.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -135,7 +134,7 @@ def target_position_limit(config: TargetConfig) -> int | None:
 
 
 def _target_sizes(data: dict, model: str) -> TargetInfo:
-    path = Path(model) / "config.json"
+    path = Path(model).expanduser() / "config.json"
     try:
         return TargetInfo(vocab_size=int(data["vocab_size"]), hidden_size=int(data["hidden_size"]),
                           num_layers=int(data["num_hidden_layers"]))

@@ -8,6 +8,7 @@ receive their own sub-config, never the root.
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
@@ -453,6 +454,38 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 """Weight files that are pickles: draftsmith never unpickles them (they can run code)."""
 
 
+PLAN_ONLY_TARGET_NAMES = frozenset({"toy"})
+"""Names ``target.model`` takes only where nothing loads (``draftsmith plan``, the tests): a
+4-layer shape with no weights anywhere."""
+
+
+def target_model_problem(model: str, plan_only: bool = False) -> str | None:
+    """Why ``target.model = model`` names no target, or ``None``: the embedded target's names
+    (and, with ``plan_only``, :data:`PLAN_ONLY_TARGET_NAMES`), and directories (``~`` expanded,
+    as the loader does) with a ``config.json``. Looks at the file system only; every check of a
+    target path uses its words."""
+    if model in EMBEDDED_TARGET_NAMES or (plan_only and model in PLAN_ONLY_TARGET_NAMES):
+        return None
+    directory = Path(model).expanduser()
+    config = directory / "config.json"
+    try:
+        is_dir = directory.is_dir()
+        has_config = is_dir and config.is_file()  # never opened here: a FIFO would block
+        other = is_dir and not has_config and os.path.lexists(config)
+    except OSError as exc:  # a search permission missing on the way
+        return (f"target.model {model!r}: cannot read the directory ({exc.strerror or exc}); "
+                "make it readable")
+    if not is_dir:
+        return (f"target.model {model!r} is neither 'smollm2-135m' nor an existing directory; "
+                "pass a local Hugging Face model directory")
+    if other:
+        return f"target.model {model!r}: {str(config)!r} is not a regular file; give a regular file"
+    if not has_config:
+        return (f"target.model {model!r} has no config.json; pass a Hugging Face model "
+                "directory (config.json, *.safetensors, tokenizer files)")
+    return None
+
+
 def check_target_dir(model: str) -> None:
     """Refuse, before anything loads, a local target directory that cannot be loaded safely: one
     that is unreadable, lacks ``config.json``, or holds pickled weights but no safetensors.
@@ -469,8 +502,7 @@ def check_target_dir(model: str) -> None:
         raise ConfigError(f"target.model {model!r}: cannot list the directory "
                           f"({exc.strerror or exc}); make it readable") from None
     if "config.json" not in names:
-        raise ConfigError(f"target.model {model!r} has no config.json; pass a Hugging Face model "
-                          "directory (config.json, *.safetensors, tokenizer files)")
+        raise ConfigError(target_model_problem(model))
     for name in names:  # a FIFO among them would block the loader that opens it
         if name.endswith((".json", ".safetensors", ".jinja", ".txt", ".model")):
             require_regular_file(directory / name, f"target.model {model!r}: file",
@@ -538,6 +570,7 @@ def _either(msgs: list[str]) -> str:
 
 __all__ = [
     "EMBEDDED_TARGET_NAMES",
+    "PLAN_ONLY_TARGET_NAMES",
     "DrafterConfig",
     "RuntimeOptions",
     "SpecConfig",
@@ -549,4 +582,5 @@ __all__ = [
     "parse_device",
     "read_config_file",
     "resolve_device",
+    "target_model_problem",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from draftsmith.contract import ConfigError
-from draftsmith.runtime.config import EMBEDDED_TARGET_NAMES, SpecConfig
+from draftsmith.runtime.config import EMBEDDED_TARGET_NAMES, SpecConfig, target_model_problem
 
 CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
 """Where the shipped checkpoints live in the installed package."""
@@ -42,7 +42,7 @@ def settle_drafter(config: SpecConfig, *, random_drafter: bool = False) -> SpecC
     these is refused, unless ``num_draft_tokens = 0`` (the drafter never runs).
 
     :raises ConfigError: naming the family and target, and how to give a checkpoint or ask for
-        random weights.
+        random weights; or, first, that ``target.model`` names no target.
     """
     drafter = config.drafter
     if random_drafter:
@@ -55,6 +55,9 @@ def settle_drafter(config: SpecConfig, *, random_drafter: bool = False) -> SpecC
         return _with_checkpoint(config, shipped)
     if config.num_draft_tokens == 0:
         return config
+    problem = target_model_problem(config.target.model, plan_only=True)
+    if problem is not None:  # a mistyped target path is the error to report, not its drafter
+        raise ConfigError(problem)
     what = ("drafter.options are set but no drafter.checkpoint" if options else
             f"drafter family {drafter.family!r} has no checkpoint for target "
             f"{config.target.model!r}")

@@ -142,6 +142,8 @@ def _random_checkpoint(path: Path, vocab: int, hidden: int) -> Path:
     [
         (["--target", "/nonexistent/model", "--random-drafter"],
          "neither 'smollm2-135m' nor an existing directory"),
+        # a mistyped target is reported as such, not as its drafter's missing checkpoint
+        (["--target", "/nonexistent/model"], "neither 'smollm2-135m' nor an existing directory"),
         (["--checkpoint", "/nonexistent/ckpt"], "is not a directory"),
         (["--top-k", "5"], "--top-k applies only to sampling, and selection is greedy"),
         (["--drafter", "nope"], "unknown drafter family 'nope'"),
@@ -330,10 +332,15 @@ def test_the_shipped_drafter_is_the_default_for_the_embedded_target(tmp_path) ->
     assert checkpoint("--drafter", "dspark-gqa", "--target", "smollm2-135m") == SHIPPED_DRAFTER
     assert checkpoint("--random-drafter") is None
     assert checkpoint("--drafter", "dflash") == SHIPPED_DRAFTERS["dflash"]
-    for refused in (["--drafter", "dspark-mla"], ["--target", str(tmp_path)]):
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    for refused in (["--drafter", "dspark-mla"], ["--target", str(target)]):
         with pytest.raises(ConfigError, match="has no checkpoint for target"):
             checkpoint(*refused)  # no shipped drafter of that family, or for that target
         assert checkpoint(*refused, "--random-drafter") is None
+    with pytest.raises(ConfigError, match="has no config.json"):
+        checkpoint("--target", str(tmp_path))  # no config.json: the target is what is wrong
     assert checkpoint("--target", str(tmp_path), "--num-draft-tokens", "0") is None
     assert checkpoint("--checkpoint", str(tmp_path)) == tmp_path
     options = tmp_path / "random.toml"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from draftsmith.runtime.config import (
     SpecConfig,
     TargetConfig,
     apply_overrides,
+    target_model_problem,
 )
 from draftsmith.runtime.registry import load_registry, make_plugin_manager
 from draftsmith.selection.configs import GreedyConfig, SampleConfig
@@ -120,3 +122,33 @@ def test_missing_and_malformed_files(tmp_path: Path) -> None:
     bad.write_text("num_draft_tokens = = 3\n")
     with pytest.raises(ConfigError, match="cannot parse"):
         SpecConfig.load(bad)
+
+
+def test_target_model_problem_names_what_is_wrong_with_a_target_path(tmp_path, monkeypatch):
+    assert target_model_problem("smollm2-135m") is None
+    assert target_model_problem("toy", plan_only=True) is None  # a shape nothing loads
+    assert "is neither 'smollm2-135m'" in target_model_problem("toy")
+    missing = str(tmp_path / "nope")
+    assert target_model_problem(missing) == (
+        f"target.model {missing!r} is neither 'smollm2-135m' nor an existing directory; pass a "
+        "local Hugging Face model directory")
+    model = tmp_path / "model"
+    model.mkdir()
+    assert "has no config.json" in target_model_problem(str(model))
+    os.mkfifo(model / "config.json")  # never opened: that would block
+    assert target_model_problem(str(model)) == (
+        f"target.model {str(model)!r}: {str(model / 'config.json')!r} is not a regular file; "
+        "give a regular file")
+    os.unlink(model / "config.json")
+    (model / "config.json").write_text("{}")
+    assert target_model_problem(str(model)) is None
+    monkeypatch.setenv("HOME", str(tmp_path))  # ~ is expanded, as the loader expands it
+    assert target_model_problem("~/model") is None
+
+    def refused(self: Path) -> bool:  # what stat says under a directory without search permission
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "is_dir", refused)
+    assert target_model_problem(str(model)) == (
+        f"target.model {str(model)!r}: cannot read the directory (Permission denied); make it "
+        "readable")

@@ -31,6 +31,7 @@ from draftsmith.runtime.config import (
     TARGET_DTYPES,
     TargetConfig,
     resolve_device,
+    target_model_problem,
 )
 from draftsmith.runtime.targets.hf import HFTarget, load_hf_target
 from draftsmith.runtime.targets.hf_model import quiet_transformers
@@ -221,12 +222,10 @@ def load_target(
         directory = ensure_smollm2(log)
         check_converted(directory)
     else:
+        problem = target_model_problem(spec.model)
+        if problem is not None:
+            raise ConfigError(problem)
         directory = Path(spec.model).expanduser()
-        if not directory.is_dir():
-            raise ConfigError(
-                f"target.model {spec.model!r} is neither {DEFAULT_TARGET!r} nor an existing "
-                "directory; pass a local Hugging Face model directory"
-            )
     return load_hf_target(str(directory), dtype=dtype, device=device, max_slots=max_slots,
                           split_layers_over=tp_size if spec.split_layers else 1,
                           gemm=spec.gemm, layers=spec.layers, few_rows=spec.few_rows,
