@@ -462,28 +462,31 @@ PLAN_ONLY_TARGET_NAMES = frozenset({"toy"})
 def target_model_problem(model: str, plan_only: bool = False) -> str | None:
     """Why ``target.model = model`` names no target, or ``None``: the embedded target's names
     (and, with ``plan_only``, :data:`PLAN_ONLY_TARGET_NAMES`), and directories (``~`` expanded,
-    as the loader does) with a ``config.json``. Looks at the file system only; every check of a
-    target path uses its words."""
+    as the loader does) whose ``config.json`` is a regular file. Looks at the file system only,
+    opens nothing (a FIFO would block); every check of a target path uses its words."""
     if model in EMBEDDED_TARGET_NAMES or (plan_only and model in PLAN_ONLY_TARGET_NAMES):
         return None
     directory = Path(model).expanduser()
-    config = directory / "config.json"
     try:
-        is_dir = directory.is_dir()
-        has_config = is_dir and config.is_file()  # never opened here: a FIFO would block
-        other = is_dir and not has_config and os.path.lexists(config)
+        if not directory.is_dir():
+            return (f"target.model {model!r} is neither 'smollm2-135m' nor an existing "
+                    "directory; pass a local Hugging Face model directory")
     except OSError as exc:  # a search permission missing on the way
         return (f"target.model {model!r}: cannot read the directory ({exc.strerror or exc}); "
                 "make it readable")
-    if not is_dir:
-        return (f"target.model {model!r} is neither 'smollm2-135m' nor an existing directory; "
-                "pass a local Hugging Face model directory")
-    if other:
-        return f"target.model {model!r}: {str(config)!r} is not a regular file; give a regular file"
-    if not has_config:
-        return (f"target.model {model!r} has no config.json; pass a Hugging Face model "
-                "directory (config.json, *.safetensors, tokenizer files)")
+    if not os.path.lexists(directory / "config.json"):
+        return _no_config_json(model)
+    try:
+        require_regular_file(directory / "config.json", f"target.model {model!r}: file",
+                             "the file itself")
+    except ConfigError as exc:
+        return str(exc)
     return None
+
+
+def _no_config_json(model: str) -> str:
+    return (f"target.model {model!r} has no config.json; pass a Hugging Face model directory "
+            "(config.json, *.safetensors, tokenizer files)")
 
 
 def check_target_dir(model: str) -> None:
@@ -502,7 +505,7 @@ def check_target_dir(model: str) -> None:
         raise ConfigError(f"target.model {model!r}: cannot list the directory "
                           f"({exc.strerror or exc}); make it readable") from None
     if "config.json" not in names:
-        raise ConfigError(target_model_problem(model))
+        raise ConfigError(_no_config_json(model))
     for name in names:  # a FIFO among them would block the loader that opens it
         if name.endswith((".json", ".safetensors", ".jinja", ".txt", ".model")):
             require_regular_file(directory / name, f"target.model {model!r}: file",

@@ -137,8 +137,8 @@ def test_target_model_problem_names_what_is_wrong_with_a_target_path(tmp_path, m
     assert "has no config.json" in target_model_problem(str(model))
     os.mkfifo(model / "config.json")  # never opened: that would block
     assert target_model_problem(str(model)) == (
-        f"target.model {str(model)!r}: {str(model / 'config.json')!r} is not a regular file; "
-        "give a regular file")
+        f"target.model {str(model)!r}: file {str(model / 'config.json')!r} is a FIFO (named "
+        "pipe), not a regular file; give the file itself")
     os.unlink(model / "config.json")
     (model / "config.json").write_text("{}")
     assert target_model_problem(str(model)) is None
