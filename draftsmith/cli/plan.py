@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from draftsmith.cli.common import build_config
-from draftsmith.contract import ConfigError, DraftsmithError
+from draftsmith.contract import ConfigError
 from draftsmith.runtime.config import SpecConfig
 from draftsmith.runtime.plan import format_plan
 from draftsmith.runtime.preflight import check_before_loading
@@ -34,7 +33,8 @@ def config_validate_command(args: argparse.Namespace) -> int:
 
 def plan_command(args: argparse.Namespace) -> int:
     """``draftsmith plan [--config FILE] [model and selection flags] [--tp-size N] [--tp-rank R]
-    [--measure] [--json]``: print the plan; return the exit status.
+    [--measure] [--json]``: print the plan; a bad input raises a ``DraftsmithError``, which
+    ``draftsmith.cli.main`` prints as one line (``draftsmith: error: ...``) with exit status 2.
 
     The config is built as ``generate`` builds it, from the same flags: a drafter without
     checkpoint or options for the embedded target is the shipped one, and random weights only
@@ -47,26 +47,22 @@ def plan_command(args: argparse.Namespace) -> int:
     measured here, with the figures.
     """
     tp_size, tp_rank = args.tp_size, args.tp_rank
-    try:
-        config = build_config(args)
-        if tp_size is not None or tp_rank is not None:
-            data = json.loads(config.model_dump_json())
-            data["parallel"].update({k: v for k, v in (("tp_size", tp_size),
-                                                        ("tp_rank", tp_rank)) if v is not None})
-            config = SpecConfig.from_dict(data)
-        if args.measure:
-            if config.parallel.tp_size > 1:
-                raise ConfigError("--measure binds one process; run it without tensor "
-                                  "parallelism (--tp-size 1)")
-            from draftsmith.runtime.api import load_decoder
+    config = build_config(args)
+    if tp_size is not None or tp_rank is not None:
+        data = json.loads(config.model_dump_json())
+        data["parallel"].update({k: v for k, v in (("tp_size", tp_size),
+                                                    ("tp_rank", tp_rank)) if v is not None})
+        config = SpecConfig.from_dict(data)
+    if args.measure:
+        if config.parallel.tp_size > 1:
+            raise ConfigError("--measure binds one process; run it without tensor "
+                              "parallelism (--tp-size 1)")
+        from draftsmith.runtime.api import load_decoder
 
-            check_before_loading(config, ranks=(1, 0))
-            plan = load_decoder(config).spec.plan
-        else:
-            plan = check_before_loading(config)
-    except DraftsmithError as exc:
-        sys.stderr.write(f"draftsmith plan: {type(exc).__name__}: {exc}\n")  # one write
-        return 2
+        check_before_loading(config, ranks=(1, 0))
+        plan = load_decoder(config).spec.plan
+    else:
+        plan = check_before_loading(config)
     if args.json:
         print(json.dumps(plan.model_dump(mode="json"), indent=2))
     else:

@@ -419,9 +419,7 @@ def test_a_bad_input_is_one_line_and_exit_2(box: Path, argv: list[str], expected
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert code == 2, err
-    # `plan` words its errors itself ("draftsmith plan: ConfigError: ...")
-    prefix = "draftsmith plan: " if argv[0] == "plan" else "draftsmith: error: "
-    assert len(lines) == 1 and lines[0].startswith(prefix), err
+    assert len(lines) == 1 and lines[0].startswith("draftsmith: error: "), err
     assert expected.replace("{box}", str(box)) in lines[0]
     assert "Traceback" not in err + out
 
