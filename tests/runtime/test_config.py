@@ -17,6 +17,7 @@ from draftsmith.contract import (
     ParallelMapping,
 )
 from draftsmith.runtime.config import (
+    PLAN_ONLY_TARGET_NAMES,
     DrafterConfig,
     RuntimeOptions,
     SpecConfig,
@@ -152,3 +153,12 @@ def test_target_model_problem_names_what_is_wrong_with_a_target_path(tmp_path, m
     assert target_model_problem(str(model)) == (
         f"target.model {str(model)!r}: cannot read the directory (Permission denied); make it "
         "readable")
+
+
+def test_the_plan_only_names_are_the_shapes_bind_plans_without_weights():
+    # the path check takes a name only where bind knows its sizes; the two lists live apart
+    # (config sits below bind), so this keeps them in step
+    from draftsmith.runtime import bind
+
+    assert set(bind._KNOWN_TARGETS) == {"smollm2-135m"} | PLAN_ONLY_TARGET_NAMES
+    assert set(bind._KNOWN_CONFIGS) == set(bind._KNOWN_TARGETS)
