@@ -378,6 +378,8 @@ def _validate_part(model: type[BaseModel], raw: dict[str, Any], prefix: str = ""
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
         message = first["msg"].removeprefix("Value error, ")
+        if not first["type"].startswith("value_error") and "got " not in message:
+            message += _given_value(first.get("input"))
         if not prefix + loc:  # a rule over several keys: reported at the part itself
             raise ValueError(message) from None
         raise ValueError(f"{_SUBFIELD}{prefix}{loc}: {message}") from None
@@ -551,6 +553,7 @@ def format_validation_error(exc: ValidationError) -> str:
     """One line per field in error: ``dotted.field: message`` (a value that fits no member of
     a union field gets one line, its members' messages joined by "or")."""
     by_field: dict[str, list[str]] = {}
+    given: dict[str, str] = {}
     for err in exc.errors():
         parts = [p for p in err["loc"] if not str(p).startswith("function-")]
         while parts and _union_member(parts[-1]) and len(parts) > 1:
@@ -562,8 +565,19 @@ def format_validation_error(exc: ValidationError) -> str:
             by_field.setdefault(f"{loc}.{msg}" if loc else msg, [])
         else:
             by_field.setdefault(loc, []).append(msg)
-    return "\n".join(f"{loc}: {_either(msgs)}" if loc and msgs else (loc or _either(msgs))
-                     for loc, msgs in by_field.items())
+            if err["type"].startswith("value_error") or "got " in msg:
+                continue  # draftsmith's own checks say what they were given
+            given.setdefault(loc, _given_value(err.get("input")))
+    return "\n".join(f"{loc}: {_either(msgs)}{given.get(loc, '')}" if loc and msgs
+                     else (loc or _either(msgs)) for loc, msgs in by_field.items())
+
+
+def _given_value(value: object) -> str:
+    """`` (got VALUE)`` for a scalar a field refused (a number, text, a boolean), so the line
+    shows what was read; empty for a table or list, and for text over 60 characters."""
+    if isinstance(value, bool | int | float | str) and len(repr(value)) <= 60:
+        return f" (got {value!r})"
+    return ""
 
 
 def _either(msgs: list[str]) -> str:

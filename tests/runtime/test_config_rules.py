@@ -79,4 +79,4 @@ def test_a_value_no_member_of_a_union_field_takes_is_one_line(tmp_path: Path, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
     assert err[0] == (f"draftsmith: error: runtime.{field}: Input should be 'auto', 'on' or "
-                      "'off', or a valid boolean, unable to interpret input")
+                      "'off', or a valid boolean, unable to interpret input (got 'sometimes')")
