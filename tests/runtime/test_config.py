@@ -96,7 +96,8 @@ def test_overrides_use_dotted_keys(tmp_path: Path) -> None:
         ({"selection": {"kind": "beam"}}, "selection: unknown strategy 'beam'; valid kinds:"),
         ({"selection": {"kind": "sample", "temperature": -0.1}},
          "selection.temperature: Input should be greater than or equal to 0"),
-        ({"selection": {"kind": "sample", "top_p": 1.5}}, "selection.top_p:"),
+        ({"selection": {"kind": "sample", "top_p": 1.5}},
+         "selection.top_p: Input should be less than or equal to 1 (got 1.5)"),
         ({"selection": {"kind": "sample", "top_p": 0.0}}, "selection.top_p:"),
         ({"selection": {"kind": "sample", "top_k": -1}}, "selection.top_k:"),
         ({"selection": {"kind": "sample", "topk": 3}}, "selection.topk: unknown key; valid keys:"),
@@ -114,6 +115,15 @@ def test_bad_values_name_the_field(data: dict, message: str) -> None:
     assert message in text
     assert len(text.splitlines()) == 1, text
     assert isinstance(info.value, DraftsmithError)
+
+
+def test_a_refused_scalar_is_shown_and_a_table_or_list_is_not() -> None:
+    for value, shown in ((1.5, " (got 1.5)"), ("x" * 80, ""), ([1], ""), ({"a": 1}, "")):
+        with pytest.raises(ConfigError) as info:
+            SpecConfig.from_dict({"selection": {"kind": "sample", "top_p": value}})
+        text = str(info.value)
+        assert text.startswith("selection.top_p: Input should be ") and text.endswith(shown)
+        assert text.count("(got") == (1 if shown else 0), text
 
 
 def test_missing_and_malformed_files(tmp_path: Path) -> None:
