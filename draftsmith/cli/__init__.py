@@ -18,6 +18,7 @@ import importlib
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from draftsmith.contract import DraftsmithError, DraftsmithWarning
 
@@ -46,6 +47,26 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         return text + " (default: %(default)s)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument the parser refuses (an unknown flag, a value of the wrong type) prints one
+    line, like every other bad input, instead of argparse's usage block and the error."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"draftsmith: error: {message} ({self.prog} --help lists the "
+                         "arguments)\n")  # one write
+        sys.exit(2)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        """A sub-command refuses the arguments it does not know itself, so the line names
+        its ``--help`` rather than the top command's."""
+        namespace, extra = super().parse_known_args(args, namespace)
+        if extra and not self._subparsers:
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return namespace, extra
+
+
 def _add_parser(sub: argparse._SubParsersAction, name: str, **kwargs: object
                 ) -> argparse.ArgumentParser:
     return sub.add_parser(name, formatter_class=DefaultsHelpFormatter, **kwargs)
@@ -56,17 +77,17 @@ def build_parser() -> argparse.ArgumentParser:
     from draftsmith.cli.common import add_model_arguments
     from draftsmith.cli.export import add_export_arguments
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="draftsmith", description="Speculative-decoding block drafters (DFlash, DSpark).",
         formatter_class=DefaultsHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = _add_parser(sub, "plugins", help="list drafter families and selection strategies")
     p.set_defaults(func=_lazy("draftsmith.cli.plugins", "plugins_command"))
 
     p = _add_parser(sub, "config", help="configuration files")
-    csub = p.add_subparsers(dest="config_command", required=True)
+    csub = p.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)
     v = _add_parser(csub, "validate", help="validate a TOML or JSON config file")
     v.add_argument("--config", metavar="FILE", help="the TOML or JSON config file to validate (no default: give it "
                         "here, or as FILE)")

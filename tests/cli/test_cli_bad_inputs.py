@@ -430,6 +430,27 @@ def test_the_table_covers_every_subcommand_forty_times_over() -> None:
                                         "train"}
 
 
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["generate", "--top-k", "2.5"], "argument --top-k: invalid int value: '2.5' (draftsmith "
+                                     "generate --help lists the arguments)"),
+    (["generate", "--bogus"], "unrecognized arguments: --bogus (draftsmith generate --help"),
+    (["config", "validate", "--x"], "unrecognized arguments: --x (draftsmith config validate"),
+    ([], "the following arguments are required: COMMAND (draftsmith --help"),
+    (["config"], "the following arguments are required: SUBCOMMAND (draftsmith config --help"),
+    (["frob"], "argument COMMAND: invalid choice: 'frob'"),
+    (["train", "--family", "x"], "argument --family: invalid choice: 'x'"),
+])
+def test_an_argument_the_parser_refuses_is_one_line(argv: list[str], expected: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse's usage block would bury the error; the line names the sub-command's --help
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2
+    assert len(lines) == 1 and lines[0].startswith("draftsmith: error: "), lines
+    assert expected in lines[0]
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
 @pytest.mark.parametrize("command", [[*DATA, "--out"], [*TRAIN, "--out"],
                                      [*TRAIN, "--out", "{box}/r", "--export"],
