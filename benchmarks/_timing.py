@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import platform
 import re
 import subprocess
@@ -126,9 +127,10 @@ class RunLog:
 
     def __init__(self, out: Path | None, name: str, device: torch.device | str) -> None:
         self.out, self.name, self.machine = out, name, machine_tag(device)
-        self.commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
-                                     capture_output=True, text=True,
-                                     cwd=Path(__file__).parent).stdout.strip()
+        # a copy of the tree on another machine may carry a stale .git: the commit given to it wins
+        self.commit = os.environ.get("DRAFTSMITH_COMMIT", "")[:7] or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+            cwd=Path(__file__).parent).stdout.strip()
         self.stamp = time.strftime("%Y-%m-%dT%H%MZ", time.gmtime())
         self.lines: list[str] = []
         self.rows: list[dict] = []
