@@ -378,8 +378,7 @@ def _validate_part(model: type[BaseModel], raw: dict[str, Any], prefix: str = ""
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
         message = first["msg"].removeprefix("Value error, ")
-        if not first["type"].startswith("value_error") and "got " not in message:
-            message += _given_value(first.get("input"))
+        message += _given_value(first, message)
         if not prefix + loc:  # a rule over several keys: reported at the part itself
             raise ValueError(message) from None
         raise ValueError(f"{_SUBFIELD}{prefix}{loc}: {message}") from None
@@ -565,19 +564,20 @@ def format_validation_error(exc: ValidationError) -> str:
             by_field.setdefault(f"{loc}.{msg}" if loc else msg, [])
         else:
             by_field.setdefault(loc, []).append(msg)
-            if err["type"].startswith("value_error") or "got " in msg:
-                continue  # draftsmith's own checks say what they were given
-            given.setdefault(loc, _given_value(err.get("input")))
+            given.setdefault(loc, _given_value(err, msg))
     return "\n".join(f"{loc}: {_either(msgs)}{given.get(loc, '')}" if loc and msgs
                      else (loc or _either(msgs)) for loc, msgs in by_field.items())
 
 
-def _given_value(value: object) -> str:
+def _given_value(err: Any, msg: str) -> str:
     """`` (got VALUE)`` for a scalar a field refused (a number, text, a boolean), so the line
-    shows what was read; empty for a table or list, and for text over 60 characters."""
-    if isinstance(value, bool | int | float | str) and len(repr(value)) <= 60:
-        return f" (got {value!r})"
-    return ""
+    shows what was read; empty for a table or list, for text over 60 characters, and for
+    draftsmith's own checks (``value_error``), whose messages say what they were given."""
+    value = err.get("input")
+    if (err["type"].startswith("value_error") or "got " in msg
+            or not isinstance(value, bool | int | float | str) or len(repr(value)) > 60):
+        return ""
+    return f" (got {value!r})"
 
 
 def _either(msgs: list[str]) -> str:
