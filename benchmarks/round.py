@@ -180,16 +180,41 @@ def _captured(fn) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def _graph_kernel_us(fn, iters: int = 20) -> dict[str, tuple[int, float]]:
-    """Per kernel name: launches and device microseconds per call of ``fn``, captured in a
-    CUDA graph and profiled over ``iters`` replays (the kernels' own time, not the gaps between
-    them)."""
+def alone_us(spans: list[tuple[str, float, float]], iters: int) -> dict[str, tuple[int, float]]:
+    """Per name: launches and microseconds per call during which that kernel alone kept the
+    stream busy, from ``spans`` ``(name, start_us, end_us)`` of one stream over ``iters`` calls.
+
+    Spans are walked in start order and each is charged only past the end of every span before
+    it: a kernel that starts under its predecessor (programmatic dependent launch) is not
+    counted for the time they overlap, so the charges add up to the stream's busy time, where
+    the kernels' own durations add up to more."""
+    out: dict[str, tuple[int, float]] = {}
+    covered = float("-inf")
+    for name, start, end in sorted(spans, key=lambda s: (s[1], s[2])):
+        n, us = out.get(name, (0, 0.0))
+        out[name] = (n + 1, us + max(0.0, end - max(start, covered)))
+        covered = max(covered, end)
+    return {name: (n // iters, us / iters) for name, (n, us) in out.items()}
+
+
+def _spans(prof, device: str = "CUDA") -> list[tuple[str, float, float]]:
+    """``(name, start_us, end_us)`` of the profiled events on ``device``."""
+    return [(e.key, e.time_range.start, e.time_range.end) for e in prof.events()
+            if e.device_type.name == device]
+
+
+def _graph_kernel_us(fn, iters: int = 20) -> dict[str, tuple[int, float, float]]:
+    """Per kernel name: launches, device microseconds, and microseconds alone
+    (:func:`alone_us`) per call of ``fn``, captured in a CUDA graph and profiled over ``iters``
+    replays (the kernels' own time, not the gaps between them)."""
     graph = _captured(fn)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             graph.replay()
         torch.cuda.synchronize()
-    return {e.key: (e.count // iters, e.self_device_time_total / iters)
+    alone = alone_us(_spans(prof), iters)
+    return {e.key: (e.count // iters, e.self_device_time_total / iters,
+                    alone.get(e.key, (0, 0.0))[1])
             for e in prof.key_averages() if e.device_type.name == "CUDA"}
 
 
@@ -291,17 +316,20 @@ def _time_parts(spec, g: int, width: int) -> list[tuple[str, float, int]]:
     # device time per kernel name, from profiled replays of each captured alone
     wide = _graph_kernel_us(lambda: spec.target.forward_rows(tokens, starts, width))
     narrow = _graph_kernel_us(lambda: spec.target.forward_rows(tokens[:, :1], starts, width))
-    none = (0, 0.0)
+    none = (0, 0.0, 0.0)
     extra = {name: (wide.get(name, none)[0] - narrow.get(name, none)[0],
                     wide.get(name, none)[1] - narrow.get(name, none)[1])
              for name in {*wide, *narrow}}
     parts += [(f"  target {k + 1} vs 1: {n:+d}x {us:+.1f} us {name[:60]}", 0.0, 0)
               for name, (n, us) in sorted(extra.items(), key=lambda kv: -abs(kv[1][1]))
               if n or abs(us) >= 0.5][:12]
-    # the whole round's kernels by device time (``round kernel:`` rows)
+    # the whole round's kernels by the time each alone kept the stream busy (``round kernel:``
+    # rows; these add up to the round's busy time), beside their own durations, which count
+    # the time a kernel overlaps the one before it (programmatic dependent launch) twice
     whole = _graph_kernel_us(lambda: spec.round_core(g, width))
-    parts += [(f"  round kernel: {us:7.1f} us {n:3d}x {name[:70]}", 0.0, 0)
-              for name, (n, us) in sorted(whole.items(), key=lambda kv: -kv[1][1])[:20]]
+    parts += [(f"  round kernel: {alone:7.1f} us alone ({us:7.1f} us own) {n:3d}x {name[:70]}",
+               0.0, 0)
+              for name, (n, us, alone) in sorted(whole.items(), key=lambda kv: -kv[1][2])[:20]]
     parts += [(f"whole round at width {w}", _graph_ms(lambda w=w: spec.round_core(g, w)), 0)
               for w in spec._widths if w >= width]
     for t, v in zip((b.ctx_len, b.target_len, b.accepted, b.num_accepted, b.features,
