@@ -1,9 +1,15 @@
-"""Shared pieces of the end-to-end tests: shared-data prompts and the nudged tiny target."""
+"""Shared pieces of the end-to-end tests: shared-data prompts, the nudged tiny target, and the
+benchmark scripts loaded as modules."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -15,6 +21,21 @@ DATA = Path("/work/shared/data")
 """The shared evaluation prompt sets (``{"turns": [...]}`` per line)."""
 PET = 7
 """The token the nudged target (and the drafters sharing its table and head) likes."""
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@contextmanager
+def benchmark_module(file: str, name: str) -> Iterator[ModuleType]:
+    """``benchmarks/<file>`` loaded by path under its own ``name`` (the bare script name may
+    resolve to a test folder), its sibling scripts importable while the caller uses it."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / file)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCHMARKS))
 
 
 def first_turns(per_file: dict[str, int], max_chars: int = 240) -> list[str]:

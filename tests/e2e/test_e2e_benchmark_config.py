@@ -3,30 +3,21 @@ keyed sampling under ``--temperature`` / ``--top-p``. Config building only; no m
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import types
 from pathlib import Path
 
 import pytest
+from _e2e_helpers import benchmark_module
 
 from draftsmith.contract import ConfigError
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def e2e():
-    # by path, under its own name: "e2e" alone may resolve to this test folder
-    spec = importlib.util.spec_from_file_location("e2e_benchmark", BENCHMARKS / "e2e.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(BENCHMARKS))  # e2e.py imports its sibling _timing
-    try:
-        spec.loader.exec_module(module)
+    # under its own name: "e2e" alone may resolve to this test folder
+    with benchmark_module("e2e.py", "e2e_benchmark") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
 
 
 def test_default_is_greedy(e2e):

@@ -4,27 +4,17 @@ twice and the charges add up to the busy time. Span arithmetic and the profiler 
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from _e2e_helpers import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def round_bench():
-    spec = importlib.util.spec_from_file_location("round_benchmark", BENCHMARKS / "round.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(BENCHMARKS))  # round.py imports its sibling e2e
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_module("round.py", "round_benchmark") as module:
         yield module
-    finally:
-        sys.path.remove(str(BENCHMARKS))
 
 
 def _union(spans):
