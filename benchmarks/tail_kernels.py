@@ -18,10 +18,13 @@ to the reference checked first, a mismatch is never ranked) at each strict_accep
 Markov batch, by patching the op's launch-size helper; the end of the run prints the best per
 op/shape next to the default (carry a better pick into the helper by hand).
     python benchmarks/tail_kernels.py --out benchmarks/results   # also write the raw output there
-    python benchmarks/tail_kernels.py --ops markov --order  # also time the w2 walk order
+    python benchmarks/tail_kernels.py --ops markov --steps  # also time a step launch a position
+    python benchmarks/tail_kernels.py --ops markov --steps --vocab 49152 --ranks 16 --batches 1,8,32
 
-The Markov chain is timed as the runtime runs it: ``markov_chain``, one step launch per position,
-odd positions walking ``w2`` backwards.
+The Markov chain is timed as the runtime runs it: ``markov_chain``, every position in one launch.
+``--steps`` also times it as one ``markov_step`` launch a position (odd positions walking ``w2``
+backwards), what ``markov_chain`` falls back to inside a CUDA-graph capture that would have to
+grow its scratch, and checks the two give the same bits.
 
 Every time is the median of ``--repeats`` windows (5 on the GPU) of ``--iters`` calls.
 
@@ -231,11 +234,12 @@ def measure(timer: Timer, op: str, shape: str, eager, fused, nbytes: float, bw: 
 
 
 def markov_chain(base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                 alternate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                 one_launch: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The greedy chain as ``runtime.markov.DraftChain`` runs it in fused mode
-    (``mc.markov_chain``: odd positions walk ``w2`` backwards, so each pass starts on the tiles
-    still in L2); ``alternate=False``: the same steps, every one walking forward."""
-    if alternate:
+    (``mc.markov_chain``: every position in one launch); ``one_launch=False``: one
+    ``markov_step`` launch a position, odd positions walking ``w2`` backwards (``markov_chain``'s
+    fallback)."""
+    if one_launch:
         return mc.markov_chain(base, anchor, w1, w2)
     rows, k, vocab = base.shape
     drafts = torch.empty((rows, k), dtype=torch.int64, device=base.device)
@@ -243,7 +247,7 @@ def markov_chain(base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2:
     prev = anchor
     for j in range(k):
         _, prev = mc.markov_step(base[:, j], prev, w1, w2, 0, corrected[:, j],
-                                 out_idx=drafts[:, j])
+                                 reverse=j % 2 == 1, out_idx=drafts[:, j])
     return drafts, corrected
 
 
@@ -263,8 +267,8 @@ class patched:
 
 def bench_markov(timer: Timer, bw: float, dev: str, smoke: bool, sweep: bool,
                  ranks: list[int] | None = None, batches: list[int] | None = None,
-                 order: bool = False) -> None:
-    vocab = 1024 if smoke else 163840
+                 steps: bool = False, vocab: int | None = None) -> None:
+    vocab = 1024 if smoke else (vocab or 163840)
     k = 2 if smoke else 6
     ranks = [16] if smoke else (ranks or [64, 128, 256])
     batches = [4] if smoke else (batches or [1, 4, 32, 128])
@@ -285,8 +289,8 @@ def bench_markov(timer: Timer, bw: float, dev: str, smoke: bool, sweep: bool,
                     nbytes, bw)
             if sweep:
                 sweep_markov(timer, base, anchor, w1, w2, nbytes, bw, smoke)
-            if order:
-                sweep_markov_order(timer, base, anchor, w1, w2, nbytes, bw)
+            if steps:
+                markov_launches(timer, base, anchor, w1, w2, nbytes, bw)
 
 
 @dataclass
@@ -375,25 +379,34 @@ def sweep_markov(timer: Timer, base, anchor, w1, w2, nbytes: float, bw: float,
         SWEEP_RESULTS.append(run)
 
 
-def sweep_markov_order(timer: Timer, base, anchor, w1, w2, nbytes: float, bw: float) -> None:
-    """Time the default tiling with the ``w2`` walk always forward or alternating by position
-    (in a graph); ``same`` checks the drafts and corrected rows against the forward walk with
-    ``torch.equal``."""
+def markov_launches(timer: Timer, base, anchor, w1, w2, nbytes: float, bw: float) -> None:
+    """Time the chain in one launch and as a step launch a position (in a graph, with and
+    without the corrected store); ``same`` checks the drafts and corrected rows against the
+    steps' with ``torch.equal``."""
     rows, k, vocab = base.shape
     floor = nbytes / bw * 1e6
-    want = markov_chain(base, anchor, w1, w2, alternate=False)
-    for alternate in (False, True):
-        def fused(alternate=alternate):
-            return markov_chain(base, anchor, w1, w2, alternate)
+    want = markov_chain(base, anchor, w1, w2, one_launch=False)
+    for store in (True, False):
+        times = {}
+        for one in (False, True):
+            def fused(one=one, store=store):
+                if store:
+                    return markov_chain(base, anchor, w1, w2, one)
+                if one:
+                    return mc.markov_chain(base, anchor, w1, w2, store_corrected=False)
+                return markov_chain(base, anchor, w1, w2, False)[0]
 
-        got = fused()
-        same = torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-        graph = timer.graph(fused)
-        us = graph if graph is not None else timer.eager(fused)
-        mark = "  (default)" if alternate else ""
-        emit(f"    order B={rows} r={w1.shape[1]} walk="
-             f"{'alternate' if alternate else 'forward':<9}: fused_g {us:8.1f} us  "
-             f"vs_floor {us / max(floor, 1e-9):5.2f}x  same={same}{mark}")
+            got = fused()
+            same = (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]) if store
+                    else torch.equal(got[0] if one else got, want[0]))
+            graph = timer.graph(fused)
+            times[one] = graph if graph is not None else timer.eager(fused)
+            emit(f"    launches B={rows} r={w1.shape[1]} V={vocab} store={store!s:<5} "
+                 f"{'one launch' if one else 'a step a position':<17}: fused_g "
+                 f"{times[one]:8.1f} us  vs_floor {times[one] / max(floor, 1e-9):5.2f}x  "
+                 f"same={same}")
+        emit(f"    launches B={rows} r={w1.shape[1]} V={vocab} store={store!s:<5} steps / one "
+             f"launch: {times[False] / max(times[True], 1e-9):5.2f}x")
 
 
 def sweep_strict(timer: Timer, logits, drafts, verify_len, nbytes: float, bw: float,
@@ -646,8 +659,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="timing windows per figure; the median is reported (GPU default 5)")
     parser.add_argument("--ranks", default=None, help="Markov ranks, comma list (64,128,256)")
     parser.add_argument("--batches", default=None, help="Markov batches, comma list (1,4,32,128)")
-    parser.add_argument("--order", action="store_true",
-                        help="also time the Markov w2 walk (forward / alternating)")
+    parser.add_argument("--steps", action="store_true",
+                        help="also time the Markov chain as a step launch a position")
+    parser.add_argument("--vocab", type=int, default=None,
+                        help="Markov vocabulary (default 163840)")
     parser.add_argument("--host", action="store_true",
                         help="also print the host time per call of the spec-tail launch paths")
     args = parser.parse_args(argv)
@@ -674,7 +689,7 @@ def main(argv: list[str] | None = None) -> int:
                 bench_markov(timer, bw, dev, args.smoke, args.sweep,
                              [int(x) for x in args.ranks.split(",")] if args.ranks else None,
                              [int(x) for x in args.batches.split(",")] if args.batches else None,
-                             args.order)
+                             args.steps, args.vocab)
             elif name == "strict":
                 bench_strict_accept(timer, bw, dev, args.smoke, args.sweep)
             else:

@@ -3,8 +3,8 @@
 Owns ``markov_bias_reference`` (the low-rank bias ``w1[prev] @ w2^T``), ``markov_step`` (one block
 position on one vocabulary shard: bias, fp32 sum with the base logits, and the order-T argmax
 pair; the sharded chain exchanges these pairs between positions) and ``markov_chain`` (the greedy
-full-vocabulary chain over ``K`` positions: one step per position, the tokens written
-straight into the drafts), each beside its reference. Imports ``draftsmith.contract`` only.
+full-vocabulary chain over ``K`` positions in one launch, the tokens written straight into the
+drafts), each beside its reference. Imports ``draftsmith.contract`` only.
 
 Precision (TensorRT-LLM form): base logits fp32 (bf16 is widened exactly), the bias rounded to
 the weight dtype then widened, the sum in fp32. The fused step computes the bias with its own
@@ -17,6 +17,13 @@ adds the base logits, optionally stores the corrected row, and reduces an order-
 the last-arriving program reducing (an acq_rel count, as in ``_pair``'s chunk merge) was slower
 on an H200: a K = 7 chain at SmolLM2's vocabulary took 91 us against 57 us at one row, 108 against
 62 at eight (``markov-chain-ab_nvidia-h200_2026-12-04T1748Z.txt``).
+
+Up to 16 rows in bf16 the chain (``_markov_chain_kernel``) runs every position in one launch of
+at most one program per SM: each program holds its vocabulary columns of ``w2`` across the
+positions and computes them as the step does (same bits), and between positions the programs
+meet at a counter instead of at two launch boundaries. On an H100, in a 1B target's round at one
+row, 28 us alone against the steps' 34; level at eight rows
+(``chain-one-launch_nvidia-h100_2026-12-07T1619Z.txt``).
 """
 
 from __future__ import annotations
@@ -30,10 +37,16 @@ from draftsmith.contract import ShapeError, check_tensor
 from draftsmith.contract.checks import FLOAT_DTYPES
 from draftsmith.kernels import pdl_on
 from draftsmith.kernels._launch import block_size, or_dummy, pdl_kwargs, pdl_start, row_stride
-from draftsmith.kernels._pair import merge_argmax_t, tile_argmax_t
+from draftsmith.kernels._pair import PairScratch, merge_argmax_t, sm_count, tile_argmax_t
 
 _I64 = torch.int64
 _BASES = (torch.float32, torch.bfloat16)
+_CHAIN_SCRATCH = PairScratch()
+"""Counts and pairs of :func:`_markov_chain_kernel` (one launch of the chain at a time per
+device)."""
+_CHAIN_SPAN = 1024
+"""Most vocabulary columns one program of :func:`_markov_chain_kernel` holds (its logits and
+products stay in registers)."""
 
 
 def markov_bias_reference(w1: torch.Tensor, w2: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
@@ -248,6 +261,105 @@ def _markov_reduce_kernel(
     tl.store(idx_ptr + g * stride_idx + one, idx + vocab_start)
 
 
+@triton.jit
+def _markov_chain_kernel(
+    base_ptr, anchor_ptr, w1_ptr, w2_ptr, drafts_ptr, lead_ptr, out_ptr,
+    part_val_ptr, part_idx_ptr, count_ptr,
+    G, K, S, R, V, stride_bg, stride_bk, stride_anchor, stride_dg, stride_dk, stride_lead,
+    stride_og, stride_ok, span, n_progs,
+    STORE: tl.constexpr, IEEE: tl.constexpr, LEAD: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):
+    """The whole chain in one launch (``G <= BLOCK_G``, ``R <= BLOCK_R``): program ``p`` owns
+    the vocabulary columns ``p * span .. (p + 1) * span - 1`` at every position.
+
+    Its ``w2`` rows are loaded once. At position ``j`` it loads its columns of the base logits,
+    waits for the previous position, multiplies the ``w1`` rows of the previous tokens with its
+    ``w2`` rows as :func:`_markov_step_kernel` does with the same ``BLOCK_R`` (so the same bits:
+    each column's dot is the same), stores its columns' order-T pair per row at ``[j, p, row]``
+    and counts itself on ``count[j]`` (release). Before position ``j + 1`` every program waits
+    until all ``n_progs`` have counted (acquire) and reduces the pairs in program order, which is
+    column order, so each sees the same tokens; program 0 writes them into the drafts. After the
+    last position program 0 resets the counts to zero for the next launch or graph replay: every
+    other program has passed its last wait once it has counted the last position.
+
+    The wait needs all ``n_progs`` programs on the GPU at once: the host launches at most one
+    program per SM, and under ``PDL`` a program lets the next kernel start only once every
+    program has started, so a later kernel cannot take the SMs that a program still waits for.
+    """
+    pid = tl.program_id(0)
+    c0 = pid * span
+    cols = c0 + tl.arange(0, BLOCK_W)
+    col_ok = (cols < c0 + span) & (cols < S)
+    rr = tl.arange(0, BLOCK_R)
+    r_ok = rr < R
+    b = tl.load(w2_ptr + (cols[None, :].to(tl.int64) * R + rr[:, None]),
+                mask=r_ok[:, None] & col_ok[None, :], other=0.0)  # a weight: before the wait
+    pdl_start(PDL, True)
+    rows = tl.arange(0, BLOCK_G)
+    row_ok = rows < G
+    row_base = rows.to(tl.int64)
+    tile_ok = row_ok[:, None] & col_ok[None, :]
+    progs = tl.arange(0, BLOCK_P)
+    p_ok = row_ok[:, None] & (progs[None, :] < n_progs)
+    prev = tl.load(anchor_ptr + row_base * stride_anchor, mask=row_ok, other=-1)
+    if LEAD:
+        if pid == 0:
+            tl.store(lead_ptr + row_base * stride_lead, prev, mask=row_ok)
+    for j in range(0, K):
+        x = tl.load(base_ptr + row_base[:, None] * stride_bg + j * stride_bk + cols[None, :],
+                    mask=tile_ok, other=float("-inf"))
+        if j > 0:
+            seen = tl.atomic_add(count_ptr + (j - 1), 0, sem="acquire")
+            while seen < n_progs:
+                seen = tl.atomic_add(count_ptr + (j - 1), 0, sem="acquire")
+            prev = _chain_tokens(part_val_ptr, part_idx_ptr, drafts_ptr, j - 1, n_progs, G,
+                                 row_base, row_ok, progs, p_ok, stride_dg, stride_dk, pid)
+        in_vocab = row_ok & (prev >= 0) & (prev < V)
+        a = tl.load(w1_ptr + tl.where(in_vocab, prev, 0).to(tl.int64)[:, None] * R + rr[None, :],
+                    mask=in_vocab[:, None] & r_ok[None, :], other=0.0)
+        acc = tl.zeros((BLOCK_G, BLOCK_W), tl.float32)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        z = x.to(tl.float32) + acc.to(w2_ptr.dtype.element_ty).to(tl.float32)
+        if STORE:
+            tl.store(out_ptr + row_base[:, None] * stride_og + j * stride_ok + cols[None, :], z,
+                     mask=tile_ok)
+        val, idx = tile_argmax_t(z, cols[None, :], tile_ok)
+        mine = (j * n_progs + pid).to(tl.int64) * G + row_base
+        tl.store(part_val_ptr + mine, val, mask=row_ok)
+        tl.store(part_idx_ptr + mine, idx.to(tl.int32), mask=row_ok)
+        tl.debug_barrier()  # every thread's pair store precedes the release below
+        tl.atomic_add(count_ptr + j, 1, sem="release")
+    if pid == 0:
+        seen = tl.atomic_add(count_ptr + (K - 1), 0, sem="acquire")
+        while seen < n_progs:
+            seen = tl.atomic_add(count_ptr + (K - 1), 0, sem="acquire")
+        _chain_tokens(part_val_ptr, part_idx_ptr, drafts_ptr, K - 1, n_progs, G, row_base,
+                      row_ok, progs, p_ok, stride_dg, stride_dk, pid)
+        ks = tl.arange(0, BLOCK_K)
+        tl.store(count_ptr + ks, 0, mask=ks < K)
+
+
+@triton.jit
+def _chain_tokens(part_val_ptr, part_idx_ptr, drafts_ptr, j, n_progs, G, row_base, row_ok, progs,
+                  p_ok, stride_dg, stride_dk, pid):
+    """Position ``j``'s tokens ``[BLOCK_G] int64`` from its ``n_progs`` pairs per row (order T,
+    program order); program 0 also writes them into the drafts' column ``j``."""
+    part = (j * n_progs + progs[None, :]).to(tl.int64) * G + row_base[:, None]
+    # .cg: read at L2, never an L1 line from an earlier position
+    vals = tl.load(part_val_ptr + part, mask=p_ok, other=float("-inf"), cache_modifier=".cg")
+    idxs = tl.load(part_idx_ptr + part, mask=p_ok, other=0, cache_modifier=".cg")
+    _, tokens = tile_argmax_t(vals, idxs, p_ok)
+    tokens = tl.where(row_ok, tokens, -1)
+    if pid == 0:
+        tl.store(drafts_ptr + row_base * stride_dg + j * stride_dk, tokens, mask=row_ok)
+    return tokens
+
+
 def _markov_launch_sizes(
     rows: int, shard: int, rank: int, dtype: torch.dtype
 ) -> tuple[int, int, int, int, int]:
@@ -363,19 +475,22 @@ def markov_chain(
     base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, *,
     store_corrected: bool = True, pdl: bool = False, tokens_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Fused :func:`markov_chain_reference`: one :func:`markov_step` per position, ``j``
-    reading its previous tokens from the draft column ``j - 1`` that the launch before wrote
-    (the anchor for ``j = 0``) and writing its tokens straight into column ``j``; odd
-    positions walk ``w2`` backwards (L2 reuse, same bits).
+    """Fused :func:`markov_chain_reference` in one launch (:func:`_markov_chain_kernel`): the
+    drafts and corrected rows of one :func:`markov_step` per position, bit for bit. Where
+    :func:`_chain_in_one_launch` declines (more than 16 rows, fp32 weights on a GPU, a large
+    rank or vocabulary, a scratch that would grow inside a CUDA-graph capture) it runs those
+    steps: ``j`` reads its previous tokens from the draft column ``j - 1`` that the launch
+    before wrote (the anchor for ``j = 0``) and writes its tokens straight into column ``j``;
+    odd positions walk ``w2`` backwards (L2 reuse, same bits).
 
     ``base: [G, K, V]`` fp32/bf16 (unit stride along ``V``), ``anchor: [G] int64``,
     ``w1, w2: [V, r]`` contiguous, same dtype. Drafts equal the reference's away from
     near-ties, corrected logits at tolerance level (the bias sums in another order); against
-    a chain of :func:`markov_step` calls both are bit for bit the same. ``pdl``: every launch
-    as :func:`markov_step`'s, so a position's programs are on the SMs with their ``w2`` tiles
-    loaded when the previous position's tokens land. With ``tokens_out: [G, K + 1] int64``
-    the first position's step copies the anchor into column 0 and the drafts land in the
-    columns after it (a verification's tokens, no concatenation after the chain).
+    a chain of :func:`markov_step` calls both are bit for bit the same. ``pdl``: the launch
+    (or every step's, as :func:`markov_step`'s) lets the next kernel start at once and waits
+    for the earlier ones before it reads. With ``tokens_out: [G, K + 1] int64`` the chain
+    copies the anchor into column 0 and the drafts land in the columns after it (a
+    verification's tokens, no concatenation after the chain).
     """
     s: dict[str, int] = {}
     check_tensor("base", base, ("G", "K", "V"), _BASES, s, unit_stride=True)
@@ -390,6 +505,8 @@ def markov_chain(
         return drafts, base
     corrected = (torch.empty(base.shape, dtype=torch.float32, device=base.device)
                  if store_corrected else None)
+    if _chain_in_one_launch(base, anchor, w1, w2, drafts, corrected, tokens_out, pdl):
+        return drafts, corrected
     prev = anchor
     for j in range(k):
         lead = tokens_out[:, 0] if j == 0 and tokens_out is not None else None
@@ -397,6 +514,46 @@ def markov_chain(
                     reverse=j % 2 == 1, out_idx=drafts[:, j], pdl=pdl, out_prev=lead)
         prev = drafts[:, j]
     return drafts, corrected
+
+
+def _chain_in_one_launch(base: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor,
+                         w2: torch.Tensor, drafts: torch.Tensor, corrected: torch.Tensor | None,
+                         tokens_out: torch.Tensor | None, pdl: bool) -> bool:
+    """Run the chain as :func:`_markov_chain_kernel`; ``False`` (nothing launched) where the
+    caller chains :func:`markov_step` launches instead (the same bits): more than 16 rows (the
+    step's smallest row tile), fp32 weights on a GPU (an H100 gave corrected logits one rounding
+    apart from the step's; not pursued: the hot path is bf16, and the interpreter, fp32 only,
+    gives the step's bits), a rank over one chunk, more than :data:`_CHAIN_SPAN` columns a
+    program, or a scratch that would have to grow inside a CUDA-graph capture."""
+    g, k, vocab = base.shape
+    rank = w1.shape[1]
+    block_g, block_s, block_r, _, _ = _markov_launch_sizes(g, vocab, rank, w2.dtype)
+    if g > 16 or (w2.dtype == torch.float32 and base.is_cuda) or rank > block_r:
+        return False
+    num_tiles = triton.cdiv(vocab, block_s)
+    span = triton.cdiv(num_tiles, min(num_tiles, sm_count(base.device))) * block_s
+    if span > _CHAIN_SPAN:
+        return False
+    n_progs = triton.cdiv(vocab, span)  # every program owns at least one column
+    bufs = _CHAIN_SCRATCH.get(base.device, k, k * n_progs * g)
+    if bufs is None:
+        return False
+    counts, part_val, part_idx = bufs
+    lead = None if tokens_out is None else tokens_out[:, 0]
+    on = pdl_on(pdl, base)
+    block_w = block_size(span)
+    _markov_chain_kernel[(n_progs,)](
+        base, anchor, w1, w2, drafts, or_dummy(lead, anchor), or_dummy(corrected, base),
+        part_val, part_idx, counts, g, k, vocab, rank, w1.shape[0], base.stride(0),
+        base.stride(1), anchor.stride(0), drafts.stride(0), drafts.stride(1),
+        0 if lead is None else lead.stride(0), row_stride(corrected),
+        0 if corrected is None else corrected.stride(1), span, n_progs,
+        STORE=corrected is not None, IEEE=w2.dtype == torch.float32, LEAD=lead is not None,
+        BLOCK_G=block_g, BLOCK_W=block_w, BLOCK_R=block_r,
+        BLOCK_P=block_size(n_progs, lo=16), BLOCK_K=block_size(k, lo=16), PDL=on,
+        num_warps=8 if block_w >= 512 else 4, num_stages=1, **pdl_kwargs(on),
+    )
+    return True
 
 
 __all__ = [

@@ -139,24 +139,27 @@ def test_fused_chain_matches_reference_cpu() -> None:
 
 
 class _CountingKernel:
-    """Stands in for ``_markov_step_kernel``: counts the launches (``kernel[grid](...)``)."""
+    """Stands in for a kernel: counts the launches (``kernel[grid](...)``) and their grids."""
 
     def __init__(self, kernel) -> None:
-        self.kernel, self.launches = kernel, 0
+        self.kernel, self.launches, self.grids = kernel, 0, []
 
     def __getitem__(self, grid):
         self.launches += 1
+        self.grids.append(grid)
         return self.kernel[grid]
 
 
 @pytest.mark.parametrize("rows,vocab,k", [(9, 111, 5), (37, 300, 3), (70, 257, 2)])
-def test_fused_chain_is_the_chained_steps_bit_for_bit_one_step_launch_each_cpu(
+def test_fused_chain_is_the_chained_steps_bit_for_bit_in_one_launch_cpu(
     rows: int, vocab: int, k: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``markov_chain`` launches the step kernel once per position, writes each position's
-    tokens straight into the drafts and feeds them forward: the drafts and corrected logits of
-    separate ``markov_step`` calls, bit for bit (a NaN and a tied row included), with or without
-    the corrected store."""
+    """Up to 16 rows ``markov_chain`` runs every position in one launch, writing each
+    position's tokens straight into the drafts and feeding them forward: the drafts and
+    corrected logits of separate ``markov_step`` calls, bit for bit (a NaN and a tied row
+    included), with or without the corrected store. With more rows, or where its scratch cannot
+    be had (it would grow inside a CUDA-graph capture), it launches the step kernel once per
+    position instead, with the same bits."""
     from draftsmith.kernels import markov_chain as mc
 
     w1, w2 = _head(vocab, 19, 50 + rows)
@@ -166,15 +169,25 @@ def test_fused_chain_is_the_chained_steps_bit_for_bit_one_step_launch_each_cpu(
     anchor = _ids(rows, -1, vocab + 1, 52 + rows)
     anchor[1] = -1
     want = stepped_chain(base, anchor, w1, w2)
-    counting = _CountingKernel(mc._markov_step_kernel)
-    monkeypatch.setattr(mc, "_markov_step_kernel", counting)
+    one = _CountingKernel(mc._markov_chain_kernel)
+    steps = _CountingKernel(mc._markov_step_kernel)
+    monkeypatch.setattr(mc, "_markov_chain_kernel", one)
+    monkeypatch.setattr(mc, "_markov_step_kernel", steps)
+    one_launch = rows <= 16
     got = markov_chain(base, anchor, w1, w2)
-    assert counting.launches == k
+    assert (one.launches, steps.launches) == ((1, 0) if one_launch else (0, k))
     assert torch.equal(got[0], want[0]) and _same_bits(got[1], want[1])
     assert got[0][1, 0] == 0 and got[0][2, k - 1] == vocab - 2
     drafts, none = markov_chain(base, anchor, w1, w2, store_corrected=False)
     assert none is None and torch.equal(drafts, want[0])
-    assert counting.launches == 2 * k
+    assert (one.launches, steps.launches) == ((2, 0) if one_launch else (0, 2 * k))
+    counts = mc._CHAIN_SCRATCH.get(base.device, k, 1)[0]
+    assert not counts.any()  # reset for the next launch
+    monkeypatch.setattr(mc._CHAIN_SCRATCH, "get", lambda *_: None)
+    stepped = markov_chain(base, anchor, w1, w2)
+    assert one.launches == (2 if one_launch else 0)
+    assert steps.launches == (k if one_launch else 3 * k)
+    assert torch.equal(stepped[0], want[0]) and _same_bits(stepped[1], want[1])
     ref_drafts, ref_none = markov_chain_reference(base, anchor, w1, w2, store_corrected=False)
     assert ref_none is None and torch.equal(ref_drafts, markov_chain_reference(
         base, anchor, w1, w2)[0])
@@ -446,6 +459,43 @@ def test_gpu_tile_order_is_bit_identical(rows: int) -> None:
     want = stepped_chain(base, anchor, w1, w2, alternate=False)
     got = markov_chain(base, anchor, w1, w2)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sms", [7, 60, 100, 1000])
+@pytest.mark.parametrize("rows", [1, 8, 16])
+def test_gpu_one_launch_chain_is_the_steps_bit_for_bit_on_any_split(
+    rows: int, sms: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-launch chain over 55, 96 and all-the-SMs programs (ragged last programs), at
+    SmolLM2's vocabulary less 64 and the default rank in bf16: the drafts and corrected rows of
+    separate ``markov_step`` launches, bit for bit (a NaN and a tied row included), and the
+    counts back at zero after each launch, 20 launches in a row. At 7 SMs a program would hold
+    too many columns: the steps run, with the same bits."""
+    from draftsmith.kernels import markov_chain as mc
+
+    if sms < 1000:
+        monkeypatch.setattr(mc, "sm_count", lambda _device: sms)
+    one = _CountingKernel(mc._markov_chain_kernel)
+    monkeypatch.setattr(mc, "_markov_chain_kernel", one)
+    vocab, rank, k = 49152 - 64, 16, 7
+    w1, w2 = _head(vocab, rank, 70 + rows, torch.bfloat16, "cuda")
+    base = _base(rows, k, vocab, 71 + rows, device="cuda") * 4
+    base[0, 3, 1234] = float("nan")
+    if rows > 1:
+        base[1, 0, :] = 2.0  # anchor -1: no bias, tied across every tile; index 0 wins
+    anchor = _ids(rows, 0, vocab, 72 + rows, device="cuda")
+    if rows > 1:
+        anchor[1] = -1
+    want = stepped_chain(base, anchor, w1, w2)
+    for _ in range(20):
+        got = markov_chain(base, anchor, w1, w2)
+        assert torch.equal(got[0], want[0]) and _same_bits(got[1], want[1])
+        assert not mc._CHAIN_SCRATCH.get(base.device, k, 1)[0].any()
+    assert got[0][0, 3] == 1234
+    assert one.launches == (0 if sms == 7 else 20)
+    if sms == 60:
+        assert one.grids[0] == (55,)
 
 
 @pytest.mark.gpu
