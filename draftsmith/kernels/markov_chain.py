@@ -528,7 +528,7 @@ def _chain_in_one_launch(base: torch.Tensor, anchor: torch.Tensor, w1: torch.Ten
     g, k, vocab = base.shape
     rank = w1.shape[1]
     block_g, block_s, block_r, _, _ = _markov_launch_sizes(g, vocab, rank, w2.dtype)
-    if g > 16 or (w2.dtype == torch.float32 and base.is_cuda) or rank > block_r:
+    if not 0 < g <= 16 or (w2.dtype == torch.float32 and base.is_cuda) or rank > block_r:
         return False
     num_tiles = triton.cdiv(vocab, block_s)
     span = triton.cdiv(num_tiles, min(num_tiles, sm_count(base.device))) * block_s
