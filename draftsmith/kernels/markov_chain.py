@@ -269,10 +269,11 @@ def _markov_chain_kernel(
     stride_og, stride_ok, span, n_progs,
     STORE: tl.constexpr, IEEE: tl.constexpr, LEAD: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_K: tl.constexpr, TWO: tl.constexpr, PDL: tl.constexpr,
 ):
-    """The whole chain in one launch (``G <= BLOCK_G``, ``R <= BLOCK_R``): program ``p`` owns
-    the vocabulary columns ``p * span .. (p + 1) * span - 1`` at every position.
+    """The whole chain in one launch (``G <= BLOCK_G``, ``R <= BLOCK_R``, or ``<= 2 * BLOCK_R``
+    in two chunks with ``TWO``): program ``p`` owns the vocabulary columns ``p * span ..
+    (p + 1) * span - 1`` at every position.
 
     Its ``w2`` rows are loaded once. At position ``j`` it loads its columns of the base logits,
     waits for the previous position, multiplies the ``w1`` rows of the previous tokens with its
@@ -294,8 +295,12 @@ def _markov_chain_kernel(
     col_ok = (cols < c0 + span) & (cols < S)
     rr = tl.arange(0, BLOCK_R)
     r_ok = rr < R
-    b = tl.load(w2_ptr + (cols[None, :].to(tl.int64) * R + rr[:, None]),
-                mask=r_ok[:, None] & col_ok[None, :], other=0.0)  # a weight: before the wait
+    w2_cols = w2_ptr + cols[None, :].to(tl.int64) * R
+    b = tl.load(w2_cols + rr[:, None], mask=r_ok[:, None] & col_ok[None, :], other=0.0)
+    if TWO:  # the step's second chunk of the rank, summed after the first as its loop does
+        r2_ok = BLOCK_R + rr < R
+        b2 = tl.load(w2_cols + (BLOCK_R + rr)[:, None], mask=r2_ok[:, None] & col_ok[None, :],
+                     other=0.0)
     pdl_start(PDL, True)
     rows = tl.arange(0, BLOCK_G)
     row_ok = rows < G
@@ -317,13 +322,20 @@ def _markov_chain_kernel(
             prev = _chain_tokens(part_val_ptr, part_idx_ptr, drafts_ptr, j - 1, n_progs, G,
                                  row_base, row_ok, progs, p_ok, stride_dg, stride_dk, pid)
         in_vocab = row_ok & (prev >= 0) & (prev < V)
-        a = tl.load(w1_ptr + tl.where(in_vocab, prev, 0).to(tl.int64)[:, None] * R + rr[None, :],
-                    mask=in_vocab[:, None] & r_ok[None, :], other=0.0)
+        w1_rows = w1_ptr + tl.where(in_vocab, prev, 0).to(tl.int64)[:, None] * R
+        a = tl.load(w1_rows + rr[None, :], mask=in_vocab[:, None] & r_ok[None, :], other=0.0)
         acc = tl.zeros((BLOCK_G, BLOCK_W), tl.float32)
         if IEEE:
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
+        if TWO:
+            a2 = tl.load(w1_rows + (BLOCK_R + rr)[None, :],
+                         mask=in_vocab[:, None] & r2_ok[None, :], other=0.0)
+            if IEEE:
+                acc = tl.dot(a2, b2, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a2, b2, acc)
         z = x.to(tl.float32) + acc.to(w2_ptr.dtype.element_ty).to(tl.float32)
         if STORE:
             tl.store(out_ptr + row_base[:, None] * stride_og + j * stride_ok + cols[None, :], z,
@@ -523,17 +535,18 @@ def _chain_in_one_launch(base: torch.Tensor, anchor: torch.Tensor, w1: torch.Ten
     caller chains :func:`markov_step` launches instead (the same bits): more than 16 rows (the
     step's smallest row tile), fp32 weights on a GPU (an H100 gave corrected logits one rounding
     apart from the step's; not pursued: the hot path is bf16, and the interpreter, fp32 only,
-    gives the step's bits), a rank over one chunk, more than :data:`_CHAIN_SPAN` columns a
-    program, or a scratch that would have to grow inside a CUDA-graph capture."""
+    gives the step's bits), a rank over two chunks, more than :data:`_CHAIN_SPAN` columns a
+    program (half that with two chunks), or a scratch that would have to grow inside a
+    CUDA-graph capture."""
     g, k, vocab = base.shape
     rank = w1.shape[1]
     block_g, block_s, block_r, _, _ = _markov_launch_sizes(g, vocab, rank, w2.dtype)
-    if not 0 < g <= 16 or (w2.dtype == torch.float32 and base.is_cuda) or rank > block_r:
+    if not 0 < g <= 16 or (w2.dtype == torch.float32 and base.is_cuda) or rank > 2 * block_r:
         return False
     num_tiles = triton.cdiv(vocab, block_s)
     span = triton.cdiv(num_tiles, min(num_tiles, sm_count(base.device))) * block_s
-    if span > _CHAIN_SPAN:
-        return False
+    if span > _CHAIN_SPAN or (rank > block_r and span > _CHAIN_SPAN // 2):
+        return False  # (two chunks of w2 over 1024 columns would need 320 KB of shared memory)
     n_progs = triton.cdiv(vocab, span)  # every program owns at least one column
     bufs = _CHAIN_SCRATCH.get(base.device, k, k * n_progs * g)
     if bufs is None:
@@ -550,8 +563,9 @@ def _chain_in_one_launch(base: torch.Tensor, anchor: torch.Tensor, w1: torch.Ten
         0 if corrected is None else corrected.stride(1), span, n_progs,
         STORE=corrected is not None, IEEE=w2.dtype == torch.float32, LEAD=lead is not None,
         BLOCK_G=block_g, BLOCK_W=block_w, BLOCK_R=block_r,
-        BLOCK_P=block_size(n_progs, lo=16), BLOCK_K=block_size(k, lo=16), PDL=on,
-        num_warps=8 if block_w >= 512 else 4, num_stages=1, **pdl_kwargs(on),
+        BLOCK_P=block_size(n_progs, lo=16), BLOCK_K=block_size(k, lo=16), TWO=rank > block_r,
+        PDL=on, num_warps=(8 if block_w >= 512 else 4) * (2 if rank > block_r else 1),
+        num_stages=1, **pdl_kwargs(on),
     )
     return True
 

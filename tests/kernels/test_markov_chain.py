@@ -193,6 +193,27 @@ def test_fused_chain_is_the_chained_steps_bit_for_bit_in_one_launch_cpu(
         base, anchor, w1, w2)[0])
 
 
+@pytest.mark.parametrize("rank,one_launch", [(40, True), (64, True), (70, False)])
+def test_one_launch_chain_takes_a_rank_of_two_chunks_cpu(
+    rank: int, one_launch: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank over one chunk of the step's (32 in fp32) and up to two runs in one launch, the
+    second chunk summed after the first as the step's loop does: the steps' bits. Over two
+    chunks the steps run."""
+    from draftsmith.kernels import markov_chain as mc
+
+    vocab, rows, k = 300, 5, 4
+    w1, w2 = _head(vocab, rank, 90 + rank)
+    base = _base(rows, k, vocab, 91 + rank)
+    anchor = _ids(rows, -1, vocab + 1, 92 + rank)
+    want = stepped_chain(base, anchor, w1, w2)
+    one = _CountingKernel(mc._markov_chain_kernel)
+    monkeypatch.setattr(mc, "_markov_chain_kernel", one)
+    got = markov_chain(base, anchor, w1, w2)
+    assert one.launches == int(one_launch)
+    assert torch.equal(got[0], want[0]) and _same_bits(got[1], want[1])
+
+
 @pytest.mark.parametrize("chain", [markov_chain, markov_chain_reference])
 @pytest.mark.parametrize("rows,k", [(5, 4), (17, 3), (3, 0)])
 def test_tokens_out_holds_the_anchor_then_the_drafts_cpu(rows: int, k: int, chain) -> None:
@@ -464,21 +485,24 @@ def test_gpu_tile_order_is_bit_identical(rows: int) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("sms", [7, 60, 100, 1000])
 @pytest.mark.parametrize("rows", [1, 8, 16])
+@pytest.mark.parametrize("rank", [16, 128])
 def test_gpu_one_launch_chain_is_the_steps_bit_for_bit_on_any_split(
-    rows: int, sms: int, monkeypatch: pytest.MonkeyPatch
+    rows: int, sms: int, rank: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The one-launch chain over 55, 96 and all-the-SMs programs (ragged last programs), at
-    SmolLM2's vocabulary less 64 and the default rank in bf16: the drafts and corrected rows of
+    SmolLM2's vocabulary less 64, the random drafters' rank and the shipped one's (two chunks)
+    in bf16: the drafts and corrected rows of
     separate ``markov_step`` launches, bit for bit (a NaN and a tied row included), and the
     counts back at zero after each launch, 20 launches in a row. At 7 SMs a program would hold
-    too many columns: the steps run, with the same bits."""
+    too many columns (at 60 too, with the rank's two chunks: 896 columns over the limit of 512):
+    the steps run, with the same bits."""
     from draftsmith.kernels import markov_chain as mc
 
     if sms < 1000:
         monkeypatch.setattr(mc, "sm_count", lambda _device: sms)
     one = _CountingKernel(mc._markov_chain_kernel)
     monkeypatch.setattr(mc, "_markov_chain_kernel", one)
-    vocab, rank, k = 49152 - 64, 16, 7
+    vocab, k = 49152 - 64, 7
     w1, w2 = _head(vocab, rank, 70 + rows, torch.bfloat16, "cuda")
     base = _base(rows, k, vocab, 71 + rows, device="cuda") * 4
     base[0, 3, 1234] = float("nan")
@@ -493,8 +517,9 @@ def test_gpu_one_launch_chain_is_the_steps_bit_for_bit_on_any_split(
         assert torch.equal(got[0], want[0]) and _same_bits(got[1], want[1])
         assert not mc._CHAIN_SCRATCH.get(base.device, k, 1)[0].any()
     assert got[0][0, 3] == 1234
-    assert one.launches == (0 if sms == 7 else 20)
-    if sms == 60:
+    steps = sms == 7 or (rank > 64 and sms == 60)
+    assert one.launches == (0 if steps else 20)
+    if sms == 60 and not steps:
         assert one.grids[0] == (55,)
 
 
