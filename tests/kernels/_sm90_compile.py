@@ -88,6 +88,11 @@ _SUMMARY_BLOCK, _SUMMARY_WARPS = logit_summary._launch_sizes(49152)
 _ACC_V, _, _, _ACC_R, _ACC_C, _ACC_WARPS = strict_accept._launch_sizes(8, 8, 49152,
                                                                   torch.device("cpu"))
 
+_CHAIN_SIGNATURE = {"base_ptr": "*fp32", "anchor_ptr": "*i64", "drafts_ptr": "*i64", "lead_ptr": "*i64",
+                    "out_ptr": "*fp32", "part_val_ptr": "*fp32", "part_idx_ptr": "*i32",
+                    "count_ptr": "*i32"}
+"""The one-launch Markov chain's pointer arguments (both of its compile cases)."""
+
 CASES: list[tuple[str, Any, dict[str, Any], dict[str, str], int, int]] = [
     # name, kernel, constexprs, pointer dtypes, warps, stages
     ("decode_linear o + add", decode_linear._decode_linear_kernel, _LINEAR, {}, 4, 4),
@@ -148,14 +153,12 @@ CASES: list[tuple[str, Any, dict[str, Any], dict[str, str], int, int]] = [
     ("markov_chain in one launch", markov_chain._markov_chain_kernel,
      dict(STORE=False, IEEE=False, LEAD=True, BLOCK_G=16, BLOCK_W=512, BLOCK_R=16, BLOCK_P=128,
           BLOCK_K=16, TWO=False, PDL=True),
-     {"base_ptr": "*fp32", "anchor_ptr": "*i64", "drafts_ptr": "*i64", "lead_ptr": "*i64",
-      "out_ptr": "*fp32", "part_val_ptr": "*fp32", "part_idx_ptr": "*i32", "count_ptr": "*i32"},
+     _CHAIN_SIGNATURE,
      8, 1),
     ("markov_chain in one launch, rank in two chunks", markov_chain._markov_chain_kernel,
      dict(STORE=False, IEEE=False, LEAD=True, BLOCK_G=16, BLOCK_W=512, BLOCK_R=64, BLOCK_P=128,
           BLOCK_K=16, TWO=True, PDL=True),
-     {"base_ptr": "*fp32", "anchor_ptr": "*i64", "drafts_ptr": "*i64", "lead_ptr": "*i64",
-      "out_ptr": "*fp32", "part_val_ptr": "*fp32", "part_idx_ptr": "*i32", "count_ptr": "*i32"},
+     _CHAIN_SIGNATURE,
      16, 1),
     ("markov_chain reduce", markov_chain._markov_reduce_kernel, dict(BLOCK_T=64, PDL=True),
      {"part_val_ptr": "*fp32", "part_idx_ptr": "*i32", "val_ptr": "*fp32", "idx_ptr": "*i64"},
