@@ -21,10 +21,10 @@ op/shape next to the default (carry a better pick into the helper by hand).
     python benchmarks/tail_kernels.py --ops markov --steps  # also time a step launch a position
     python benchmarks/tail_kernels.py --ops markov --steps --vocab 49152 --ranks 16 --batches 1,8,32
 
-The Markov chain is timed as the runtime runs it: ``markov_chain``, every position in one launch.
-``--steps`` also times it as one ``markov_step`` launch a position (odd positions walking ``w2``
-backwards), what ``markov_chain`` falls back to inside a CUDA-graph capture that would have to
-grow its scratch, and checks the two give the same bits.
+The Markov chain is timed as the runtime runs it: ``markov_chain``, every position in one launch
+where it takes the chain (up to 16 rows in bf16, a rank up to 128), else a step launch a
+position. ``--steps`` also times it as one ``markov_step`` launch a position (odd positions
+walking ``w2`` backwards), ``markov_chain``'s fallback, and checks the two give the same bits.
 
 Every time is the median of ``--repeats`` windows (5 on the GPU) of ``--iters`` calls.
 

@@ -316,9 +316,7 @@ def _markov_chain_kernel(
         x = tl.load(base_ptr + row_base[:, None] * stride_bg + j * stride_bk + cols[None, :],
                     mask=tile_ok, other=float("-inf"))
         if j > 0:
-            seen = tl.atomic_add(count_ptr + (j - 1), 0, sem="acquire")
-            while seen < n_progs:
-                seen = tl.atomic_add(count_ptr + (j - 1), 0, sem="acquire")
+            _wait_for_all(count_ptr + (j - 1), n_progs)
             prev = _chain_tokens(part_val_ptr, part_idx_ptr, drafts_ptr, j - 1, n_progs, G,
                                  row_base, row_ok, progs, p_ok, stride_dg, stride_dk, pid)
         in_vocab = row_ok & (prev >= 0) & (prev < V)
@@ -347,13 +345,20 @@ def _markov_chain_kernel(
         tl.debug_barrier()  # every thread's pair store precedes the release below
         tl.atomic_add(count_ptr + j, 1, sem="release")
     if pid == 0:
-        seen = tl.atomic_add(count_ptr + (K - 1), 0, sem="acquire")
-        while seen < n_progs:
-            seen = tl.atomic_add(count_ptr + (K - 1), 0, sem="acquire")
+        _wait_for_all(count_ptr + (K - 1), n_progs)
         _chain_tokens(part_val_ptr, part_idx_ptr, drafts_ptr, K - 1, n_progs, G, row_base,
                       row_ok, progs, p_ok, stride_dg, stride_dk, pid)
         ks = tl.arange(0, BLOCK_K)
         tl.store(count_ptr + ks, 0, mask=ks < K)
+
+
+@triton.jit
+def _wait_for_all(count_ptr, n_progs):
+    """Spin until the count at ``count_ptr`` reaches ``n_progs`` (acquire: the pairs the programs
+    stored before counting are then visible)."""
+    seen = tl.atomic_add(count_ptr, 0, sem="acquire")
+    while seen < n_progs:
+        seen = tl.atomic_add(count_ptr, 0, sem="acquire")
 
 
 @triton.jit

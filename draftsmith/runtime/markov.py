@@ -72,8 +72,8 @@ class DraftChain:
 
     ``mode`` is the plan's ``markov`` decision: ``none`` (no head: independent slots),
     ``eager`` (torch bias + selector) or ``fused`` (greedy vanilla chain through
-    ``markov_chain``: every position in one launch, on one rank). ``pdl``: the fused chain's
-    launches are programmatically dependent (the plan's ``round_pdl``).
+    ``markov_chain``: every position in one launch where it can, on one rank). ``pdl``: the
+    fused chain's launches are programmatically dependent (the plan's ``round_pdl``).
     """
 
     def __init__(
