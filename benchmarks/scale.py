@@ -15,6 +15,8 @@ drafter. For each shape, in one run:
   median time of a step (the decoder's round records: commit to commit where
   ``runtime.overlap`` runs a round ahead, the default with graphs) during a generation of
   ``--prompts`` random prompts of ``--prompt-len`` tokens and ``--new-tokens`` new tokens at batch ``--batch``;
+  then the same prompts without graphs: their tokens must equal the graphed run's (a replay
+  has the eager launches' bits);
 * ``spec <family>``: speculative decoding with a random drafter of that family's default shape
   for the target, ``K = 7``, accepted length forced to ``--accepted`` (drafts + bonus): the
   median round and tokens/s of the same generation, and the round's cost against a plain step;
@@ -160,7 +162,7 @@ def _tokenizer() -> Any:
 
 
 def _config(family: str, k: int, accepted: int, batch: int, device: str,
-            round_pdl: str = "auto") -> Any:
+            round_pdl: str = "auto", graphs: str = "auto") -> Any:
     from draftsmith.runtime.config import SpecConfig
 
     return SpecConfig.from_dict({
@@ -169,6 +171,7 @@ def _config(family: str, k: int, accepted: int, batch: int, device: str,
         "selection": {"kind": "greedy"},
         "target": {"model": "random", "dtype": "bfloat16", "device": device},
         "runtime": {"max_batch": batch, "max_context": 1024, "pdl": round_pdl,
+                    "cuda_graphs": graphs,
                     "force_accepted": float(accepted - 1) if k else 0.0},
     })
 
@@ -219,6 +222,7 @@ def decode(model: torch.nn.Module, args: argparse.Namespace, say: Any,
             report, steps = _step_times(dec.plain, lambda d=dec: d.plain.generate(
                 ids, args.new_tokens, [], None))
             tokens = sum(len(r.tokens) for r in report)
+            graph_tokens = [list(r.tokens) for r in report]
             row["plain_ms"] = statistics.median(steps)
             row["plain_steps"] = len(steps)
             say(f"  plain: {len(steps)} steps, median {row['plain_ms']:.3f} ms, {tokens} tokens")
@@ -250,6 +254,17 @@ def decode(model: torch.nn.Module, args: argparse.Namespace, say: Any,
             for name, _, _ in parts:
                 if "round kernel: " in name:
                     say("    " + name.strip())
+    # the same target's plain decoding without graphs (on the CPU both runs are eager): a
+    # replay must give the eager launch's bits
+    eager = load_decoder(_config(args.families[0], args.k, args.accepted, args.batch,
+                                 args.device, round_pdl, graphs="off"),
+                         target=target, tokenizer=_tokenizer())
+    eager.plain.prepare_for(ids, args.new_tokens)
+    got = [list(r.tokens) for r in eager.plain.generate(ids, args.new_tokens, [], None)]
+    same = sum(a == b for a, b in zip(got, graph_tokens, strict=True))
+    row["plain_graphs_equal_eager"] = same == len(ids)
+    say(f"  plain tokens without CUDA graphs equal to the graphed run's: {same} of {len(ids)} "
+        "prompts")
     row["spec_round_vs_plain"] = row[f"spec_round_vs_plain_{args.families[0]}"]
     row["spec_tok_s"] = row[f"spec_tok_s_{args.families[0]}"]
     return row
