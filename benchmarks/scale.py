@@ -15,8 +15,9 @@ drafter. For each shape, in one run:
   median time of a step (the decoder's round records: commit to commit where
   ``runtime.overlap`` runs a round ahead, the default with graphs) during a generation of
   ``--prompts`` random prompts of ``--prompt-len`` tokens and ``--new-tokens`` new tokens at batch ``--batch``;
-  then the same prompts without graphs: their tokens must equal the graphed run's (a replay
-  has the eager launches' bits);
+  then the same prompts without graphs, whose tokens should equal the graphed run's (a replay
+  runs the eager forward's kernels at the same positions): how many prompts do is printed, and
+  a difference is flagged in the shape's summary line;
 * ``spec <family>``: speculative decoding with a random drafter of that family's default shape
   for the target, ``K = 7``, accepted length forced to ``--accepted`` (drafts + bonus): the
   median round and tokens/s of the same generation, and the round's cost against a plain step;
@@ -254,8 +255,7 @@ def decode(model: torch.nn.Module, args: argparse.Namespace, say: Any,
             for name, _, _ in parts:
                 if "round kernel: " in name:
                     say("    " + name.strip())
-    # the same target's plain decoding without graphs (on the CPU both runs are eager): a
-    # replay must give the eager launch's bits
+    # the same target's plain decoding without graphs (on the CPU both runs are eager)
     eager = load_decoder(_config(args.families[0], args.k, args.accepted, args.batch,
                                  args.device, round_pdl, graphs="off"),
                          target=target, tokenizer=_tokenizer())
@@ -549,7 +549,9 @@ def main() -> int:
                 f"{other['plain_vs_floor']:.2f}x floor (first run: {row['plain_ms']:.3f} ms); "
                 + ", ".join(f"{f} round {other[f'spec_round_ms_{f}']:.3f} ms = "
                             f"{other[f'spec_round_vs_plain_{f}']:.2f}x plain (first run: "
-                            f"{row[f'spec_round_ms_{f}']:.3f} ms)" for f in args.families))
+                            f"{row[f'spec_round_ms_{f}']:.3f} ms)" for f in args.families)
+                + ("" if other["plain_graphs_equal_eager"] else
+                   "; PLAIN TOKENS WITH CUDA GRAPHS DIFFER FROM EAGER"))
         if not args.no_recipe and args.device == "cuda":
             try:
                 row["recipe_ms"] = recipe(model, args)
@@ -560,7 +562,9 @@ def main() -> int:
             f"({row['plain_vs_read_floor']:.2f}x the read floor); "
             + ", ".join(f"{f} round {row[f'spec_round_vs_plain_{f}']:.2f}x plain"
                         for f in args.families)
-            + (f"; recipe {row['recipe_ms']:.3f} ms" if "recipe_ms" in row else ""))
+            + (f"; recipe {row['recipe_ms']:.3f} ms" if "recipe_ms" in row else "")
+            + ("" if row["plain_graphs_equal_eager"] else
+               "; PLAIN TOKENS WITH CUDA GRAPHS DIFFER FROM EAGER"))
         del model
         torch.cuda.empty_cache() if args.device == "cuda" else None
     say("| shape | params (B) | floor ms | plain ms | plain / floor | plain / read floor | "
