@@ -1,0 +1,53 @@
+"""The persistent step's sizes and blockers (pure Python), and its kernel compiled for an H100
+(sm_90) on the CPU: Gluon kernels have no interpreter, so the CPU suite can check only that they
+lower (one subprocess without ``TRITON_INTERPRET`` runs ``_persistent_step_compile.py``); their
+results are the GPU suite's."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftsmith.kernels import persistent_step as ps
+
+HERE = Path(__file__).parent
+LLAMA_1B = ps.StepShape(16, 2048, 8192, 32, 8, 64, 49152, False)
+
+
+def test_the_sizes_of_one_and_eight_rows():
+    one, eight = ps.step_sizes(LLAMA_1B, 1, 1024), ps.step_sizes(LLAMA_1B, 8, 1024)
+    assert (one["RP"], one["XSTREAM"], eight["RP"], eight["XSTREAM"]) == (2, 0, 8, 1)
+    assert one["NSPL"] == eight["NSPL"] == 16 and one["TB8"] == 64
+    assert (one["C0"], one["C1"], one["C2"], one["C3"]) == (192, 128, 1024, 128)
+    assert one["SP"] > eight["SP"] >= 4
+    assert ps.step_items(LLAMA_1B) == 16 * (192 + 128 + 1024 + 128) + 49152 // 16
+    assert ps.step_items(LLAMA_1B, head=False) == 16 * (192 + 128 + 1024 + 128)
+
+
+@pytest.mark.parametrize("shape,rows,capacity,what", [
+    (LLAMA_1B, 9, 1024, "9 rows"),
+    (ps.StepShape(30, 576, 1536, 9, 3, 64, 49152, False), 1, 1024, "hidden size 576"),
+    (ps.StepShape(16, 2048, 8192, 16, 8, 96, 49152, False), 1, 1024, "head width 96"),
+    (LLAMA_1B, 1, 4096, "more attention duties than o items"),
+    (LLAMA_1B, 8, 64, "8 rows over 1 splits"),
+])
+def test_a_shape_it_cannot_take_is_named(shape, rows, capacity, what):
+    why = ps.step_blocker(shape, rows, capacity)
+    assert why is not None and what in why
+    with pytest.raises(ValueError, match=what):
+        ps.step_sizes(shape, rows, capacity)
+    assert ps.step_blocker(LLAMA_1B, 8, 1024) is None
+
+
+def test_the_step_compiles_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parents[1]), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, str(HERE / "_persistent_step_compile.py")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and lines and lines[-1].endswith("4 compiled, 0 failed"), \
+        done.stdout + done.stderr[-2000:]
