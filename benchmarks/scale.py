@@ -490,7 +490,7 @@ def main() -> int:
                         help="row counts of --sweep (each a compile of every launch: M = 1 and "
                              "multiples of 16 are specialized)")
     parser.add_argument("--few-rows", nargs="+", default=["auto"],
-                        choices=["auto", "launches", "persistent"],
+                        choices=["auto", "launches", "persistent", "step"],
                         help="target.few_rows of the decoding runs; the first fills the table, "
                              "each other is run and printed after it (fields few_rows_<value>)")
     parser.add_argument("--pdl", nargs="+", default=["auto"], choices=["auto", "off"],

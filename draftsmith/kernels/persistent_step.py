@@ -32,9 +32,12 @@ so the two paths' bits differ).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
@@ -1318,7 +1321,7 @@ def step_kernel(
 SMEM_LIMIT = 232448
 """Shared memory an sm_90 program may take (227 KiB)."""
 SPLIT = 64
-"""Cached positions a split at full capacity: ``NSPL = cdiv(capacity, SPLIT)`` duties a key/value head."""
+"""Cached positions a split at full capacity (:func:`_splits`)."""
 
 
 @dataclass(frozen=True)
@@ -1335,11 +1338,18 @@ class StepShape:
     qk_norm: bool
 
 
+def _splits(capacity: int) -> int:
+    """Splits of the context a key/value head: ``SPLIT`` cached positions each at full capacity,
+    and at least eight (one a row of the largest step), whatever the step's rows: a row's sums
+    then run in the same order in a step of one row as in one of eight."""
+    return max(-(-capacity // SPLIT), 8)
+
+
 def step_blocker(shape: StepShape, rows: int, capacity: int) -> str | None:
     """Why the step cannot run ``rows`` rows of ``shape`` over a cache of ``capacity`` cached
     positions, or ``None``: the sizes its items, X chunks and attention duties are cut for."""
     d, f, hd = shape.hidden, shape.intermediate, shape.head_dim
-    nspl = -(-capacity // SPLIT)
+    nspl = _splits(capacity)
     checks = (
         (1 <= rows <= 8, f"{rows} rows (1 to 8)"),
         (d % 2048 == 0 and d <= 4096, f"hidden size {d} (2048 or 4096)"),
@@ -1359,6 +1369,13 @@ def step_blocker(shape: StepShape, rows: int, capacity: int) -> str | None:
     return None
 
 
+def step_capacity(shape: StepShape) -> int:
+    """The most cached positions a step of ``shape`` takes at up to eight rows (0: none): its
+    attention duties, a key/value head times the splits, must fit the ``o`` items."""
+    splits = min(min(shape.hidden // 16, 132) // shape.kv_heads, APN.value // 8)
+    return splits * SPLIT if splits >= 8 else 0
+
+
 def step_sizes(shape: StepShape, rows: int, capacity: int) -> dict[str, int]:
     """:func:`step_kernel`'s compile-time sizes for ``rows`` rows (padded to 2 or 8) of ``shape``
     over a cache of ``capacity`` cached positions (each row of the cache holds ``capacity + 16``).
@@ -1374,7 +1391,7 @@ def step_sizes(shape: StepShape, rows: int, capacity: int) -> dict[str, int]:
     x_cols = 1024 if xstream else kqmax
     scratch = 64 * 4 * rp * 4 * (4 if rp <= 2 else 2)
     stages = (SMEM_LIMIT - 1024 - (2 * 4 * rp * x_cols + scratch) - 2048 - 4096) // (64 * 128 * 2)
-    split = -(-capacity // SPLIT)
+    split = _splits(capacity)
     return dict(
         NH=shape.heads, NKV=shape.kv_heads, HD=hd, CTX=capacity, NSPL=split, R=rows, RP=rp, D=d, NQKV=nqkv,
         F=f, SP=stages, SPIN=4_000_000, KQMAX=x_cols, XSTREAM=xstream, C0=nqkv // 16, C1=d // 16,
@@ -1389,3 +1406,131 @@ def step_items(shape: StepShape, head: bool = True) -> int:
     nqkv = (shape.heads + 2 * shape.kv_heads) * shape.head_dim
     per_layer = nqkv // 16 + shape.hidden // 16 + shape.intermediate // 8 + shape.hidden // 16
     return shape.layers * per_layer + (shape.vocab // 16 if head else 0)
+
+
+@triton.jit
+def _step_inputs_kernel(ids_ptr, pos_ptr, slot_ptr, inv_ptr, kbase_ptr, vbase_ptr, tok_ptr,
+                        err_ptr, cs_ptr, kc_ptr, vc_ptr, slot_bytes, scale, R: tl.constexpr,
+                        HH: tl.constexpr, L: tl.constexpr, BL: tl.constexpr):
+    """One launch of the step's per-step inputs: the tokens as int32, the context length (the
+    first row's position) into ``err[1]``, each row's cos / sin ``[16, 2, HD / 2]`` (fp32, times
+    the RoPE's attention scaling) and each layer's address of the slot's cache row."""
+    r = tl.arange(0, 16)
+    live = r < R
+    tl.store(tok_ptr + r, tl.load(ids_ptr + r, mask=live, other=0).to(tl.int32), mask=live)
+    pos = tl.load(pos_ptr + r, mask=live, other=0)
+    tl.store(err_ptr + 1 + r, pos.to(tl.int32), mask=r == 0)
+    d = tl.arange(0, HH)
+    angle = pos.to(tl.float32)[:, None] * tl.load(inv_ptr + d)[None, :]
+    at = cs_ptr + r[:, None] * (2 * HH) + d[None, :]
+    tl.store(at, tl.cos(angle) * scale, mask=live[:, None])
+    tl.store(at + HH, tl.sin(angle) * scale, mask=live[:, None])
+    layer = tl.arange(0, BL)
+    lm = layer < L
+    shift = tl.load(slot_ptr).to(tl.int64) * slot_bytes
+    tl.store(kc_ptr + layer, tl.load(kbase_ptr + layer, mask=lm, other=0) + shift, mask=lm)
+    tl.store(vc_ptr + layer, tl.load(vbase_ptr + layer, mask=lm, other=0) + shift, mask=lm)
+
+
+def _box(rows: int) -> gl.NVMMASharedLayout:
+    """A TMA box ``[rows, 64]`` of bf16: 128-byte rows, the swizzle of the ring's halves."""
+    return gl.NVMMASharedLayout.get_default_for([rows, 64], gl.bfloat16)
+
+
+class StepRunner:
+    """:func:`step_kernel` for one decoder (the head left to the caller): the descriptors of its
+    stacked weights, its scratch and counts, and the per-step inputs; :meth:`run` is two
+    launches and can be captured in a CUDA graph.
+
+    :param shape: the decoder's sizes.
+    :param wd: ``[L (NQKV + D + 2F), D]`` bf16: each layer's ``[q | k | v]``, ``o``, gate and up
+        rows (:func:`weight_rows`).
+    :param wf: ``[L D, F]`` bf16: each layer's ``down``.
+    :param gamma: ``[4L + 1, D]`` bf16 norm weights (the module docstring's order).
+    :param embed: ``[V, D]`` bf16, the embedding table the first layer reads.
+    :param eps: the norms' epsilon (one for all).
+    :param inv_freq: fp32 ``[HD / 2]``, the RoPE's frequencies; ``rope_scale`` multiplies its
+        cos and sin.
+    """
+
+    def __init__(self, shape: StepShape, wd: torch.Tensor, wf: torch.Tensor,
+                 gamma: torch.Tensor, embed: torch.Tensor, eps: float, inv_freq: torch.Tensor,
+                 rope_scale: float) -> None:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        dev = wd.device
+        d, f, hd, lay = shape.hidden, shape.intermediate, shape.head_dim, shape.layers
+        rows = weight_rows(shape)
+        if wd.shape != (lay * rows, d) or wf.shape != (lay * d, f) or gamma.shape != (4 * lay + 1, d):
+            raise ValueError(f"stacked weights {tuple(wd.shape)}, {tuple(wf.shape)} and norms "
+                             f"{tuple(gamma.shape)} do not fit {shape}")
+        self.shape, self.eps, self.rope_scale = shape, float(eps), float(rope_scale)
+        self.capacity = step_capacity(shape)
+        """The most cached positions a slot's cache may hold (its rows ``capacity + 16``)."""
+        self.wd, self.wf, self.gamma, self.embed = wd, wf, gamma, embed
+        self.inv_freq = inv_freq.float().contiguous()
+        self.programs = torch.cuda.get_device_properties(dev).multi_processor_count
+        self.descriptors = (TensorDescriptor.from_tensor(wd, [16, 64], _box(16)),
+                            TensorDescriptor.from_tensor(wd, [8, 64], _box(8)),
+                            TensorDescriptor.from_tensor(wf, [16, 64], _box(16)))
+        nqkv = (shape.heads + 2 * shape.kv_heads) * hd
+        bf = torch.bfloat16
+        # sized for eight rows; a two-row step reads the same memory as [.., 2, ..]
+        self.hs = torch.zeros((2 * lay + 1) * 8 * d, dtype=bf, device=dev)
+        self.qkv = torch.zeros(lay * 8 * nqkv, dtype=bf, device=dev)
+        self.mid = torch.zeros(lay * 8 * f, dtype=bf, device=dev)
+        self.z = torch.zeros(lay * 8 * d, dtype=bf, device=dev)
+        self.partials = torch.zeros(lay, shape.kv_heads, APN.value, (512 // hd) * (hd + 2),
+                                    device=dev)
+        self.done = torch.zeros(2 * CHUNKS.value + lay * ABN.value, dtype=torch.int32, device=dev)
+        """Counts, zeroed once: each launch zeroes what it used (``_reset_counts``)."""
+        self.err = torch.zeros(4, dtype=torch.int32, device=dev)
+        """``[spin timeouts, the context length, arrivals, launches]``."""
+        self.tokens = torch.zeros(16, dtype=torch.int32, device=dev)
+        self.cos_sin = torch.zeros(16, hd, device=dev)
+        self.k_rows = torch.zeros(lay, dtype=torch.int64, device=dev)
+        self.v_rows = torch.zeros(lay, dtype=torch.int64, device=dev)
+        self._k_base = torch.zeros(lay, dtype=torch.int64, device=dev)
+        self._v_base = torch.zeros(lay, dtype=torch.int64, device=dev)
+        self._bound: tuple[int, ...] = ()
+
+    def _bind(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> None:
+        """Each layer's slot-0 cache address, rewritten only when the cache's tensors change."""
+        key = tuple(t.data_ptr() for t in (*keys, *values))
+        if key != self._bound:
+            self._k_base.copy_(torch.tensor([t.data_ptr() for t in keys], dtype=torch.int64))
+            self._v_base.copy_(torch.tensor([t.data_ptr() for t in values], dtype=torch.int64))
+            self._bound = key
+
+    def run(self, ids: torch.Tensor, positions: torch.Tensor, slot: torch.Tensor,
+            keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The step over one request's tokens ``ids: [R]`` (int64) at the consecutive
+        ``positions: [R]`` of cache slot ``slot: [1]``; ``keys`` / ``values``: each layer's cache
+        ``[S, NKV, T, HD]`` (``T - 16`` the capacity the kernel is compiled for).
+
+        Returns ``hs [2L + 1, RP, D]``: ``hs[2l + 2, :R]`` the residual stream after layer l
+        (``hs[2L]`` the last, before the final norm)."""
+        shape, r = self.shape, int(ids.shape[0])
+        capacity = int(keys[0].shape[2]) - 16
+        sizes = step_sizes(shape, r, capacity)
+        self._bind(keys, values)
+        hd, lay = shape.head_dim, shape.layers
+        slot_bytes = shape.kv_heads * (capacity + 16) * hd * keys[0].element_size()
+        _step_inputs_kernel[(1,)](
+            ids, positions, slot, self.inv_freq, self._k_base, self._v_base, self.tokens,
+            self.err, self.cos_sin, self.k_rows, self.v_rows, slot_bytes, self.rope_scale,
+            R=r, HH=hd // 2, L=lay, BL=triton.next_power_of_2(lay))
+        rp = sizes["RP"]
+        d16, d8, dfd = self.descriptors
+        step_kernel[(self.programs,)](
+            d16, d8, dfd, self.hs, self.qkv, self.mid, self.z, self.k_rows, self.v_rows,
+            self.cos_sin, self.partials, self.gamma, self.embed, self.tokens, self.hs,
+            self.done, self.err, step_items(shape, head=False), self.eps, num_warps=4, **sizes)
+        # (lg_ptr: no head items, nothing is written there)
+        return self.hs[: (2 * lay + 1) * rp * shape.hidden].view(2 * lay + 1, rp, shape.hidden)
+
+
+def weight_rows(shape: StepShape) -> int:
+    """Rows of one layer in the stacked ``wd``: ``[q | k | v]``, ``o``, gate, up."""
+    nqkv = (shape.heads + 2 * shape.kv_heads) * shape.head_dim
+    return nqkv + shape.hidden + 2 * shape.intermediate

@@ -183,7 +183,7 @@ class TargetConfig(_Strict):
     launch: about 11 launches a layer against transformers' 40), for Llama, Mistral, Qwen2 and
     Qwen3 stacks. ``transformers``: its own modules. ``auto``: ``fused`` on a GPU when the model
     allows it, ``transformers`` otherwise; the plan says which and why."""
-    few_rows: Literal["auto", "launches", "persistent"] = "auto"
+    few_rows: Literal["auto", "launches", "persistent", "step"] = "auto"
     """How ``fused`` layers run a forward of up to 16 tokens in bf16 or fp16 on a GPU (a
     decoding step, a verification). ``launches``: seven launches a layer (two norms, four
     products, ``[q | k | v]`` carrying RoPE and the cache writes, attention; eight where heads
@@ -191,8 +191,14 @@ class TargetConfig(_Strict):
     (RoPE with the cache writes, attention, and one persistent launch of one program per SM from
     ``o_proj`` through the next layer's ``[q | k | v]``, with grid-wide barriers between its
     products), with the same bits as ``launches`` but slower on an H200 (a 1B layer's tail 51
-    against 50 us at one token, 63 against 50 at eight; ``docs/benchmarks.md``). ``auto``:
-    ``launches``. The plan says which ran."""
+    against 50 us at one token, 63 against 50 at eight; ``docs/benchmarks.md``). ``step``: a
+    forward of one request's 1 to 8 tokens as one persistent launch of the whole decoder
+    (Gluon, sm_90 only; bf16 Llama, Mistral and Qwen3 stacks without biases, hidden and MLP
+    sizes multiples of 2048, a cache of 80 to 1040 positions a slot at 8 key/value heads);
+    other forwards take ``launches``, and a model it cannot run takes ``launches`` with the
+    reason in the plan. Its RoPE rounds once in fp32 where ``launches`` rounds as transformers
+    does, so the two paths' bits differ (``docs/decoding.md``). ``auto``: ``launches``. The
+    plan says which ran."""
     pdl: Literal["auto", "off"] = "auto"
     """Programmatic dependent launch between the launches of ``few_rows = launches``: the
     next kernel's programs start while the one before finishes, and a product's first weight

@@ -33,7 +33,7 @@ def test_the_sizes_of_one_and_eight_rows():
     (ps.StepShape(30, 576, 1536, 9, 3, 64, 49152, False), 1, 1024, "hidden size 576"),
     (ps.StepShape(16, 2048, 8192, 16, 8, 96, 49152, False), 1, 1024, "head width 96"),
     (LLAMA_1B, 1, 4096, "more attention duties than o items"),
-    (LLAMA_1B, 8, 64, "8 rows over 1 splits"),
+    (ps.StepShape(32, 4096, 14336, 32, 4, 128, 49152, False), 8, 2048, "8 rows over 32 splits"),
 ])
 def test_a_shape_it_cannot_take_is_named(shape, rows, capacity, what):
     why = ps.step_blocker(shape, rows, capacity)

@@ -115,6 +115,10 @@ STATIC_ROPE_TYPES = frozenset({"default", "linear", "llama3", "yarn"})
 sin times ``attention_scaling``), so one kernel computes the angles; the others (``dynamic``,
 ``longrope``) change them with the sequence length and keep transformers' rotary module."""
 
+STEP_MIN_CACHE = 80
+"""Positions a slot's cache holds at least for ``target.few_rows = step`` (the step's rows are
+the cache's last 16, its splits cover the rest)."""
+
 CACHE_ATTENTION_MAX_Q = 64
 """Tokens per row up to which attention runs
 :func:`~draftsmith.kernels.cache_attention.cache_attention` (its reference on the CPU): each
@@ -171,11 +175,16 @@ def _eps(norm: torch.nn.Module) -> float:
     return float(eps if eps is not None else norm.eps)
 
 
-def _pack(linears: Sequence[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The weights (and biases) of ``linears`` concatenated along the output dim; each module's
-    parameters become views of the packed tensors."""
+def _pack(linears: Sequence[torch.nn.Linear], out: torch.Tensor | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weights (and biases) of ``linears`` concatenated along the output dim, into ``out``
+    where given (rows of the persistent step's stacked weights); each module's parameters
+    become views of the packed tensors."""
     with torch.no_grad():
-        weight = torch.cat([lin.weight.detach() for lin in linears])
+        if out is None:
+            weight = torch.cat([lin.weight.detach() for lin in linears])
+        else:
+            weight = torch.cat([lin.weight.detach() for lin in linears], out=out)
         biases = [lin.bias for lin in linears]
         bias = (torch.cat([b.detach() if b is not None else
                            torch.zeros(lin.out_features, dtype=weight.dtype, device=weight.device)
@@ -194,10 +203,22 @@ def _pack(linears: Sequence[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tenso
 class _Layer:
     """One decoder layer's packed weights and sizes."""
 
-    def __init__(self, layer: torch.nn.Module, heads: int, kv_heads: int, head_dim: int) -> None:
+    def __init__(self, layer: torch.nn.Module, heads: int, kv_heads: int, head_dim: int,
+                 stack: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """``stack``: this layer's rows of the persistent step's weights (``[q | k | v]``,
+        ``o``, gate, up; ``down``), which the projections' parameters then become views of."""
         attn, mlp = layer.self_attn, layer.mlp
-        self.qkv_weight, self.qkv_bias = _pack((attn.q_proj, attn.k_proj, attn.v_proj))
-        self.gate_up_weight, _ = _pack((mlp.gate_proj, mlp.up_proj))
+        qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
+        if stack is None:
+            self.qkv_weight, self.qkv_bias = _pack(qkv)
+            self.gate_up_weight, _ = _pack((mlp.gate_proj, mlp.up_proj))
+        else:
+            rows, down = stack
+            n_qkv, d = sum(lin.out_features for lin in qkv), attn.o_proj.out_features
+            self.qkv_weight, self.qkv_bias = _pack(qkv, rows[:n_qkv])
+            _pack((attn.o_proj,), rows[n_qkv : n_qkv + d])
+            self.gate_up_weight, _ = _pack((mlp.gate_proj, mlp.up_proj), rows[n_qkv + d :])
+            _pack((mlp.down_proj,), down)
         self.o_proj, self.down_proj = attn.o_proj, mlp.down_proj
         self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
         self.scaling = float(getattr(attn, "scaling", head_dim ** -0.5))
@@ -237,8 +258,6 @@ class LayerLoop:
                             or config.hidden_size // self.heads)
         self.row_stable = row_stable
         self.interpret = interpret
-        self.layers = [_Layer(layer, self.heads, self.kv_heads, self.head_dim)
-                       for layer in self.decoder.layers]
         rotary = self.decoder.rotary_emb
         rope_type = str(getattr(rotary, "rope_type", "default"))
         self.inv_freq: torch.Tensor | None = None
@@ -246,6 +265,20 @@ class LayerLoop:
         if rope_type in STATIC_ROPE_TYPES and getattr(rotary, "inv_freq", None) is not None:
             self.inv_freq = rotary.inv_freq.detach().float().contiguous()
         self.rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        check_few_rows(few_rows)
+        step_why = step_path_blocker(model, self.inv_freq) if few_rows == "step" else None
+        stacks = _StepStacks(model) if few_rows == "step" and step_why is None else None
+        self.layers = [_Layer(layer, self.heads, self.kv_heads, self.head_dim,
+                              None if stacks is None else stacks.layer(i))
+                       for i, layer in enumerate(self.decoder.layers)]
+        self.step: Any = None
+        """The persistent step (:class:`~draftsmith.kernels.persistent_step.StepRunner`) with
+        ``target.few_rows = step`` where :func:`step_path_blocker` lets it run, else ``None``."""
+        if stacks is not None:
+            self.step = stacks.runner(model, self.inv_freq, self.rope_scale)
+        self.step_forwards = 0
+        """Forwards the persistent step ran (counted as they are issued: a captured graph's
+        replays are not counted again)."""
         self.product_dtypes = (*FUSED_PRODUCT_DTYPES, torch.float32) if interpret \
             else FUSED_PRODUCT_DTYPES
         on_gpu = self.decoder.embed_tokens.weight.is_cuda or interpret
@@ -254,7 +287,6 @@ class LayerLoop:
         self.own_hooks: set[int] = set()
         """Ids of the target's own forward hooks on the embedding (its capture of layer ``-1``,
         which the loop records itself where it looks the tokens up)."""
-        check_few_rows(few_rows)
         check_pdl(pdl)
         blocker = persistent_blocker(model)
         self.persistent = few_rows == "persistent" and blocker is None
@@ -263,17 +295,25 @@ class LayerLoop:
                     and pdl_on(True, self.decoder.embed_tokens.weight))
         """Whether the few-row path's kernels run with programmatic dependent launch."""
         dtypes = ", ".join(str(d).removeprefix("torch.") for d in self.product_dtypes)
-        launches = (
-            "three launches a layer (RoPE with the cache writes, attention, and one persistent "
-            "launch from o_proj through the next layer's [q | k | v]; target.few_rows = "
-            "persistent)" if self.persistent else
+        seven = (
             "seven launches a layer (eight with a q/k norm), RoPE with the cache writes, the "
             "residual adds and the gate inside the products" + (
                 ", each launch programmatically dependent on the one before (PDL: the next "
                 "product's programs prefetch their weights while a norm, RoPE or attention "
-                "runs)" if self.pdl else "") + (
-                f" (target.few_rows = persistent cannot run this model: {blocker})"
-                if few_rows == "persistent" else ""))
+                "runs)" if self.pdl else ""))
+        launches = (
+            f"one request's 1 to 8 tokens as one persistent launch of the whole decoder "
+            f"(target.few_rows = step) while its cache holds {STEP_MIN_CACHE} to "
+            f"{self.step.capacity + 16} positions a slot; other forwards (several requests, "
+            f"more tokens, another cache length, an embedding hooked by another) {seven}"
+            if self.step is not None else
+            "three launches a layer (RoPE with the cache writes, attention, and one persistent "
+            "launch from o_proj through the next layer's [q | k | v]; target.few_rows = "
+            "persistent)" if self.persistent else
+            seven + (f" (target.few_rows = persistent cannot run this model: {blocker})"
+                     if few_rows == "persistent" else "")
+            + (f" (target.few_rows = step cannot run this model: {step_why})"
+               if few_rows == "step" else ""))
         self.products_reason = (
             "no few-row path: its kernels run on a GPU" if not on_gpu else
             f"no few-row path: RoPE type {rope_type!r} changes its frequencies with the length"
@@ -333,6 +373,13 @@ class LayerLoop:
         # which each kernel taking them would copy again, two a layer)
         token_rows = write_rows.reshape(-1).contiguous()
         token_pos = positions.reshape(-1).contiguous()
+        if (per_token and pick is None and n == 1
+                and self._step_fits(ids, kv, rows_out)):
+            h = self._step(ids.reshape(-1), kv, token_rows, token_pos, capture, captured,
+                           positions.shape)
+            if not defer_norm:
+                h = self._norm(h, self.decoder.norm, True)
+            return h.view(*positions.shape, -1), not defer_norm
         if per_token and self.few_rows(self.decoder.embed_tokens.weight, rows_out):
             h = self._few_rows(ids.reshape(-1), kv, token_rows, token_pos, width, capture,
                                captured, positions.shape)
@@ -384,6 +431,30 @@ class LayerLoop:
             if i in capture:
                 captured[i] = h.view(*positions.shape, -1)
         return normed.view(*positions.shape, -1), True
+
+    def _step_fits(self, ids: torch.Tensor, kv: StaticKV, rows: int) -> bool:
+        """Whether a forward of one request's ``rows`` tokens takes the persistent step: up to
+        eight, its cache within the step's capacity, the embedding without another's hooks."""
+        return (self.step is not None and rows <= 8
+                and STEP_MIN_CACHE <= kv.length <= self.step.capacity + 16 and ids.is_cuda
+                and self.fused_embedding)
+
+    def _step(self, ids: torch.Tensor, kv: StaticKV, token_rows: torch.Tensor,
+              token_pos: torch.Tensor, capture: Sequence[int],
+              captured: dict[int, torch.Tensor], shape: torch.Size) -> torch.Tensor:
+        """The decoder over one request's tokens ``ids: [R]`` at the consecutive positions
+        ``token_pos`` of slot ``token_rows[0]`` as one persistent launch (with one launch of
+        its inputs before it). Returns the residual stream after the last layer ``[R, H_t]``
+        (before the final norm), a view of the step's buffer that the next step overwrites."""
+        self.step_forwards += 1
+        if -1 in capture:
+            self.decoder.embed_tokens(ids)  # its hook records layer -1
+        hs = self.step.run(ids, token_pos, token_rows[:1], kv.keys, kv.values)
+        rows = ids.shape[0]
+        for i in capture:
+            if i >= 0:
+                captured[i] = hs[2 * i + 2, :rows].view(*shape, -1)
+        return hs[2 * len(self.layers), :rows]
 
     @property
     def fused_embedding(self) -> bool:
@@ -619,7 +690,7 @@ def check_pdl(value: str) -> None:
         raise ConfigError(f"target.pdl must be one of {', '.join(PDL_CHOICES)}, got {value!r}")
 
 
-FEW_ROWS_CHOICES = ("auto", "launches", "persistent")
+FEW_ROWS_CHOICES = ("auto", "launches", "persistent", "step")
 """``target.few_rows`` values: how a few-row forward runs each layer (``auto``: ``launches``)."""
 
 
@@ -642,6 +713,119 @@ def persistent_blocker(model: torch.nn.Module) -> str | None:
                 return (f"layer {i}'s {name} weight is not {str(dtype).removeprefix('torch.')} "
                         "like its projections")
     return None
+
+
+def step_path_blocker(model: torch.nn.Module, inv_freq: torch.Tensor | None) -> str | None:
+    """Why ``target.few_rows = step`` cannot run ``model``'s few-row forwards as one
+    persistent launch (:mod:`~draftsmith.kernels.persistent_step`), or ``None`` when it can;
+    ``inv_freq``: the loop's static RoPE frequencies, ``None`` for another RoPE."""
+    decoder = model.get_decoder()
+    table = decoder.embed_tokens.weight
+    if not table.is_cuda:
+        return "its kernel runs on a GPU"
+    capability = torch.cuda.get_device_capability(table.device)
+    if capability != (9, 0):
+        return f"its kernel is written for sm_90 (Hopper); this GPU is sm_{capability[0]}{capability[1]}"
+    if table.dtype != torch.bfloat16:
+        return f"it runs bf16 weights, these are {str(table.dtype).removeprefix('torch.')}"
+    if inv_freq is None:
+        return "its RoPE is not fixed at load"
+    if type(decoder.embed_tokens) is not torch.nn.Embedding:
+        return f"the embedding is a {type(decoder.embed_tokens).__name__}, not a plain lookup"
+    try:
+        from draftsmith.kernels import persistent_step
+    except ImportError as e:  # an older triton: no Gluon
+        return f"triton's Gluon cannot be imported ({e})"
+    shape = _step_shape(model)
+    why = persistent_step.step_blocker(shape, 8, persistent_step.SPLIT * 8)
+    if why is not None:
+        return why.removeprefix("the persistent step ")
+    head_dim, eps = shape.head_dim, _eps(decoder.norm)
+    for i, layer in enumerate(decoder.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj,
+                   mlp.up_proj, mlp.down_proj)
+        if any(lin.bias is not None for lin in linears):
+            return f"layer {i}'s projections have biases"
+        norms = [layer.input_layernorm, layer.post_attention_layernorm]
+        norms += [n for n in (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
+                  if n is not None]
+        if (getattr(attn, "q_norm", None) is None) != (not shape.qk_norm):
+            return f"layer {i} differs from the first in its q/k norms"
+        if any(_eps(n) != eps for n in norms):
+            return f"layer {i}'s norms' epsilon differs from the final norm's {eps}"
+        if any(n.weight.dtype != torch.bfloat16 for n in norms):
+            return f"layer {i}'s norm weights are not bf16"
+        scaling = float(getattr(attn, "scaling", head_dim ** -0.5))
+        if scaling != head_dim ** -0.5:
+            return f"layer {i}'s attention scaling {scaling} is not head_dim ** -0.5"
+    if decoder.norm.weight.dtype != torch.bfloat16:
+        return "the final norm's weight is not bf16"
+    need = 2 * shape.layers * (persistent_step.weight_rows(shape) + shape.intermediate) \
+        * shape.hidden
+    free = torch.cuda.mem_get_info(table.device)[0]
+    if need > free:
+        return (f"stacking its weights into the step's layout needs {need / 2**30:.1f} GiB while "
+                f"{free / 2**30:.1f} GiB are free")
+    return None
+
+
+def _step_shape(model: torch.nn.Module) -> Any:
+    """The model's :class:`~draftsmith.kernels.persistent_step.StepShape`."""
+    from draftsmith.kernels.persistent_step import StepShape
+
+    config, decoder = model.config, model.get_decoder()
+    heads = int(config.num_attention_heads)
+    hidden = int(config.hidden_size)
+    attn = decoder.layers[0].self_attn
+    return StepShape(
+        layers=len(decoder.layers), hidden=hidden, intermediate=int(config.intermediate_size),
+        heads=heads, kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(config, "head_dim", None) or hidden // heads),
+        vocab=int(decoder.embed_tokens.weight.shape[0]),
+        qk_norm=getattr(attn, "q_norm", None) is not None)
+
+
+class _StepStacks:
+    """The persistent step's two weight stacks for ``model``, allocated empty: each layer's
+    :class:`_Layer` packs its projections into its rows (:meth:`layer`), after which
+    :meth:`runner` builds the step over them."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        from draftsmith.kernels.persistent_step import weight_rows
+
+        self.shape = shape = _step_shape(model)
+        table = model.get_decoder().embed_tokens.weight
+        self.rows = weight_rows(shape)
+        self.wd = torch.empty(shape.layers * self.rows, shape.hidden, dtype=table.dtype,
+                              device=table.device)
+        self.wf = torch.empty(shape.layers * shape.hidden, shape.intermediate,
+                              dtype=table.dtype, device=table.device)
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s rows of the two stacks."""
+        d = self.shape.hidden
+        return self.wd[i * self.rows : (i + 1) * self.rows], self.wf[i * d : (i + 1) * d]
+
+    def runner(self, model: torch.nn.Module, inv_freq: torch.Tensor, rope_scale: float) -> Any:
+        """The :class:`~draftsmith.kernels.persistent_step.StepRunner` over the filled stacks,
+        with the norms' weights gathered (``[4L + 1, D]``: each layer's two, the final, each
+        layer's q and k norms in their first ``HD`` columns)."""
+        from draftsmith.kernels.persistent_step import StepRunner
+
+        shape, decoder = self.shape, model.get_decoder()
+        lay, hd = shape.layers, shape.head_dim
+        gamma = torch.zeros(4 * lay + 1, shape.hidden, dtype=self.wd.dtype, device=self.wd.device)
+        with torch.no_grad():
+            for i, layer in enumerate(decoder.layers):
+                gamma[2 * i] = layer.input_layernorm.weight
+                gamma[2 * i + 1] = layer.post_attention_layernorm.weight
+                if shape.qk_norm:
+                    gamma[2 * lay + 1 + 2 * i, :hd] = layer.self_attn.q_norm.weight
+                    gamma[2 * lay + 2 + 2 * i, :hd] = layer.self_attn.k_norm.weight
+            gamma[2 * lay] = decoder.norm.weight
+        return StepRunner(shape, self.wd, self.wf, gamma, decoder.embed_tokens.weight,
+                          _eps(decoder.norm), inv_freq, rope_scale)
 
 
 def choose_layer_path(requested: str, blocker: str | None, device: torch.device,
@@ -678,4 +862,4 @@ def choose_layer_path(requested: str, blocker: str | None, device: torch.device,
 
 __all__ = ["FEW_ROWS_CHOICES", "FUSED_MODEL_TYPES", "PDL_CHOICES", "LayerLoop", "check_few_rows",
            "check_pdl", "choose_layer_path", "config_blocker", "fused_blocker", "persistent_blocker",
-           "side_by_side"]
+           "side_by_side", "step_path_blocker"]

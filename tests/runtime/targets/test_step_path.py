@@ -1,0 +1,141 @@
+"""``target.few_rows = step``: one request's 1 to 8 tokens through the whole decoder as one
+persistent launch (:mod:`draftsmith.kernels.persistent_step`), against the separate launches
+and transformers' own modules, on random bf16 Llama and Qwen3 stacks the step takes (hidden and
+MLP sizes 2048, two layers, random norm weights).
+
+The step rounds RoPE once in fp32 where the launches round as transformers does, so the checks
+against the other paths are at bf16 tolerance; a step's row 0 has the bits of a step of that
+token alone. On the CPU (and off sm_90) the plan says why the step did not run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from draftsmith.runtime.config import TargetConfig
+from draftsmith.runtime.targets.hf import HFTarget
+from tests._tiny_models import make_tiny_causal_lm
+
+CASES: dict[str, dict[str, Any]] = {
+    "llama": dict(architecture="llama", num_heads=32),  # head width 64
+    "qwen3-qk-norm": dict(architecture="qwen3", num_heads=16, tie_word_embeddings=True),  # 128
+}
+
+
+def _model(case: dict[str, Any], device: str) -> torch.nn.Module:
+    model = make_tiny_causal_lm(vocab_size=512, hidden_size=2048, intermediate_size=2048,
+                                num_layers=2, num_kv_heads=8, initializer_range=0.02, seed=7,
+                                dtype=torch.bfloat16, **case)
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(torch.rand(param.shape, generator=g) + 0.5)
+    return model.to(device)
+
+
+def _target(case: dict[str, Any], device: str, few_rows: str, layers: str = "fused",
+            length: int = 200) -> HFTarget:
+    target = HFTarget(_model(case, device), layers=layers, few_rows=few_rows, max_slots=3)
+    target.set_capture_layers([-1, 0])
+    target.reserve(3, length)
+    return target
+
+
+def _sm90() -> None:
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the persistent step runs on sm_90 (Hopper)")
+
+
+def test_the_config_takes_step() -> None:
+    assert TargetConfig(few_rows="step").few_rows == "step"
+
+
+def test_on_the_cpu_the_plan_says_why_the_step_did_not_run() -> None:
+    model = _model(CASES["llama"], "cpu")
+    target = HFTarget(model, layers="fused", interpret=True, few_rows="step")
+    assert target._loop.step is None
+    assert "target.few_rows = step cannot run this model: its kernel runs on a GPU" \
+        in target.layer_path_reason, target.layer_path_reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_step_matches_the_launches_and_transformers(name: str) -> None:
+    _sm90()
+    step = _target(CASES[name], "cuda", "step")
+    assert step._loop.step is not None, step.layer_path_reason
+    assert "one persistent launch of the whole decoder" in step.layer_path_reason
+    others = [_target(CASES[name], "cuda", "launches"),
+              _target(CASES[name], "cuda", "auto", layers="transformers")]
+    # the weights' parameters are views of the step's stacks: no weight is held twice
+    wd = step._loop.step.wd
+    q_proj = step._loop.decoder.layers[1].self_attn.q_proj.weight
+    assert q_proj.untyped_storage().data_ptr() == wd.untyped_storage().data_ptr()
+    g = torch.Generator().manual_seed(3)
+    prompt, block = (torch.randint(0, 512, (n,), generator=g).cuda() for n in (13, 6))
+    tol = dict(atol=0.15, rtol=0.05)
+    outs = []
+    for target in (step, *others):
+        target.prefill([1], [prompt])  # 13 rows: the launches
+        verified = target.verify([1], block[None])  # positions 13 .. 18
+        target.commit([1], [13])
+        outs.append((verified, target.verify([1], block[None, :1])))
+    assert step._loop.step_forwards == 2
+    for other in outs[1:]:
+        for got, want in zip(outs[0], other, strict=True):
+            torch.testing.assert_close(got.logits.logits, want.logits.logits, **tol)
+            torch.testing.assert_close(got.features.float(), want.features.float(), **tol)
+    # the block's row 0 is the one-token step's: the same token at the same position
+    assert torch.equal(outs[0][0].logits.logits[:1], outs[0][1].logits.logits)
+    assert torch.equal(outs[0][0].features[:1], outs[0][1].features)
+    # the slots beside the request's are untouched (zeroed at reserve)
+    kv = step._kv
+    assert all(bool((t[0] == 0).all() and (t[2] == 0).all()) for t in (*kv.keys, *kv.values))
+
+
+@pytest.mark.gpu
+def test_a_step_replays_in_a_cuda_graph() -> None:
+    """forward_rows captured once, replayed at new positions: the logits of a fresh forward."""
+    _sm90()
+    target = _target(CASES["llama"], "cuda", "step")
+    fresh = _target(CASES["llama"], "cuda", "step")
+    g = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, 512, (20,), generator=g).cuda()
+    for t in (target, fresh):
+        t.prefill([1], [prompt])
+    tokens = torch.zeros(1, 4, dtype=torch.int64, device="cuda")
+    starts = torch.zeros(1, dtype=torch.int64, device="cuda")
+    slots = torch.ones(1, dtype=torch.int64, device="cuda")
+    width = 120
+    tokens.copy_(torch.randint(0, 512, (1, 4), generator=g))
+    starts.fill_(20)
+    target.forward_rows(tokens, starts, width, slots)  # compiles outside the capture
+    fresh.commit([1], [20])
+    fresh.verify([1], tokens)  # the same rows 20 .. 23 in both caches
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = target.forward_rows(tokens, starts, width, slots)
+    for start in (24, 57, 100):
+        block = torch.randint(0, 512, (1, 4), generator=g).cuda()
+        tokens.copy_(block)
+        starts.fill_(start)
+        graph.replay()
+        fresh.commit([1], [start])
+        want = fresh.verify([1], block)
+        assert torch.equal(out.logits.logits, want.logits.logits)
+        assert torch.equal(out.features, want.features)
+
+
+@pytest.mark.gpu
+def test_a_cache_past_the_steps_capacity_takes_the_launches() -> None:
+    _sm90()
+    target = _target(CASES["llama"], "cuda", "step", length=4096)
+    capacity = target._loop.step.capacity
+    assert capacity + 16 < 4096
+    assert f"80 to {capacity + 16} positions a slot" in target.layer_path_reason
+    target.prefill([0], [torch.arange(5, 18).cuda()])
+    target.verify([0], torch.arange(30, 36).cuda()[None])
+    assert target._loop.step_forwards == 0
