@@ -84,6 +84,7 @@ def test_the_step_matches_the_launches_and_transformers(name: str) -> None:
         target.commit([1], [13])
         outs.append((verified, target.verify([1], block[None, :1])))
     assert step._loop.step_forwards == 2
+    assert int(step._loop.step.err[0]) == 0  # no program gave up waiting for another
     for other in outs[1:]:
         for got, want in zip(outs[0], other, strict=True):
             torch.testing.assert_close(got.logits.logits, want.logits.logits, **tol)
@@ -127,6 +128,7 @@ def test_a_step_replays_in_a_cuda_graph() -> None:
         want = fresh.verify([1], block)
         assert torch.equal(out.logits.logits, want.logits.logits)
         assert torch.equal(out.features, want.features)
+    assert int(target._loop.step.err[0]) == 0
 
 
 @pytest.mark.gpu
