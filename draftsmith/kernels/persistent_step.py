@@ -11,7 +11,8 @@ eight TMA boxes ``[16, 64]`` read straight from row-major weights) into a ring i
 multiplies them by X ``[(quarter, row), K / 4]`` on wgmma after waiting for the product X comes from (an acquire count
 a product); its storer warp sums the four quarters, applies the epilogue (SiLU x up, the residual add) and releases the
 count once the program's last item of that product is stored. The first ``o`` items of a layer carry the attention:
-a duty a (key/value head, split of the context) for every row, one combining duty a row. At eight rows ``down``'s X is
+a duty a (key/value head, split of the context) for every row, one combining duty a row; the splits holding the
+step's own positions write their keys and values into the cache first. At eight rows ``down``'s X is
 streamed in 512-column chunks through two buffers.
 
 Glossary: ``R`` rows of the step (one request's consecutive tokens, 1 to 8), ``RP`` rows padded (2 or 8), ``L``
@@ -25,9 +26,11 @@ post-attention, ``2L`` final, ``2L + 1 + 2l`` / ``+ 2`` Qwen3's q / k norms in t
 counts, ``err`` int32 ``[spin timeouts, the context length, arrivals, launches]``. Weights: ``WD [L (NQKV + D + 2F) + V,
 D]`` (each layer's ``[q | k | v]``, ``o``, gate, up rows, then the head's table), ``WF [L D, F]`` (``down``).
 
-Numerics: bf16 storage, fp32 sums in a fixed order per row whatever the row count (one row of eight equals the
-one-row step bit for bit); RoPE with fp32 cos / sin, rounded once (draftsmith's launches round as transformers does,
-so the two paths' bits differ).
+Numerics: bf16 storage, fp32 sums in a fixed order per row whatever the row count: the products' by construction,
+attention's because its splits are fixed blocks of positions (not a share of the context) and a step's own keys are
+written into the cache and read back with the rest, each row masked at its own position, so row r of a step has the
+bits of a step of that token alone. RoPE with fp32 cos / sin, rounded once (draftsmith's launches round as
+transformers does, so the two paths' bits differ).
 """
 
 from __future__ import annotations
@@ -148,11 +151,15 @@ def _spin_duty8(cb0, g, err_ptr, limit, NH: gl.constexpr, NKV: gl.constexpr, HD:
 
 
 @gluon.jit
-def _split8(c2, ctx, NSPL: gl.constexpr):
-    """Split c2's cached positions [lo, hi) of a context of ctx: cdiv(ctx, NSPL) a split."""
-    tsc = (ctx + NSPL - 1) // NSPL
-    lo = c2 * tsc
-    return lo, gl.minimum(lo + tsc, ctx)
+def _split8(c2, ctx, R: gl.constexpr, NSPL: gl.constexpr, TB8: gl.constexpr):
+    """Split c2's positions [lo, hi): the TB8 positions from c2 * TB8 whatever the context (the
+    last split also every position after its block), cut at the step's last row ctx + R. Fixed
+    bounds give a row the same blocks, in the same order, at any row count."""
+    lo = c2 * TB8
+    hi = gl.minimum(lo + TB8, ctx + R)
+    if c2 == NSPL - 1:
+        hi = ctx + R
+    return lo, hi
 
 
 @gluon.jit
@@ -356,9 +363,11 @@ def _attn_rows8(
 ):
     """After the wait: the partials (max, sum, unnormalised output) of split c2 for every row and
     query head of key/value head g, stored at ap[l, g, r * NSPL + c2] (head hq at hq * (HD + 2)).
-    k1 .. v2: the split's first block of cached positions (loaded before the wait); its other
-    blocks are loaded here. The last split also takes the step's own rows 0 .. r (keys normed and
-    rotated here) and writes them into the cache at ctx + r."""
+    k1 .. v2: the split's first block of positions before the step's rows (loaded before the
+    wait). A split holding some of the step's rows writes their keys (normed and rotated here) and
+    values into the cache at ctx + r first and reads the block again; the last split's later
+    blocks are loaded here. Row r sees the positions up to ctx + r, in the same blocks and order
+    as a step of that row alone: its bits do not depend on the step's row count."""
     HH: gl.constexpr = HD // 2
     HPC: gl.constexpr = 512 // HD
     GQ: gl.constexpr = NH // NKV
@@ -393,33 +402,12 @@ def _attn_rows8(
     scale = 1.0 / (HD**0.5)
     sm = gl.arange(0, 64, layout=gl.SliceLayout(1, MMA8))
     st = gl.arange(0, TB8, layout=gl.SliceLayout(0, MMA8))
-    lo, hi = _split8(c2, ctx, NSPL)
-    ok = ((lo + st)[None, :] < hi) & (sm[:, None] < 64)
-    sc = mma_v2(a1, k1, gl.zeros([64, TB8], gl.float32, MMA8))
-    sc = mma_v2(a2, k2, sc)
-    sc = gl.where(ok, sc * scale, -1.0e30)
-    m = gl.max(sc, axis=1)
-    pe = gl.where(ok, gl.exp(sc - m[:, None]), 0.0)
-    lsum = gl.sum(pe, axis=1)
-    pa = gl.convert_layout(pe.to(gl.bfloat16), A8)
-    o1 = mma_v2(pa, v1, gl.zeros([64, HH], gl.float32, MMA8))
-    o2 = mma_v2(pa, v2, gl.zeros([64, HH], gl.float32, MMA8))
-    for b0 in range(lo + TB8, hi, TB8):
-        kb1, kb2, vb1, vb2 = _kv_block8(kc_ptr, vc_ptr, l, g, b0, hi, R, NKV, HD, CTX, TB8)
-        okb = ((b0 + st)[None, :] < hi) & (sm[:, None] < 64)
-        sb = mma_v2(a1, kb1, gl.zeros([64, TB8], gl.float32, MMA8))
-        sb = mma_v2(a2, kb2, sb)
-        sb = gl.where(okb, sb * scale, -1.0e30)
-        mb = gl.maximum(m, gl.max(sb, axis=1))
-        ab_ = gl.exp(m - mb)
-        pbk = gl.where(okb, gl.exp(sb - mb[:, None]), 0.0)
-        lsum = lsum * ab_ + gl.sum(pbk, axis=1)
-        pk = gl.convert_layout(pbk.to(gl.bfloat16), A8)
-        o1 = mma_v2(pk, vb1, o1 * ab_[:, None])
-        o2 = mma_v2(pk, vb2, o2 * ab_[:, None])
-        m = mb
-    if c2 == NSPL - 1:
-        # the step's own rows t < R: keys normed and rotated at their own angles, causal (t <= the row's r)
+    lo, hi = _split8(c2, ctx, R, NSPL, TB8)
+    last = ctx + sm // GQ  # each row's own position: it sees the positions up to it
+    if (hi > ctx) & (hi > lo):
+        # the split holds some of the step's rows: their keys normed and rotated at their own
+        # angles, written into the cache with their values (each position by the one split
+        # holding it), then the split's first block read again with them
         t = gl.arange(0, 16, layout=gl.SliceLayout(1, BL8))
         nm = (t[:, None] < R) & (d[None, :] < HH)
         nb = qkvb_ptr + l * (RP * NQKV) + t[:, None] * NQKV + g * HD + d[None, :]
@@ -446,32 +434,41 @@ def _attn_rows8(
         vr2 = gl.load(nb + (NH + NKV) * HD + HH, mask=nm, other=0.0, cache_modifier=".cg")
         kr1 = (x1 * cn - x2 * sn).to(gl.bfloat16)
         kr2 = (x2 * cn + x1 * sn).to(gl.bfloat16)
-        # the cache write of the step's rows is this duty's (no [q | k | v] item finishes a chunk)
         T: gl.constexpr = CTX + 16
+        mine = nm & ((ctx + t)[:, None] >= lo) & ((ctx + t)[:, None] < hi)
         dst = (ctx + t)[:, None] * HD + d[None, :]
         kd = _cache_at(kc_ptr, l, g, NKV, T, HD)
         vd = _cache_at(vc_ptr, l, g, NKV, T, HD)
-        gl.store(kd + dst, kr1, mask=nm)
-        gl.store(kd + dst + HH, kr2, mask=nm)
-        gl.store(vd + dst, vr1, mask=nm)
-        gl.store(vd + dst + HH, vr2, mask=nm)
-        n1 = gl.convert_layout(gl.permute(kr1, (1, 0)), B8)
-        n2 = gl.convert_layout(gl.permute(kr2, (1, 0)), B8)
-        w1 = gl.convert_layout(vr1, B8)
-        w2 = gl.convert_layout(vr2, B8)
-        s2 = mma_v2(a1, n1, gl.zeros([64, 16], gl.float32, MMA8))
-        s2 = mma_v2(a2, n2, s2)
-        sn16 = gl.arange(0, 16, layout=gl.SliceLayout(0, MMA8))
-        ok2 = (sn16[None, :] <= (sm // GQ)[:, None]) & (sn16[None, :] < R)
-        s2 = gl.where(ok2, s2 * scale, -1.0e30)
-        mn = gl.maximum(m, gl.max(s2, axis=1))
-        alpha = gl.exp(m - mn)
-        p2 = gl.where(ok2, gl.exp(s2 - mn[:, None]), 0.0)
-        lsum = lsum * alpha + gl.sum(p2, axis=1)
-        pb = gl.convert_layout(p2.to(gl.bfloat16), A8)
-        o1 = mma_v2(pb, w1, o1 * alpha[:, None])
-        o2 = mma_v2(pb, w2, o2 * alpha[:, None])
-        m = mn
+        gl.store(kd + dst, kr1, mask=mine)
+        gl.store(kd + dst + HH, kr2, mask=mine)
+        gl.store(vd + dst, vr1, mask=mine)
+        gl.store(vd + dst + HH, vr2, mask=mine)
+        _tbar()
+        k1, k2, v1, v2 = _kv_block8(kc_ptr, vc_ptr, l, g, lo, hi, R, NKV, HD, CTX, TB8)
+    ok = ((lo + st)[None, :] < hi) & ((lo + st)[None, :] <= last[:, None])
+    sc = mma_v2(a1, k1, gl.zeros([64, TB8], gl.float32, MMA8))
+    sc = mma_v2(a2, k2, sc)
+    sc = gl.where(ok, sc * scale, -1.0e30)
+    m = gl.max(sc, axis=1)
+    pe = gl.where(ok, gl.exp(sc - m[:, None]), 0.0)
+    lsum = gl.sum(pe, axis=1)
+    pa = gl.convert_layout(pe.to(gl.bfloat16), A8)
+    o1 = mma_v2(pa, v1, gl.zeros([64, HH], gl.float32, MMA8))
+    o2 = mma_v2(pa, v2, gl.zeros([64, HH], gl.float32, MMA8))
+    for b0 in range(lo + TB8, hi, TB8):  # the last split's positions past its block
+        kb1, kb2, vb1, vb2 = _kv_block8(kc_ptr, vc_ptr, l, g, b0, hi, R, NKV, HD, CTX, TB8)
+        okb = ((b0 + st)[None, :] < hi) & ((b0 + st)[None, :] <= last[:, None])
+        sb = mma_v2(a1, kb1, gl.zeros([64, TB8], gl.float32, MMA8))
+        sb = mma_v2(a2, kb2, sb)
+        sb = gl.where(okb, sb * scale, -1.0e30)
+        mb = gl.maximum(m, gl.max(sb, axis=1))
+        ab_ = gl.exp(m - mb)
+        pbk = gl.where(okb, gl.exp(sb - mb[:, None]), 0.0)
+        lsum = lsum * ab_ + gl.sum(pbk, axis=1)
+        pk = gl.convert_layout(pbk.to(gl.bfloat16), A8)
+        o1 = mma_v2(pk, vb1, o1 * ab_[:, None])
+        o2 = mma_v2(pk, vb2, o2 * ab_[:, None])
+        m = mb
     APS: gl.constexpr = HPC * (HD + 2)
     od = gl.arange(0, HH, layout=gl.SliceLayout(0, MMA8))
     sr = sm // GQ
@@ -704,8 +701,9 @@ def _duty8(
     sa = j // NSPL
     c2 = j % NSPL
     ctx = gl.load(err_ptr + 1)  # the step's context length (device memory: graph replays)
-    lo, hi = _split8(c2, ctx, NSPL)
-    k1, k2, v1, v2 = _kv_block8(kc_ptr, vc_ptr, l, sa, lo, hi, R, NKV, HD, CTX, TB8)
+    lo, hi = _split8(c2, ctx, R, NSPL, TB8)
+    # positions before the step's rows only: the rows' own keys are not in the cache yet
+    k1, k2, v1, v2 = _kv_block8(kc_ptr, vc_ptr, l, sa, lo, gl.minimum(hi, ctx), R, NKV, HD, CTX, TB8)
     _spin_duty8(done_ptr + CHUNKS + (4 * l) * 64, sa, err_ptr, limit, NH, NKV, HD)
     _attn_rows8(
         qkv_ptr,

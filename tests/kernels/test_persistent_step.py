@@ -51,3 +51,33 @@ def test_the_step_compiles_for_sm90():
     lines = done.stdout.splitlines()
     assert done.returncode == 0 and lines and lines[-1].endswith("4 compiled, 0 failed"), \
         done.stdout + done.stderr[-2000:]
+
+
+def test_the_step_inputs_in_one_launch():
+    """The launch before the step: int32 tokens, the context length (the first row's position),
+    each row's cos / sin times the RoPE's scaling, each layer's address of the slot's cache row
+    (on the CPU under the interpreter; the GPU suite runs it inside the step)."""
+    import torch
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    rows, layers, hd, slot_bytes = 5, 3, 64, 4 * 96 * 64 * 2
+    ids = torch.tensor([7, 3, 40000, 0, 9], device=dev)
+    positions = torch.arange(90, 95, device=dev)
+    inv = 1.0 / 10000.0 ** (torch.arange(0, hd, 2, device=dev).float() / hd)
+    bases = [torch.tensor([10 ** 9 + 17 * i for i in range(layers)], device=dev) for _ in "kv"]
+    bases[1] += 5
+    tokens = torch.full((16,), -1, dtype=torch.int32, device=dev)
+    err = torch.zeros(4, dtype=torch.int32, device=dev)
+    cos_sin = torch.zeros(16, hd, device=dev)
+    k_rows, v_rows = (torch.zeros(layers, dtype=torch.int64, device=dev) for _ in "kv")
+    ps._step_inputs_kernel[(1,)](ids, positions, torch.tensor([2], device=dev), inv, *bases,
+                                 tokens, err, cos_sin, k_rows, v_rows, slot_bytes, 1.25,
+                                 R=rows, HH=hd // 2, L=layers, BL=4)
+    assert tokens[:rows].tolist() == ids.tolist() and (tokens[rows:] == -1).all()
+    assert err.tolist() == [0, 90, 0, 0]
+    angle = positions.float()[:, None] * inv
+    torch.testing.assert_close(cos_sin[:rows, : hd // 2], angle.cos() * 1.25)
+    torch.testing.assert_close(cos_sin[:rows, hd // 2 :], angle.sin() * 1.25)
+    assert (cos_sin[rows:] == 0).all()
+    assert k_rows.tolist() == (bases[0] + 2 * slot_bytes).tolist()
+    assert v_rows.tolist() == (bases[1] + 2 * slot_bytes).tolist()

@@ -4,8 +4,8 @@ and transformers' own modules, on random bf16 Llama and Qwen3 stacks the step ta
 MLP sizes 2048, two layers, random norm weights).
 
 The step rounds RoPE once in fp32 where the launches round as transformers does, so the checks
-against the other paths are at bf16 tolerance; a step's row 0 has the bits of a step of that
-token alone. On the CPU (and off sm_90) the plan says why the step did not run."""
+against the other paths are at bf16 tolerance; a block's rows have the bits of its tokens
+stepped one at a time. On the CPU (and off sm_90) the plan says why the step did not run."""
 
 from __future__ import annotations
 
@@ -83,15 +83,17 @@ def test_the_step_matches_the_launches_and_transformers(name: str) -> None:
         verified = target.verify([1], block[None])  # positions 13 .. 18
         target.commit([1], [13])
         outs.append((verified, target.verify([1], block[None, :1])))
-    assert step._loop.step_forwards == 2
+    # the block's rows have the bits of its tokens stepped one at a time (positions 13 .. 18)
+    step.commit([1], [13])
+    alone = [step.verify([1], block[None, i : i + 1]) for i in range(6)]
+    assert torch.equal(outs[0][0].logits.logits, torch.cat([a.logits.logits for a in alone]))
+    assert torch.equal(outs[0][0].features, torch.cat([a.features for a in alone]))
+    assert step._loop.step_forwards == 2 + 6
     assert int(step._loop.step.err[0]) == 0  # no program gave up waiting for another
     for other in outs[1:]:
         for got, want in zip(outs[0], other, strict=True):
             torch.testing.assert_close(got.logits.logits, want.logits.logits, **tol)
             torch.testing.assert_close(got.features.float(), want.features.float(), **tol)
-    # the block's row 0 is the one-token step's: the same token at the same position
-    assert torch.equal(outs[0][0].logits.logits[:1], outs[0][1].logits.logits)
-    assert torch.equal(outs[0][0].features[:1], outs[0][1].features)
     # the slots beside the request's are untouched (zeroed at reserve)
     kv = step._kv
     assert all(bool((t[0] == 0).all() and (t[2] == 0).all()) for t in (*kv.keys, *kv.values))
@@ -141,3 +143,35 @@ def test_a_cache_past_the_steps_capacity_takes_the_launches() -> None:
     target.prefill([0], [torch.arange(5, 18).cuda()])
     target.verify([0], torch.arange(30, 36).cuda()[None])
     assert target._loop.step_forwards == 0
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_projections_become_views_of_the_steps_two_stacks(name: str) -> None:
+    """Each layer's ``[q | k | v]``, ``o``, gate and up rows in the first stack, its ``down`` in
+    the second, in the kernel's order; the modules' weights are views of them, values kept."""
+    from draftsmith.kernels.persistent_step import weight_rows
+    from draftsmith.runtime.targets.hf_layers import _Layer, _StepStacks
+
+    model = _model(CASES[name], "cpu")
+    layers = model.get_decoder().layers
+    before = [{n: p.detach().clone() for n, p in layer.named_parameters() if "proj" in n}
+              for layer in layers]
+    stacks = _StepStacks(model)
+    shape = stacks.shape
+    packed = [_Layer(layer, shape.heads, shape.kv_heads, shape.head_dim, stacks.layer(i))
+              for i, layer in enumerate(layers)]
+    rows, d = weight_rows(shape), shape.hidden
+    for i, (layer, was) in enumerate(zip(layers, before, strict=True)):
+        attn, mlp = layer.self_attn, layer.mlp
+        order = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj]
+        row = i * rows
+        for lin in order:
+            n = lin.out_features
+            assert lin.weight.data_ptr() == stacks.wd[row].data_ptr()
+            row += n
+        assert row == (i + 1) * rows
+        assert mlp.down_proj.weight.data_ptr() == stacks.wf[i * d].data_ptr()
+        for n, p in layer.named_parameters():
+            if "proj" in n:
+                assert torch.equal(p, was[n]), n
+        assert packed[i].qkv_weight.data_ptr() == stacks.wd[i * rows].data_ptr()
