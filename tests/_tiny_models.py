@@ -30,10 +30,13 @@ def make_tiny_causal_lm(
     max_position_embeddings: int = 2048,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    random_norms: bool = False,
 ) -> torch.nn.Module:
     """A randomly initialised ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` /
     ``MistralForCausalLM`` (eval mode, CPU); ``rope_parameters`` (transformers 5's RoPE table,
-    e.g. ``{"rope_type": "llama3", ...}``) replaces the default RoPE."""
+    e.g. ``{"rope_type": "llama3", ...}``) replaces the default RoPE. ``random_norms``: every norm
+    weight drawn from [0.5, 1.5) (transformers starts them at ones, where a norm weight applied
+    twice, or not at all, would pass)."""
     transformers = require_transformers()
     common: dict[str, Any] = dict(
         vocab_size=vocab_size,
@@ -73,7 +76,14 @@ def make_tiny_causal_lm(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = cls(config)
-    return model.to(dtype).eval()
+    model = model.to(dtype).eval()
+    if random_norms:
+        g = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "norm" in name:
+                    param.copy_(torch.rand(param.shape, generator=g) + 0.5)
+    return model
 
 
 def tiny_target(max_slots: int = 16, **kwargs: Any) -> HFTarget:

@@ -47,14 +47,8 @@ def _pair(case: dict[str, Any], device: str, dtype: torch.dtype,
     The norms' weights are random too (transformers starts them at ones, where a norm weight
     applied twice, or not at all, would pass)."""
     def make() -> torch.nn.Module:
-        model = make_tiny_causal_lm(num_layers=max(2, max(capture) + 2), seed=7, dtype=dtype,
-                                    **case)
-        g = torch.Generator().manual_seed(5)
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if "norm" in name:
-                    param.copy_(torch.rand(param.shape, generator=g) + 0.5)
-        return model.to(device)
+        return make_tiny_causal_lm(num_layers=max(2, max(capture) + 2), seed=7, dtype=dtype,
+                                   random_norms=True, **case).to(device)
 
     fused = HFTarget(make(), layers="fused", interpret=device == "cpu",  # the kernels on a CPU
                      few_rows=few_rows, pdl=pdl)

@@ -25,15 +25,9 @@ CASES: dict[str, dict[str, Any]] = {
 
 
 def _model(case: dict[str, Any], device: str) -> torch.nn.Module:
-    model = make_tiny_causal_lm(vocab_size=512, hidden_size=2048, intermediate_size=2048,
-                                num_layers=2, num_kv_heads=8, initializer_range=0.02, seed=7,
-                                dtype=torch.bfloat16, **case)
-    g = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name:
-                param.copy_(torch.rand(param.shape, generator=g) + 0.5)
-    return model.to(device)
+    return make_tiny_causal_lm(vocab_size=512, hidden_size=2048, intermediate_size=2048,
+                               num_layers=2, num_kv_heads=8, initializer_range=0.02, seed=7,
+                               dtype=torch.bfloat16, random_norms=True, **case).to(device)
 
 
 def _target(case: dict[str, Any], device: str, few_rows: str, layers: str = "fused",
