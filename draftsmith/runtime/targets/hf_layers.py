@@ -719,13 +719,31 @@ def step_path_blocker(model: torch.nn.Module, inv_freq: torch.Tensor | None) -> 
     """Why ``target.few_rows = step`` cannot run ``model``'s few-row forwards as one
     persistent launch (:mod:`~draftsmith.kernels.persistent_step`), or ``None`` when it can;
     ``inv_freq``: the loop's static RoPE frequencies, ``None`` for another RoPE."""
-    decoder = model.get_decoder()
-    table = decoder.embed_tokens.weight
+    table = model.get_decoder().embed_tokens.weight
     if not table.is_cuda:
         return "its kernel runs on a GPU"
     capability = torch.cuda.get_device_capability(table.device)
     if capability != (9, 0):
         return f"its kernel is written for sm_90 (Hopper); this GPU is sm_{capability[0]}{capability[1]}"
+    why = step_model_blocker(model, inv_freq)
+    if why is not None:
+        return why
+    from draftsmith.kernels.persistent_step import weight_rows
+
+    shape = _step_shape(model)
+    need = 2 * shape.layers * (weight_rows(shape) + shape.intermediate) * shape.hidden
+    free = torch.cuda.mem_get_info(table.device)[0]
+    if need > free:
+        return (f"stacking its weights into the step's layout needs {need / 2**30:.1f} GiB while "
+                f"{free / 2**30:.1f} GiB are free")
+    return None
+
+
+def step_model_blocker(model: torch.nn.Module, inv_freq: torch.Tensor | None) -> str | None:
+    """:func:`step_path_blocker`'s checks of the model itself, wherever it lies: its dtype,
+    RoPE, embedding, sizes, biases, norms and attention scaling."""
+    decoder = model.get_decoder()
+    table = decoder.embed_tokens.weight
     if table.dtype != torch.bfloat16:
         return f"it runs bf16 weights, these are {str(table.dtype).removeprefix('torch.')}"
     if inv_freq is None:
@@ -761,12 +779,6 @@ def step_path_blocker(model: torch.nn.Module, inv_freq: torch.Tensor | None) -> 
             return f"layer {i}'s attention scaling {scaling} is not head_dim ** -0.5"
     if decoder.norm.weight.dtype != torch.bfloat16:
         return "the final norm's weight is not bf16"
-    need = 2 * shape.layers * (persistent_step.weight_rows(shape) + shape.intermediate) \
-        * shape.hidden
-    free = torch.cuda.mem_get_info(table.device)[0]
-    if need > free:
-        return (f"stacking its weights into the step's layout needs {need / 2**30:.1f} GiB while "
-                f"{free / 2**30:.1f} GiB are free")
     return None
 
 
@@ -862,4 +874,4 @@ def choose_layer_path(requested: str, blocker: str | None, device: torch.device,
 
 __all__ = ["FEW_ROWS_CHOICES", "FUSED_MODEL_TYPES", "PDL_CHOICES", "LayerLoop", "check_few_rows",
            "check_pdl", "choose_layer_path", "config_blocker", "fused_blocker", "persistent_blocker",
-           "side_by_side", "step_path_blocker"]
+           "side_by_side", "step_model_blocker", "step_path_blocker"]

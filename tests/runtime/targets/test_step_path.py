@@ -169,3 +169,33 @@ def test_the_projections_become_views_of_the_steps_two_stacks(name: str) -> None
             if "proj" in n:
                 assert torch.equal(p, was[n]), n
         assert packed[i].qkv_weight.data_ptr() == stacks.wd[i * rows].data_ptr()
+
+
+@pytest.mark.parametrize("change,why", [
+    (None, None),
+    ("qwen3", None),
+    ("qwen2", "layer 0's projections have biases"),
+    ("fp32", "it runs bf16 weights, these are float32"),
+    ("narrow", "does not take hidden size 64 (2048 or 4096)"),
+    ("rope", "its RoPE is not fixed at load"),
+    ("eps", "layer 1's norms' epsilon differs from the final norm's 1e-06"),
+])
+def test_the_models_the_step_refuses_are_named(change: str | None, why: str | None) -> None:
+    """The model-side checks of ``target.few_rows = step`` (on the CPU; the GPU and memory
+    checks come first on a GPU)."""
+    from draftsmith.runtime.targets.hf_layers import step_model_blocker
+
+    case = dict(CASES["qwen3-qk-norm" if change == "qwen3" else "llama"])
+    if change == "qwen2":
+        case = dict(architecture="qwen2", num_heads=32)
+    if change == "narrow":
+        model = make_tiny_causal_lm(dtype=torch.bfloat16)
+    else:
+        model = _model(case, "cpu")
+    if change == "fp32":
+        model = model.float()
+    if change == "eps":
+        model.get_decoder().layers[1].post_attention_layernorm.variance_epsilon = 1e-5
+    inv_freq = None if change == "rope" else model.get_decoder().rotary_emb.inv_freq
+    got = step_model_blocker(model, inv_freq)
+    assert got == why if why is None else got is not None and why in got, got
