@@ -30,8 +30,9 @@ drafter. For each shape, in one run:
   product and row count against the floor and the default, then a table of them all
   (compile-bound: a few minutes a shape on an H200 with a cold Triton cache);
 * ``--profile``: the kernels of one eager plain step, by name;
-* ``--few-rows launches persistent``: the decoding runs under each ``target.few_rows`` in turn
-  (the table shows the first; the others print after it, fields ``few_rows_<value>``);
+* ``--few-rows launches persistent step``: the decoding runs under each ``target.few_rows`` in
+  turn (the table shows the first; the others print after it, fields ``few_rows_<value>``;
+  ``step`` also prints the persistent step's forwards issued, field ``step_forwards``);
   ``--pdl auto off`` the same for ``target.pdl`` (fields ``pdl_<value>``), ``--round-pdl auto
   off`` for ``runtime.pdl`` (the Markov chain's launches; fields ``round_pdl_<value>``).
 
