@@ -181,10 +181,7 @@ def _pack(linears: Sequence[torch.nn.Linear], out: torch.Tensor | None = None
     where given (rows of the persistent step's stacked weights); each module's parameters
     become views of the packed tensors."""
     with torch.no_grad():
-        if out is None:
-            weight = torch.cat([lin.weight.detach() for lin in linears])
-        else:
-            weight = torch.cat([lin.weight.detach() for lin in linears], out=out)
+        weight = torch.cat([lin.weight.detach() for lin in linears], out=out)
         biases = [lin.bias for lin in linears]
         bias = (torch.cat([b.detach() if b is not None else
                            torch.zeros(lin.out_features, dtype=weight.dtype, device=weight.device)
