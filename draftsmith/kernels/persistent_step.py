@@ -1367,6 +1367,18 @@ def step_blocker(shape: StepShape, rows: int, capacity: int) -> str | None:
     return None
 
 
+WIDE_BLOCK_HIDDEN = 2048
+"""The widest hidden size whose blocks of 2 to 8 tokens the step takes. Wider, its eight-row
+products run slower than the separate launches (H100, Llama-3.1-8B shape: an 8-token forward
+6.00 ms against 5.32 ms, one token 5.08 against 5.22; ``benchmarks/results/scale-step_*``)."""
+
+
+def step_rows(shape: StepShape) -> int:
+    """The most tokens one forward of ``shape`` takes through the step: 8 up to a hidden size
+    of :data:`WIDE_BLOCK_HIDDEN`, else 1 (its blocks take the separate launches)."""
+    return 8 if shape.hidden <= WIDE_BLOCK_HIDDEN else 1
+
+
 def step_capacity(shape: StepShape) -> int:
     """The most cached positions a step of ``shape`` takes at up to eight rows (0: none): its
     attention duties, a key/value head times the splits, must fit the ``o`` items."""
@@ -1464,6 +1476,8 @@ class StepRunner:
                              f"{tuple(gamma.shape)} do not fit {shape}")
         self.shape, self.eps, self.rope_scale = shape, float(eps), float(rope_scale)
         self.capacity = step_capacity(shape)
+        self.rows = step_rows(shape)
+        """The most tokens a forward takes through the step (:func:`step_rows`)."""
         """The most cached positions a slot's cache may hold (its rows ``capacity + 16``)."""
         self.wd, self.wf, self.gamma, self.embed = wd, wf, gamma, embed
         self.inv_freq = inv_freq.float().contiguous()

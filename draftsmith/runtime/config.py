@@ -192,7 +192,8 @@ class TargetConfig(_Strict):
     ``o_proj`` through the next layer's ``[q | k | v]``, with grid-wide barriers between its
     products), with the same bits as ``launches`` but slower on an H200 (a 1B layer's tail 51
     against 50 us at one token, 63 against 50 at eight; ``docs/benchmarks.md``). ``step``: a
-    forward of one request's 1 to 8 tokens as one persistent launch of the whole decoder
+    forward of one request's 1 to 8 tokens (one token at hidden sizes over 2048, where its
+    block products run slower than ``launches``) as one persistent launch of the whole decoder
     (Gluon, sm_90 only; bf16 Llama, Mistral and Qwen3 stacks without biases, hidden and MLP
     sizes multiples of 2048, a cache of 80 to 1040 positions a slot at 8 key/value heads);
     other forwards take ``launches``, and a model it cannot run takes ``launches`` with the

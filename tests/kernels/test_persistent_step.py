@@ -43,6 +43,11 @@ def test_a_shape_it_cannot_take_is_named(shape, rows, capacity, what):
     assert ps.step_blocker(LLAMA_1B, 8, 1024) is None
 
 
+def test_blocks_take_the_step_up_to_hidden_2048():
+    llama_8b = ps.StepShape(32, 4096, 14336, 32, 8, 128, 49152, False)
+    assert (ps.step_rows(LLAMA_1B), ps.step_rows(llama_8b)) == (8, 1)
+
+
 def test_the_step_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parents[1]), env.get("PYTHONPATH", "")])

@@ -299,8 +299,8 @@ class LayerLoop:
                 "product's programs prefetch their weights while a norm, RoPE or attention "
                 "runs)" if self.pdl else ""))
         launches = (
-            f"one request's 1 to 8 tokens as one persistent launch of the whole decoder "
-            f"(target.few_rows = step) while its cache holds {STEP_MIN_CACHE} to "
+            f"one request's {self._step_tokens()} as one persistent launch of the whole "
+            f"decoder (target.few_rows = step) while its cache holds {STEP_MIN_CACHE} to "
             f"{self.step.capacity + 16} positions a slot; other forwards (several requests, "
             f"more tokens, another cache length, an embedding hooked by another) {seven}"
             if self.step is not None else
@@ -429,10 +429,20 @@ class LayerLoop:
                 captured[i] = h.view(*positions.shape, -1)
         return normed.view(*positions.shape, -1), True
 
+    def _step_tokens(self) -> str:
+        """The plan's words for the forwards the step takes."""
+        from draftsmith.kernels.persistent_step import WIDE_BLOCK_HIDDEN
+
+        if self.step.rows > 1:
+            return f"1 to {self.step.rows} tokens"
+        return (f"single token (its blocks take the launches: at hidden sizes over "
+                f"{WIDE_BLOCK_HIDDEN} the step's block products run slower than them)")
+
     def _step_fits(self, ids: torch.Tensor, kv: StaticKV, rows: int) -> bool:
         """Whether a forward of one request's ``rows`` tokens takes the persistent step: up to
-        eight, its cache within the step's capacity, the embedding without another's hooks."""
-        return (self.step is not None and rows <= 8
+        the step's :attr:`~draftsmith.kernels.persistent_step.StepRunner.rows`, its cache within
+        the step's capacity, the embedding without another's hooks."""
+        return (self.step is not None and rows <= self.step.rows
                 and STEP_MIN_CACHE <= kv.length <= self.step.capacity + 16 and ids.is_cuda
                 and self.fused_embedding)
 
