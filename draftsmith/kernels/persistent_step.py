@@ -1370,7 +1370,7 @@ def step_blocker(shape: StepShape, rows: int, capacity: int) -> str | None:
 WIDE_BLOCK_HIDDEN = 2048
 """The widest hidden size whose blocks of 2 to 8 tokens the step takes. Wider, its eight-row
 products run slower than the separate launches (H100, Llama-3.1-8B shape: an 8-token forward
-6.00 ms against 5.32 ms, one token 5.08 against 5.22; ``benchmarks/results/scale-step_*``)."""
+6.00 ms against 5.32 ms, one token 5.08 against 5.22; ``benchmarks/results/scale-step-8b_*``)."""
 
 
 def step_rows(shape: StepShape) -> int:
