@@ -95,35 +95,37 @@ def test_the_step_matches_the_launches_and_transformers(name: str) -> None:
 
 @pytest.mark.gpu
 def test_a_step_replays_in_a_cuda_graph() -> None:
-    """forward_rows captured once, replayed at new positions: the logits of a fresh forward."""
+    """forward_rows captured once, replayed at other positions (on, across the 128-position
+    boundary of the attention's splits, and back): the bits of a fresh target's eager forward."""
     _sm90()
     target = _target(CASES["llama"], "cuda", "step")
     fresh = _target(CASES["llama"], "cuda", "step")
     g = torch.Generator().manual_seed(4)
-    prompt = torch.randint(0, 512, (20,), generator=g).cuda()
+    prompt = torch.randint(0, 512, (121,), generator=g).cuda()
     for t in (target, fresh):
         t.prefill([1], [prompt])
     tokens = torch.zeros(1, 4, dtype=torch.int64, device="cuda")
     starts = torch.zeros(1, dtype=torch.int64, device="cuda")
     slots = torch.ones(1, dtype=torch.int64, device="cuda")
-    width = 120
+    width = 140
     tokens.copy_(torch.randint(0, 512, (1, 4), generator=g))
-    starts.fill_(20)
+    starts.fill_(121)
     target.forward_rows(tokens, starts, width, slots)  # compiles outside the capture
-    fresh.commit([1], [20])
-    fresh.verify([1], tokens)  # the same rows 20 .. 23 in both caches
+    fresh.commit([1], [121])
+    fresh.verify([1], tokens)  # the same rows 121 .. 124 in both caches
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = target.forward_rows(tokens, starts, width, slots)
-    for start in (24, 57, 100):
+    # a commit only keeps what was verified: each start is at most the last verified end
+    for start in (125, 129, 123, 127):
         block = torch.randint(0, 512, (1, 4), generator=g).cuda()
         tokens.copy_(block)
         starts.fill_(start)
         graph.replay()
         fresh.commit([1], [start])
         want = fresh.verify([1], block)
-        assert torch.equal(out.logits.logits, want.logits.logits)
-        assert torch.equal(out.features, want.features)
+        assert torch.equal(out.logits.logits, want.logits.logits), start
+        assert torch.equal(out.features, want.features), start
     assert int(target._loop.step.err[0]) == 0
 
 
