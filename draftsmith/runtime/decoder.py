@@ -237,6 +237,9 @@ class SpecDecoder:
         finally:
             if collecting:
                 gc.enable()
+        check = getattr(self.target, "check_kernels", None)
+        if check is not None:  # a target whose kernels can fail without raising says so here
+            check()
         return [
             GenerationResult(tuple(r.tokens), tuple(r.lengths), r.finish, r.prefill_s, r.decode_s,
                              r.error, tuple(r.margins) if self.plan.record_margins else None)

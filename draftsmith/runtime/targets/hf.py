@@ -32,6 +32,7 @@ import torch
 
 from draftsmith.contract import (
     ConfigError,
+    DraftsmithError,
     LogitsShard,
     OutputHead,
     PlanError,
@@ -274,6 +275,23 @@ class HFTarget:
             self.model.set_output_embeddings(head)  # the untied full head is freed
         self._head, self._vocab_start = head, lo
         self._use_gemm()
+
+    def check_kernels(self) -> None:
+        """Raise if a wait of the persistent step's programs for one another timed out since
+        the last check (``target.few_rows = step``; one read of a device count): the programs
+        then went on with what they had, so the outputs since may be wrong. The decoder calls
+        it at the end of each generation. Cheap and a no-op without the step."""
+        step = None if self._loop is None else self._loop.step
+        if step is None:
+            return
+        timeouts = int(step.err[0])
+        if timeouts:
+            step.err[0] = 0
+            raise DraftsmithError(
+                f"target.few_rows = step: {timeouts} waits of its programs for one another timed "
+                "out (it needs every SM at once: was another kernel running beside it, on "
+                "another stream or process?), so this generation's tokens may be wrong; run "
+                "nothing beside it or set target.few_rows = launches")
 
     # ---- feature capture --------------------------------------------------------------
 

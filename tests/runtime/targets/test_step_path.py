@@ -55,6 +55,37 @@ def test_on_the_cpu_the_plan_says_why_the_step_did_not_run() -> None:
         in target.layer_path_reason, target.layer_path_reason
 
 
+def test_a_timed_out_wait_of_the_step_fails_the_generation() -> None:
+    """The step's programs wait for one another with a time limit and count a timeout in
+    ``err[0]`` instead of hanging; the decoder reads it at the end of each generation and
+    raises (here a stand-in step: on the CPU the real one never runs)."""
+    from types import SimpleNamespace
+
+    from draftsmith.contract import DraftsmithError
+    from draftsmith.runtime.api import load_decoder
+    from draftsmith.runtime.config import SpecConfig
+    from tests._tiny_models import make_byte_tokenizer
+
+    target = HFTarget(make_tiny_causal_lm(seed=0), max_slots=4)
+    decoder = load_decoder(
+        SpecConfig.from_dict({"target": {"model": "toy"}, "num_draft_tokens": 2,
+                              "drafter": {"family": "dflash", "options": {
+                                  "target_layer_ids": [0, 2], "num_layers": 1}},
+                              "runtime": {"max_batch": 2, "max_context": 64, "page_size": 8}}),
+        target=target, tokenizer=make_byte_tokenizer(512))
+    assert target._loop is not None and target._loop.step is None
+    decoder.spec.generate([[1, 2, 3]], 4)  # no step: nothing to check
+    err = torch.tensor([0, 0, 0, 0], dtype=torch.int32)
+    target._loop.step = SimpleNamespace(err=err, rows=8, capacity=1024)
+    decoder.spec.generate([[1, 2, 3]], 4)
+    err[0] = 3
+    with pytest.raises(DraftsmithError, match="3 waits of its programs for one another timed "
+                       "out .* set target.few_rows = launches"):
+        decoder.spec.generate([[1, 2, 3]], 4)
+    assert int(err[0]) == 0  # counted once
+    decoder.spec.generate([[1, 2, 3]], 4)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_the_step_matches_the_launches_and_transformers(name: str) -> None:
