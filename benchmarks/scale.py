@@ -261,8 +261,6 @@ def decode(model: torch.nn.Module, args: argparse.Namespace, say: Any,
         row["step_forwards"] = loop.step_forwards
         say(f"  persistent step: {loop.step_forwards} forwards issued (a CUDA graph's replays "
             "not counted)")
-    # the same target's plain decoding without graphs (on the CPU both runs are eager): a
-    # replay must give the eager launch's bits
     # the same target's plain decoding without graphs (on the CPU both runs are eager)
     eager = load_decoder(_config(args.families[0], args.k, args.accepted, args.batch,
                                  args.device, round_pdl, graphs="off"),
