@@ -1476,9 +1476,9 @@ class StepRunner:
                              f"{tuple(gamma.shape)} do not fit {shape}")
         self.shape, self.eps, self.rope_scale = shape, float(eps), float(rope_scale)
         self.capacity = step_capacity(shape)
+        """The most cached positions a slot's cache may hold (its rows ``capacity + 16``)."""
         self.rows = step_rows(shape)
         """The most tokens a forward takes through the step (:func:`step_rows`)."""
-        """The most cached positions a slot's cache may hold (its rows ``capacity + 16``)."""
         self.wd, self.wf, self.gamma, self.embed = wd, wf, gamma, embed
         self.inv_freq = inv_freq.float().contiguous()
         self.programs = torch.cuda.get_device_properties(dev).multi_processor_count
