@@ -325,8 +325,8 @@ def _reset_counts(done_ptr, err_ptr, SPIN: gl.constexpr, NLAYERS: gl.constexpr):
         gl.store(done_ptr + CHUNKS + b + lane, zero, mask=b + lane < N1)
     for b in range(pid * 128, N2, G * 128):
         gl.store(done_ptr + 2 * CHUNKS + b + lane, zero, mask=b + lane < N2)
-    if pid == 0:
-        gl.store(done_ptr + lane, zero, mask=lane < N0)
+    for b in range(pid * 128, N0, G * 128):  # 4L + 1 passes 128 from 32 layers on
+        gl.store(done_ptr + b + lane, zero, mask=b + lane < N0)
     if arrived == target - 1:
         gl.store(err_ptr + 3, gen + 1)
 

@@ -25,9 +25,10 @@ CASES: dict[str, dict[str, Any]] = {
 
 
 def _model(case: dict[str, Any], device: str) -> torch.nn.Module:
-    return make_tiny_causal_lm(vocab_size=512, hidden_size=2048, intermediate_size=2048,
-                               num_layers=2, num_kv_heads=8, initializer_range=0.02, seed=7,
-                               dtype=torch.bfloat16, random_norms=True, **case).to(device)
+    sizes = dict(vocab_size=512, hidden_size=2048, intermediate_size=2048, num_layers=2,
+                 num_kv_heads=8, initializer_range=0.02, seed=7, dtype=torch.bfloat16,
+                 random_norms=True)
+    return make_tiny_causal_lm(**(sizes | case)).to(device)
 
 
 def _target(case: dict[str, Any], device: str, few_rows: str, layers: str = "fused",
@@ -157,6 +158,27 @@ def test_a_step_replays_in_a_cuda_graph() -> None:
         want = fresh.verify([1], block)
         assert torch.equal(out.logits.logits, want.logits.logits), start
         assert torch.equal(out.features, want.features), start
+    assert int(target._loop.step.err[0]) == 0
+
+
+@pytest.mark.gpu
+def test_a_deep_decoders_last_layers_wait_for_their_inputs_at_every_step() -> None:
+    """33 layers: 4L + 1 = 133 product counts, more than one 128-wide store of the reset covers.
+    A count left over from the launch before would let layer 32's products read their inputs
+    before this step wrote them (Qwen3-8B's 36 layers decoded other tokens with CUDA graphs
+    than without), so a token stepped again after another token has its first step's bits."""
+    _sm90()
+    target = _target(dict(CASES["qwen3-qk-norm"], num_layers=33), "cuda", "step")
+    assert target._loop.step is not None, target.layer_path_reason
+    prompt = torch.randint(0, 512, (13,), generator=torch.Generator().manual_seed(5)).cuda()
+    target.prefill([1], [prompt])
+    logits = []
+    for token in (300, 5, 300, 5):  # each at position 13, after the other token's step
+        logits.append(target.verify([1], torch.tensor([[token]], device="cuda")).logits.logits.clone())
+        target.commit([1], [13])
+    assert target._loop.step_forwards == 4
+    assert not torch.equal(logits[0], logits[1])
+    assert torch.equal(logits[0], logits[2]) and torch.equal(logits[1], logits[3])
     assert int(target._loop.step.err[0]) == 0
 
 
