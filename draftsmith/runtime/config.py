@@ -195,7 +195,8 @@ class TargetConfig(_Strict):
     forward of one request's 1 to 8 tokens (one token at hidden sizes over 2048, where its
     block products run slower than ``launches``) as one persistent launch of the whole decoder
     (Gluon, sm_90 only; bf16 Llama, Mistral and Qwen3 stacks without biases, hidden and MLP
-    sizes multiples of 2048, a cache of 80 to 1040 positions a slot at 8 key/value heads);
+    sizes multiples of 2048, at most 32 layers until deeper ones are checked on a GPU, a cache
+    of 80 to 1040 positions a slot at 8 key/value heads);
     other forwards take ``launches``, and a model it cannot run takes ``launches`` with the
     reason in the plan. Its RoPE rounds once in fp32 where ``launches`` rounds as transformers
     does, so the two paths' bits differ (``docs/decoding.md``). ``auto``: ``launches``. The

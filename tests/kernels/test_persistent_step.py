@@ -34,6 +34,7 @@ def test_the_sizes_of_one_and_eight_rows():
     (ps.StepShape(16, 2048, 8192, 16, 8, 96, 49152, False), 1, 1024, "head width 96"),
     (LLAMA_1B, 1, 4096, "more attention duties than o items"),
     (ps.StepShape(32, 4096, 14336, 32, 4, 128, 49152, False), 8, 2048, "8 rows over 32 splits"),
+    (ps.StepShape(36, 4096, 12288, 32, 8, 128, 49152, True), 1, 1024, "36 layers yet"),
 ])
 def test_a_shape_it_cannot_take_is_named(shape, rows, capacity, what):
     why = ps.step_blocker(shape, rows, capacity)
