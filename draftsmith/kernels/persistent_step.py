@@ -1,8 +1,11 @@
 """The few-row decoding step of a Llama / Qwen3 decoder as one persistent launch (Gluon, sm_90): every layer's
-products, norms, RoPE, attention, SiLU x up and residual adds, and the LM head, one program an SM.
+products, norms, RoPE, attention, SiLU x up and residual adds, one program an SM. The kernel can also run an LM
+head's items after the last layer (``step_items(head=True)``); :class:`StepRunner` never asks for them, since
+draftsmith's fp32 head follows the step.
 
-Not yet wired into the target (branch work: the port of gpujobs/step_v1.py, whose sm_90 PTX this module reproduces; see
-gpujobs/NEXT.md's port plan). Imports triton's Gluon only.
+The target's layer loop runs it as ``target.few_rows = step`` (:class:`StepRunner`, from
+``draftsmith.runtime.targets.hf_layers``; ``docs/decoding.md`` says what it takes). Imports torch and triton (Gluon)
+only.
 
 Work is cut into items of 16 output rows of one product over the whole input (``[q | k | v]``, ``o``, ``[gate | up]``
 with 8 gate and the 8 matching up rows, ``down``, the head), dealt round-robin to the programs in layer order. A
